@@ -1,0 +1,29 @@
+# Two set-up commands for a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+
+.PHONY: demo test venv clean
+
+$(VENV)/.created:
+	$(shell command -v $(PYTHON) >/dev/null 2>&1 && echo $(PYTHON) || echo python3) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	touch $@
+
+$(VENV)/.installed-base: $(VENV)/.created pyproject.toml
+	$(PIP) install --quiet -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.created pyproject.toml
+	$(PIP) install --quiet -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.installed-base
+	$(VENV)/bin/qfuse demo
+
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV)

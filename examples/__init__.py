@@ -1,0 +1,1 @@
+"""qfuse examples package."""

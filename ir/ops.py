@@ -1,0 +1,330 @@
+"""Typed operations: one enum member per op, one frozen dataclass of attributes per op.
+
+ONNX strings are parsed once, in the importer; everything after works with these types.
+Quantization parameters (scales, zero points, FakeQuantize ranges), Clip bounds given as
+inputs, and weights stay *inputs* (constant values in the graph), as in ONNX, so that the
+reference interpreter and the passes read them the same way. Attributes hold only what
+shapes the computation.
+
+Spatial conventions (all resolved by the importer, never "auto"):
+``pads`` = (begin_0, ..., begin_{n-1}, end_0, ..., end_{n-1}) as in ONNX;
+``dilations`` are ONNX dilations (1 = dense).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ir.types import DType
+
+
+class Op(enum.Enum):
+    # quantization
+    QUANTIZE_LINEAR = "QuantizeLinear"
+    DEQUANTIZE_LINEAR = "DequantizeLinear"
+    FAKE_QUANTIZE = "FakeQuantize"
+    # compute
+    CONV = "Conv"
+    CONV_TRANSPOSE = "ConvTranspose"
+    GEMM = "Gemm"
+    MATMUL = "MatMul"
+    # elementwise binary
+    ADD = "Add"
+    SUB = "Sub"
+    MUL = "Mul"
+    DIV = "Div"
+    SUM = "Sum"
+    # activations
+    RELU = "Relu"
+    CLIP = "Clip"
+    LEAKY_RELU = "LeakyRelu"
+    PRELU = "PRelu"
+    SIGMOID = "Sigmoid"
+    TANH = "Tanh"
+    HARD_SIGMOID = "HardSigmoid"
+    HARD_SWISH = "HardSwish"
+    GELU = "Gelu"
+    # normalization
+    SOFTMAX = "Softmax"
+    LAYER_NORM = "LayerNormalization"
+    BATCH_NORM = "BatchNormalization"
+    # pooling
+    MAX_POOL = "MaxPool"
+    AVG_POOL = "AveragePool"
+    GLOBAL_AVG_POOL = "GlobalAveragePool"
+    # data movement
+    CONCAT = "Concat"
+    SPLIT = "Split"
+    SLICE = "Slice"
+    RESHAPE = "Reshape"
+    FLATTEN = "Flatten"
+    TRANSPOSE = "Transpose"
+    SQUEEZE = "Squeeze"
+    UNSQUEEZE = "Unsqueeze"
+    PAD = "Pad"
+    RESIZE = "Resize"
+    IDENTITY = "Identity"
+    DROPOUT = "Dropout"
+    CAST = "Cast"
+
+
+@dataclass(frozen=True)
+class NoAttrs:
+    pass
+
+
+@dataclass(frozen=True)
+class QuantizeAttrs:
+    """QuantizeLinear: ``y = saturate(round_half_even(x / scale) + zp)`` into ``dtype``."""
+
+    dtype: DType
+    axis: int = 1
+
+
+@dataclass(frozen=True)
+class DequantizeAttrs:
+    """DequantizeLinear: ``y = (x - zp) * scale`` in float32."""
+
+    axis: int = 1
+
+
+@dataclass(frozen=True)
+class FakeQuantizeAttrs:
+    """Inputs x, input_low, input_high, output_low, output_high (seed 000 definition).
+
+    The output element type lives in the output TensorInfo: f32 for a full FakeQuantize, u8/s8
+    for a quantize-only one (after decomposition; output_low/high are then integers).
+    """
+
+    levels: int
+
+
+@dataclass(frozen=True)
+class ConvAttrs:
+    kernel_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]
+    dilations: tuple[int, ...]
+    group: int = 1
+
+
+@dataclass(frozen=True)
+class ConvTransposeAttrs:
+    kernel_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]
+    dilations: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    group: int = 1
+
+
+@dataclass(frozen=True)
+class GemmAttrs:
+    alpha: float = 1.0
+    beta: float = 1.0
+    trans_a: bool = False
+    trans_b: bool = False
+
+
+@dataclass(frozen=True)
+class ClipAttrs:
+    """Bounds are attributes here (the importer reads ONNX's optional min/max inputs)."""
+
+    min: float = float("-inf")
+    max: float = float("inf")
+
+
+@dataclass(frozen=True)
+class AlphaAttrs:
+    """LeakyRelu (alpha = negative slope)."""
+
+    alpha: float = 0.01
+
+
+@dataclass(frozen=True)
+class HardSigmoidAttrs:
+    alpha: float = 0.2
+    beta: float = 0.5
+
+
+class GeluApprox(enum.Enum):
+    NONE = "none"  # 0.5·x·(1 + erf(x/√2))
+    TANH = "tanh"  # 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))
+
+
+@dataclass(frozen=True)
+class GeluAttrs:
+    approximate: GeluApprox = GeluApprox.NONE
+
+
+@dataclass(frozen=True)
+class AxisAttrs:
+    """Softmax, Concat, Flatten: one axis (non-negative, resolved by the importer)."""
+
+    axis: int
+
+
+@dataclass(frozen=True)
+class LayerNormAttrs:
+    """Inputs x, scale, optional bias; normalizes over dims axis..rank-1."""
+
+    axis: int
+    epsilon: float = 1e-5
+
+
+@dataclass(frozen=True)
+class BatchNormAttrs:
+    """Inputs x, scale, bias, mean, var (inference form)."""
+
+    epsilon: float = 1e-5
+
+
+@dataclass(frozen=True)
+class PoolAttrs:
+    kernel_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]
+    dilations: tuple[int, ...]
+    ceil_mode: bool = False
+    count_include_pad: bool = False
+
+
+@dataclass(frozen=True)
+class SplitAttrs:
+    axis: int
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SliceAttrs:
+    """Per listed axis: start, end (clamped, non-negative) and step, resolved by the importer."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+    axes: tuple[int, ...]
+    steps: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ReshapeAttrs:
+    """Reshape / Squeeze / Unsqueeze are all lowered to an explicit static output shape."""
+
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TransposeAttrs:
+    perm: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AxesAttrs:
+    """Squeeze / Unsqueeze axes (non-negative, sorted)."""
+
+    axes: tuple[int, ...]
+
+
+class PadMode(enum.Enum):
+    CONSTANT = "constant"
+    REFLECT = "reflect"
+    EDGE = "edge"
+
+
+@dataclass(frozen=True)
+class PadAttrs:
+    """``pads`` as ONNX: begins then ends, one per dim of the input. ``value`` in x's domain."""
+
+    pads: tuple[int, ...]
+    mode: PadMode = PadMode.CONSTANT
+    value: float = 0.0
+
+
+class ResizeMode(enum.Enum):
+    NEAREST = "nearest"
+    LINEAR = "linear"
+
+
+@dataclass(frozen=True)
+class ResizeAttrs:
+    """Output size is resolved by the importer; ``scales`` kept for the coordinate transform."""
+
+    mode: ResizeMode
+    sizes: tuple[int, ...]
+    scales: tuple[float, ...]
+    coordinate_transformation_mode: str = "half_pixel"
+    nearest_mode: str = "round_prefer_floor"
+
+
+@dataclass(frozen=True)
+class CastAttrs:
+    to: DType
+
+
+# The attribute class each op carries; a missing entry is a bug the verifier reports.
+ATTRS: dict[Op, type] = {
+    Op.QUANTIZE_LINEAR: QuantizeAttrs,
+    Op.DEQUANTIZE_LINEAR: DequantizeAttrs,
+    Op.FAKE_QUANTIZE: FakeQuantizeAttrs,
+    Op.CONV: ConvAttrs,
+    Op.CONV_TRANSPOSE: ConvTransposeAttrs,
+    Op.GEMM: GemmAttrs,
+    Op.MATMUL: NoAttrs,
+    Op.ADD: NoAttrs,
+    Op.SUB: NoAttrs,
+    Op.MUL: NoAttrs,
+    Op.DIV: NoAttrs,
+    Op.SUM: NoAttrs,
+    Op.RELU: NoAttrs,
+    Op.CLIP: ClipAttrs,
+    Op.LEAKY_RELU: AlphaAttrs,
+    Op.PRELU: NoAttrs,
+    Op.SIGMOID: NoAttrs,
+    Op.TANH: NoAttrs,
+    Op.HARD_SIGMOID: HardSigmoidAttrs,
+    Op.HARD_SWISH: NoAttrs,
+    Op.GELU: GeluAttrs,
+    Op.SOFTMAX: AxisAttrs,
+    Op.LAYER_NORM: LayerNormAttrs,
+    Op.BATCH_NORM: BatchNormAttrs,
+    Op.MAX_POOL: PoolAttrs,
+    Op.AVG_POOL: PoolAttrs,
+    Op.GLOBAL_AVG_POOL: NoAttrs,
+    Op.CONCAT: AxisAttrs,
+    Op.SPLIT: SplitAttrs,
+    Op.SLICE: SliceAttrs,
+    Op.RESHAPE: ReshapeAttrs,
+    Op.FLATTEN: AxisAttrs,
+    Op.TRANSPOSE: TransposeAttrs,
+    Op.SQUEEZE: AxesAttrs,
+    Op.UNSQUEEZE: AxesAttrs,
+    Op.PAD: PadAttrs,
+    Op.RESIZE: ResizeAttrs,
+    Op.IDENTITY: NoAttrs,
+    Op.DROPOUT: NoAttrs,
+    Op.CAST: CastAttrs,
+}
+
+# (min, max) number of inputs each op takes; None = unbounded. Optional inputs are "".
+ARITY: dict[Op, tuple[int, int | None]] = {
+    Op.QUANTIZE_LINEAR: (2, 3),
+    Op.DEQUANTIZE_LINEAR: (2, 3),
+    Op.FAKE_QUANTIZE: (5, 5),
+    Op.CONV: (2, 3),
+    Op.CONV_TRANSPOSE: (2, 3),
+    Op.GEMM: (2, 3),
+    Op.MATMUL: (2, 2),
+    Op.ADD: (2, 2),
+    Op.SUB: (2, 2),
+    Op.MUL: (2, 2),
+    Op.DIV: (2, 2),
+    Op.SUM: (1, None),
+    Op.PRELU: (2, 2),
+    Op.LAYER_NORM: (2, 3),
+    Op.BATCH_NORM: (5, 5),
+    Op.CONCAT: (1, None),
+}
+
+
+def arity(op: Op) -> tuple[int, int | None]:
+    return ARITY.get(op, (1, 1))

@@ -1,0 +1,1 @@
+"""qfuse passes package."""

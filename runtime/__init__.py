@@ -1,0 +1,1 @@
+"""qfuse runtime package."""
