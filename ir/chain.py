@@ -1,0 +1,149 @@
+"""Post-op chains carried by fused int8 compute nodes.
+
+After the LPT passes, an int8 Conv / ConvTranspose / MatMul node computes the exact integer
+accumulator ``acc = Σ (src_q - zp_src)·wei_q`` and then applies its chain, in order, in float32:
+
+    x = f32(acc)                       (the chain's first Scale usually dequantizes it)
+    x = op_n(... op_0(x))
+    out = x                            if the node's output is f32
+    out = saturate(rint(x))            if the node's output is u8/s8 (the chain's last
+                                       Quantize brought x into the integer domain)
+
+Chain items are graph-level facts (what the model computes); the composer (passes/composer.py)
+turns them into oneDNN attributes. Values are tuples so the items stay hashable; a tuple of
+length 1 is per tensor, of length C per output channel (channel axis 1 for conv, last for
+matmul).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from ir.types import DType
+
+
+def _vec(values: object) -> tuple[float, ...]:
+    array = np.atleast_1d(np.asarray(values, dtype=np.float32)).ravel()
+    return tuple(float(v) for v in array)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """x · values"""
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: object) -> Scale:
+        return cls(_vec(values))
+
+
+@dataclass(frozen=True)
+class Shift:
+    """x + values"""
+
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: object) -> Shift:
+        return cls(_vec(values))
+
+
+class Act(enum.Enum):
+    """Elementwise activations a chain can hold (each maps to one oneDNN eltwise alg)."""
+
+    RELU = "relu"  # alpha = negative slope (0 for ReLU, alpha for LeakyReLU)
+    CLIP = "clip"  # [alpha, beta]
+    SIGMOID = "logistic"
+    TANH = "tanh"
+    HARD_SWISH = "hardswish"  # x·max(0, min(1, alpha·x + beta)); ONNX: alpha=1/6, beta=1/2
+    HARD_SIGMOID = "hardsigmoid"  # max(0, min(1, alpha·x + beta)); alpha, beta always set
+    GELU_ERF = "gelu_erf"
+    GELU_TANH = "gelu_tanh"
+
+
+@dataclass(frozen=True)
+class Activation:
+    act: Act
+    alpha: float = 0.0
+    beta: float = 0.0
+
+
+@dataclass(frozen=True)
+class PRelu:
+    """x if x >= 0 else slope·x, slopes per tensor or per channel."""
+
+    slopes: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Residual:
+    """x + scale·(r - zero_point), r = the node's input ``port`` (same shape as the output).
+
+    ``dtype`` is r's element type: u8/s8 for a quantized residual (scale, zero_point its
+    dequantization), f32 for a float one (scale 1, zero_point 0).
+    """
+
+    port: int
+    scale: float = 1.0
+    zero_point: int = 0
+    dtype: DType = DType.F32
+
+
+@dataclass(frozen=True)
+class Quantize:
+    """A quantize-only FakeQuantize (seed 000), into the integer domain:
+
+    y = clip(x, il, ih) → (y - il)·(levels-1)/(ih-il) → round → · (oh-ol)/(levels-1) + ol
+
+    with integer output_low/high (ol, oh), i.e. quantized values. ``dtype`` is the integer
+    type the values are meant for. Ranges are per tensor or per channel.
+    """
+
+    input_low: tuple[float, ...]
+    input_high: tuple[float, ...]
+    output_low: tuple[float, ...]
+    output_high: tuple[float, ...]
+    levels: int
+    dtype: DType
+
+
+ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize
+
+
+def is_per_tensor(op: ChainOp) -> bool:
+    """True when every value of ``op`` is one scalar for the whole tensor."""
+    if isinstance(op, Scale | Shift):
+        return len(op.values) == 1
+    if isinstance(op, PRelu):
+        return len(op.slopes) == 1
+    if isinstance(op, Quantize):
+        return all(len(v) == 1 for v in (op.input_low, op.input_high, op.output_low,
+                                          op.output_high))
+    return True
+
+
+def describe(op: ChainOp) -> str:
+    """Short text for `inspect`: kind plus values summarised."""
+
+    def summary(values: tuple[float, ...]) -> str:
+        if len(values) == 1:
+            return f"{values[0]:.6g}"
+        return f"[{len(values)}: {min(values):.4g}..{max(values):.4g}]"
+
+    if isinstance(op, Scale):
+        return f"mul {summary(op.values)}"
+    if isinstance(op, Shift):
+        return f"add {summary(op.values)}"
+    if isinstance(op, Activation):
+        args = "" if (op.alpha, op.beta) == (0.0, 0.0) else f"({op.alpha:.6g}, {op.beta:.6g})"
+        return f"{op.act.value}{args}"
+    if isinstance(op, PRelu):
+        return f"prelu {summary(op.slopes)}"
+    if isinstance(op, Residual):
+        return f"sum input{op.port} (s={op.scale:.6g}, zp={op.zero_point}, {op.dtype.name})"
+    return (f"quantize L={op.levels} [{summary(op.input_low)}, {summary(op.input_high)}] → "
+            f"[{summary(op.output_low)}, {summary(op.output_high)}] {op.dtype.name}")

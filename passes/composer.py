@@ -1,0 +1,419 @@
+"""DnnlPostOpsComposer (seed 000): a post-op chain → oneDNN 3.x attributes.
+
+oneDNN 3.x computes (ONEDNN_NOTES.md)
+
+    x   = f32(acc)·wei_scale[oc] + bias[oc]          (bias is added after the scale)
+    x   = post_op_n(… post_op_0(x))                    (eltwise / sum / binary / prelu)
+    dst = saturate(rint(x·f32(1/dst_scale)) + dst_zp)  (integer dst), or x (f32 dst)
+
+The composer first lowers the chain (ir/chain.py) to basic operations — multiply, add, round,
+clip (each per tensor or per channel), eltwise, sum, prelu — then maps them one by one onto
+those slots. Each optimization below has a name, states the identity it relies on and the
+precondition that makes it true, can be switched off in ``ComposerOptions``, and is recorded in
+``Composed.fired`` when it applies. A step either applies whole or leaves the state untouched
+(check before changing).
+
+Identities used (exact in real arithmetic; in float32 a folded constant such as a·b is
+rounded once instead of the product being rounded twice, which moves results by at most one
+quantization step, and rarely):
+
+- skip_identity:         x·1 = x, x+0 = x.
+- quantize_clip_after_round (seed 000): for ih > il, with isc = (L-1)/(ih-il), ish = -il·isc,
+  round(clip(x, il, ih)·isc + ish) = clip(round(x·isc + ish), 0, L-1), because x ↦ x·isc+ish
+  is increasing and maps [il, ih] onto [0, L-1] whose ends are integers. A per-channel crop
+  becomes a per-tensor one.
+- fold_output_shift (seed 000): when the FakeQuantize output scale is 1 and its output shift
+  k = ol is an integer, round(y) + k = round(y + k), so k joins the input shift and the clip
+  bounds move by k.
+- drop_round_clip: the last round and a clip whose range covers the dst type's range are what
+  oneDNN's store already does (rint + saturate), so they are dropped.
+- dst_zero_point / dst_scale: a trailing per-tensor  ·v  then  +z  (z integer) before the store
+  are the dst scale 1/v and dst zero point z.
+- mul_to_weight_scales: first multiply before any post-op: acc·w·v = acc·(w·v); with a bias
+  already set, (acc·w + b)·v = acc·(w·v) + b·v.
+- add_to_bias: an add before any post-op goes into the bias: acc·w + b + a.
+- relu_mul_swap: relu(x)·s = relu(x·s) when every s > 0 (OpenVINO applies it without checking
+  the sign; a negative s makes it wrong, so here it is checked).
+- sum_scale: (x + t·(d - zp))·s = x·s + (t·s)·(d - zp), per-tensor s, when the sum is the only
+  post-op so far.
+- fold_into_linear: linear(a, b)·s = linear(a·s, b·s) and linear(a, b) + c = linear(a, b + c),
+  per-tensor s and c.
+- per_tensor_eltwise: per-tensor multiply / add / clip as eltwise linear / clip (binary
+  post-ops are slower than eltwise).
+- drop_inner_round (off by default; seed 000's "existing implementation" shortcut): a round
+  that is not the last one and is followed by a residual sum is dropped — this changes results
+  (it removes one quantization of the residual branch) and is measured, not assumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from ir.types import DType
+
+OPTIMIZATIONS = (
+    "skip_identity",
+    "quantize_clip_after_round",
+    "fold_output_shift",
+    "drop_round_clip",
+    "dst_zero_point",
+    "dst_scale",
+    "mul_to_weight_scales",
+    "add_to_bias",
+    "relu_mul_swap",
+    "sum_scale",
+    "fold_into_linear",
+    "per_tensor_eltwise",
+    "drop_inner_round",
+)
+DEFAULT_OFF = frozenset({"drop_inner_round"})
+
+
+class ComposeError(ValueError):
+    """The chain cannot be expressed with oneDNN attributes."""
+
+
+@dataclass(frozen=True)
+class ComposerOptions:
+    enabled: frozenset[str] = frozenset(OPTIMIZATIONS) - DEFAULT_OFF
+
+    def on(self, name: str) -> bool:
+        return name in self.enabled
+
+    def without(self, *names: str) -> ComposerOptions:
+        return ComposerOptions(self.enabled - set(names))
+
+    def with_(self, *names: str) -> ComposerOptions:
+        unknown = set(names) - set(OPTIMIZATIONS)
+        if unknown:
+            raise ValueError(f"unknown composer optimizations {sorted(unknown)}")
+        return ComposerOptions(self.enabled | set(names))
+
+
+# ------------------------------------------------------------------ basic operations
+@dataclass(frozen=True)
+class Mul:
+    values: np.ndarray  # shape (1,) or (C,)
+
+
+@dataclass(frozen=True)
+class Add:
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class Round:
+    pass
+
+
+@dataclass(frozen=True)
+class Clip:
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+@dataclass(frozen=True)
+class Eltwise:
+    """oneDNN eltwise algorithm name without the ``eltwise_`` prefix."""
+
+    alg: str
+    alpha: float = 0.0
+    beta: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sum:
+    scale: float
+    zero_point: int
+    dtype: DType
+    port: int
+
+
+@dataclass(frozen=True)
+class Prelu:
+    slopes: np.ndarray
+
+
+@dataclass(frozen=True)
+class Binary:
+    """oneDNN binary post-op with a per-channel (or per-tensor) second operand."""
+
+    alg: str  # add, mul, max, min
+    values: np.ndarray
+
+
+Basic = Mul | Add | Round | Clip | Eltwise | Sum | Prelu
+PostOp = Eltwise | Sum | Binary | Prelu
+
+ACT_ALG = {
+    Act.RELU: "relu",
+    Act.CLIP: "clip",
+    Act.SIGMOID: "logistic",
+    Act.TANH: "tanh",
+    Act.HARD_SWISH: "hardswish",
+    Act.HARD_SIGMOID: "hardsigmoid",
+    Act.GELU_ERF: "gelu_erf",
+    Act.GELU_TANH: "gelu_tanh",
+}
+
+
+def _f32(values: object) -> np.ndarray:
+    return np.atleast_1d(np.asarray(values, dtype=np.float64)).astype(np.float32)
+
+
+@dataclass
+class Composed:
+    """oneDNN attributes for one int8 compute primitive."""
+
+    channels: int
+    dst_dtype: DType
+    wei_scales: np.ndarray = field(default_factory=lambda: np.ones(1, np.float32))
+    bias: np.ndarray | None = None
+    post_ops: list[PostOp] = field(default_factory=list)
+    dst_scale: float | None = None  # dequantization-style: dst_q = x / dst_scale + dst_zp
+    dst_zero_point: int = 0
+    fired: list[str] = field(default_factory=list)
+
+    @property
+    def wei_scale_mask_per_channel(self) -> bool:
+        return self.wei_scales.size > 1
+
+    def describe(self) -> list[str]:
+        names = []
+        for op in self.post_ops:
+            if isinstance(op, Eltwise):
+                names.append(f"eltwise_{op.alg}")
+            elif isinstance(op, Sum):
+                names.append("sum")
+            elif isinstance(op, Binary):
+                names.append(f"binary_{op.alg}")
+            else:
+                names.append("prelu")
+        return names
+
+
+# ---------------------------------------------------------------------- lowering
+def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -> list[Basic]:
+    """Chain items → basic operations (FakeQuantize per seed 000's decomposition)."""
+    basic: list[Basic] = []
+    for item in chain:
+        if isinstance(item, Scale):
+            basic.append(Mul(_f32(item.values)))
+        elif isinstance(item, Shift):
+            basic.append(Add(_f32(item.values)))
+        elif isinstance(item, Activation):
+            basic.append(Eltwise(ACT_ALG[item.act], item.alpha, item.beta))
+        elif isinstance(item, PRelu):
+            basic.append(Prelu(_f32(item.slopes)))
+        elif isinstance(item, Residual):
+            basic.append(Sum(item.scale, item.zero_point, item.dtype, item.port))
+        elif isinstance(item, Quantize):
+            basic.extend(_quantize_to_basic(item, options, fired))
+        else:  # pragma: no cover - the chain type is closed
+            raise ComposeError(f"unknown chain item {item!r}")
+    return basic
+
+
+def _quantize_to_basic(q: Quantize, options: ComposerOptions, fired: list[str]) -> list[Basic]:
+    il, ih = np.asarray(q.input_low, np.float64), np.asarray(q.input_high, np.float64)
+    ol, oh = np.asarray(q.output_low, np.float64), np.asarray(q.output_high, np.float64)
+    steps = q.levels - 1
+    if np.any(ih == il):
+        raise ComposeError("FakeQuantize with input_low == input_high has no scale")
+    isc = steps / (ih - il)
+    ish = -il * isc
+    osc = (oh - ol) / steps
+    if options.on("quantize_clip_after_round") and np.all(ih > il):
+        fired.append("quantize_clip_after_round")
+        lo, hi = np.zeros(1), np.full(1, float(steps))
+        ops: list[Basic] = [Mul(_f32(isc)), Add(_f32(ish)), Round()]
+        single_ol = np.unique(ol).size == 1
+        if (options.on("fold_output_shift") and np.all(osc == 1.0) and single_ol
+                and float(ol.flat[0]).is_integer()):
+            fired.append("fold_output_shift")
+            k = float(ol.flat[0])
+            ops[1] = Add(_f32(ish + k))
+            return [*ops, Clip(_f32(lo + k), _f32(hi + k))]
+        return [*ops, Clip(_f32(lo), _f32(hi)), Mul(_f32(osc)), Add(_f32(ol))]
+    lo, hi = np.minimum(il, ih), np.maximum(il, ih)
+    return [Clip(_f32(lo), _f32(hi)), Mul(_f32(isc)), Add(_f32(ish)), Round(),
+            Mul(_f32(osc)), Add(_f32(ol))]
+
+
+# ---------------------------------------------------------------------- composing
+def compose(
+    chain: list[ChainOp],
+    *,
+    channels: int,
+    dst_dtype: DType,
+    options: ComposerOptions | None = None,
+) -> Composed:
+    """Map ``chain`` onto oneDNN attributes for a primitive with ``channels`` outputs."""
+    options = options or ComposerOptions()
+    out = Composed(channels, dst_dtype)
+    basic = to_basic(chain, options, out.fired)
+    for op in basic:
+        for values in _values_of(op):
+            if values.size not in (1, channels):
+                raise ComposeError(f"{type(op).__name__} has {values.size} values for "
+                                   f"{channels} channels")
+    if options.on("drop_inner_round"):
+        basic = _drop_inner_rounds(basic, out.fired)
+    if dst_dtype.is_integer:
+        basic = _take_store(basic, dst_dtype, options, out)
+    for op in basic:
+        _append(out, op, options)
+    if sum(isinstance(p, Sum) for p in out.post_ops) > 1:
+        raise ComposeError("oneDNN allows one sum post-op; the chain has more residual adds")
+    return out
+
+
+def _values_of(op: Basic) -> list[np.ndarray]:
+    if isinstance(op, Mul | Add):
+        return [op.values]
+    if isinstance(op, Clip):
+        return [op.lo, op.hi]
+    if isinstance(op, Prelu):
+        return [op.slopes]
+    return []
+
+
+def _drop_inner_rounds(basic: list[Basic], fired: list[str]) -> list[Basic]:
+    kept: list[Basic] = []
+    for i, op in enumerate(basic):
+        later = basic[i + 1:]
+        if isinstance(op, Round) and any(isinstance(o, Sum) for o in later):
+            fired.append("drop_inner_round")
+            continue
+        kept.append(op)
+    return kept
+
+
+def _take_store(
+    basic: list[Basic], dst: DType, options: ComposerOptions, out: Composed
+) -> list[Basic]:
+    """Peel the trailing [·v] [+z] [round] [clip] that oneDNN's integer store can do."""
+    ops = list(basic)
+    lo, hi = dst.range
+    if (options.on("drop_round_clip") and len(ops) >= 2 and isinstance(ops[-1], Clip)
+            and isinstance(ops[-2], Round) and ops[-1].lo.size == 1
+            and float(ops[-1].lo[0]) <= lo and float(ops[-1].hi[0]) >= hi):
+        ops = ops[:-2]
+        out.fired.append("drop_round_clip")
+    elif options.on("drop_round_clip") and ops and isinstance(ops[-1], Round):
+        ops = ops[:-1]
+        out.fired.append("drop_round_clip")
+    if (options.on("dst_zero_point") and ops and isinstance(ops[-1], Add)
+            and ops[-1].values.size == 1 and float(ops[-1].values[0]).is_integer()):
+        out.dst_zero_point = int(ops[-1].values[0])
+        ops = ops[:-1]
+        out.fired.append("dst_zero_point")
+    if (options.on("dst_scale") and ops and isinstance(ops[-1], Mul)
+            and ops[-1].values.size == 1 and float(ops[-1].values[0]) != 0.0):
+        out.dst_scale = float(np.float32(1.0 / np.float64(ops[-1].values[0])))
+        ops = ops[:-1]
+        out.fired.append("dst_scale")
+    return ops
+
+
+def _append(out: Composed, op: Basic, options: ComposerOptions) -> None:
+    if isinstance(op, Mul):
+        _append_mul(out, op.values, options)
+    elif isinstance(op, Add):
+        _append_add(out, op.values, options)
+    elif isinstance(op, Round):
+        out.post_ops.append(Eltwise("round"))
+    elif isinstance(op, Clip):
+        if op.lo.size == 1 and op.hi.size == 1 and options.on("per_tensor_eltwise"):
+            out.fired.append("per_tensor_eltwise")
+            out.post_ops.append(Eltwise("clip", float(op.lo[0]), float(op.hi[0])))
+        else:
+            out.post_ops.append(Binary("max", op.lo))
+            out.post_ops.append(Binary("min", op.hi))
+    elif isinstance(op, Eltwise | Sum):
+        out.post_ops.append(op)
+    elif isinstance(op, Prelu):
+        out.post_ops.append(op)
+
+
+def _scale_bias(out: Composed, values: np.ndarray) -> None:
+    out.wei_scales = _f32(out.wei_scales.astype(np.float64) * values)
+    if out.bias is not None:
+        out.bias = _f32(out.bias.astype(np.float64) * values)
+
+
+def _append_mul(out: Composed, values: np.ndarray, options: ComposerOptions) -> None:
+    per_tensor = values.size == 1
+    if options.on("skip_identity") and np.all(values == 1.0):
+        out.fired.append("skip_identity")
+        return
+    if not out.post_ops and options.on("mul_to_weight_scales"):
+        _scale_bias(out, values)
+        out.fired.append("mul_to_weight_scales")
+        return
+    relu_only = all(isinstance(p, Eltwise) and p.alg == "relu" for p in out.post_ops)
+    if relu_only and options.on("relu_mul_swap") and np.all(values > 0):
+        _scale_bias(out, values)
+        out.fired.append("relu_mul_swap")
+        return
+    if (per_tensor and options.on("sum_scale") and len(out.post_ops) == 1
+            and isinstance(out.post_ops[0], Sum)):
+        s = out.post_ops[0]
+        out.post_ops[0] = dataclasses.replace(s, scale=float(np.float32(s.scale * values[0])))
+        _scale_bias(out, values)
+        out.fired.append("sum_scale")
+        return
+    last = out.post_ops[-1] if out.post_ops else None
+    if per_tensor and isinstance(last, Eltwise) and last.alg == "linear" and options.on(
+            "fold_into_linear"):
+        v = float(values[0])
+        out.post_ops[-1] = Eltwise("linear", float(np.float32(last.alpha * v)),
+                                   float(np.float32(last.beta * v)))
+        out.fired.append("fold_into_linear")
+        return
+    if per_tensor and options.on("per_tensor_eltwise"):
+        out.post_ops.append(Eltwise("linear", float(values[0]), 0.0))
+        out.fired.append("per_tensor_eltwise")
+        return
+    out.post_ops.append(Binary("mul", values))
+
+
+def _append_add(out: Composed, values: np.ndarray, options: ComposerOptions) -> None:
+    per_tensor = values.size == 1
+    if options.on("skip_identity") and np.all(values == 0.0):
+        out.fired.append("skip_identity")
+        return
+    if not out.post_ops and options.on("add_to_bias"):
+        bias = np.zeros(out.channels, np.float64) if out.bias is None else out.bias
+        out.bias = _f32(np.broadcast_to(bias.astype(np.float64) + values, (out.channels,)))
+        out.fired.append("add_to_bias")
+        return
+    last = out.post_ops[-1] if out.post_ops else None
+    if per_tensor and isinstance(last, Eltwise) and last.alg == "linear" and options.on(
+            "fold_into_linear"):
+        out.post_ops[-1] = Eltwise("linear", last.alpha,
+                                   float(np.float32(last.beta + float(values[0]))))
+        out.fired.append("fold_into_linear")
+        return
+    if per_tensor and options.on("per_tensor_eltwise"):
+        out.post_ops.append(Eltwise("linear", 1.0, float(values[0])))
+        out.fired.append("per_tensor_eltwise")
+        return
+    out.post_ops.append(Binary("add", values))
+
+
+def is_finite_chain(chain: list[ChainOp]) -> bool:
+    """Every constant of the chain is finite (NaN/inf scales are refused earlier)."""
+    for item in chain:
+        for f in dataclasses.fields(item):
+            v = getattr(item, f.name)
+            if isinstance(v, tuple) and not all(math.isfinite(x) for x in v):
+                return False
+            if isinstance(v, float) and not math.isfinite(v):
+                return False
+    return True

@@ -1,0 +1,218 @@
+"""The DnnlPostOpsComposer: golden mappings, each optimization's precondition, and random
+chains composed vs uncomposed.
+
+Tolerances: the composer folds constants (a·b computed once, in float64, stored as float32),
+so a value that lands within float32 rounding of a .5 tie can round the other way: at most
+1 LSB on the integer output, on a small share of elements. A chain with an inner
+quantization (round inside the chain) can flip that inner round too; the flip is then carried
+to the output scaled by (inner step / output step), which the generator keeps ≤ 1, so the
+bound there is 2 LSB (inner flip + final flip).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from ir.types import DType
+from passes.composer import (
+    OPTIMIZATIONS,
+    Binary,
+    ComposeError,
+    ComposerOptions,
+    Eltwise,
+    Sum,
+    compose,
+)
+from runtime.reference.chain import apply_chain, apply_composed
+
+C = 8
+
+
+def q_item(scale: float, zp: int, dtype: DType) -> Quantize:
+    """The quantize-only FakeQuantize a QuantizeLinear(scale, zp) stands for."""
+    lo, hi = dtype.range
+    return Quantize((scale * (lo - zp),), (scale * (hi - zp),), (float(lo),), (float(hi),),
+                    256, dtype)
+
+
+def qdq_conv_chain(dtype: DType = DType.U8) -> list[ChainOp]:
+    s_w = np.linspace(0.01, 0.02, C)
+    return [Scale.of(0.05 * s_w), Shift.of(np.linspace(-1, 1, C)),
+            Activation(Act.RELU), q_item(0.1, 3 if dtype == DType.U8 else -2, dtype)]
+
+
+def test_golden_qdq_conv_relu() -> None:
+    out = compose(qdq_conv_chain(), channels=C, dst_dtype=DType.U8)
+    assert out.post_ops == [Eltwise("relu")]
+    assert out.wei_scales.shape == (C,) and out.bias is not None
+    assert out.dst_zero_point == 3
+    assert out.dst_scale == pytest.approx(0.1, rel=1e-6)
+    for name in ("mul_to_weight_scales", "add_to_bias", "quantize_clip_after_round",
+                 "fold_output_shift", "drop_round_clip", "dst_zero_point", "dst_scale"):
+        assert name in out.fired
+
+
+def test_golden_s8_output_zero_point() -> None:
+    out = compose(qdq_conv_chain(DType.S8), channels=C, dst_dtype=DType.S8)
+    assert out.post_ops == [Eltwise("relu")] and out.dst_zero_point == -2
+
+
+def test_residual_becomes_sum_with_its_quantization() -> None:
+    chain = [Scale.of(np.full(C, 0.01)), Residual(1, 0.2, 5, DType.U8), Activation(Act.RELU),
+             q_item(0.3, 0, DType.U8)]
+    out = compose(chain, channels=C, dst_dtype=DType.U8)
+    assert out.post_ops == [Sum(0.2, 5, DType.U8, 1), Eltwise("relu")]
+    assert out.dst_scale == pytest.approx(0.3, rel=1e-6)
+
+
+def test_sum_scale_folds_a_per_tensor_multiply_after_the_sum() -> None:
+    chain = [Scale.of(np.full(C, 0.01)), Residual(1, 0.2, 0, DType.U8), Scale.of(0.5),
+             Activation(Act.TANH)]
+    out = compose(chain, channels=C, dst_dtype=DType.F32)
+    assert out.post_ops == [Sum(pytest.approx(0.1), 0, DType.U8, 1), Eltwise("tanh")]
+    assert "sum_scale" in out.fired
+
+
+def test_relu_mul_swap_needs_positive_scales() -> None:
+    pos = [Activation(Act.RELU), Scale.of(np.full(C, 2.0))]
+    out = compose(pos, channels=C, dst_dtype=DType.F32)
+    assert "relu_mul_swap" in out.fired and out.post_ops == [Eltwise("relu")]
+    neg = [Activation(Act.RELU), Scale.of(np.r_[np.full(C - 1, 2.0), -1.0])]
+    out = compose(neg, channels=C, dst_dtype=DType.F32)
+    assert "relu_mul_swap" not in out.fired
+    assert isinstance(out.post_ops[-1], Binary) and out.post_ops[-1].alg == "mul"
+
+
+def test_per_channel_ops_become_binary_and_per_tensor_eltwise() -> None:
+    chain = [Activation(Act.TANH), Scale.of(np.arange(1, C + 1)), Shift.of(0.5)]
+    out = compose(chain, channels=C, dst_dtype=DType.F32)
+    assert [type(p).__name__ for p in out.post_ops] == ["Eltwise", "Binary", "Eltwise"]
+    assert out.post_ops[2] == Eltwise("linear", 1.0, 0.5)
+
+
+def test_per_channel_fake_quantize_crop_becomes_per_tensor() -> None:
+    il = tuple(np.linspace(-1, -0.5, C))
+    ih = tuple(np.linspace(0.5, 1, C))
+    fq = Quantize(il, ih, (0.0,), (255.0,), 256, DType.U8)
+    out = compose([Activation(Act.TANH), fq], channels=C, dst_dtype=DType.U8)
+    assert "quantize_clip_after_round" in out.fired
+    assert not any(isinstance(p, Binary) and p.alg in ("max", "min") for p in out.post_ops)
+    off = compose([Activation(Act.TANH), fq], channels=C, dst_dtype=DType.U8,
+                  options=ComposerOptions().without("quantize_clip_after_round"))
+    assert any(isinstance(p, Binary) and p.alg == "max" for p in off.post_ops)
+
+
+def test_skip_identity() -> None:
+    out = compose([Activation(Act.TANH), Scale.of(1.0), Shift.of(0.0)], channels=C,
+                  dst_dtype=DType.F32)
+    assert out.post_ops == [Eltwise("tanh")] and out.fired.count("skip_identity") == 2
+
+
+def test_two_residuals_are_refused() -> None:
+    chain = [Residual(1), Activation(Act.RELU), Residual(2)]
+    with pytest.raises(ComposeError, match="one sum"):
+        compose(chain, channels=C, dst_dtype=DType.F32)
+
+
+def test_wrong_channel_count_is_refused() -> None:
+    with pytest.raises(ComposeError, match="3 values for 8 channels"):
+        compose([Scale.of([1.0, 2.0, 3.0])], channels=C, dst_dtype=DType.F32)
+
+
+def test_options_reject_unknown_names() -> None:
+    with pytest.raises(ValueError, match="unknown"):
+        ComposerOptions().with_("make_it_fast")
+
+
+# ------------------------------------------------------------------ random chains
+def f32s(lo: float, hi: float) -> st.SearchStrategy[float]:
+    return st.floats(lo, hi, allow_nan=False).map(lambda v: float(np.float32(v)))
+
+
+def _values(draw: st.DrawFn, lo: float, hi: float, positive: bool = False) -> tuple:
+    per_channel = draw(st.booleans())
+    n = C if per_channel else 1
+    vals = draw(st.lists(f32s(lo, hi), min_size=n, max_size=n))
+    if positive:
+        vals = [abs(v) + 1e-3 for v in vals]
+    return tuple(vals)
+
+
+@st.composite
+def chains(draw: st.DrawFn, inner_quantize: bool) -> tuple[list[ChainOp], DType]:
+    s_w = draw(st.lists(f32s(1e-3, 2e-2), min_size=C, max_size=C))
+    chain: list[ChainOp] = [Scale.of(np.float32(0.02) * np.asarray(s_w, np.float32)),
+                            Shift.of(draw(st.lists(f32s(-2, 2), min_size=C,
+                                                   max_size=C)))]
+    used_residual = False
+    for _ in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["mul", "add", "act", "prelu", "residual"]))
+        if kind == "mul":
+            chain.append(Scale(_values(draw, -3, 3)))
+        elif kind == "add":
+            chain.append(Shift(_values(draw, -2, 2)))
+        elif kind == "act":
+            act = draw(st.sampled_from([Act.RELU, Act.CLIP, Act.SIGMOID, Act.TANH,
+                                        Act.HARD_SWISH]))
+            params = {Act.CLIP: (0.0, 6.0), Act.HARD_SWISH: (1 / 6, 0.5)}.get(act, (0.0, 0.0))
+            if act == Act.RELU and draw(st.booleans()):
+                params = (0.1, 0.0)
+            chain.append(Activation(act, *params))
+        elif kind == "prelu":
+            chain.append(PRelu(_values(draw, 0.01, 0.5, positive=True)))
+        elif not used_residual:
+            used_residual = True
+            chain.append(Residual(1, draw(f32s(0.01, 0.1)),
+                                  draw(st.integers(0, 255)), DType.U8))
+    if inner_quantize:
+        s_in = draw(f32s(0.02, 0.05))
+        zp_in = draw(st.integers(0, 20))
+        chain += [q_item(s_in, zp_in, DType.U8), Shift.of(-zp_in), Scale.of(s_in)]
+        if not used_residual:
+            chain.append(Residual(1, 0.03, 128, DType.U8))
+    dtype = draw(st.sampled_from([DType.U8, DType.S8, DType.F32]))
+    if dtype != DType.F32:
+        chain.append(q_item(draw(f32s(0.05, 0.2)), draw(st.integers(-5, 5))
+                            + (128 if dtype == DType.U8 else 0), dtype))
+    return chain, dtype
+
+
+def _check(chain: list[ChainOp], dtype: DType, options: ComposerOptions, bound: int) -> None:
+    rng = np.random.default_rng(0)
+    acc = rng.integers(-20000, 20000, size=(4, C, 6, 6)).astype(np.int32)
+    res = {1: rng.integers(0, 256, size=acc.shape).astype(np.uint8)}
+    ref = apply_chain(acc, chain, res, channel_axis=1, dst_dtype=dtype)
+    composed = compose(chain, channels=C, dst_dtype=dtype, options=options)
+    got = apply_composed(acc, composed, res, channel_axis=1)
+    if dtype.is_integer:
+        diff = np.abs(got.astype(np.int32) - ref.astype(np.int32))
+        assert diff.max() <= bound, (composed, diff.max())
+        assert np.mean(diff == 0) >= 0.99
+    else:
+        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max() + 1e-6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chains(inner_quantize=False))
+def test_random_chains_compose_equivalently(case: tuple[list[ChainOp], DType]) -> None:
+    _check(*case, ComposerOptions(), bound=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(inner_quantize=True))
+def test_random_chains_with_inner_quantize(case: tuple[list[ChainOp], DType]) -> None:
+    _check(*case, ComposerOptions(), bound=2)
+
+
+@pytest.mark.parametrize("name", OPTIMIZATIONS)
+@settings(max_examples=20, deadline=None)
+@given(case=chains(inner_quantize=False))
+def test_each_optimization_can_be_switched_off(name: str, case) -> None:
+    chain, dtype = case
+    options = ComposerOptions().without(name)
+    assert name not in compose(chain, channels=C, dst_dtype=dtype, options=options).fired
+    _check(chain, dtype, options, bound=1)
