@@ -17,6 +17,7 @@ matmul).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass
 
@@ -147,3 +148,21 @@ def describe(op: ChainOp) -> str:
         return f"sum input{op.port} (s={op.scale:.6g}, zp={op.zero_point}, {op.dtype.name})"
     return (f"quantize L={op.levels} [{summary(op.input_low)}, {summary(op.input_high)}] → "
             f"[{summary(op.output_low)}, {summary(op.output_high)}] {op.dtype.name}")
+
+
+@dataclass
+class Fused:
+    """What makes a compute node an int8 kernel with a post-op chain.
+
+    The node computes ``acc = op(src - src_zero_point, wei - wei_zero_point)`` exactly (int32
+    when src and weights are integers; float32 otherwise), then ``chain`` as described at the
+    top of this module. Chain ``Residual`` items read the node's inputs by port; those inputs
+    come after the op's own inputs. ``absorbed`` lists the ONNX nodes folded in; ``notes``
+    records fusion decisions for `inspect`.
+    """
+
+    chain: list[ChainOp] = dataclasses.field(default_factory=list)
+    src_zero_point: int = 0
+    wei_zero_point: int = 0
+    absorbed: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Iterator
 import networkx as nx
 import numpy as np
 
+from ir.chain import Fused
 from ir.ops import ATTRS, Op, arity
 from ir.types import DType, TensorInfo
 
@@ -47,6 +48,8 @@ class Node:
     # fusions append the names they absorb) and free-form notes passes leave for `inspect`.
     origin: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    # Set on compute nodes that the passes turned into int8 kernels (ir/chain.py).
+    fused: Fused | None = None
 
     def __str__(self) -> str:
         return f"'{self.name}' ({self.op.value})"
@@ -294,6 +297,8 @@ class Graph:
         elif not isinstance(node.attrs, expected):
             found.append(f"node {node}: attrs {type(node.attrs).__name__}, want {expected.__name__}")
         low, high = arity(node.op)
+        if node.fused is not None:
+            high = None  # residual inputs of the post-op chain follow the op's own inputs
         if len(node.inputs) < low or (high is not None and len(node.inputs) > high):
             found.append(f"node {node}: {len(node.inputs)} inputs, want {low}..{high or 'n'}")
         for port, value in enumerate(node.inputs):

@@ -1,0 +1,88 @@
+"""What every pass shares: the result it returns, the reasons it records, its errors.
+
+A pass is a function ``run(graph, ctx) -> PassResult``: pattern + check + rewrite. When a
+pattern matches but a check fails, the pass records why with ``ctx.decline(node, reason)``;
+`qfuse inspect` prints those reasons. An exception inside a pass is re-raised as ``PassError``
+naming the pass and the node it was working on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ir import Graph, Node
+from passes.composer import ComposerOptions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Decline:
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class PassResult:
+    name: str
+    changed: int = 0
+    declined: list[Decline] = field(default_factory=list)
+
+    @property
+    def modified(self) -> bool:
+        return self.changed > 0
+
+
+class PassError(RuntimeError):
+    def __init__(self, pass_name: str, node: Node | None, cause: BaseException) -> None:
+        where = f" at node {node}" if node is not None else ""
+        super().__init__(f"pass '{pass_name}' failed{where}: {type(cause).__name__}: {cause}")
+        self.pass_name = pass_name
+        self.node = node
+
+
+@dataclass
+class PassContext:
+    """Options every pass may read, and the running record of the current pass."""
+
+    composer: ComposerOptions = field(default_factory=ComposerOptions)
+    disabled_passes: frozenset[str] = frozenset()
+    # Drop the quantization of every tensor (the fp32 mode uses the same passes on the
+    # float graph this leaves).
+    strip_quantization: bool = False
+    current: PassResult | None = None
+    current_node: Node | None = None
+
+    def decline(self, node: Node, reason: str) -> None:
+        """Record that ``node`` matched a pattern but was not rewritten, and why."""
+        assert self.current is not None, "decline() outside a pass"
+        self.current.declined.append(Decline(node.name, node.op.value, reason))
+        log.info("%s: %s declined: %s", self.current.name, node, reason)
+
+    def visit(self, node: Node) -> Node:
+        """Note the node being worked on, so an error can name it."""
+        self.current_node = node
+        return node
+
+
+PassFn = Callable[[Graph, PassContext], int]
+
+
+def run_pass(name: str, fn: PassFn, graph: Graph, ctx: PassContext) -> PassResult:
+    """Run one pass; ``fn`` returns the number of rewrites it made."""
+    result = PassResult(name)
+    ctx.current, ctx.current_node = result, None
+    try:
+        result.changed = fn(graph, ctx)
+    except PassError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - re-raised with the pass and node named
+        raise PassError(name, ctx.current_node, exc) from exc
+    finally:
+        ctx.current = None
+    log.info("pass %s: %d rewrite(s), %d declined", name, result.changed,
+             len(result.declined))
+    return result
