@@ -1,0 +1,85 @@
+"""The reference interpreter: walk the graph in topological order, look each op up in IMPLS.
+
+``evaluate`` is the `reference` mode of qfuse and the oracle the passes are checked against
+(before vs after each rewrite, with ``keep=True`` to compare intermediate tensors). The
+semantics of every op live in the ``ops_*`` modules; this loop only moves arrays around.
+
+An output whose TensorInfo declares another element type than the op computed is converted
+only when that is exact (a quantize-only FakeQuantize computes integer-valued float32 and
+declares u8/s8); anything else is an error naming the node, as is a shape mismatch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.graph import Graph
+from runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
+from runtime.reference.registry import IMPLS
+
+
+class MissingImplError(NotImplementedError):
+    """No reference implementation for an op; the message names the node and the op."""
+
+
+class EvaluationError(RuntimeError):
+    """An op failed; the message names the node, the original exception is chained."""
+
+
+def evaluate(
+    graph: Graph, feeds: dict[str, np.ndarray], *, keep: bool = False
+) -> dict[str, np.ndarray]:
+    """Run ``graph`` on ``feeds``; the graph outputs, or every non-constant value if ``keep``."""
+    env = _check_feeds(graph, feeds)
+    for node in graph.topo_order():
+        fn = IMPLS.get(node.op)
+        if fn is None:
+            raise MissingImplError(f"node {node}: no reference implementation of {node.op.value}")
+        args = [_read(graph, env, name) if name else None for name in node.inputs]
+        try:
+            outs = fn(node, args)
+            for name, array in zip(node.outputs, outs, strict=True):
+                env[name] = _conform(graph, name, array)
+        except Exception as exc:
+            raise EvaluationError(f"node {node}: {type(exc).__name__}: {exc}") from exc
+    if keep:
+        return env
+    return {name: _read(graph, env, name) for name in graph.outputs}
+
+
+def _read(graph: Graph, env: dict[str, np.ndarray], name: str) -> np.ndarray:
+    data = graph.constant(name)
+    return env[name] if data is None else data
+
+
+def _check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    unknown = sorted(set(feeds) - set(graph.inputs))
+    if unknown:
+        raise ValueError(f"feeds name {unknown}, which are not inputs of graph '{graph.name}'")
+    env: dict[str, np.ndarray] = {}
+    for name in graph.inputs:
+        if name not in feeds:
+            raise ValueError(f"input '{name}' is not fed")
+        array, info = np.asarray(feeds[name]), graph.info(name)
+        if array.shape != info.shape or array.dtype != info.dtype.np:
+            raise ValueError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
+                             f"the graph wants {info.dtype.np}{list(info.shape)}")
+        env[name] = array
+    return env
+
+
+def _conform(graph: Graph, name: str, array: np.ndarray) -> np.ndarray:
+    info = graph.values[name].info
+    if info is None:
+        return array
+    if array.shape != info.shape:
+        raise ValueError(f"output '{name}' has shape {array.shape}, its info says {info.shape}")
+    if array.dtype == info.dtype.np:
+        return array
+    with np.errstate(invalid="ignore", over="ignore"):
+        cast = array.astype(info.dtype.np)
+        exact = np.array_equal(cast.astype(array.dtype), array)
+    if not exact:
+        raise ValueError(f"output '{name}' is {array.dtype}, its info says {info.dtype.np} "
+                         "and the values do not convert exactly")
+    return cast

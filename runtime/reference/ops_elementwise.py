@@ -1,0 +1,153 @@
+"""Elementwise ops: binary arithmetic with numpy broadcasting, activations.
+
+Precision: the arithmetic ops (Add, Sub, Mul, Div, Sum, Relu, Clip, LeakyRelu, PRelu,
+HardSigmoid, HardSwish) are single float32 operations, computed in float32, so they are the
+correctly rounded results ONNX Runtime's kernels produce too. The transcendental ones
+(Sigmoid, Tanh, Gelu) are computed in float64 with the libm functions (``math.erf`` for Gelu)
+and rounded once to float32: the exact value to within half an ulp, where ONNX Runtime uses
+float32 polynomial approximations (a few ulps; the tests bound the gap at 1e-5 relative).
+
+Integer Div truncates toward zero (C semantics, as ONNX Runtime); other integer arithmetic
+wraps around in the input type.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import reduce
+
+import numpy as np
+
+from ir.graph import Node
+from ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs, Op
+from runtime.reference.registry import Arrays, impl, need
+
+F32 = np.float32
+_ERF = np.frompyfunc(math.erf, 1, 1)
+
+
+def _same_type(a: np.ndarray, b: np.ndarray) -> None:
+    if a.dtype != b.dtype:
+        raise ValueError(f"operands of different types {a.dtype} and {b.dtype}")
+
+
+def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype.kind == "f":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.divide(a, b)
+    if np.any(b == 0):
+        raise ZeroDivisionError("integer division by zero")
+    wide = a.astype(np.int64), b.astype(np.int64)
+    q = np.abs(wide[0]) // np.abs(wide[1]) * np.sign(wide[0]) * np.sign(wide[1])
+    return q.astype(np.result_type(a, b))
+
+
+_BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: _divide}
+
+
+@impl(Op.ADD, Op.SUB, Op.MUL, Op.DIV)
+def binary(node: Node, args: Arrays) -> list[np.ndarray]:
+    a, b = need(args, 0), need(args, 1)
+    _same_type(a, b)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return [np.asarray(_BINARY[node.op](a, b))]
+
+
+@impl(Op.SUM)
+def sum_(node: Node, args: Arrays) -> list[np.ndarray]:
+    arrays = [need(args, i) for i in range(len(args))]
+    for other in arrays[1:]:
+        _same_type(arrays[0], other)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = reduce(np.add, arrays[1:], arrays[0])
+    return [np.broadcast_to(total, np.broadcast_shapes(*(a.shape for a in arrays))).copy()]
+
+
+@impl(Op.RELU)
+def relu(node: Node, args: Arrays) -> list[np.ndarray]:
+    x = need(args, 0)
+    return [np.where(x < 0, x.dtype.type(0), x)]
+
+
+@impl(Op.CLIP)
+def clip(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: ClipAttrs = node.attrs
+    x = need(args, 0)
+    y = x
+    if attrs.min > -math.inf:
+        y = np.maximum(y, _bound(math.ceil, attrs.min, x.dtype))
+    if attrs.max < math.inf:
+        y = np.minimum(y, _bound(math.floor, attrs.max, x.dtype))
+    return [np.array(y, dtype=x.dtype, copy=True)]
+
+
+def _bound(to_int: Callable[[float], int], value: float, dtype: np.dtype) -> np.generic:
+    """A float bound in x's type (integer types: the tightest integer bound, saturated)."""
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return dtype.type(min(max(to_int(value), info.min), info.max))
+    return dtype.type(value)
+
+
+@impl(Op.LEAKY_RELU)
+def leaky_relu(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: AlphaAttrs = node.attrs
+    x = need(args, 0)
+    return [np.where(x >= 0, x, x * F32(attrs.alpha)).astype(x.dtype)]
+
+
+@impl(Op.PRELU)
+def prelu(node: Node, args: Arrays) -> list[np.ndarray]:
+    x, slope = need(args, 0), need(args, 1)
+    _same_type(x, slope)
+    return [np.where(x < 0, x * slope, x).astype(x.dtype)]
+
+
+def _hard_sigmoid(x: np.ndarray, alpha: np.float32, beta: np.float32) -> np.ndarray:
+    return np.minimum(np.maximum(alpha * x + beta, F32(0)), F32(1))
+
+
+@impl(Op.HARD_SIGMOID)
+def hard_sigmoid(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: HardSigmoidAttrs = node.attrs
+    x = _float32(need(args, 0))
+    return [_hard_sigmoid(x, F32(attrs.alpha), F32(attrs.beta))]
+
+
+@impl(Op.HARD_SWISH)
+def hard_swish(node: Node, args: Arrays) -> list[np.ndarray]:
+    # ONNX defines HardSwish as x * HardSigmoid<alpha=1/6, beta=0.5>(x).
+    x = _float32(need(args, 0))
+    return [x * _hard_sigmoid(x, F32(1 / 6), F32(0.5))]
+
+
+def _float32(x: np.ndarray) -> np.ndarray:
+    if x.dtype != F32:
+        raise ValueError(f"expected float32, got {x.dtype}")
+    return x
+
+
+@impl(Op.SIGMOID)
+def sigmoid(node: Node, args: Arrays) -> list[np.ndarray]:
+    x = _float32(need(args, 0)).astype(np.float64)
+    with np.errstate(over="ignore"):
+        return [(1.0 / (1.0 + np.exp(-x))).astype(F32)]
+
+
+@impl(Op.TANH)
+def tanh(node: Node, args: Arrays) -> list[np.ndarray]:
+    return [np.tanh(_float32(need(args, 0)).astype(np.float64)).astype(F32)]
+
+
+@impl(Op.GELU)
+def gelu(node: Node, args: Arrays) -> list[np.ndarray]:
+    """erf form ``0.5·x·(1 + erf(x/√2))``; tanh form ``0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))``."""
+    attrs: GeluAttrs = node.attrs
+    x = _float32(need(args, 0)).astype(np.float64)
+    if attrs.approximate is GeluApprox.TANH:
+        inner = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
+        y = 0.5 * x * (1.0 + np.tanh(inner))
+    else:
+        y = 0.5 * x * (1.0 + _ERF(x / math.sqrt(2)).astype(np.float64))
+    return [y.astype(F32)]

@@ -1,0 +1,114 @@
+"""QuantizeLinear, DequantizeLinear and FakeQuantize, bit-exact.
+
+QuantizeLinear (ONNX): ``y = saturate(round_half_even(x / scale) + zero_point)``.
+``x / scale`` is a float32 *division*, as ONNX Runtime computes it: MLAS ``quantize.cpp``
+(``MlasQuantizeLinearVector``: ``MlasDivideFloat32x4(FloatVector, ScaleVector)``, then clamp to
+``[qmin - zp, qmax - zp]``, then ``_mm_cvtps_epi32`` = round half to even, then ``+ zp``); the
+AVX-512 kernel (``quantize_avx512f.cpp``) divides too (``_mm512_div_ps``). Multiplying by a
+precomputed ``1/scale`` would differ by one step on some inputs. NaN: ONNX Runtime 1.31 gives ``qmin`` (0 for u8, -128 for s8) whatever the
+zero point — ``_mm_max_ps(NaN, lo)`` returns ``lo`` — for per-tensor and per-axis alike (checked
+by tests/runtime/test_reference_quant.py); +inf saturates to qmax, -inf to qmin.
+
+DequantizeLinear: ``y = float32(x - zero_point) * scale`` (float32), per tensor or per axis;
+int32 inputs (biases) come without a zero point.
+
+FakeQuantize (seed 000, OpenVINO ``ov::reference::fake_quantize``)::
+
+    x <= min(il, ih)  ->  ol
+    x >  max(il, ih)  ->  oh
+    else              ->  nearbyint((x - il) / (ih - il) * (L-1)) / (L-1) * (oh - ol) + ol
+
+every operation in float32 in exactly this order (subtract, divide, multiply, round, divide,
+multiply, add), ``nearbyint`` under the default rounding mode = round half to EVEN (not
+``std::round``'s half away from zero). The ranges broadcast numpy-style against x. This is
+bit-exact with OpenVINO's reference implementation (``Node.evaluate``), on ties too. The CPU
+plugin computes another formula (clamp, ``x*isc - ish`` with precomputed float32 scales and
+FMA, round half to even, ``q*osc + ol``) and differs by up to one level on near-ties and by
+float32 ulps elsewhere (tests/runtime/test_reference_fakequantize.py measures and pins it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ir.graph import Node
+from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
+from runtime.reference.registry import Arrays, impl, need, opt
+
+F32 = np.float32
+
+
+def _along(param: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    """A scale / zero point shaped to broadcast against a rank-``ndim`` tensor."""
+    if param.size == 1:
+        return param.reshape(())
+    if param.ndim != 1:
+        raise ValueError(f"per-axis parameters must be 1-D, got shape {param.shape}")
+    axis = axis + ndim if axis < 0 else axis
+    if not 0 <= axis < ndim:
+        raise ValueError(f"axis {axis} out of range for rank {ndim}")
+    shape = [1] * ndim
+    shape[axis] = param.size
+    return param.reshape(shape)
+
+
+@impl(Op.QUANTIZE_LINEAR)
+def quantize_linear(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: QuantizeAttrs = node.attrs
+    x, scale, zp = need(args, 0), need(args, 1), opt(args, 2)
+    out = attrs.dtype.np
+    if zp is not None and zp.dtype != out:
+        raise ValueError(f"zero point is {zp.dtype} but the output type is {out}")
+    if x.dtype != F32 or scale.dtype != F32:
+        raise ValueError(f"x and scale must be float32, got {x.dtype} and {scale.dtype}")
+    lo, hi = attrs.dtype.range
+    s = _along(scale, x.ndim, attrs.axis)
+    z = F32(0) if zp is None else _along(zp, x.ndim, attrs.axis).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.rint(x / s) + z
+    q = np.where(np.isnan(q), F32(lo), np.clip(q, F32(lo), F32(hi)))
+    return [q.astype(out)]
+
+
+@impl(Op.DEQUANTIZE_LINEAR)
+def dequantize_linear(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: DequantizeAttrs = node.attrs
+    x, scale, zp = need(args, 0), need(args, 1), opt(args, 2)
+    if x.dtype.kind not in "iu":
+        raise ValueError(f"DequantizeLinear reads an integer tensor, got {x.dtype}")
+    if scale.dtype != F32:
+        raise ValueError(f"scale must be float32, got {scale.dtype}")
+    shifted = x.astype(np.int64)
+    if zp is not None:
+        if zp.dtype != x.dtype:
+            raise ValueError(f"zero point is {zp.dtype} but x is {x.dtype}")
+        shifted = shifted - _along(zp, x.ndim, attrs.axis).astype(np.int64)
+    return [shifted.astype(F32) * _along(scale, x.ndim, attrs.axis)]
+
+
+def fake_quantize_f32(
+    x: np.ndarray, il: np.ndarray, ih: np.ndarray, ol: np.ndarray, oh: np.ndarray, levels: int
+) -> np.ndarray:
+    """OpenVINO's reference FakeQuantize in float32 (module docstring), numpy broadcasting."""
+    x, il, ih, ol, oh = (np.asarray(a, dtype=F32) for a in (x, il, ih, ol, oh))
+    steps = F32(levels - 1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inside = np.rint((x - il) / (ih - il) * steps) / steps * (oh - ol) + ol
+    below = x <= np.minimum(il, ih)
+    above = x > np.maximum(il, ih)
+    return np.where(below, ol, np.where(above, oh, inside)).astype(F32)
+
+
+@impl(Op.FAKE_QUANTIZE)
+def fake_quantize(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: FakeQuantizeAttrs = node.attrs
+    x, il, ih, ol, oh = (need(args, i) for i in range(5))
+    if x.dtype != F32:
+        raise ValueError(f"FakeQuantize reads float32, got {x.dtype}")
+    if attrs.levels < 2:
+        raise ValueError(f"levels must be >= 2, got {attrs.levels}")
+    y = fake_quantize_f32(x, il, ih, ol, oh, attrs.levels)
+    if y.shape != x.shape:
+        raise ValueError(f"ranges of shapes {[a.shape for a in (il, ih, ol, oh)]} "
+                         f"broadcast x {x.shape} to {y.shape}")
+    return [y]
