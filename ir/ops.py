@@ -198,7 +198,11 @@ class SplitAttrs:
 
 @dataclass(frozen=True)
 class SliceAttrs:
-    """Per listed axis: start, end (clamped, non-negative) and step, resolved by the importer."""
+    """Per listed axis: start, end and step as ONNX gives them (after constant inputs are read).
+
+    ONNX's clamping rules apply at evaluation; for a negative step an end below -dim means
+    "through index 0" (the importer stores such ends as they are, never as -1).
+    """
 
     starts: tuple[int, ...]
     ends: tuple[int, ...]
