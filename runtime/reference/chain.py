@@ -10,6 +10,11 @@ oneDNN attributes the way oneDNN 3.x computes them (ONEDNN_NOTES.md):
 Comparing the two checks the composer; comparing ``apply_composed`` with oneDNN's output checks
 the lowering. Both use float32 throughout, with numpy's rint (round half to even, as oneDNN
 under the default MXCSR).
+
+Measured on oneDNN 3.2 (tests/runtime/test_onednn_int8.py::test_conv_rounding_ties): the dst
+zero point is added in float32 *before* rounding, ``dst = saturate(rint(f32(x·f32(1/s)) + zp))``,
+and the sum post-op with a scale and eltwise linear are fused multiply-adds (one rounding).
+``apply_composed`` follows that, not the older ``rint(x/s) + zp`` form of ONEDNN_NOTES.md.
 """
 
 from __future__ import annotations
@@ -84,6 +89,11 @@ def fake_quantize(
     return np.where(x > np.maximum(il, ih), oh, q).astype(F32)
 
 
+def _fma(a: np.ndarray | np.float32, b: np.ndarray | np.float32, c: np.ndarray) -> np.ndarray:
+    """a·b + c rounded once to float32 (the product of two float32 is exact in float64)."""
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + c).astype(F32)
+
+
 def apply_chain(
     acc: np.ndarray,
     chain: list[ChainOp],
@@ -127,11 +137,13 @@ def apply_composed(
     if composed.bias is not None:
         x = (x + _per_channel(composed.bias, nd, ax)).astype(F32)
     for op in composed.post_ops:
-        if isinstance(op, Eltwise):
+        if isinstance(op, Eltwise) and op.alg == "linear":
+            x = _fma(x, F32(op.alpha), F32(op.beta))
+        elif isinstance(op, Eltwise):
             x = eltwise(x, op.alg, op.alpha, op.beta)
         elif isinstance(op, Sum):
-            r = residuals[op.port].astype(F32)
-            x = (F32(op.scale) * (r - F32(op.zero_point)) + x).astype(F32)
+            r = (residuals[op.port].astype(F32) - F32(op.zero_point)).astype(F32)
+            x = _fma(F32(op.scale), r, x)
         elif isinstance(op, Binary):
             v = _per_channel(op.values, nd, ax)
             fn = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
@@ -141,5 +153,5 @@ def apply_composed(
     if composed.dst_dtype.is_integer:
         if composed.dst_scale is not None:
             x = (x * (F32(1.0) / F32(composed.dst_scale))).astype(F32)
-        x = (np.rint(x) + F32(composed.dst_zero_point)).astype(F32)
+        x = (x + F32(composed.dst_zero_point)).astype(F32)
     return saturate_store(x, composed.dst_dtype)

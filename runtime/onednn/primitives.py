@@ -1,0 +1,296 @@
+"""Primitive-descriptor constructors: one function per oneDNN primitive qfuse uses.
+
+Each returns a `PrimitiveDesc` (query `.impl_name`, `.md(...)`, `.arg_md(...)`, then
+`.create()`). Conventions, as in the C API:
+
+- Shapes: activations {N, C, [D,] [H,] W}; conv weights {O, I, kh, kw} or grouped
+  {G, O/G, I/G, kh, kw} (depthwise: G = C, O/G = I/G = 1); deconv weights {[G,] O, I, kh, kw}.
+- `dilation` is in oneDNN's convention: 0 = dense kernel (ONNX dilation d becomes d - 1).
+- `padding_l`/`padding_r` may differ (asymmetric padding); all spatial lists default to 1
+  (strides) or 0 (padding, dilation).
+- A descriptor made with FormatTag.any lets the primitive choose a layout; query the chosen
+  one from the PrimitiveDesc and fill it with a reorder (never a memcpy: int8 weights in
+  blocked layouts carry compensation data).
+- `attr=None` means `PrimitiveAttr()`: no scales, no post-ops, scratchpad mode user.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from ctypes import byref, c_void_p
+
+import numpy as np
+
+from runtime.onednn import _lib
+from runtime.onednn._lib import C, check
+from runtime.onednn.attr import PrimitiveAttr
+from runtime.onednn.enums import (
+    ELTWISE_ALGS,
+    POOLING_ALGS,
+    SOFTMAX_ALGS,
+    Alg,
+    Arg,
+    NormFlags,
+    PrimitiveKind,
+    PropKind,
+)
+from runtime.onednn.memory import Engine, Memory, MemoryDesc, data_type_of, default_engine
+from runtime.onednn.primitive import PrimitiveDesc
+
+log = logging.getLogger(__name__)
+
+Ints = Sequence[int]
+INFERENCE = PropKind.forward_inference
+
+
+def _spatial(name: str, values: Ints | None, count: int, default: int) -> tuple[int, ...]:
+    if values is None:
+        return (default,) * count
+    values = tuple(int(v) for v in values)
+    if len(values) != count:
+        raise ValueError(f"{name} needs {count} spatial values, got {values}")
+    return values
+
+
+def _h(md: MemoryDesc | None) -> c_void_p | None:
+    return md.handle if md is not None else None
+
+
+def _desc(**mds: MemoryDesc | None) -> str:
+    return " ".join(f"{k}={v.describe() if v is not None else None}" for k, v in mds.items())
+
+
+def _finish(kind: PrimitiveKind, call: str, status: int, handle: c_void_p, attr: PrimitiveAttr,
+            engine: Engine, detail: str) -> PrimitiveDesc:
+    check(status, call, f"{detail} attr=[{attr.info().describe()}]")
+    pd = PrimitiveDesc(handle, kind, attr.info(), engine, detail)
+    log.debug("created %s: %s", pd.name, detail)
+    return pd
+
+
+def _conv_like(kind: PrimitiveKind, src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc,
+               bias: MemoryDesc | None, strides: Ints | None, padding_l: Ints | None,
+               padding_r: Ints | None, dilation: Ints | None, attr: PrimitiveAttr | None,
+               engine: Engine | None, prop_kind: PropKind) -> PrimitiveDesc:
+    spatial = src.ndims - 2
+    if spatial < 1:
+        raise ValueError(f"{kind.name} needs src {{N, C, spatial...}}, got {src.describe()}")
+    s = _spatial("strides", strides, spatial, 1)
+    pl = _spatial("padding_l", padding_l, spatial, 0)
+    pr = _spatial("padding_r", padding_r, spatial, 0)
+    d = _spatial("dilation", dilation, spatial, 0)
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    is_conv = kind == PrimitiveKind.convolution
+    call = ("dnnl_convolution_forward_primitive_desc_create" if is_conv
+            else "dnnl_deconvolution_forward_primitive_desc_create")
+    alg = Alg.convolution_direct if is_conv else Alg.deconvolution_direct
+    handle = c_void_p()
+    status = getattr(C, call)(byref(handle), engine.handle, prop_kind, alg, src.handle,
+                              weights.handle, _h(bias), dst.handle, _lib.dims(s), _lib.dims(d),
+                              _lib.dims(pl), _lib.dims(pr), attr.handle)
+    detail = (_desc(src=src, weights=weights, bias=bias, dst=dst)
+              + f" strides={s} dilation={d} padding_l={pl} padding_r={pr}")
+    return _finish(kind, call, status, handle, attr, engine, detail)
+
+
+def convolution(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc, *,
+                bias: MemoryDesc | None = None, strides: Ints | None = None,
+                padding_l: Ints | None = None, padding_r: Ints | None = None,
+                dilation: Ints | None = None, attr: PrimitiveAttr | None = None,
+                engine: Engine | None = None, prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """Direct convolution; groups through 5-D weights {G, O/G, I/G, kh, kw}."""
+    return _conv_like(PrimitiveKind.convolution, src, weights, dst, bias, strides, padding_l,
+                      padding_r, dilation, attr, engine, prop_kind)
+
+
+def deconvolution(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc, *,
+                  bias: MemoryDesc | None = None, strides: Ints | None = None,
+                  padding_l: Ints | None = None, padding_r: Ints | None = None,
+                  dilation: Ints | None = None, attr: PrimitiveAttr | None = None,
+                  engine: Engine | None = None, prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """Direct deconvolution (transposed convolution); weights {[G,] O, I, kh, kw}."""
+    return _conv_like(PrimitiveKind.deconvolution, src, weights, dst, bias, strides, padding_l,
+                      padding_r, dilation, attr, engine, prop_kind)
+
+
+def inner_product(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc, *,
+                  bias: MemoryDesc | None = None, attr: PrimitiveAttr | None = None,
+                  engine: Engine | None = None, prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """dst{N, O} = src{N, I...} x weights{O, I...}^T (+ bias{O})."""
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    call = "dnnl_inner_product_forward_primitive_desc_create"
+    status = C.dnnl_inner_product_forward_primitive_desc_create(
+        byref(handle), engine.handle, prop_kind, src.handle, weights.handle, _h(bias),
+        dst.handle, attr.handle)
+    return _finish(PrimitiveKind.inner_product, call, status, handle, attr, engine,
+                   _desc(src=src, weights=weights, bias=bias, dst=dst))
+
+
+def matmul(src: MemoryDesc, weights: MemoryDesc, dst: MemoryDesc, *,
+           bias: MemoryDesc | None = None, attr: PrimitiveAttr | None = None,
+           engine: Engine | None = None) -> PrimitiveDesc:
+    """dst{..., M, N} = src{..., M, K} x weights{..., K, N} (+ bias), batch dims broadcast."""
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_matmul_primitive_desc_create(byref(handle), engine.handle, src.handle,
+                                                 weights.handle, _h(bias), dst.handle,
+                                                 attr.handle)
+    return _finish(PrimitiveKind.matmul, "dnnl_matmul_primitive_desc_create", status, handle,
+                   attr, engine, _desc(src=src, weights=weights, bias=bias, dst=dst))
+
+
+def pooling(alg: Alg, src: MemoryDesc, dst: MemoryDesc, *, kernel: Ints,
+            strides: Ints | None = None, padding_l: Ints | None = None,
+            padding_r: Ints | None = None, dilation: Ints | None = None,
+            attr: PrimitiveAttr | None = None, engine: Engine | None = None,
+            prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """Max or average pooling (average including or excluding padded taps)."""
+    if alg not in POOLING_ALGS:
+        raise ValueError(f"{alg!r} is not a pooling algorithm")
+    spatial = src.ndims - 2
+    k = _spatial("kernel", kernel, spatial, 1)
+    s = _spatial("strides", strides, spatial, 1)
+    pl = _spatial("padding_l", padding_l, spatial, 0)
+    pr = _spatial("padding_r", padding_r, spatial, 0)
+    d = _spatial("dilation", dilation, spatial, 0)
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_pooling_forward_primitive_desc_create(
+        byref(handle), engine.handle, prop_kind, alg, src.handle, dst.handle, _lib.dims(s),
+        _lib.dims(k), _lib.dims(d), _lib.dims(pl), _lib.dims(pr), attr.handle)
+    detail = (f"{Alg(alg).name} " + _desc(src=src, dst=dst)
+              + f" kernel={k} strides={s} dilation={d} padding_l={pl} padding_r={pr}")
+    return _finish(PrimitiveKind.pooling, "dnnl_pooling_forward_primitive_desc_create", status,
+                   handle, attr, engine, detail)
+
+
+def eltwise(alg: Alg, src: MemoryDesc, dst: MemoryDesc | None = None, *, alpha: float = 0.0,
+            beta: float = 0.0, attr: PrimitiveAttr | None = None, engine: Engine | None = None,
+            prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """dst = alg(src; alpha, beta); dst defaults to src's descriptor."""
+    if alg not in ELTWISE_ALGS:
+        raise ValueError(f"{alg!r} is not an eltwise algorithm")
+    dst = dst or src
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_eltwise_forward_primitive_desc_create(
+        byref(handle), engine.handle, prop_kind, alg, src.handle, dst.handle, alpha, beta,
+        attr.handle)
+    detail = f"{Alg(alg).name} alpha={alpha} beta={beta} " + _desc(src=src, dst=dst)
+    return _finish(PrimitiveKind.eltwise, "dnnl_eltwise_forward_primitive_desc_create", status,
+                   handle, attr, engine, detail)
+
+
+def binary(alg: Alg, src0: MemoryDesc, src1: MemoryDesc, dst: MemoryDesc, *,
+           attr: PrimitiveAttr | None = None, engine: Engine | None = None) -> PrimitiveDesc:
+    """dst = alg(src0, src1), src1 broadcast along its size-1 dims."""
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_binary_primitive_desc_create(byref(handle), engine.handle, alg,
+                                                 src0.handle, src1.handle, dst.handle,
+                                                 attr.handle)
+    detail = f"{Alg(alg).name} " + _desc(src0=src0, src1=src1, dst=dst)
+    return _finish(PrimitiveKind.binary, "dnnl_binary_primitive_desc_create", status, handle,
+                   attr, engine, detail)
+
+
+def reorder(src: MemoryDesc, dst: MemoryDesc, *, attr: PrimitiveAttr | None = None,
+            engine: Engine | None = None) -> PrimitiveDesc:
+    """Layout / data-type conversion. With scales: dst = saturate(rint(src * s_src / s_dst))
+    (+ zero points), e.g. quantize (src f32, dst scale) or requantize (both scales)."""
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_reorder_primitive_desc_create(byref(handle), src.handle, engine.handle,
+                                                  dst.handle, engine.handle, attr.handle)
+    return _finish(PrimitiveKind.reorder, "dnnl_reorder_primitive_desc_create", status, handle,
+                   attr, engine, _desc(src=src, dst=dst))
+
+
+def concat(srcs: Sequence[MemoryDesc], axis: int, dst: MemoryDesc | None = None, *,
+           attr: PrimitiveAttr | None = None, engine: Engine | None = None) -> PrimitiveDesc:
+    """Concatenate N inputs (args MULTIPLE_SRC + i) along `axis`; dst None: library's choice."""
+    if not srcs:
+        raise ValueError("concat needs at least one input")
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handles = (c_void_p * len(srcs))(*(md.handle.value for md in srcs))
+    handle = c_void_p()
+    status = C.dnnl_concat_primitive_desc_create(byref(handle), engine.handle, _h(dst),
+                                                 len(srcs), int(axis), handles, attr.handle)
+    detail = (f"axis={axis} " + " ".join(f"src{i}={md.describe()}" for i, md in enumerate(srcs))
+              + " " + _desc(dst=dst))
+    return _finish(PrimitiveKind.concat, "dnnl_concat_primitive_desc_create", status, handle,
+                   attr, engine, detail)
+
+
+def softmax(src: MemoryDesc, dst: MemoryDesc | None = None, *, axis: int,
+            alg: Alg = Alg.softmax_accurate, attr: PrimitiveAttr | None = None,
+            engine: Engine | None = None, prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """Softmax (accurate: exp(x - max) / sum) or log-softmax along `axis`."""
+    if alg not in SOFTMAX_ALGS:
+        raise ValueError(f"{alg!r} is not a softmax algorithm")
+    dst = dst or src
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_softmax_forward_primitive_desc_create(
+        byref(handle), engine.handle, prop_kind, alg, src.handle, dst.handle, int(axis),
+        attr.handle)
+    detail = f"{Alg(alg).name} axis={axis} " + _desc(src=src, dst=dst)
+    return _finish(PrimitiveKind.softmax, "dnnl_softmax_forward_primitive_desc_create", status,
+                   handle, attr, engine, detail)
+
+
+def layer_normalization(src: MemoryDesc, dst: MemoryDesc | None = None, *,
+                        epsilon: float = 1e-5, use_scale: bool = False, use_shift: bool = False,
+                        use_global_stats: bool = False, stat: MemoryDesc | None = None,
+                        attr: PrimitiveAttr | None = None, engine: Engine | None = None,
+                        prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """Normalize over the last dim: dst = (src - mean) / sqrt(var + eps) * scale + shift.
+
+    SCALE / SHIFT are f32 {C} args when enabled; with use_global_stats MEAN / VARIANCE are
+    inputs (stat defaults to src's dims without the last one)."""
+    flags = NormFlags.none
+    flags |= NormFlags.use_scale if use_scale else NormFlags.none
+    flags |= NormFlags.use_shift if use_shift else NormFlags.none
+    flags |= NormFlags.use_global_stats if use_global_stats else NormFlags.none
+    dst = dst or src
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    call = "dnnl_layer_normalization_forward_primitive_desc_create"
+    status = C.dnnl_layer_normalization_forward_primitive_desc_create(
+        byref(handle), engine.handle, prop_kind, src.handle, dst.handle, _h(stat), epsilon,
+        int(flags), attr.handle)
+    detail = f"epsilon={epsilon} flags={flags!r} " + _desc(src=src, dst=dst, stat=stat)
+    return _finish(PrimitiveKind.layer_normalization, call, status, handle, attr, engine,
+                   detail)
+
+
+def filled(md: MemoryDesc, values: np.ndarray, *, engine: Engine | None = None) -> Memory:
+    """A new Memory of descriptor `md` holding the plain array `values`.
+
+    Plain descriptors are written directly; any other layout (blocked weights chosen through
+    FormatTag.any, which for int8 carry compensation data after the values) is filled by a
+    reorder from a plain descriptor of `values` — never by a memcpy."""
+    engine = engine or default_engine()
+    values = np.ascontiguousarray(values)
+    if data_type_of(values.dtype) != md.dtype or values.shape != md.dims:
+        raise ValueError(f"cannot fill {md.describe()} from {values.dtype} {values.shape}")
+    memory = Memory(md, engine=engine)
+    if md.is_plain:
+        memory.write(values)
+        return memory
+    source = Memory.from_array(values, engine)
+    copy = reorder(source.md, md, engine=engine).create()
+    copy.execute(copy.with_scratchpad({Arg.SRC: source, Arg.DST: memory}))
+    return memory

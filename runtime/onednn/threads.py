@@ -1,0 +1,79 @@
+"""Library-wide settings: threads, CPU ISA, version, verbosity.
+
+Threads: libdnnl.so.3 from onednn-cpu-gomp is built with GNU OpenMP and links libgomp.so.1.
+`omp_set_num_threads` / `omp_get_max_threads` are looked up with dlsym on libdnnl's own handle
+(see _lib._PROTOTYPES): dlsym on a dlopen handle searches that object and then its dependencies
+in load order, so these are exactly the libgomp functions oneDNN's parallel regions consult,
+not those of some other OpenMP runtime a different package may have loaded (numpy's OpenBLAS,
+OpenVINO's TBB). `omp_set_num_threads` sets the calling thread's team size for later parallel
+regions; call it from the thread that executes primitives. `OMP_NUM_THREADS` in the environment
+before import has the same effect process-wide.
+
+ISA: `set_max_cpu_isa` caps the instruction set oneDNN dispatches to (like env
+ONEDNN_MAX_CPU_ISA) and only works before the first primitive is created: afterwards oneDNN
+returns invalid_arguments and this raises DnnlError.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from runtime.onednn._lib import C, check
+from runtime.onednn.enums import CpuIsa
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Version:
+    major: int
+    minor: int
+    patch: int
+    hash: str
+    cpu_runtime: int
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}.{self.patch} ({self.hash[:10]})"
+
+
+def version() -> Version:
+    """oneDNN library version (dnnl_version)."""
+    info = C.dnnl_version().contents
+    return Version(info.major, info.minor, info.patch, (info.hash or b"").decode(),
+                   info.cpu_runtime)
+
+
+def set_num_threads(count: int) -> None:
+    """Number of OpenMP threads oneDNN primitives use from now on (calling thread)."""
+    if count < 1:
+        raise ValueError(f"thread count must be >= 1, got {count}")
+    C.omp_set_num_threads(int(count))
+    log.debug("oneDNN threads set to %d", count)
+
+
+def get_num_threads() -> int:
+    """Threads the next oneDNN parallel region on this thread will use."""
+    return int(C.omp_get_max_threads())
+
+
+def effective_cpu_isa() -> CpuIsa:
+    """The ISA oneDNN dispatches to (0xfef avx512_core_amx on Sapphire Rapids)."""
+    value = int(C.dnnl_get_effective_cpu_isa())
+    try:
+        return CpuIsa(value)
+    except ValueError:
+        raise RuntimeError(f"oneDNN reports an unknown cpu isa {value:#x}") from None
+
+
+def set_max_cpu_isa(isa: CpuIsa) -> None:
+    """Cap the ISA; must precede the first primitive creation (else DnnlError)."""
+    check(C.dnnl_set_max_cpu_isa(CpuIsa(isa)), "dnnl_set_max_cpu_isa",
+          f"{CpuIsa(isa).name}: refused (oneDNN fixes the ISA when the first primitive is "
+          "created; set it earlier or use env ONEDNN_MAX_CPU_ISA before import)")
+    log.info("oneDNN max cpu isa set to %s", CpuIsa(isa).name)
+
+
+def set_verbose(level: int) -> None:
+    """0 off, 1 print each execution with its implementation, 2 also creation."""
+    check(C.dnnl_set_verbose(int(level)), "dnnl_set_verbose", f"level={level}")
