@@ -9,8 +9,8 @@ naming the pass and the node it was working on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ir import Graph, Node
 from passes.composer import ComposerOptions
@@ -79,7 +79,7 @@ def run_pass(name: str, fn: PassFn, graph: Graph, ctx: PassContext) -> PassResul
         result.changed = fn(graph, ctx)
     except PassError:
         raise
-    except Exception as exc:  # noqa: BLE001 - re-raised with the pass and node named
+    except Exception as exc:
         raise PassError(name, ctx.current_node, exc) from exc
     finally:
         ctx.current = None

@@ -335,9 +335,7 @@ def _append(out: Composed, op: Basic, options: ComposerOptions) -> None:
         else:
             out.post_ops.append(Binary("max", op.lo))
             out.post_ops.append(Binary("min", op.hi))
-    elif isinstance(op, Eltwise | Sum):
-        out.post_ops.append(op)
-    elif isinstance(op, Prelu):
+    elif isinstance(op, Eltwise | Sum | Prelu):
         out.post_ops.append(op)
 
 
