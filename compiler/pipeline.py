@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 from ir import Graph
 from passes.base import PassContext, PassFn, PassResult, run_pass

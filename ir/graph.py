@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import networkx as nx
 import numpy as np

@@ -1,0 +1,94 @@
+"""Public Python entry points.
+
+``compile_model(path_or_model, mode=...)`` returns a ``CompiledModel`` whose ``run`` takes and
+returns dictionaries of numpy arrays keyed by the model's tensor names. ``import_graph`` gives
+the imported IR (before any pass) for tools that want to look at it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from compiler.onnx_import import import_model
+from ir import Graph
+
+log = logging.getLogger(__name__)
+
+MODES = ("fused", "unfused", "fp32", "reference")
+ModelLike = onnx.ModelProto | str | os.PathLike
+
+
+def import_graph(
+    model: ModelLike, *, input_shapes: dict[str, tuple[int, ...]] | None = None
+) -> Graph:
+    """The model as imported into the IR, before any pass runs."""
+    return import_model(model, input_shapes=input_shapes)
+
+
+@dataclass
+class CompiledModel:
+    """A model ready to run; ``inputs``/``outputs`` are tensor names in the model's order."""
+
+    graph: Graph
+    mode: str
+    _runner: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def inputs(self) -> list[str]:
+        return list(self.graph.inputs)
+
+    @property
+    def outputs(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    def input_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        return {n: (self.graph.info(n).shape, self.graph.info(n).dtype.np) for n in self.inputs}
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._runner(feeds)
+
+    def inspect(self) -> dict[str, Any]:
+        return dict(self.details)
+
+
+def compile_model(
+    model: ModelLike,
+    *,
+    mode: str = "fused",
+    threads: int | None = None,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> CompiledModel:
+    """Compile ``model`` for ``mode`` (one of MODES)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    graph = import_graph(model, input_shapes=input_shapes)
+    if mode == "reference":
+        from runtime.reference import evaluate
+
+        return CompiledModel(graph, mode, lambda feeds: evaluate(graph, feeds))
+    raise NotImplementedError(
+        f"mode {mode!r} needs the oneDNN lowering, which is not built yet; "
+        "use mode='reference'"
+    )
+
+
+def random_inputs(model: CompiledModel, seed: int = 0) -> dict[str, np.ndarray]:
+    """Inputs of the model's shapes and types, drawn from a fixed seed."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, (shape, dtype) in model.input_specs().items():
+        if dtype.kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            info = np.iinfo(dtype) if dtype.kind in "iu" else None
+            lo, hi = (0, 2) if info is None else (max(info.min, -128), min(info.max, 127))
+            feeds[name] = rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
+    return feeds

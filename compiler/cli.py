@@ -1,0 +1,110 @@
+"""The ``qfuse`` command line (the only place that prints)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from compiler.api import compile_model, random_inputs
+
+    model = compile_model(args.model, mode=args.mode, threads=args.threads)
+    if args.inputs:
+        with np.load(args.inputs) as npz:
+            feeds = {name: npz[name] for name in npz.files}
+        missing = [n for n in model.inputs if n not in feeds]
+        if missing:
+            raise ValueError(f"{args.inputs} lacks model inputs {missing} (has {list(feeds)})")
+    else:
+        feeds = random_inputs(model, seed=0)
+    outputs = model.run(feeds)
+    if args.output:
+        np.savez(args.output, **outputs)
+        print(f"wrote {len(outputs)} output(s) to {args.output}")
+    for name in model.outputs:
+        value = outputs[name]
+        flat = value.ravel()
+        head = np.array2string(flat[:6], precision=5, separator=", ")
+        print(f"{name}: {value.dtype}{list(value.shape)} {head}{' ...' if flat.size > 6 else ''}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from examples.binding_demo import main as binding_demo
+
+    return binding_demo()
+
+
+def _not_built(issue: int, what: str):
+    def handler(args: argparse.Namespace) -> int:
+        print(f"qfuse {args.command}: {what} is not built yet (tracked in issue {issue}).",
+              file=sys.stderr)
+        return 2
+
+    return handler
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qfuse", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the passes do")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="run a model and print or save its outputs")
+    p.add_argument("model", type=Path)
+    p.add_argument("--inputs", type=Path, help=".npz keyed by input name (default: random)")
+    p.add_argument("--output", type=Path, help="write outputs to this .npz")
+    p.add_argument("--mode", default="fused", choices=["fused", "unfused", "fp32", "reference"])
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("compile", help="compile a model and print a summary")
+    p.add_argument("model", type=Path)
+    p.add_argument("--json", type=Path)
+    p.set_defaults(func=_not_built(5, "lowering to oneDNN"))
+
+    p = sub.add_parser("inspect", help="show every kernel and what fused")
+    p.add_argument("model", type=Path)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_not_built(5, "lowering to oneDNN"))
+
+    p = sub.add_parser("bench", help="benchmark against other engines")
+    p.add_argument("model", type=Path)
+    p.add_argument("--compare", default="unfused,fp32,onnxruntime,openvino")
+    p.add_argument("--threads", type=int)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--json", type=Path)
+    p.set_defaults(func=_not_built(6, "the benchmark"))
+
+    p = sub.add_parser("compare", help="compare with another framework's integer arithmetic")
+    p.add_argument("model", type=Path)
+    p.add_argument("--emulate", required=True,
+                   choices=["tflite", "onnxruntime", "caffe2", "onednn", "tpu-mlir"])
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_not_built(7, "framework emulation"))
+
+    p = sub.add_parser("demo", help="a small end-to-end example")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from compiler.errors import MalformedModelError, UnsupportedModelError
+
+    try:
+        return int(args.func(args) or 0)
+    except (UnsupportedModelError, MalformedModelError, ValueError, FileNotFoundError,
+            NotImplementedError) as exc:
+        print(f"qfuse {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

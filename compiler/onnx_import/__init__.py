@@ -1,0 +1,267 @@
+"""ONNX → IR: ``import_model(model, input_shapes=...)``.
+
+Steps: load (external data only from the model's folder) and check the model; make the
+graph inputs with static shapes; recognize decomposed GELUs; then, per live node in order,
+fold it when its inputs are constants (folding.py) or convert it with the table
+``CONVERTERS`` keyed by (domain, op_type); finally infer shapes, verify and drop what no
+output reads. Any failure while converting a node is re-raised as UnsupportedModelError or
+MalformedModelError naming the node and its op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from compiler.errors import MalformedModelError, UnsupportedModelError
+from compiler.onnx_import import (
+    convert_layout,
+    convert_math,
+    convert_quant,
+    convert_spatial,
+    folding,
+    loading,
+    patterns,
+)
+from compiler.onnx_import.context import (
+    DEFAULT_DOMAINS,
+    ONNX_TO_DTYPE,
+    OPENVINO_DOMAIN,
+    Context,
+    NodeView,
+    onnx_type_name,
+)
+from ir.graph import Graph, GraphError
+from ir.shapes import infer_shapes
+from ir.types import TensorInfo
+
+logger = logging.getLogger(__name__)
+
+Converter = Callable[[Context, NodeView], None]
+
+_DEFAULT: dict[str, Converter] = {
+    "QuantizeLinear": convert_quant.quantize_linear,
+    "DequantizeLinear": convert_quant.dequantize_linear,
+    "Conv": convert_spatial.conv,
+    "ConvTranspose": convert_spatial.conv_transpose,
+    "MaxPool": convert_spatial.max_pool,
+    "AveragePool": convert_spatial.average_pool,
+    "GlobalAveragePool": convert_spatial.global_average_pool,
+    "Resize": convert_spatial.resize,
+    "Gemm": convert_math.gemm,
+    "MatMul": convert_math.matmul,
+    "Add": convert_math.binary,
+    "Sub": convert_math.binary,
+    "Mul": convert_math.binary,
+    "Div": convert_math.binary,
+    "Sum": convert_math.sum_,
+    "Relu": convert_math.unary,
+    "Sigmoid": convert_math.unary,
+    "Tanh": convert_math.unary,
+    "HardSwish": convert_math.unary,
+    "Identity": convert_math.unary,
+    "Clip": convert_math.clip,
+    "LeakyRelu": convert_math.leaky_relu,
+    "PRelu": convert_math.prelu,
+    "HardSigmoid": convert_math.hard_sigmoid,
+    "Gelu": convert_math.gelu,
+    "Softmax": convert_math.softmax,
+    "LayerNormalization": convert_math.layer_norm,
+    "BatchNormalization": convert_math.batch_norm,
+    "Dropout": convert_math.dropout,
+    "Concat": convert_layout.concat,
+    "Split": convert_layout.split,
+    "Slice": convert_layout.slice_,
+    "Reshape": convert_layout.reshape,
+    "Flatten": convert_layout.flatten,
+    "Transpose": convert_layout.transpose,
+    "Squeeze": convert_layout.squeeze,
+    "Unsqueeze": convert_layout.unsqueeze,
+    "Pad": convert_layout.pad,
+    "Cast": convert_layout.cast,
+}
+
+# (domain, op_type) -> converter; the default domain is spelled "".
+CONVERTERS: dict[tuple[str, str], Converter] = {
+    **{("", op): fn for op, fn in _DEFAULT.items()},
+    (OPENVINO_DOMAIN, "FakeQuantize"): convert_quant.fake_quantize,
+}
+
+
+def import_model(
+    model: onnx.ModelProto | str | os.PathLike,
+    *,
+    input_shapes: dict[str, tuple[int, ...]] | None = None,
+) -> Graph:
+    """The IR graph of an ONNX model, shapes inferred and verified."""
+    proto = loading.load(model)
+    opset = loading.default_opset(proto)
+    onnx_graph = proto.graph
+    graph = Graph(onnx_graph.name or "graph")
+    ctx = Context(graph, opset, [o.name for o in onnx_graph.output])
+    for tensor in onnx_graph.initializer:
+        ctx.set_const(tensor.name, _to_array(tensor))
+    for sparse in onnx_graph.sparse_initializer:
+        try:
+            ctx.set_const(sparse.values.name, folding.sparse_to_dense(sparse))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise MalformedModelError(f"sparse initializer '{sparse.values.name}' cannot be "
+                                      f"read: {exc}") from exc
+    _add_inputs(ctx, onnx_graph, dict(input_shapes or {}))
+
+    nodes = _views(onnx_graph)
+    for n in nodes:
+        ctx.uses.update(i for i in n.inputs if i)
+    nodes = patterns.fuse_gelu(_live(nodes, ctx), ctx.consts, ctx.uses)
+    for n in nodes:
+        _convert(ctx, n)
+
+    for out in onnx_graph.output:
+        if out.name in ctx.consts:
+            ctx.materialize(NodeView(out.name, "graph output", "", [], [], {}), out.name)
+        elif out.name not in graph.values:
+            raise MalformedModelError(f"graph output '{out.name}' is produced by no node")
+        graph.outputs.append(out.name)
+    try:
+        infer_shapes(graph)
+        graph.verify()
+    except GraphError as exc:
+        raise MalformedModelError(str(exc)) from exc
+    removed = graph.remove_unused()
+    logger.info("imported '%s': %d nodes (%d unused removed), opset %d", graph.name,
+                len(graph), removed, opset)
+    return graph
+
+
+def _to_array(tensor: onnx.TensorProto) -> np.ndarray:
+    try:
+        return numpy_helper.to_array(tensor)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise MalformedModelError(f"tensor '{tensor.name}' cannot be read: {exc}") from exc
+
+
+def _add_inputs(ctx: Context, onnx_graph: onnx.GraphProto,
+                shapes: dict[str, tuple[int, ...]]) -> None:
+    """Graph inputs that are not initializers, with static shapes."""
+    names = [i.name for i in onnx_graph.input if i.name not in ctx.consts]
+    unknown = sorted(set(shapes) - set(names))
+    if unknown:
+        raise ValueError(f"input_shapes names {unknown}, which are not graph inputs "
+                         f"(inputs: {names})")
+    for value in onnx_graph.input:
+        if value.name in ctx.consts:
+            continue
+        if not value.type.HasField("tensor_type"):
+            raise UnsupportedModelError(f"graph input '{value.name}' is not a tensor")
+        tensor_type = value.type.tensor_type
+        dtype = ONNX_TO_DTYPE.get(tensor_type.elem_type)
+        if dtype is None:
+            raise UnsupportedModelError(f"graph input '{value.name}' has element type "
+                                        f"{onnx_type_name(tensor_type.elem_type)}, which is "
+                                        f"not supported")
+        shape = _input_shape(value.name, tensor_type, shapes.get(value.name))
+        ctx.graph.add_input(value.name, TensorInfo(shape, dtype))
+
+
+def _input_shape(name: str, tensor_type: onnx.TypeProto.Tensor,
+                 given: tuple[int, ...] | None) -> tuple[int, ...]:
+    dims = ([d.dim_value if d.HasField("dim_value") else None for d in tensor_type.shape.dim]
+            if tensor_type.HasField("shape") else None)
+    if given is not None:
+        given = tuple(int(d) for d in given)
+        if dims is not None and (len(dims) != len(given) or any(
+                d is not None and d != g for d, g in zip(dims, given, strict=True))):
+            raise UnsupportedModelError(f"graph input '{name}': input_shapes gives {given} but "
+                                        f"the model declares {_show_dims(tensor_type)}")
+        if min(given, default=1) < 1:
+            raise UnsupportedModelError(f"graph input '{name}': input_shapes gives {given}; "
+                                        f"every dim must be >= 1")
+        return given
+    if dims is None:
+        raise UnsupportedModelError(f"graph input '{name}' has an unknown rank; pass "
+                                    f"input_shapes={{'{name}': (...)}}")
+    if dims and dims[0] is None:
+        logger.warning("graph input '%s': symbolic batch dim %s set to 1 (pass input_shapes "
+                       "to choose another)", name, _show_dims(tensor_type))
+        dims[0] = 1
+    for i, d in enumerate(dims):
+        if d is None or d < 1:
+            what = f"unknown dim {i}" if d is None else f"dim {i} of size {d}"
+            raise UnsupportedModelError(
+                f"graph input '{name}' has {what} in {_show_dims(tensor_type)}; pass "
+                f"input_shapes={{'{name}': (...)}} with a static shape")
+    return tuple(int(d) for d in dims)  # type: ignore[arg-type]
+
+
+def _show_dims(tensor_type: onnx.TypeProto.Tensor) -> str:
+    return "(" + ", ".join(d.dim_param or str(d.dim_value) if (d.dim_param or d.HasField(
+        "dim_value")) else "?" for d in tensor_type.shape.dim) + ")"
+
+
+def _views(onnx_graph: onnx.GraphProto) -> list[NodeView]:
+    """The nodes with stable unique names (unnamed ones become ``{op_type}_{index}``)."""
+    views, seen = [], set()
+    for index, proto in enumerate(onnx_graph.node):
+        name = proto.name or f"{proto.op_type}_{index}"
+        if name in seen:
+            name = f"{name}_{index}"
+        seen.add(name)
+        views.append(NodeView.from_proto(proto, name))
+    return views
+
+
+def _live(nodes: list[NodeView], ctx: Context) -> list[NodeView]:
+    """Nodes some graph output depends on (dead ones are skipped, unsupported or not)."""
+    producer = {out: n for n in nodes for out in n.outputs if out}
+    stack = [producer[name] for name in ctx.graph_outputs if name in producer]
+    live: set[int] = set()
+    while stack:
+        n = stack.pop()
+        if id(n) not in live:
+            live.add(id(n))
+            stack.extend(producer[i] for i in n.inputs if i in producer)
+    skipped = [n.name for n in nodes if id(n) not in live]
+    if skipped:
+        logger.debug("skipping %d nodes no output depends on: %s", len(skipped), skipped[:10])
+    return [n for n in nodes if id(n) in live]
+
+
+def _convert(ctx: Context, node: NodeView) -> None:
+    domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+    try:
+        if domain == "" and folding.foldable(ctx, node):
+            folding.fold(ctx, node)
+            return
+        converter = CONVERTERS.get((domain, node.op_type))
+        if converter is None:
+            raise ctx.unsupported(node, _why_unsupported(ctx, node, domain))
+        converter(ctx, node)
+    except (UnsupportedModelError, MalformedModelError) as exc:
+        if str(exc).startswith(f"node {node}"):
+            raise
+        raise type(exc)(f"node {node}: {exc}") from exc
+    except GraphError as exc:
+        message = str(exc).split(": ", 1)[-1] if str(exc).startswith("node ") else str(exc)
+        raise ctx.malformed(node, message) from exc
+    except Exception as exc:  # anything else: a malformed node, named
+        raise ctx.malformed(node, f"cannot convert ({type(exc).__name__}: {exc})") from exc
+
+
+def _why_unsupported(ctx: Context, node: NodeView, domain: str) -> str:
+    if domain == OPENVINO_DOMAIN:
+        return f"op {node.op_type} of domain '{domain}' is not supported (only FakeQuantize)"
+    if domain:
+        return f"domain '{domain}' is not supported"
+    constant = [i for i in node.inputs if i and not ctx.is_const(i)]
+    if constant and node.op_type not in folding.NOT_FOLDED:
+        return (f"op {node.op_type} is not supported (it could only be folded if all its inputs "
+                f"were constants; '{constant[0]}' is not)")
+    return f"op {node.op_type} is not supported"
+
+
+__all__ = ["CONVERTERS", "MalformedModelError", "UnsupportedModelError", "import_model"]

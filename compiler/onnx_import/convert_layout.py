@@ -1,0 +1,203 @@
+"""Data movement: Concat, Split, Slice, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Pad,
+Cast. Every index input (split sizes, starts/ends, target shapes, axes, pads) must be a
+constant after folding; the IR stores them resolved: non-negative axes, Reshape without 0 or
+-1, Slice clamped as ONNX clamps (ends for a negative step that runs through index 0 are
+``-(dim + 1)``, which Python slicing and ONNX both read as "past the beginning").
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from compiler.onnx_import.context import ONNX_TO_DTYPE, Context, NodeView, onnx_type_name
+from ir.ops import (
+    AxesAttrs,
+    AxisAttrs,
+    CastAttrs,
+    Op,
+    PadAttrs,
+    PadMode,
+    ReshapeAttrs,
+    SliceAttrs,
+    SplitAttrs,
+    TransposeAttrs,
+)
+from ir.shapes.layout import slice_range
+
+
+def _axis(ctx: Context, node: NodeView, axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < rank:
+        raise ctx.malformed(node, f"{what} {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def _axes(ctx: Context, node: NodeView, values: object, rank: int) -> tuple[int, ...]:
+    axes = [_axis(ctx, node, int(a), rank) for a in np.asarray(values).reshape(-1).tolist()]
+    if len(set(axes)) != len(axes):
+        raise ctx.malformed(node, f"axes {axes} repeat an axis")
+    return tuple(axes)
+
+
+def _ints(values: np.ndarray) -> list[int]:
+    return [int(v) for v in np.asarray(values).reshape(-1).tolist()]
+
+
+def concat(ctx: Context, node: NodeView) -> None:
+    if "axis" not in node.attrs:
+        raise ctx.malformed(node, "axis is required")
+    rank = ctx.input_info(node, 0).rank
+    axis = _axis(ctx, node, int(node.attrs["axis"]), rank)
+    ctx.emit(node, Op.CONCAT, [i for i in node.inputs if i], AxisAttrs(axis))
+
+
+def split(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    axis = _axis(ctx, node, int(node.attr("axis", 0)), x.rank)
+    dim, count = x.shape[axis], len(node.outputs)
+    given = ctx.optional_const(node, 1, "split") if ctx.opset >= 13 else None
+    if given is not None:
+        sizes = _ints(given)
+    elif "split" in node.attrs:
+        sizes = [int(v) for v in node.attrs["split"]]
+    elif "num_outputs" in node.attrs:
+        parts = int(node.attrs["num_outputs"])
+        if parts != count or parts < 1:
+            raise ctx.malformed(node, f"num_outputs={parts} but {count} outputs")
+        chunk = math.ceil(dim / parts)
+        sizes = [chunk] * (parts - 1) + [dim - chunk * (parts - 1)]
+    else:
+        if dim % count:
+            raise ctx.malformed(node, f"dim {axis} of size {dim} does not split into {count} "
+                                      f"equal parts")
+        sizes = [dim // count] * count
+    if len(sizes) != count or sum(sizes) != dim or min(sizes) < 0:
+        raise ctx.malformed(node, f"split sizes {sizes} do not cut dim {axis} of size {dim} "
+                                  f"into {count} outputs")
+    ctx.emit(node, Op.SPLIT, node.inputs[:1], SplitAttrs(axis, tuple(sizes)),
+             outputs=list(node.outputs))
+
+
+def slice_(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    starts = _ints(ctx.const(node, 1, "starts"))
+    ends = _ints(ctx.const(node, 2, "ends"))
+    axes_in = ctx.optional_const(node, 3, "axes")
+    steps_in = ctx.optional_const(node, 4, "steps")
+    axes = _axes(ctx, node, axes_in, x.rank) if axes_in is not None else tuple(range(len(starts)))
+    steps = _ints(steps_in) if steps_in is not None else [1] * len(starts)
+    if not len(starts) == len(ends) == len(axes) == len(steps):
+        raise ctx.malformed(node, "starts, ends, axes and steps differ in length")
+    resolved_starts, resolved_ends = [], []
+    for axis, start, end, step in zip(axes, starts, ends, steps, strict=True):
+        if step == 0:
+            raise ctx.malformed(node, f"step 0 on axis {axis}")
+        indices = slice_range(x.shape[axis], start, end, step)
+        resolved_starts.append(indices.start)
+        resolved_ends.append(indices.stop if indices.stop >= 0 else -(x.shape[axis] + 1))
+    attrs = SliceAttrs(tuple(resolved_starts), tuple(resolved_ends), axes, tuple(steps))
+    ctx.emit(node, Op.SLICE, node.inputs[:1], attrs)
+
+
+def reshape(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    target = _ints(ctx.const(node, 1, "shape"))
+    allow_zero = bool(node.attr("allowzero", 0))
+    shape: list[int] = []
+    for i, d in enumerate(target):
+        if d == 0 and not allow_zero:
+            if i >= x.rank:
+                raise ctx.malformed(node, f"shape {target} copies dim {i} from a rank "
+                                          f"{x.rank} input")
+            d = x.shape[i]
+        elif d == 0:
+            raise ctx.unsupported(node, f"shape {target} with allowzero=1 makes an empty tensor")
+        elif d < -1:
+            raise ctx.malformed(node, f"shape {target} has a dim {d}")
+        shape.append(d)
+    if shape.count(-1) > 1:
+        raise ctx.malformed(node, f"shape {target} has more than one -1")
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0 or x.size % known:
+            raise ctx.malformed(node, f"cannot reshape {x.shape} to {target}")
+        shape[shape.index(-1)] = x.size // known
+    ctx.emit(node, Op.RESHAPE, node.inputs[:1], ReshapeAttrs(tuple(shape)))
+
+
+def flatten(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    axis = int(node.attr("axis", 1))
+    if not -x.rank <= axis <= x.rank:
+        raise ctx.malformed(node, f"axis {axis} is out of range for rank {x.rank}")
+    ctx.emit(node, Op.FLATTEN, node.inputs[:1], AxisAttrs(axis + x.rank if axis < 0 else axis))
+
+
+def transpose(ctx: Context, node: NodeView) -> None:
+    rank = ctx.input_info(node, 0).rank
+    perm = tuple(int(p) for p in node.attr("perm", range(rank - 1, -1, -1)))
+    if sorted(perm) != list(range(rank)):
+        raise ctx.malformed(node, f"perm {list(perm)} is not a permutation of {rank} axes")
+    ctx.emit(node, Op.TRANSPOSE, node.inputs[:1], TransposeAttrs(perm))
+
+
+def _axes_input(ctx: Context, node: NodeView) -> object | None:
+    if ctx.opset >= 13:
+        return ctx.optional_const(node, 1, "axes")
+    return node.attr("axes")
+
+
+def squeeze(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    given = _axes_input(ctx, node)
+    if given is None:
+        axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
+    else:
+        axes = _axes(ctx, node, given, x.rank)
+    for a in axes:
+        if x.shape[a] != 1:
+            raise ctx.malformed(node, f"cannot squeeze axis {a} of size {x.shape[a]}")
+    ctx.emit(node, Op.SQUEEZE, node.inputs[:1], AxesAttrs(tuple(sorted(axes))))
+
+
+def unsqueeze(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    given = _axes_input(ctx, node)
+    if given is None:
+        raise ctx.malformed(node, "axes are required")
+    count = np.asarray(given).size
+    axes = _axes(ctx, node, given, x.rank + count)
+    ctx.emit(node, Op.UNSQUEEZE, node.inputs[:1], AxesAttrs(tuple(sorted(axes))))
+
+
+def pad(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    mode = str(node.attr("mode", "constant"))
+    try:
+        pad_mode = PadMode(mode)
+    except ValueError as exc:
+        raise ctx.unsupported(node, f"mode '{mode}' is not supported (constant, reflect, "
+                                    f"edge are)") from exc
+    pads = _ints(ctx.const(node, 1, "pads"))
+    value_in = ctx.optional_const(node, 2, "constant_value")
+    axes_in = ctx.optional_const(node, 3, "axes")
+    axes = _axes(ctx, node, axes_in, x.rank) if axes_in is not None else tuple(range(x.rank))
+    if len(pads) != 2 * len(axes):
+        raise ctx.malformed(node, f"{len(pads)} pads for {len(axes)} axes")
+    full = [0] * (2 * x.rank)
+    for i, axis in enumerate(axes):
+        full[axis], full[x.rank + axis] = pads[i], pads[len(axes) + i]
+    value = 0.0
+    if value_in is not None and value_in.size:
+        if value_in.size != 1:
+            raise ctx.malformed(node, f"constant_value must be a scalar, got {value_in.shape}")
+        value = float(value_in.reshape(()))
+    ctx.emit(node, Op.PAD, node.inputs[:1], PadAttrs(tuple(full), pad_mode, value))
+
+
+def cast(ctx: Context, node: NodeView) -> None:
+    to = int(node.attr("to", 0))
+    if to not in ONNX_TO_DTYPE:
+        raise ctx.unsupported(node, f"cast to {onnx_type_name(to)} is not supported")
+    ctx.emit(node, Op.CAST, node.inputs[:1], CastAttrs(ONNX_TO_DTYPE[to]))

@@ -1,0 +1,167 @@
+"""QuantizeLinear, DequantizeLinear and OpenVINO's FakeQuantize.
+
+ONNX Q/DQ: ``q = saturate(round_half_even(x / s) + zp)``, ``x' = (q - zp) · s``. Accepted:
+u8/s8 (and s32 for DequantizeLinear, ONNX Runtime's bias), per tensor or per axis, scale a
+float32 constant that is finite and > 0, zero point a constant of the quantized type within
+its range. ``saturate`` (opset 19+) only concerns float8 types and is ignored. Blocked
+quantization (opset 21 ``block_size``), 16-bit, 4-bit and float8 types are refused.
+
+A QuantizeLinear on a constant is folded into an integer constant carrying its QuantParams;
+a DequantizeLinear on an integer constant stays a node and the constant's TensorInfo gets the
+QuantParams (ONNX Runtime's quantizer stores weights and biases that way; the passes need the
+integer data and its scales, not a float copy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+
+from compiler.onnx_import.context import (
+    ONNX_TO_DTYPE,
+    Context,
+    NodeView,
+    dtype_onnx_name,
+    onnx_type_name,
+)
+from compiler.onnx_import.folding import evaluate
+from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
+from ir.types import DType, QuantParams, TensorInfo
+
+QUANTIZED = {TensorProto.UINT8: DType.U8, TensorProto.INT8: DType.S8}
+DEQUANTIZABLE = {**QUANTIZED, TensorProto.INT32: DType.S32}
+
+
+def _elem_type(ctx: Context, node: NodeView, name: str) -> int:
+    """ONNX element type of value ``name``."""
+    if ctx.is_const(name):
+        try:
+            return int(helper.np_dtype_to_tensor_dtype(ctx.consts[name].dtype))
+        except (KeyError, ValueError, TypeError):
+            return TensorProto.UNDEFINED
+    dtype = ctx.info(node, name).dtype
+    return next((k for k, v in ONNX_TO_DTYPE.items() if v is dtype), TensorProto.UNDEFINED)
+
+
+
+def _check_zero_point(ctx: Context, node: NodeView, qtype: int) -> None:
+    """Zero point (if any) within the quantized type's range and of that type."""
+    name = node.input(2)
+    if not name:
+        return
+    zp = ctx.const(node, 2, "zero point")
+    low, high = ONNX_TO_DTYPE[qtype].range
+    if zp.dtype.kind in "iub" and zp.size and (int(zp.min()) < low or int(zp.max()) > high):
+        bad = int(zp.min()) if int(zp.min()) < low else int(zp.max())
+        raise ctx.malformed(node, f"zero point {bad} is outside the {onnx_type_name(qtype)} "
+                                  f"range [{low}, {high}]")
+    zp_type = _elem_type(ctx, node, name)
+    if zp_type != qtype:
+        raise ctx.malformed(node, f"zero point type {onnx_type_name(zp_type)} differs from the "
+                                  f"quantized type {onnx_type_name(qtype)}")
+
+
+def _params(ctx: Context, node: NodeView, x: TensorInfo) -> tuple[QuantParams, int]:
+    """Validated QuantParams and the (non-negative) axis attribute."""
+    if node.attr("block_size", 0):
+        raise ctx.unsupported(node, f"blocked quantization (block_size="
+                                    f"{node.attr('block_size')}) is not supported")
+    scale = ctx.const(node, 1, "scale")
+    if scale.dtype != np.float32:
+        raise ctx.unsupported(node, f"scale of type {scale.dtype} is not supported (want "
+                                    f"float32)")
+    if scale.ndim > 1 or scale.size == 0:
+        raise ctx.unsupported(node, f"scale of shape {scale.shape} is not supported (want a "
+                                    f"scalar or a 1-D per-axis scale)")
+    if not np.all(np.isfinite(scale)):
+        raise ctx.malformed(node, f"scale must be finite, got {_show(scale)}")
+    if np.any(scale <= 0):
+        raise ctx.malformed(node, f"scale must be > 0, got {_show(scale)}")
+    zp = ctx.optional_const(node, 2, "zero point")
+    zp = np.zeros(scale.shape, np.int64) if zp is None else zp
+    if zp.size != scale.size:
+        raise ctx.malformed(node, f"zero point of shape {zp.shape} does not match the scale's "
+                                  f"{scale.shape}")
+    zp = zp.reshape(scale.shape)  # ONNX Runtime pairs a (1,) scale with a scalar zero point
+    axis = int(node.attr("axis", 1))
+    per_axis = scale.ndim == 1 and scale.size > 1
+    if not -x.rank <= axis < x.rank:
+        if per_axis:
+            raise ctx.malformed(node, f"axis {axis} is out of range for rank {x.rank}")
+        axis = 0  # ignored by a per-tensor (de)quantization
+    axis = axis % x.rank if x.rank else 0
+    if per_axis and scale.size != x.shape[axis]:
+        raise ctx.malformed(node, f"{scale.size} scales for {x.shape[axis]} channels on axis "
+                                  f"{axis}")
+    if per_axis:
+        return QuantParams.make(scale, zp.astype(np.int64), axis), axis
+    return QuantParams.make(scale.reshape(()), zp.astype(np.int64).reshape(())), axis
+
+
+def _show(values: np.ndarray) -> str:
+    flat = values.ravel()
+    bad = flat[~np.isfinite(flat) | (flat <= 0)] if flat.dtype.kind == "f" else flat
+    return str(bad[0]) if bad.size else str(flat[:4])
+
+
+def quantize_linear(ctx: Context, node: NodeView) -> None:
+    zp_name = node.input(2)
+    attr_type = int(node.attr("output_dtype", 0))
+    zp_type = _elem_type(ctx, node, zp_name) if zp_name else 0
+    qtype = attr_type or zp_type or TensorProto.UINT8
+    if qtype not in QUANTIZED:
+        raise ctx.unsupported(node, f"quantized type {onnx_type_name(qtype)} is not supported "
+                                    f"(only UINT8 and INT8)")
+    x = ctx.input_info(node, 0)
+    if x.dtype is not DType.F32:
+        raise ctx.unsupported(node, f"quantizing a {dtype_onnx_name(x.dtype)} tensor is not "
+                                    f"supported (only FLOAT)")
+    _check_zero_point(ctx, node, qtype)
+    quant, axis = _params(ctx, node, x)
+    if ctx.is_const(node.input(0)):
+        ctx.set_const(node.outputs[0], evaluate(ctx, node)[0], quant)
+        return
+    ctx.emit(node, Op.QUANTIZE_LINEAR, node.inputs[:3],
+             QuantizeAttrs(QUANTIZED[qtype], axis))
+
+
+def dequantize_linear(ctx: Context, node: NodeView) -> None:
+    x_name = node.input(0)
+    qtype = _elem_type(ctx, node, x_name)
+    if qtype not in DEQUANTIZABLE:
+        raise ctx.unsupported(node, f"dequantizing type {onnx_type_name(qtype)} is not "
+                                    f"supported (only UINT8, INT8 and INT32)")
+    x = ctx.input_info(node, 0)
+    _check_zero_point(ctx, node, qtype)
+    quant, axis = _params(ctx, node, x)
+    if qtype == TensorProto.INT32 and any(quant.zero_point):
+        raise ctx.malformed(node, "an INT32 input must have zero point 0")
+    inputs = list(node.inputs[:3])
+    if ctx.is_const(x_name):
+        inputs[0] = ctx.materialize(node, x_name, quant)
+    ctx.emit(node, Op.DEQUANTIZE_LINEAR, inputs, DequantizeAttrs(axis))
+
+
+def fake_quantize(ctx: Context, node: NodeView) -> None:
+    """OpenVINO's FakeQuantize (as NNCF exports it): levels, auto_broadcast."""
+    levels = node.attr("levels")
+    if not isinstance(levels, int) or levels < 2:
+        raise ctx.malformed(node, f"levels must be an integer >= 2, got {levels!r}")
+    broadcast = str(node.attr("auto_broadcast", "numpy")).lower()
+    if broadcast not in ("numpy", "none"):
+        raise ctx.unsupported(node, f"auto_broadcast '{broadcast}' is not supported")
+    if len(node.inputs) != 5:
+        raise ctx.malformed(node, f"FakeQuantize takes 5 inputs, got {len(node.inputs)}")
+    x = ctx.input_info(node, 0)
+    if x.dtype is not DType.F32:
+        raise ctx.unsupported(node, f"FakeQuantize on {dtype_onnx_name(x.dtype)} is not "
+                                    f"supported (only FLOAT)")
+    names = ("input_low", "input_high", "output_low", "output_high")
+    for port, what in enumerate(names, 1):
+        bound = ctx.const(node, port, what)
+        if bound.dtype.kind != "f" or not np.all(np.isfinite(bound)):
+            raise ctx.malformed(node, f"{what} must be finite floats")
+        if broadcast == "none" and bound.shape != x.shape:
+            raise ctx.malformed(node, f"{what} of shape {bound.shape} needs shape {x.shape} "
+                                      f"with auto_broadcast 'none'")
+    ctx.emit(node, Op.FAKE_QUANTIZE, node.inputs, FakeQuantizeAttrs(levels))
