@@ -23,8 +23,9 @@ quantization step, and rarely):
   is increasing and maps [il, ih] onto [0, L-1] whose ends are integers. A per-channel crop
   becomes a per-tensor one.
 - fold_output_shift (seed 000): when the FakeQuantize output scale is 1 and its output shift
-  k = ol is an integer, round(y) + k = round(y + k), so k joins the input shift and the clip
-  bounds move by k.
+  k = ol is an even integer, round(y) + k = round(y + k) — with round half to even this needs
+  k even (rint(2.5) + 1 = 3 but rint(3.5) = 4); qmin is 0 or -128, so a quantize-only
+  FakeQuantize always qualifies — and k joins the input shift and the clip bounds move by k.
 - drop_round_clip: the last round and a clip whose range covers the dst type's range are what
   oneDNN's store already does (rint + saturate), so they are dropped.
 - dst_zero_point / dst_scale: a trailing per-tensor  ·v  then  +z  (z integer) before the store
@@ -234,7 +235,7 @@ def _quantize_to_basic(q: Quantize, options: ComposerOptions, fired: list[str]) 
         ops: list[Basic] = [Mul(_f32(isc)), Add(_f32(ish)), Round()]
         single_ol = np.unique(ol).size == 1
         if (options.on("fold_output_shift") and np.all(osc == 1.0) and single_ol
-                and float(ol.flat[0]).is_integer()):
+                and float(ol.flat[0]).is_integer() and float(ol.flat[0]) % 2 == 0):
             fired.append("fold_output_shift")
             k = float(ol.flat[0])
             ops[1] = Add(_f32(ish + k))

@@ -83,6 +83,11 @@ def infer_node(graph: Graph, node: Node) -> list[TensorInfo]:
         raise fail(node, f"shape inference failed: {type(exc).__name__}: {exc}") from exc
     if len(infos) != len(node.outputs):
         raise fail(node, f"rule gives {len(infos)} outputs, the node has {len(node.outputs)}")
+    if node.fused is not None:
+        # A fused node's output type is set by its chain (its final Quantize), not by its op.
+        kept = [graph.values[o].info for o in node.outputs]
+        infos = [info if old is None else TensorInfo(info.shape, old.dtype, old.quant)
+                 for info, old in zip(infos, kept, strict=True)]
     return infos
 
 

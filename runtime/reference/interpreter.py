@@ -15,6 +15,7 @@ import numpy as np
 
 from ir.graph import Graph
 from runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
+from runtime.reference.fused import evaluate_fused
 from runtime.reference.registry import IMPLS
 
 
@@ -37,7 +38,7 @@ def evaluate(
             raise MissingImplError(f"node {node}: no reference implementation of {node.op.value}")
         args = [_read(graph, env, name) if name else None for name in node.inputs]
         try:
-            outs = fn(node, args)
+            outs = evaluate_fused(node, args, graph) if node.fused else fn(node, args)
             for name, array in zip(node.outputs, outs, strict=True):
                 env[name] = _conform(graph, name, array)
         except Exception as exc:

@@ -1,0 +1,192 @@
+"""What did not fuse, and why: the ``not_fused`` list of ``qfuse inspect`` and a summary.
+
+Definitions used here (and by the zoo fusion tests):
+
+- An *integer activation* is a non-constant value whose element type is u8 or s8.
+- The *quantized region* is the set of nodes that have an integer activation upstream (among
+  their inputs or anywhere before them) and one downstream (among their outputs or anywhere
+  after them). The quantize of a graph input has none upstream and the dequantize of a graph
+  output none downstream: both are outside, so they may stay standalone.
+- A *fused compute node* is a Conv / ConvTranspose / MatMul with ``node.fused`` set (an int8
+  kernel when it reads an integer activation); pools may carry a chain too.
+- A *trivial integer data-movement op* moves or selects 8-bit values without arithmetic
+  (Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split, Slice, Pad, Identity,
+  nearest Resize, MaxPool) with every non-constant input and output u8/s8: oneDNN runs it as
+  a reorder / concat / pooling on int8 data, so nothing is missing there.
+- A *float op* is an unfused node other than quantize / dequantize / Relu / Add / Mul whose
+  non-constant inputs are all float (Softmax, LayerNormalization, a linear Resize, ...): it has
+  no int8 form in qfuse. The dequantize feeding only float ops and the quantize right after
+  one are its *boundary* and stay standalone by necessity.
+- A *requantize* is a dequantize read only by quantize-only FakeQuantizes (or the reverse
+  view: a quantize reading a dequantize): the pair is one reorder with scales, an int8 kernel
+  of its own (a value read by two kernels at two scales, e.g. a U-Net skip into a Concat).
+- *Standalone* nodes are the quantize / dequantize / Relu / Add nodes left in the quantized
+  region that are neither boundaries nor requantizes: what the fusion passes should have
+  absorbed.
+
+``not_fused`` reports the last reason a pass recorded for a node; when none did, it derives
+one from the structure above (float op, boundary, requantize, constant expression, graph
+input quantize / output dequantize), and only then says "no pass matched".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from ir import DType, Graph, Node, Op
+from ir.chain import Quantize, Residual
+from ir.ops import ResizeMode
+from passes.base import PassResult
+from passes.post_op_match import COMPUTE_OPS
+
+log = logging.getLogger(__name__)
+
+DATA_MOVEMENT = frozenset({Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE, Op.TRANSPOSE,
+                           Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD, Op.IDENTITY, Op.RESIZE,
+                           Op.MAX_POOL})
+_INT8_CAPABLE = frozenset({Op.DEQUANTIZE_LINEAR, Op.RELU, Op.ADD, Op.MUL})
+QUANTIZERS = frozenset({Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE})
+STANDALONE_KINDS = (Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE, Op.DEQUANTIZE_LINEAR, Op.RELU, Op.ADD)
+
+
+def _is_int_activation(graph: Graph, name: str) -> bool:
+    value = graph.values.get(name)
+    return (value is not None and not value.is_constant and value.info is not None
+            and value.info.dtype.is_quantized)
+
+
+def is_trivial_int_op(graph: Graph, node: Node) -> bool:
+    if node.op not in DATA_MOVEMENT:
+        return False
+    if node.op is Op.RESIZE and node.attrs.mode is not ResizeMode.NEAREST:
+        return False
+    values = [v for v in node.inputs if v and graph.constant(v) is None] + node.outputs
+    return all(_is_int_activation(graph, v) for v in values)
+
+
+def not_fused(graph: Graph, results: list[PassResult]) -> list[dict[str, str]]:
+    """Every node that is neither a fused kernel nor trivial int8 data movement, with the
+    last reason a pass recorded for it ("no pass matched" when none did)."""
+    reasons: dict[str, str] = {}
+    for result in results:
+        for decline in result.declined:
+            reasons[decline.node] = decline.reason
+    found = []
+    for node in graph.topo_order():
+        if node.fused is not None or is_trivial_int_op(graph, node):
+            continue
+        reason = reasons.get(node.name) or structural_reason(graph, node) or "no pass matched"
+        found.append({"node": node.name, "op": node.op.value, "reason": reason})
+    return found
+
+
+def quantized_region(graph: Graph) -> set[str]:
+    """Names of the nodes in the quantized region (module docstring)."""
+    order = graph.topo_order()
+    # value → an integer activation is at or before it
+    up = {name: _is_int_activation(graph, name) for name in graph.inputs}
+    for node in order:
+        before = any(up.get(v, False) for v in node.inputs if v)
+        for out in node.outputs:
+            up[out] = before or _is_int_activation(graph, out)
+    down: dict[str, bool] = {}  # value → an integer activation is at or after it
+    region = set()
+    for node in reversed(order):
+        after = any(down.get(o, False) or _is_int_activation(graph, o) for o in node.outputs)
+        for v in node.inputs:
+            if v:
+                down[v] = down.get(v, False) or after or _is_int_activation(graph, v)
+        if after and any(up.get(v, False) for v in node.inputs if v):
+            region.add(node.name)
+    return region
+
+
+def is_float_op(graph: Graph, node: Node) -> bool:
+    if node.fused is not None or node.op in QUANTIZERS or node.op in _INT8_CAPABLE:
+        return False
+    infos = [graph.values[v].info for v in node.inputs if v and graph.constant(v) is None]
+    return bool(infos) and all(i is not None and i.dtype is DType.F32 for i in infos)
+
+
+def is_float_boundary(graph: Graph, node: Node) -> bool:
+    """A quantize right after a float op, or a dequantize feeding only float ops."""
+    if node.op in QUANTIZERS:
+        producer = graph.producer(node.inputs[0])
+        return producer is not None and is_float_op(graph, producer)
+    if node.op is Op.DEQUANTIZE_LINEAR:
+        readers = graph.consumers(node.outputs[0])
+        return bool(readers) and all(is_float_op(graph, r) for r, _ in readers)
+    return False
+
+
+def is_requantize(graph: Graph, node: Node) -> bool:
+    """A dequantize read only by quantizes, or a quantize reading such a dequantize."""
+    if node.op in QUANTIZERS:
+        producer = graph.producer(node.inputs[0])
+        return producer is not None and producer.op is Op.DEQUANTIZE_LINEAR and \
+            is_requantize(graph, producer)
+    if node.op is Op.DEQUANTIZE_LINEAR and graph.constant(node.inputs[0]) is None:
+        readers = graph.consumers(node.outputs[0])
+        return bool(readers) and node.outputs[0] not in graph.outputs and all(
+            r.op in QUANTIZERS and _is_int_activation(graph, r.outputs[0]) for r, _ in readers)
+    return False
+
+
+def standalone(graph: Graph, region: set[str] | None = None) -> list[Node]:
+    """Quantize / Dequantize / Relu / Add nodes left in the quantized region, float-op
+    boundaries and requantizes excepted (module docstring)."""
+    region = quantized_region(graph) if region is None else region
+    return [n for n in graph.topo_order() if n.name in region and n.op in STANDALONE_KINDS
+            and n.fused is None and not is_float_boundary(graph, n)
+            and not is_requantize(graph, n)]
+
+
+def structural_reason(graph: Graph, node: Node) -> str | None:
+    """Why a node is left, derived from the graph when no pass said so."""
+    if all(graph.constant(v) is not None for v in node.inputs if v):
+        return "computes a constant (evaluated at compile time)"
+    if node.op in QUANTIZERS and node.inputs[0] in graph.inputs:
+        return f"quantizes the graph input '{node.inputs[0]}' (outside the quantized region)"
+    if node.op is Op.DEQUANTIZE_LINEAR and node.outputs[0] in graph.outputs:
+        return f"dequantizes the graph output '{node.outputs[0]}' (outside the quantized region)"
+    if is_float_op(graph, node):
+        return f"{node.op.value} runs in float32 (no int8 kernel)"
+    if is_requantize(graph, node):
+        return "requantize: one reorder with scales (the value is read at another scale)"
+    if is_float_boundary(graph, node):
+        where = "after" if node.op in QUANTIZERS else "for"
+        return f"quantization boundary {where} a float32 op"
+    return None
+
+
+def summary(graph: Graph) -> dict[str, Any]:
+    """Counts for `inspect` and the zoo tests: fused kernels, their chains, what is left."""
+    region = quantized_region(graph)
+    compute = [n for n in graph.topo_order() if n.op in COMPUTE_OPS]
+    fused = [n for n in compute if n.fused is not None]
+    int8 = [n for n in fused if _is_int_activation(graph, n.inputs[0])]
+    left = standalone(graph, region)
+    in_region = [n for n in graph.topo_order() if n.name in region]
+    boundary = [n for n in in_region if is_float_boundary(graph, n)]
+    float_ops = [n for n in in_region if is_float_op(graph, n)]
+    requantize = [n for n in in_region if is_requantize(graph, n)
+                  and n.op is Op.DEQUANTIZE_LINEAR]
+    return {
+        "compute": len(compute),
+        "fused_compute": len(fused),
+        "int8_compute": len(int8),
+        "fused_pools": sum(1 for n in graph.topo_order()
+                           if n.fused is not None and n.op not in COMPUTE_OPS),
+        "chain_lengths": {n.name: len(n.fused.chain) for n in fused if n.fused is not None},
+        "with_residual": sum(1 for n in fused if n.fused is not None
+                             and any(isinstance(i, Residual) for i in n.fused.chain)),
+        "with_output_quantize": sum(1 for n in fused if n.fused is not None and n.fused.chain
+                                    and isinstance(n.fused.chain[-1], Quantize)),
+        "region_nodes": len(region),
+        "standalone": dict(Counter(n.op.value for n in left)),
+        "float_ops": dict(Counter(n.op.value for n in float_ops)),
+        "float_boundary": dict(Counter(n.op.value for n in boundary)),
+        "requantize": len(requantize),
+    }

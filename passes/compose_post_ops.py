@@ -1,0 +1,44 @@
+"""Record the composer's oneDNN mapping on every fused node (DESIGN.md pass 7).
+
+For each node with ``fused`` set: ``compose(chain, channels, dst_dtype, options=ctx.composer)``
+with the node's output channels (axis 1 for conv / deconv / pools, the last dim for matmul)
+and its output element type. The result goes to ``node.meta["composed"]`` (a
+``passes.composer.Composed``: weight scales, bias, post-ops, dst scale / zero point) and the
+names of the optimizations that fired, in order and without repeats, to
+``node.meta["optimizations"]``, for lowering and ``inspect``.
+
+fuse_post_ops only extends a chain after compose() accepted it, so a ComposeError here means
+that pass (or a later one) is wrong: it is raised, with the node named, not declined.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ir import Graph
+from passes.base import PassContext
+from passes.composer import ComposeError, compose
+from passes.post_op_match import out_channels
+
+log = logging.getLogger(__name__)
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    count = 0
+    for node in graph.topo_order():
+        if node.fused is None:
+            continue
+        ctx.visit(node)
+        dst = graph.info(node.outputs[0]).dtype
+        try:
+            composed = compose(node.fused.chain, channels=out_channels(graph, node),
+                               dst_dtype=dst, options=ctx.composer)
+        except ComposeError as exc:
+            raise AssertionError(f"{node}: fused chain does not compose ({exc}); "
+                                 "fuse_post_ops should not have built it") from exc
+        node.meta["composed"] = composed
+        node.meta["optimizations"] = list(dict.fromkeys(composed.fired))
+        log.debug("%s: post-ops %s, fired %s", node, composed.describe(),
+                  node.meta["optimizations"])
+        count += 1
+    return count

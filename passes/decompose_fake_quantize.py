@@ -1,0 +1,214 @@
+"""A float FakeQuantize on an activation → quantize-only FakeQuantize + DequantizeLinear
+(DESIGN.md "Passes" 3, seed 000).
+
+FakeQuantize (seed 000), for il < x <= ih, with L levels:
+
+    k = round((x - il)/(ih - il)·(L-1))  in [0, L-1]
+    y = k/(L-1)·(oh - ol) + ol = So·(k + T),   So = (oh - ol)/(L-1),  T = ol/So
+
+``y`` is a dequantization ``So·(q - zp)`` of an integer ``q = k + T + zp`` exactly when T
+is an integer (seed 000: "equation (c) is traditional dequantization only if Zo is
+integer"); zp is then free as long as q's range [T + zp, T + zp + L - 1] fits the type.
+Choice (per tensor, or per channel with one type for all channels):
+
+1. the type and zero point the FakeQuantize was made from (``meta["qdq"]``, written by
+   qdq_to_fake_quantize) when they reproduce its ranges bit for bit: u8 stays u8, s8 stays s8;
+2. s8 with zp 0 (symmetric; seed 000: "I8 is better choice for symmetric quantization");
+3. u8 with zp 0 (ranges starting at 0: ReLU outputs);
+4. u8 with zp = -T (q starts at 0), 5. s8 with zp = -128 - T (q starts at -128).
+
+The quantize-only FakeQuantize keeps il, ih, L and gets ol' = T + zp, oh' = ol' + L - 1: its
+formula computes k/(L-1)·(L-1) + ol', the integer q when k/(L-1)·(L-1) is exact in float32
+(true for L = 256, 255 and powers of two; not for some L, e.g. 14 — checked, declined). The
+level k is computed by the same float32 expression before and after, so it is bit-identical;
+the dequantized value So·(q - zp) differs from k/(L-1)·(oh - ol) + ol by float32 rounding
+only (a few ulps), and for pairs from Q/DQ it *is* ONNX's DequantizeLinear.
+
+Declined (reason recorded): ranges not constant, L > 256 or < 2, ranges varying along more
+than one axis, il >= ih, oh <= ol, a non-integral T (no integer zero point), a range that
+fits neither u8 nor s8, a level count whose integers are not exact in float32. FakeQuantize
+on constants (weights) is left to fold_weight_quantize.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ir.graph import Graph, Node
+from ir.ops import Op
+from ir.types import DType, QuantParams, TensorInfo
+from passes.base import PassContext
+from passes.qdq_to_fake_quantize import qdq_ranges
+from passes.quant_utils import (
+    DqParams,
+    add_dequantize,
+    add_fake_quantize,
+    along,
+    fq_ranges,
+    range_axis,
+    rebuild,
+)
+
+log = logging.getLogger(__name__)
+
+F32 = np.float32
+INTEGRAL_TOLERANCE = 1e-3  # |T - round(T)|; float32 ranges of a real Q/DQ give ~1e-5
+
+
+def channel_vector(a: np.ndarray, rank: int, axis: int | None, channels: int) -> np.ndarray:
+    """Range ``a`` as one value per channel of ``axis`` (one value when per tensor)."""
+    padded = np.asarray(a, dtype=F32).reshape((1,) * (rank - a.ndim) + a.shape)
+    if axis is None:
+        return padded.reshape(1)
+    shape = [1] * rank
+    shape[axis] = channels
+    return np.broadcast_to(padded, shape).reshape(channels).copy()
+
+
+class Decomposition:
+    """The integer form of one FakeQuantize: type, scale, zero point and q's bounds."""
+
+    def __init__(self, dtype: DType, scale: np.ndarray, zero_point: np.ndarray,
+                 q_low: np.ndarray, levels: int, axis: int | None) -> None:
+        self.dtype, self.scale, self.zero_point = dtype, scale, zero_point
+        self.q_low, self.levels, self.axis = q_low, levels, axis
+
+    def quant(self) -> QuantParams:
+        if self.axis is None:
+            return QuantParams.make(self.scale[0], self.zero_point[0])
+        return QuantParams.make(self.scale, self.zero_point, self.axis)
+
+
+def _from_meta(node: Node, ranges: tuple[np.ndarray, ...], rank: int,
+               levels: int) -> Decomposition | None:
+    recorded = node.meta.get("qdq")
+    if recorded is None or levels != 256:
+        return None
+    dtype, quant = recorded
+    scale, zp = quant.scale_array(), quant.zero_point_array().astype(np.int64)
+    low, high = qdq_ranges(DqParams(scale, zp, quant.axis, dtype), rank)
+    il, ih, ol, oh = ranges
+    same = all(np.array_equal(np.broadcast_to(a, np.broadcast(a, b).shape),
+                              np.broadcast_to(b, np.broadcast(a, b).shape))
+               for a, b in ((il, low), (ol, low), (ih, high), (oh, high)))
+    if not same:
+        return None
+    q_low = np.full(scale.shape, dtype.range[0], dtype=np.int64)
+    return Decomposition(dtype, scale, zp, q_low, levels, quant.axis)
+
+
+def _choose(t: np.ndarray, levels: int) -> tuple[DType, np.ndarray] | None:
+    """(type, zero points) for the integer offsets ``t`` (module docstring, choices 2-5)."""
+    span = levels - 1
+    candidates = [
+        (DType.S8, np.zeros_like(t)),
+        (DType.U8, np.zeros_like(t)),
+        (DType.U8, -t),
+        (DType.S8, -128 - t),
+    ]
+    for dtype, zp in candidates:
+        lo, hi = dtype.range
+        q_low = t + zp
+        if (zp.min() >= lo and zp.max() <= hi and q_low.min() >= lo
+                and q_low.max() + span <= hi):
+            return dtype, zp
+    return None
+
+
+def plan(graph: Graph, node: Node) -> Decomposition | str:
+    """The decomposition of FakeQuantize ``node``, or why there is none."""
+    ranges = fq_ranges(graph, node)
+    if ranges is None:
+        return "input/output ranges are not constants"
+    levels = node.attrs.levels
+    if not 2 <= levels <= 256:
+        return f"levels={levels} does not fit 8 bits (want 2..256)"
+    x = graph.info(node.inputs[0])
+    rank = x.rank
+    axes = {range_axis(a.shape, rank) for a in ranges} - {None}
+    if len(axes) > 1 or "many" in axes:
+        return "ranges vary along more than one axis (not per tensor or per channel)"
+    axis = axes.pop() if axes else None
+    channels = x.shape[axis] if isinstance(axis, int) else 1
+    il, ih, ol, oh = (channel_vector(a, rank, axis, channels) for a in ranges)  # type: ignore
+    if np.any(il >= ih):
+        return "input_low >= input_high"
+    if np.any(oh <= ol):
+        return "output_high <= output_low (constant or decreasing output)"
+    found = _from_meta(node, ranges, rank, levels)
+    if found is not None:
+        return found
+    step = (oh.astype(np.float64) - ol) / (levels - 1)
+    t = ol / step
+    t_int = np.rint(t)
+    worst = float(np.max(np.abs(t - t_int)))
+    if worst > INTEGRAL_TOLERANCE:
+        return (f"output range is not a dequantization with an integer zero point: "
+                f"output_low/step = {float(t.ravel()[np.argmax(np.abs(t - t_int))]):.6g}")
+    chosen = _choose(t_int.astype(np.int64), levels)
+    if chosen is None:
+        return f"q range [{int(t_int.min())}, {int(t_int.max()) + levels - 1}] + a zero point " \
+               "fits neither u8 nor s8"
+    dtype, zp = chosen
+    return Decomposition(dtype, step.astype(F32), zp, t_int.astype(np.int64) + zp, levels,
+                         axis if channels > 1 else None)  # type: ignore[arg-type]
+
+
+def integers_exact(q_low: np.ndarray, levels: int) -> bool:
+    """Does the quantize-only formula k/(L-1)·(L-1) + ol' give exactly k + ol' in float32?"""
+    k = np.arange(levels, dtype=F32)
+    steps = F32(levels - 1)
+    for low in np.unique(q_low):
+        if not np.array_equal(k / steps * steps + F32(low), k + F32(low)):
+            return False
+    return True
+
+
+def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> None:
+    x = fq.inputs[0]
+    info = graph.info(x)
+    il, ih = (graph.constant(n) for n in fq.inputs[1:3])
+    ol = along(d.q_low.astype(F32), info.rank, d.axis)
+    oh = along((d.q_low + d.levels - 1).astype(F32), info.rank, d.axis)
+    out = fq.outputs[0]
+    q_info = TensorInfo(info.shape, d.dtype, d.quant())
+    q_origin = fq.meta.get("q_origin", fq.origin)
+    dq_origin = fq.meta.get("dq_origin", fq.origin)
+
+    # Names as in the Q/DQ model the FakeQuantize came from, when there was one.
+    int_name = fq.meta.get("q_output", f"{out}_q")
+    q_name = q_origin[0] if "q_origin" in fq.meta else f"{fq.name}/quantize"
+    dq_name = dq_origin[0] if "dq_origin" in fq.meta else f"{fq.name}/dequantize"
+
+    def build() -> None:
+        q = add_fake_quantize(graph, x, (il, ih, ol, oh), d.levels, q_info,  # type: ignore
+                              graph.unique_name(int_name), origin=q_origin, name=q_name)
+        q.meta["decomposed_from"] = fq.name
+        add_dequantize(graph, q.outputs[0], d.quant(), out, origin=dq_origin, name=dq_name)
+
+    rebuild(graph, [fq], build)
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    changed = 0
+    for fq in graph.topo_order():
+        if fq.op is not Op.FAKE_QUANTIZE:
+            continue
+        ctx.visit(fq)
+        if graph.info(fq.outputs[0]).dtype.is_integer or graph.constant(fq.inputs[0]) is not None:
+            continue  # already quantize-only / weights (fold_weight_quantize)
+        found = plan(graph, fq)
+        if isinstance(found, str):
+            ctx.decline(fq, found)
+            continue
+        if not integers_exact(found.q_low, found.levels):
+            ctx.decline(fq, f"levels={found.levels}: k/(L-1)·(L-1) is not exact in float32, "
+                            "a quantize-only FakeQuantize would not give integers")
+            continue
+        _rewrite(graph, fq, found)
+        changed += 1
+    if changed:
+        graph.remove_unused()
+    return changed

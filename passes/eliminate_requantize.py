@@ -1,0 +1,105 @@
+"""DequantizeLinear → quantize-only FakeQuantize with the same parameters is the identity on
+the integers: the FakeQuantize's readers read the DQ's integer input (DESIGN.md "Passes" 4;
+what remains of ONNX Runtime's "Reshape/Flatten/MaxPool reuse their input's scale" once the
+dequantize has been moved through those ops).
+
+Pattern: ``F(DQ(q))`` with F a quantize-only FakeQuantize.
+Check: F's output type and QuantParams equal the DQ's (type, scales, zero points, axis), and
+the round trip is the identity for every integer the type holds. Why it is exact in float32
+for the F a Q/DQ pair gave (il = f32(s·(qmin - zp)), ih = f32(s·(qmax - zp)), L = 256):
+x = f32((q - zp)·s) lies within one rounding of the real s·(q - zp); x - il and ih - il
+are within a few ulps of s·(q - qmin) and 255·s, so (x - il)/(ih - il)·255 is within
+~1e-4 of the integer q - qmin and rounds to it; the ends are exact because x = il at q = qmin
+(the same float32 product, taken by the "x <= il → ol" branch) and x = ih at q = qmax. So
+round(...) + qmin = q. Rather than rely on that argument for every F (a decomposed general
+FakeQuantize has other ranges), the check evaluates F(DQ(q)) for all q of the type, per
+channel, with the reference formulas, and requires F(DQ(q)) = q: a proof by exhaustion.
+
+Rewrite: F's readers read q; F goes; the DQ goes too when nothing else reads it.
+Otherwise (other scale, zero point or type) the pair is a requantization, lowered later as a
+reorder with scales: it is left alone, counted as nothing, and recorded as declined so that
+`inspect` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ir.graph import Graph, Node
+from ir.ops import Op
+from ir.types import DType, QuantParams
+from passes.base import PassContext
+from passes.decompose_fake_quantize import channel_vector
+from passes.quant_utils import dq_params, fq_ranges, is_op, quantize_only, remove_if_unused
+from runtime.reference.ops_quant import fake_quantize_f32
+
+log = logging.getLogger(__name__)
+
+F32 = np.float32
+
+
+def round_trip_exact(dtype: DType, quant: QuantParams, ranges: tuple[np.ndarray, ...],
+                     levels: int, shape: tuple[int, ...]) -> bool:
+    """F(DQ(q)) == q for every q of ``dtype`` and every channel (reference float32)."""
+    lo, hi = dtype.range
+    q = np.arange(lo, hi + 1, dtype=np.int64)
+    axis = quant.axis
+    channels = shape[axis] if axis is not None else 1
+    per = [channel_vector(r, len(shape), axis, channels) for r in ranges]
+    scale, zp = quant.scale_array(), quant.zero_point_array()
+    for c in range(channels):
+        x = (q - int(zp[c % zp.size])).astype(F32) * scale[c % scale.size]
+        y = fake_quantize_f32(x, *(v[c % v.size] for v in per), levels)
+        if not np.array_equal(y, q.astype(F32)):
+            return False
+    return True
+
+
+def check(graph: Graph, dq: Node, fq: Node) -> str | None:
+    """None when F(DQ(q)) = q; otherwise why the pair stays."""
+    p = dq_params(graph, dq)
+    target = quantize_only(graph, fq)
+    if p is None or target is None:
+        return "dequantize or FakeQuantize parameters are not constants"
+    dtype, quant = target
+    if dtype is not p.dtype or quant != p.quant():
+        return (f"requantize {p.describe()} → {dtype.name.lower()} "
+                f"{_show(quant)}: kept for a reorder with scales")
+    ranges = fq_ranges(graph, fq)
+    shape = graph.info(fq.inputs[0]).shape
+    if ranges is None or not round_trip_exact(dtype, quant, ranges, fq.attrs.levels, shape):
+        return "same parameters, but the FakeQuantize ranges do not map DQ(q) back to q"
+    return None
+
+
+def _show(quant: QuantParams) -> str:
+    if quant.axis is None:
+        return f"s={quant.scale[0]:.6g} zp={quant.zero_point[0]}"
+    return f"per-channel axis {quant.axis}"
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    changed = 0
+    for fq in graph.topo_order():
+        if quantize_only(graph, fq) is None or not graph.has_node(fq.name):
+            continue
+        dq = graph.producer(fq.inputs[0])
+        if not is_op(dq, Op.DEQUANTIZE_LINEAR):
+            continue
+        ctx.visit(fq)
+        reason = check(graph, dq, fq)
+        if reason is None and fq.outputs[0] in graph.outputs:
+            reason = "the FakeQuantize output is a graph output"
+        if reason is not None:
+            ctx.decline(fq, reason)
+            continue
+        graph.replace_all_uses(fq.outputs[0], dq.inputs[0])
+        graph.remove_node(fq)
+        remove_if_unused(graph, dq)
+        changed += 1
+    if changed:
+        graph.remove_unused()
+    return changed
+

@@ -1,0 +1,385 @@
+"""Post-op fusion (DESIGN.md pass 6): a fused compute node absorbs its single-consumer chain.
+
+Walk forward from the node's output while the current value has exactly one reader and is
+not a graph output, turning each reader into chain items (ir/chain.py):
+
+    Mul(x, c) / Add(x, c), c constant per tensor or per channel   → Scale(c) / Shift(c)
+    Relu, LeakyRelu(a), Clip(lo, hi), Sigmoid, Tanh, HardSigmoid(a, b), HardSwish, Gelu
+                                                                   → Activation
+    PRelu(x, slopes), constant slopes per tensor or per channel    → PRelu(slopes)
+    Add(x, r), r non-constant of the output's shape                → Residual(port of r)
+    quantize-only FakeQuantize (integer output)                    → Quantize (ends the chain)
+
+A residual read through ``DequantizeLinear(r_q, s, zp)`` (per tensor) is summed from r_q:
+``x + s·(r_q - zp)`` is exactly what the DequantizeLinear and the Add compute in float32,
+and it is oneDNN's sum post-op with scale s and zero point zp. At most one residual per
+chain (oneDNN allows one sum post-op), also when a ReLU precedes the Add. oneDNN's sum reads
+the residual from the dst buffer, so its element size must equal the dst's: a chain that would
+end with an f32 dst and an 8-bit residual (or the reverse) is cut before the Add.
+
+After a Quantize the walk stops, except into ``DequantizeLinear`` of that value: it continues
+as ``Shift(-zp), Scale(s)`` (exact: ``(q - zp)·s`` in float32) *only if* the walk then reaches
+a residual Add — seed 000's residual block "FQ followed by SUM and another FQ" — or another
+quantize (a requantization, e.g. into a Concat's common scale, optionally through post-ops
+such as a Mul or GELU). When neither follows, the walk is rolled back to the Quantize: the
+DequantizeLinear is then better moved into the next compute node. The requantize case goes
+beyond the residual-only rule of the design brief: the DequantizeLinear → quantize pair would
+otherwise stay as its own reorder kernel, and the inner quantize is kept (not dropped), so the
+result is exactly the graph's.
+
+A MatMul's chain also walks through a Reshape that keeps the last dim, the MatMul then reading
+its source reshaped alike (passes/matmul_reshape.py: ONNX Runtime's MatMulAddFusion wraps
+3-D MatMuls in Reshapes that would otherwise cut every transformer chain).
+
+Every extension is judged by the composer first: ``compose()`` on the candidate chain (the
+node's channels and the candidate's dst type); a ComposeError stops the walk there. Each node
+that stops a chain and is not absorbed gets its reason recorded (``ctx.decline``); compute
+nodes reading a chain's value are kernels of their own and get none.
+
+Rewire: the node is rebuilt producing the last absorbed value's name (retarget), the absorbed
+nodes are removed, their origins appended to ``fused.absorbed``; residual inputs are appended
+to the node's inputs (the Residual's port). A residual never depends on the node itself
+(every value on the chain has one reader, so a path from the node to r would run through the
+Add); this is asserted.
+
+Numerics: every item evaluates in float32 exactly as the op it replaces (same operations, same
+order), so the rewrite is bit-exact under the chain reference (runtime/reference/chain.py),
+except Sigmoid and Tanh, which the chain reference (oneDNN's formulas) computes in float32
+where the op reference computes in float64 and rounds once: ulps of difference, which a
+following quantize turns into at most 1 LSB on near-ties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+
+from ir import DType, Graph, Node, Op, TensorInfo
+from ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs
+from passes import matmul_reshape
+from passes.base import PassContext
+from passes.composer import ComposeError, compose
+from passes.post_op_match import (
+    COMPUTE_OPS,
+    channel_axis,
+    channel_values,
+    constant_operand,
+    depends_on,
+    drop_if_unread,
+    out_channels,
+    retarget,
+    sole_reader,
+)
+
+log = logging.getLogger(__name__)
+
+_SIMPLE_ACT = {Op.RELU: Act.RELU, Op.SIGMOID: Act.SIGMOID, Op.TANH: Act.TANH}
+_MOVE_OPS = frozenset({Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD, Op.RESIZE})
+
+
+@dataclass
+class _State:
+    """A chain under construction; ``pending`` = inside a Quantize → DequantizeLinear that
+    still needs a residual Add or a requantize to be worth keeping."""
+
+    chain: list[ChainOp]
+    inputs: list[str]
+    value: str
+    info: TensorInfo
+    absorbed: list[Node] = field(default_factory=list)
+    extra: list[Node] = field(default_factory=list)  # DequantizeLinear nodes read through
+    pending: bool = False
+    int_residual: bool = True  # sum a DequantizeLinear'd residual from its 8-bit source
+
+    def extended(self, items: list[ChainOp], reader: Node, **changes: object) -> _State:
+        out = reader.outputs[0]
+        return dataclasses.replace(self, chain=[*self.chain, *items], inputs=list(self.inputs),
+                                   absorbed=[*self.absorbed, reader], extra=list(self.extra),
+                                   value=out, **changes)
+
+    @property
+    def residual(self) -> Residual | None:
+        return next((i for i in self.chain if isinstance(i, Residual)), None)
+
+    @property
+    def quantized(self) -> bool:
+        return bool(self.chain) and isinstance(self.chain[-1], Quantize)
+
+
+class _Stop(Exception):
+    """The walk cannot take ``reader`` (None: no single reader); ``reason`` says why, to be
+    recorded on the nodes in ``decline`` (the reader, or the readers of a shared value)."""
+
+    def __init__(self, reader: Node | None, reason: str,
+                 decline: list[Node] | None = None) -> None:
+        super().__init__(reason)
+        self.reader, self.reason = reader, reason
+        self.decline = decline if decline is not None else [] if reader is None else [reader]
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    changed = 0
+    names = [n.name for n in graph.topo_order() if n.fused is not None]
+    for name in names:
+        if graph.has_node(name) and _fuse(graph, ctx, ctx.visit(graph.node(name))):
+            changed += 1
+    return changed
+
+
+def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:
+    assert node.fused is not None
+    out = node.outputs[0]
+    start = _State(list(node.fused.chain), list(node.inputs), out, graph.info(out))
+    channels = out_channels(graph, node)
+    best, state, stop = _walk(graph, ctx, node, start, channels)
+    if _lost_int_residual(state, best):
+        # The dst stayed f32: sum the dequantized residual (f32) instead of its 8-bit source.
+        retry = _walk(graph, ctx, node, dataclasses.replace(start, int_residual=False),
+                      channels)
+        if len(retry[0].absorbed) > len(best.absorbed):
+            best, state, stop = retry
+    note = f"chain ends: {stop.reason}"
+    if stop.reader is None and note not in node.fused.notes:
+        node.fused.notes.append(note)
+    if len(state.absorbed) > len(best.absorbed):
+        first = state.absorbed[len(best.absorbed)]
+        ctx.decline(first, _rollback_reason(graph, first, state, best, stop))
+    else:
+        for reader in stop.decline:
+            ctx.decline(reader, stop.reason)
+    if not best.absorbed:
+        return False
+    _commit(graph, node, best)
+    return True
+
+
+def _walk(
+    graph: Graph, ctx: PassContext, node: Node, start: _State, channels: int
+) -> tuple[_State, _State, _Stop]:
+    """(the longest valid state, the last state reached, why the walk stopped)."""
+    best = state = start
+    while True:
+        try:
+            new = _step(graph, node, state)
+        except _Stop as stop:
+            return best, state, stop
+        reader = new.absorbed[-1]
+        try:
+            compose(new.chain, channels=channels, dst_dtype=new.info.dtype, options=ctx.composer)
+        except ComposeError as exc:
+            return best, state, _Stop(reader, f"post-op: the composer cannot take {reader}: "
+                                              f"{exc}")
+        state = new
+        if _valid(state):
+            best = state
+
+
+def _lost_int_residual(state: _State, best: _State) -> bool:
+    residual = state.residual
+    return (residual is not None and residual.dtype.is_quantized and best.residual is None
+            and not state.info.dtype.is_quantized)
+
+
+def _valid(state: _State) -> bool:
+    residual = state.residual
+    if state.pending:
+        return False
+    return residual is None or residual.dtype.np.itemsize == state.info.dtype.np.itemsize
+
+
+def _rollback_reason(graph: Graph, first: Node, state: _State, best: _State, stop: _Stop
+                     ) -> str:
+    why = stop.reason
+    if first.op is Op.DEQUANTIZE_LINEAR and first.outputs[0] in graph.outputs:
+        return (f"post-op: dequantizes the graph output '{first.outputs[0]}' (stays standalone, "
+                "outside the quantized region)")
+    if any(n.op is Op.DEQUANTIZE_LINEAR for n in state.absorbed[len(best.absorbed):]) and (
+            best.quantized):
+        return ("post-op: a DequantizeLinear after the output quantize continues a chain only "
+                f"into a residual Add or a requantize, and neither followed ({why})")
+    residual = state.residual
+    if residual is not None:
+        return (f"post-op: a {residual.dtype.name} residual cannot be summed into a "
+                f"{state.info.dtype.name} output: oneDNN's sum needs equal element sizes "
+                f"({why})")
+    return f"post-op: rolled back ({why})"
+
+
+def _commit(graph: Graph, node: Node, best: _State) -> None:
+    for port in range(len(node.inputs), len(best.inputs)):
+        assert not depends_on(graph, best.inputs[port], node), "residual depends on the node"
+    assert node.fused is not None
+    old_src = None
+    if best.info.shape[:-1] != graph.info(node.outputs[0]).shape[:-1]:
+        best.inputs[0], old_src = matmul_reshape.reshaped_source(graph, node, best.info.shape)
+    absorbed = [o for n in [*best.absorbed, *best.extra] for o in n.origin]
+    fused = dataclasses.replace(node.fused, chain=best.chain,
+                                absorbed=[*node.fused.absorbed, *absorbed])
+    new = retarget(graph, node, inputs=best.inputs, output=best.value, absorbed=best.absorbed,
+                   fused=fused, info=best.info)
+    constants = [p for n in best.absorbed for v in n.inputs if v
+                 if (p := graph.producer(v)) is not None and p.op is Op.DEQUANTIZE_LINEAR]
+    drop_if_unread(graph, [*best.extra, *constants, *([old_src] if old_src else [])])
+    log.debug("%s: chain of %d item(s), absorbed %s", new, len(fused.chain), absorbed)
+
+
+# ------------------------------------------------------------------------------ one step
+def _step(graph: Graph, node: Node, state: _State) -> _State:
+    """The state after absorbing the reader of ``state.value``; raises _Stop otherwise."""
+    reader, why = sole_reader(graph, state.value)
+    if reader is None:
+        multi = graph.consumers(state.value) if "readers" in why else []
+        others = [r for r, _ in multi if r.op not in COMPUTE_OPS and r.fused is None]
+        raise _Stop(None, f"post-op: {why} (the chain of {node} stops there)", others)
+    if reader.op in COMPUTE_OPS or reader.fused is not None:
+        raise _Stop(None, f"'{state.value}' feeds the compute node {reader}")
+    out_info = graph.info(reader.outputs[0])
+    if reader.op in matmul_reshape.SHAPE_OPS:
+        why = matmul_reshape.why_not(graph, node, state.chain, state.info, out_info)
+        if why:
+            raise _Stop(reader, f"post-op: {reader.op.value} {why} (no oneDNN post-op)")
+        return state.extended([], reader, info=out_info)
+    if state.quantized:
+        return _after_quantize(graph, node, state, reader, out_info)
+    if state.info.dtype is not DType.F32:
+        raise _Stop(reader, f"post-op: {reader} reads {state.info.dtype.name}, not float32")
+    if out_info.shape != state.info.shape:
+        raise _Stop(reader, f"post-op: {reader} changes the shape {list(state.info.shape)} "
+                            f"→ {list(out_info.shape)}")
+    return _absorb(graph, node, state, reader, out_info)
+
+
+def _after_quantize(
+    graph: Graph, node: Node, state: _State, reader: Node, out_info: TensorInfo
+) -> _State:
+    if reader.op is not Op.DEQUANTIZE_LINEAR or reader.inputs[0] != state.value:
+        raise _Stop(reader, _no_post_op(reader, quantized=True))
+    axis = channel_axis(node, state.info.rank)
+    scale, zero_point = _dq_params(graph, reader, state.info, axis)
+    if scale is None:
+        raise _Stop(reader, f"post-op: {reader}: {zero_point}")
+    return state.extended([Shift.of([-z for z in zero_point]), Scale.of(scale)], reader,
+                          info=out_info, pending=True)
+
+
+def _dq_params(
+    graph: Graph, dq: Node, info: TensorInfo, axis: int | None
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | str]:
+    """(scales, zero points) of a DequantizeLinear per tensor or along ``axis`` (None: per
+    tensor only), or (None, why not)."""
+    scale = graph.constant(dq.inputs[1])
+    zp = graph.constant(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] else None
+    if scale is None or (len(dq.inputs) > 2 and dq.inputs[2] and zp is None):
+        return None, "scale or zero point is not a constant"
+    if scale.size > 1 and (axis is None or dq.attrs.axis % info.rank != axis):
+        return None, f"per-axis along {dq.attrs.axis}, not the channel axis {axis}"
+    s = tuple(float(v) for v in scale.astype("float32").ravel())
+    z = tuple(float(v) for v in (zp.ravel() if zp is not None else [0] * len(s)))
+    return s, z
+
+
+def _absorb(graph: Graph, node: Node, state: _State, reader: Node, out_info: TensorInfo
+            ) -> _State:
+    op, value = reader.op, state.value
+    if op is Op.FAKE_QUANTIZE:
+        return _quantize(graph, node, state, reader, out_info)
+    act = _activation(reader)
+    if act is not None:
+        return state.extended([act], reader, info=out_info)
+    if op in (Op.ADD, Op.MUL, Op.PRELU):
+        port = reader.inputs.index(value)
+        if op is Op.PRELU and port != 0:
+            raise _Stop(reader, f"post-op: {reader} reads the chain as its slopes")
+        other = reader.inputs[1 - port]
+        data, _ = constant_operand(graph, other)
+        if data is None and op is Op.ADD:
+            return _residual(graph, state, reader, other, out_info)
+        if data is None:
+            raise _Stop(reader, f"post-op: {reader}: operand '{other}' is not a constant")
+        values, why = channel_values(data, state.info.shape,
+                                     channel_axis(node, state.info.rank))
+        if values is None:
+            raise _Stop(reader, f"post-op: {reader}: operand '{other}' {why}")
+        item: ChainOp = (Shift.of(values) if op is Op.ADD else Scale.of(values)
+                         if op is Op.MUL else PRelu(tuple(float(v) for v in values)))
+        return state.extended([item], reader, info=out_info)
+    raise _Stop(reader, _no_post_op(reader, quantized=False))
+
+
+def _activation(reader: Node) -> Activation | None:
+    op, attrs = reader.op, reader.attrs
+    if op in _SIMPLE_ACT:
+        return Activation(_SIMPLE_ACT[op])
+    if op is Op.LEAKY_RELU and isinstance(attrs, AlphaAttrs):
+        return Activation(Act.RELU, float(attrs.alpha))
+    if op is Op.CLIP and isinstance(attrs, ClipAttrs):
+        if attrs.min == 0.0 and attrs.max == math.inf:
+            return Activation(Act.RELU)
+        return Activation(Act.CLIP, float(attrs.min), float(attrs.max))
+    if op is Op.HARD_SIGMOID and isinstance(attrs, HardSigmoidAttrs):
+        return Activation(Act.HARD_SIGMOID, float(attrs.alpha), float(attrs.beta))
+    if op is Op.HARD_SWISH:
+        return Activation(Act.HARD_SWISH, 1.0 / 6.0, 0.5)
+    if op is Op.GELU and isinstance(attrs, GeluAttrs):
+        tanh = attrs.approximate is GeluApprox.TANH
+        return Activation(Act.GELU_TANH if tanh else Act.GELU_ERF)
+    return None
+
+
+def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: TensorInfo
+              ) -> _State:
+    if not out_info.dtype.is_quantized:
+        raise _Stop(fq, f"post-op: {fq} outputs {out_info.dtype.name} (not a quantize-only "
+                        "FakeQuantize)")
+    axis = channel_axis(node, state.info.rank)
+    ranges = []
+    for port in range(1, 5):
+        data = graph.constant(fq.inputs[port])
+        if data is None:
+            raise _Stop(fq, f"post-op: {fq}: range input {port} is not a constant")
+        values, why = channel_values(data, state.info.shape, axis)
+        if values is None:
+            raise _Stop(fq, f"post-op: {fq}: range input {port} {why}")
+        ranges.append(tuple(float(v) for v in values))
+    item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype)
+    return state.extended([item], fq, info=out_info, pending=False)
+
+
+def _residual(graph: Graph, state: _State, add: Node, other: str, out_info: TensorInfo
+              ) -> _State:
+    if state.residual is not None:
+        raise _Stop(add, "post-op: the chain already has a residual sum (oneDNN allows one "
+                         "sum post-op)")
+    info = graph.info(other)
+    if info.shape != state.info.shape:
+        raise _Stop(add, f"post-op: {add}: residual '{other}' of shape {list(info.shape)} "
+                         f"broadcasts against {list(state.info.shape)}")
+    port = len(state.inputs)
+    item, source, extra = Residual(port), other, []
+    dq = graph.producer(other)
+    if state.int_residual and dq is not None and dq.op is Op.DEQUANTIZE_LINEAR:
+        r_info = graph.info(dq.inputs[0])
+        scale, zero_point = _dq_params(graph, dq, r_info, None)
+        if (scale is not None and len(scale) == 1 and r_info.dtype.is_quantized
+                and graph.constant(dq.inputs[0]) is None):
+            item = Residual(port, scale[0], int(zero_point[0]), r_info.dtype)
+            source, extra = dq.inputs[0], [dq]
+    if item.dtype is DType.F32 and info.dtype is not DType.F32:
+        raise _Stop(add, f"post-op: {add}: residual '{other}' is {info.dtype.name}")
+    new = state.extended([item], add, info=out_info, pending=False)
+    new.inputs.append(source)
+    new.extra.extend(extra)
+    return new
+
+
+def _no_post_op(reader: Node, *, quantized: bool) -> str:
+    name = reader.op.value
+    if reader.op in _MOVE_OPS:
+        return f"post-op: {name} moves data (no oneDNN post-op)"
+    if quantized:
+        return (f"post-op: {name} reads the quantized output (after the output quantize only a "
+                "DequantizeLinear into a residual Add or a requantize continues a chain)")
+    return f"post-op: {name} has no oneDNN post-op"

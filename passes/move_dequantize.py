@@ -1,0 +1,203 @@
+"""Dequantize moved after Conv / ConvTranspose / MatMul: the int8 compute node (DESIGN.md
+"Passes" 4, LPT's ConvolutionTransformation / MatMulTransformation).
+
+Pattern: ``Conv(DQ(x_q; sx, zx), DQ(w_q; sw[oc], 0)[, bias])`` (and ConvTranspose, MatMul).
+Since the op is linear in each input,
+
+    conv((x_q - zx)·sx, w_q·sw) + b = sx·sw[oc]·conv(x_q - zx, w_q) + b[oc]
+
+so the node reads x_q and w_q directly, computes the exact integer accumulator
+``acc = conv(x_q - zx, w_q)`` (zx = ``Fused.src_zero_point``, subtracted before padding: a
+padding tap of the float conv is the real 0 = (zx - zx)·sx) and applies the chain
+``[Scale(f32(sx)·f32(sw[oc])), Shift(b)]``; its output stays f32 under the same name. For
+MatMul with a weight zero point zw: ``(a - za)·sa @ (b - zw)·sb = sa·sb·((a - za) @ (b - zw))``.
+
+Precision: acc is exact; the float graph rounds every dequantized input to float32 and then
+accumulates, while the int8 node rounds once, in the scale. Outputs agree to a few float32
+ulps, so a following quantization picks the same level except within ulps of a .5 tie
+(tests/passes/test_move_dequantize.py measures: within 1 LSB, >= 99.9% identical).
+
+Preconditions (oneDNN 3.x int8, ONEDNN_NOTES.md), each declined with its reason:
+- activation: DQ of a non-constant u8/s8 tensor, per tensor (src scale and zero point mask 0);
+- Conv / ConvTranspose weights: DQ of a constant s8 tensor, zero point 0 (no weight zero
+  points), per tensor or per output channel — Conv axis 0; ConvTranspose axis 1 of
+  [Cin, Cout/g, k..], whose Cout/g scales repeat per group (output channel g·(Cout/g) + j
+  gets scale j, so they are tiled g times);
+- bias: absent, a float constant, or DQ of a constant (ONNX Runtime: int32 with scale
+  sx·sw) — evaluated once to float32 (oneDNN adds the bias after the scales, unscaled);
+- MatMul B: a constant s8 with zero point 0 per tensor or per column (the last axis: oneDNN's
+  weight scale mask 1 << (ndims - 1)); a per-tensor zero point is allowed (matmul weight zero
+  point mask 0); or a non-constant per-tensor u8/s8 DQ (activation × activation, attention).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ir.chain import Fused, Scale, Shift
+from ir.graph import Graph, Node
+from ir.ops import Op
+from ir.types import DType, TensorInfo
+from passes.base import PassContext
+from passes.quant_utils import DqParams, dq_params, is_op, remove_if_unused
+from runtime.reference.ops_quant import dequantize_linear
+
+log = logging.getLogger(__name__)
+
+F32 = np.float32
+COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)
+
+
+class Plan:
+    """What the rewrite of one compute node needs, found before anything changes."""
+
+    def __init__(self) -> None:
+        self.src = ""
+        self.wei = ""
+        self.fused = Fused()
+        self.dqs: list[Node] = []
+
+
+def _activation(graph: Graph, value: str, what: str) -> tuple[Node, DqParams] | str:
+    dq = graph.producer(value)
+    if not is_op(dq, Op.DEQUANTIZE_LINEAR) or graph.constant(dq.inputs[0]) is not None:
+        return f"{what} is not dequantized int8"
+    p = dq_params(graph, dq)
+    if p is None:
+        return f"{what} dequantize has a non-constant scale or zero point"
+    if not p.dtype.is_quantized:
+        return f"{what} is {p.dtype.name.lower()} (want u8/s8)"
+    if not p.per_tensor:
+        return (f"{what} dequantize is per channel (axis {p.axis}); oneDNN takes one source "
+                "scale and zero point")
+    return dq, p
+
+
+def _weights(graph: Graph, node: Node) -> tuple[Node, DqParams] | str:
+    dq = graph.producer(node.inputs[1])
+    if not is_op(dq, Op.DEQUANTIZE_LINEAR) or graph.constant(dq.inputs[0]) is None:
+        return "weights are not a dequantized int8 constant"
+    p = dq_params(graph, dq)
+    if p is None:
+        return "weights dequantize has a non-constant scale or zero point"
+    if p.dtype is not DType.S8:
+        return f"weights are {p.dtype.name.lower()} (oneDNN int8 kernels take s8 weights)"
+    return dq, p
+
+
+def _bias(graph: Graph, node: Node) -> tuple[np.ndarray | None, Node | None] | str:
+    name = node.inputs[2] if len(node.inputs) > 2 else ""
+    if not name:
+        return None, None
+    data = graph.constant(name)
+    if data is not None:
+        if data.dtype.kind != "f":
+            return f"bias is a {data.dtype} constant (want float or dequantized)"
+        return data.astype(F32).ravel(), None
+    dq = graph.producer(name)
+    if not is_op(dq, Op.DEQUANTIZE_LINEAR):
+        return "bias is neither a constant nor a dequantized constant"
+    args = [graph.constant(v) if v else None for v in dq.inputs]
+    if any(a is None for a, v in zip(args, dq.inputs) if v):
+        return "bias dequantize reads non-constant values"
+    return dequantize_linear(dq, args)[0].astype(F32).ravel(), dq
+
+
+def plan_conv(graph: Graph, node: Node) -> Plan | str:
+    act = _activation(graph, node.inputs[0], "activation")
+    if isinstance(act, str):
+        return act
+    wei = _weights(graph, node)
+    if isinstance(wei, str):
+        return wei
+    (x_dq, px), (w_dq, pw) = act, wei
+    if np.any(pw.zero_point != 0):
+        return "weight zero point != 0: oneDNN convolution has no weight zero points"
+    w_shape = graph.info(w_dq.inputs[0]).shape
+    deconv = node.op is Op.CONV_TRANSPOSE
+    group = node.attrs.group
+    want = 1 if deconv else 0
+    if not pw.per_tensor and pw.axis != want:
+        return (f"weights are per channel along axis {pw.axis}, not the output-channel "
+                f"axis {want}")
+    scales = pw.scale
+    if deconv and not pw.per_tensor:
+        if scales.size != w_shape[1]:
+            return f"{scales.size} weight scales for {w_shape[1]} channels per group"
+        scales = np.tile(scales, group)
+    bias = _bias(graph, node)
+    if isinstance(bias, str):
+        return bias
+    plan = Plan()
+    plan.src, plan.wei = x_dq.inputs[0], w_dq.inputs[0]
+    plan.fused.chain.append(Scale.of(F32(px.scale[0]) * scales.astype(F32)))
+    if bias[0] is not None:
+        plan.fused.chain.append(Shift.of(bias[0]))
+    plan.fused.src_zero_point = int(px.zero_point[0])
+    plan.dqs = [x_dq, w_dq] + ([bias[1]] if bias[1] is not None else [])
+    return plan
+
+
+def plan_matmul(graph: Graph, node: Node) -> Plan | str:
+    act = _activation(graph, node.inputs[0], "activation")
+    if isinstance(act, str):
+        return act
+    a_dq, pa = act
+    b_const = graph.producer(node.inputs[1])
+    if is_op(b_const, Op.DEQUANTIZE_LINEAR) and graph.constant(b_const.inputs[0]) is not None:
+        wei = _weights(graph, node)
+        if isinstance(wei, str):
+            return wei
+        b_dq, pb = wei
+        rank = graph.info(b_dq.inputs[0]).rank
+        if not pb.per_tensor and pb.axis != rank - 1:
+            return (f"weights are per channel along axis {pb.axis}; oneDNN matmul weight "
+                    f"scales are per tensor or along the last axis {rank - 1}")
+        if len(set(pb.zero_point.tolist())) != 1:
+            return "per-column weight zero points (oneDNN matmul takes one, mask 0)"
+    else:
+        other = _activation(graph, node.inputs[1], "B operand")
+        if isinstance(other, str):
+            return other
+        b_dq, pb = other
+    plan = Plan()
+    plan.src, plan.wei = a_dq.inputs[0], b_dq.inputs[0]
+    plan.fused.chain.append(Scale.of(F32(pa.scale[0]) * pb.scale.astype(F32)))
+    plan.fused.src_zero_point = int(pa.zero_point[0])
+    plan.fused.wei_zero_point = int(pb.zero_point[0])
+    plan.dqs = [a_dq, b_dq]
+    return plan
+
+
+def rewrite(graph: Graph, node: Node, plan: Plan) -> None:
+    """Make ``node`` the int8 compute node of ``plan`` (in place: name and output kept)."""
+    graph.set_input(node, 0, plan.src)
+    graph.set_input(node, 1, plan.wei)
+    while len(node.inputs) > 2:
+        graph.set_input(node, len(node.inputs) - 1, "")
+        node.inputs.pop()
+    plan.fused.absorbed = [o for dq in plan.dqs for o in dq.origin]
+    node.fused = plan.fused
+    out = node.outputs[0]
+    graph.set_info(out, TensorInfo(graph.info(out).shape, graph.info(out).dtype))
+    for dq in plan.dqs:
+        remove_if_unused(graph, dq)
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    changed = 0
+    for node in graph.topo_order():
+        if node.op not in COMPUTE or node.fused is not None:
+            continue
+        ctx.visit(node)
+        plan = plan_matmul(graph, node) if node.op is Op.MATMUL else plan_conv(graph, node)
+        if isinstance(plan, str):
+            ctx.decline(node, plan)
+            continue
+        rewrite(graph, node, plan)
+        changed += 1
+    if changed:
+        graph.remove_unused()
+    return changed

@@ -1,0 +1,260 @@
+"""move_dequantize: Conv / ConvTranspose / MatMul on dequantized int8 → int8 compute nodes.
+
+Numerics: the int8 node's accumulator is exact and it rounds once, in the scale; the float
+graph rounds each dequantized input to float32 and accumulates (the reference in float64)
+before rounding. The f32 outputs differ by a few ulps, so a following QuantizeLinear picks
+the same level except for values within ulps of a .5 tie: asserted within 1 LSB and >= 99.9%
+identical over 4 random inputs (in practice all identical on these sizes).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from quant_helpers import (
+    F32,
+    add,
+    apply,
+    const,
+    dequantize,
+    feeds,
+    finish,
+    int_input,
+    lsb,
+    new_graph,
+    ops,
+    qdq,
+    reasons,
+    reference,
+    weights,
+)
+
+import passes.move_dequantize as M
+from compiler.onnx_import import import_model
+from compiler.pipeline import run_pipeline
+from examples.zoo.quantize import quantize
+from ir import DType, Op, QuantParams, TensorInfo
+from ir.chain import Scale, Shift
+from ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
+from runtime.reference import IMPLS
+
+RNG = np.random.default_rng(5)
+SX, ZX = 0.04, 9
+S_OUT = 0.09
+CONV = ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))
+
+
+def _w(shape) -> np.ndarray:
+    return RNG.integers(-127, 128, shape).astype(np.int8)
+
+
+def _int32_bias(g, name: str, values: np.ndarray, scale: np.ndarray) -> str:
+    q = np.rint(values / scale).astype(np.int32)
+    b = g.add_constant(f"{name}_q", q).name
+    ins = [b, const(g, f"{name}_scale", scale), const(g, f"{name}_zp", np.zeros_like(q), np.int32)]
+    return add(g, Op.DEQUANTIZE_LINEAR, ins, name, DequantizeAttrs(0)).outputs[0]
+
+
+def _quantized_output(g, out: str) -> None:
+    qdq(g, out, "y", S_OUT, 128)
+    finish(g, "y")
+
+
+def _numerics(before, after) -> None:
+    shares = []
+    for seed in range(4):
+        f = feeds(before, seed)
+        share, most = lsb(reference(after, f)["y"], reference(before, f)["y"], S_OUT)
+        assert most <= 1
+        shares.append(share)
+    assert float(np.mean(shares)) >= 0.999
+
+
+def test_conv_per_channel_with_int32_bias_golden():
+    g, xd = int_input((2, 8, 10, 10), SX, ZX)
+    sw = np.linspace(0.001, 0.003, 16).astype(F32)
+    w = weights(g, "w", _w((16, 8, 3, 3)), sw)
+    bias_scale = (F32(SX) * sw).astype(F32)
+    b = _int32_bias(g, "b", RNG.standard_normal(16).astype(F32), bias_scale)
+    add(g, Op.CONV, [xd, w, b], "conv", CONV)
+    _quantized_output(g, "conv")
+    before = g.copy()
+    bias_f32 = reference(g, feeds(g), keep=True)["b"]
+    result = apply(M, g)
+    assert result.changed == 1 and not result.declined
+    assert ops(g) == ["Conv", "QuantizeLinear", "DequantizeLinear"]
+    conv = g.node("conv")
+    assert conv.inputs == ["x", "w_q"] and g.info("conv").dtype is DType.F32
+    assert conv.fused.chain == [Scale.of(F32(SX) * sw), Shift.of(bias_f32)]
+    assert conv.fused.src_zero_point == ZX and conv.fused.wei_zero_point == 0
+    assert conv.fused.absorbed == ["xd", "w", "b"]
+    _numerics(before, g)
+
+
+def test_conv_per_tensor_float_bias_and_groups():
+    g, xd = int_input((1, 8, 9, 9), SX, 0, DType.U8)
+    w = weights(g, "w", _w((8, 2, 3, 3)), F32(0.002))
+    bias = const(g, "bias", RNG.standard_normal(8))
+    add(g, Op.CONV, [xd, w, bias], "conv", ConvAttrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), 4))
+    _quantized_output(g, "conv")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    chain = g.node("conv").fused.chain
+    assert chain == [Scale.of(F32(SX) * F32(0.002)), Shift.of(before.constant("bias"))]
+    _numerics(before, g)
+
+
+def test_conv_transpose_group_scales_are_tiled():
+    g, xd = int_input((1, 4, 6, 6), SX, ZX, DType.U8)
+    sw = np.array([0.002, 0.004, 0.003], F32)  # axis 1 of [Cin=4, Cout/g=3, k, k]
+    w = weights(g, "w", _w((4, 3, 3, 3)), sw, axis=1)
+    add(g, Op.CONV_TRANSPOSE, [xd, w], "conv",
+        ConvTransposeAttrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1, 1), 2))
+    _quantized_output(g, "conv")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    assert g.node("conv").fused.chain == [Scale.of(F32(SX) * np.tile(sw, 2))]
+    _numerics(before, g)
+
+
+def test_matmul_constant_weights_per_column_and_batched():
+    g, xd = int_input((2, 5, 12), SX, ZX)
+    sw = np.linspace(0.002, 0.004, 7).astype(F32)
+    w = weights(g, "w", _w((2, 12, 7)), sw, axis=2)  # batched B, per column (last axis)
+    add(g, Op.MATMUL, [xd, w], "mm")
+    _quantized_output(g, "mm")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    mm = g.node("mm")
+    assert mm.fused.chain == [Scale.of(F32(SX) * sw)] and mm.fused.wei_zero_point == 0
+    _numerics(before, g)
+
+
+def test_matmul_activation_times_activation():
+    g, ad = int_input((1, 2, 6, 8), SX, ZX)
+    g.add_input("b", TensorInfo((1, 2, 8, 6), DType.U8, QuantParams.make(0.03, 131)))
+    dequantize(g, "b", "bd", 0.03, 131)
+    add(g, Op.MATMUL, [ad, "bd"], "mm")
+    _quantized_output(g, "mm")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    mm = g.node("mm")
+    assert mm.inputs == ["x", "b"] and mm.fused.src_zero_point == ZX
+    assert mm.fused.wei_zero_point == 131 and mm.fused.chain == [Scale.of(F32(SX) * F32(0.03))]
+    _numerics(before, g)
+
+
+@pytest.mark.parametrize("case,want", [
+    ("float_activation", "activation is not dequantized int8"),
+    ("weight_zero_point", "no weight zero points"),
+    ("per_channel_activation", "activation dequantize is per channel"),
+    ("u8_weights", "s8 weights"),
+    ("conv_wrong_axis", "not the output-channel axis"),
+    ("float_weights", "weights are not a dequantized int8 constant"),
+])
+def test_conv_declined_with_reason(case, want):
+    if case == "float_activation":
+        g = new_graph((1, 4, 5, 5))
+        xd = "x"
+    elif case == "per_channel_activation":
+        g, xd = int_input((1, 4, 5, 5), np.array([0.1, 0.2, 0.3, 0.4], F32), [0, 0, 0, 0],
+                          axis=1)
+    else:
+        g, xd = int_input((1, 4, 5, 5), SX, ZX)
+    w_q = _w((6, 4, 3, 3))
+    if case == "weight_zero_point":
+        g.add_constant("wq", w_q)
+        w = dequantize(g, "wq", "w", F32(0.01), np.int8(3)).outputs[0]
+    elif case == "u8_weights":
+        g.add_constant("wq", w_q.astype(np.uint8))
+        w = dequantize(g, "wq", "w", F32(0.01), np.uint8(0)).outputs[0]
+    elif case == "conv_wrong_axis":
+        w = weights(g, "w", w_q, np.linspace(0.01, 0.02, 4).astype(F32), axis=1)
+    elif case == "float_weights":
+        w = const(g, "w", w_q.astype(F32))
+    else:
+        w = weights(g, "w", w_q, F32(0.01))
+    add(g, Op.CONV, [xd, w], "y", CONV)
+    finish(g, "y")
+    before = ops(g)
+    result = apply(M, g)
+    assert result.changed == 0 and ops(g) == before and g.node("y").fused is None
+    assert len(result.declined) == 1 and want in reasons(result)[0], reasons(result)
+
+
+def test_matmul_weights_per_row_declined():
+    g, xd = int_input((3, 6), SX, ZX)
+    w = weights(g, "w", _w((6, 4)), np.linspace(0.01, 0.02, 6).astype(F32), axis=0)
+    add(g, Op.MATMUL, [xd, w], "y")
+    result = apply(M, finish(g, "y"))
+    assert result.changed == 0 and "along the last axis 1" in reasons(result)[0]
+
+
+def test_shared_activation_dequantize_stays_for_other_readers():
+    g, xd = int_input((1, 4, 5, 5), SX, ZX)
+    w = weights(g, "w", _w((6, 4, 3, 3)), F32(0.01))
+    add(g, Op.CONV, [xd, w], "conv", CONV)
+    add(g, Op.RELU, [xd], "r")
+    finish(g, "conv", "r")
+    assert apply(M, g).changed == 1
+    assert g.producer("xd").op is Op.DEQUANTIZE_LINEAR and g.node("r").inputs == ["xd"]
+    assert "w" not in g.values  # the weights' DQ had no other reader
+
+
+@settings(max_examples=40, deadline=None)
+@given(groups=st.sampled_from([1, 2]), stride=st.integers(1, 2), pad=st.integers(0, 2),
+       zx=st.sampled_from([0, 1, 128, 255]), sx=st.floats(2.0 ** -12, 1.0, width=32),
+       seed=st.integers(0, 2**16))
+def test_random_convs_agree_within_float32_rounding(groups, stride, pad, zx, sx, seed):
+    """Any conv shape / zero point (saturation edges 0 and 255 included): the int8 node's
+    f32 output is within 1e-6 of the |x|·|w| sum (+|bias|) of the float conv's."""
+    rng = np.random.default_rng(seed)
+    g, xd = int_input((1, 4, 6, 6), sx, zx)
+    sw = rng.uniform(1e-3, 1e-2, 6).astype(F32)
+    w = weights(g, "w", rng.integers(-127, 128, (6, 4 // groups, 3, 3)).astype(np.int8), sw)
+    bias = const(g, "bias", rng.standard_normal(6))
+    attrs = ConvAttrs((3, 3), (stride, stride), (pad,) * 4, (1, 1), groups)
+    add(g, Op.CONV, [xd, w, bias], "y", attrs)
+    finish(g, "y")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    f = feeds(before, seed)
+    b_all = reference(before, f, keep=True)
+    a = reference(g, f)["y"]
+    magnitude = IMPLS[Op.CONV](before.node("y"), [np.abs(b_all["xd"]), np.abs(b_all["w"]),
+                                                  np.abs(before.constant("bias"))])[0]
+    assert np.all(np.abs(a - b_all["y"]) <= 1e-6 * magnitude)
+
+
+def test_grouped_conv_transpose_as_onnxruntime_quantizes_it():
+    """quantize_static gives a grouped ConvTranspose w [Cin, Cout/g, k, k] Cout/g scales on
+    axis 1 (checked: 3 scales for Cout 6, group 2); move_dequantize tiles them per group.
+    (With a bias, onnxruntime 1.x's quantize_static fails on this model: it broadcasts the
+    (Cout,) bias against the (Cout/g,) scales — so the model has none.)"""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(F32)
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], group=2, strides=[2, 2],
+                            pads=[1, 1, 1, 1], output_padding=[1, 1])
+    graph = helper.make_graph(
+        [node], "deconv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 10, 10])],
+        [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    calib = [{"x": rng.standard_normal((1, 4, 5, 5)).astype(F32)} for _ in range(4)]
+    g = import_model(quantize(model, calib))
+    original = g.copy()
+    run_pipeline(g, until="eliminate_requantize")
+    deconv = next(n for n in g if n.op is Op.CONV_TRANSPOSE)
+    w_dq = original.producer(original.node(deconv.name).inputs[1])
+    x_dq = original.producer(original.node(deconv.name).inputs[0])
+    sw, sx = original.constant(w_dq.inputs[1]), original.constant(x_dq.inputs[1])
+    assert sw.shape == (3,) and w_dq.attrs.axis == 1
+    assert deconv.fused.chain[0] == Scale.of(F32(sx) * np.tile(sw, 2))
+    s_out = float(original.constant(original.producer("y").inputs[1]))
+    for f in calib:
+        share, most = lsb(reference(g, f)["y"], reference(original, f)["y"], s_out)
+        assert most <= 1 and share >= 0.999
