@@ -29,7 +29,7 @@ import numpy as np
 from ir.chain import Residual
 from ir.graph import Graph, Node
 from ir.ops import Op
-from runtime.reference.chain import apply_chain
+from runtime.reference.chain import apply_chain, apply_composed
 from runtime.reference.registry import IMPLS
 
 F32 = np.float32
@@ -75,8 +75,15 @@ def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
     raise ValueError(f"no fused reference for {node.op.value}")
 
 
-def evaluate_fused(node: Node, inputs: list[np.ndarray | None], graph: Graph) -> list[np.ndarray]:
-    """The output of fused ``node`` on its input arrays (in port order)."""
+def evaluate_fused(
+    node: Node, inputs: list[np.ndarray | None], graph: Graph, *, composed: bool = False
+) -> list[np.ndarray]:
+    """The output of fused ``node`` on its input arrays (in port order).
+
+    ``composed``: evaluate the oneDNN attributes the composer chose (``node.meta["composed"]``,
+    set by the compose_post_ops pass) the way oneDNN computes them, instead of the chain's
+    meaning — what the lowering must match bit for bit.
+    """
     fused = node.fused
     assert fused is not None, f"node {node} is not fused"
     acc = accumulate(node, inputs)
@@ -87,6 +94,8 @@ def evaluate_fused(node: Node, inputs: list[np.ndarray | None], graph: Graph) ->
             if r is None:
                 raise ValueError(f"residual input {item.port} is missing")
             residuals[item.port] = r
+    axis = channel_axis(node, acc.ndim)
+    if composed and "composed" in node.meta:
+        return [apply_composed(acc, node.meta["composed"], residuals, channel_axis=axis)]
     dst = graph.info(node.outputs[0]).dtype
-    return [apply_chain(acc, fused.chain, residuals, channel_axis=channel_axis(node, acc.ndim),
-                        dst_dtype=dst)]
+    return [apply_chain(acc, fused.chain, residuals, channel_axis=axis, dst_dtype=dst)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph
+from ir.graph import Graph, Node
 from runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
 from runtime.reference.fused import evaluate_fused
 from runtime.reference.registry import IMPLS
@@ -28,9 +28,13 @@ class EvaluationError(RuntimeError):
 
 
 def evaluate(
-    graph: Graph, feeds: dict[str, np.ndarray], *, keep: bool = False
+    graph: Graph, feeds: dict[str, np.ndarray], *, keep: bool = False, composed: bool = False
 ) -> dict[str, np.ndarray]:
-    """Run ``graph`` on ``feeds``; the graph outputs, or every non-constant value if ``keep``."""
+    """Run ``graph`` on ``feeds``; the graph outputs, or every non-constant value if ``keep``.
+
+    Fused nodes evaluate their post-op chain (runtime/reference/fused.py); with ``composed``
+    they evaluate the oneDNN attributes the composer recorded for them instead.
+    """
     env = _check_feeds(graph, feeds)
     for node in graph.topo_order():
         fn = IMPLS.get(node.op)
@@ -38,7 +42,7 @@ def evaluate(
             raise MissingImplError(f"node {node}: no reference implementation of {node.op.value}")
         args = [_read(graph, env, name) if name else None for name in node.inputs]
         try:
-            outs = evaluate_fused(node, args, graph) if node.fused else fn(node, args)
+            outs = run_node(node, args, graph, composed=composed)
             for name, array in zip(node.outputs, outs, strict=True):
                 env[name] = _conform(graph, name, array)
         except Exception as exc:
@@ -46,6 +50,15 @@ def evaluate(
     if keep:
         return env
     return {name: _read(graph, env, name) for name in graph.outputs}
+
+
+def run_node(
+    node: Node, args: list[np.ndarray | None], graph: Graph, *, composed: bool = False
+) -> list[np.ndarray]:
+    """One node on its input arrays: its op's function, or its fused chain."""
+    if node.fused:
+        return evaluate_fused(node, args, graph, composed=composed)
+    return IMPLS[node.op](node, args)
 
 
 def _read(graph: Graph, env: dict[str, np.ndarray], name: str) -> np.ndarray:

@@ -17,9 +17,7 @@ from ir.chain import Fused, Scale, Shift
 from ir.ops import ATTRS, ConvAttrs, FakeQuantizeAttrs
 from ir.shapes import infer_node
 from passes.base import PassContext, PassResult, run_pass
-from runtime.reference import IMPLS
-from runtime.reference.chain import apply_composed
-from runtime.reference.fused import accumulate, channel_axis, evaluate_fused
+from runtime.reference import evaluate
 
 F32 = np.float32
 RNG = np.random.default_rng(7)
@@ -135,25 +133,8 @@ def feeds_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def reference(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The graph's outputs; fused nodes through runtime/reference/fused.py."""
-    env: dict[str, np.ndarray] = dict(feeds)
-
-    def read(name: str) -> np.ndarray | None:
-        if not name:
-            return None
-        data = graph.constant(name)
-        return env[name] if data is None else data
-
-    for node in graph.topo_order():
-        args = [read(v) for v in node.inputs]
-        outs = (evaluate_fused(node, args, graph) if node.fused is not None
-                else IMPLS[node.op](node, args))
-        for name, array in zip(node.outputs, outs, strict=True):
-            info = graph.info(name)
-            cast = array.astype(info.dtype.np)
-            assert np.array_equal(cast.astype(array.dtype), array, equal_nan=True), name
-            env[name] = cast
-    return {name: env[name] for name in graph.outputs}
+    """The graph's outputs (fused nodes evaluate their chains)."""
+    return evaluate(graph, feeds)
 
 
 def run(module: Any, graph: Graph, ctx: PassContext | None = None) -> PassResult:
@@ -175,23 +156,4 @@ def reference_composed(graph: Graph, feeds: dict[str, np.ndarray], *,
                        keep: bool = False) -> dict[str, np.ndarray]:
     """Like ``reference``, but fused nodes evaluate ``node.meta["composed"]`` (what oneDNN is
     asked to compute, runtime/reference/chain.py ``apply_composed``) instead of their chain."""
-    env: dict[str, np.ndarray] = dict(feeds)
-
-    def read(name: str) -> np.ndarray | None:
-        if not name:
-            return None
-        data = graph.constant(name)
-        return env[name] if data is None else data
-
-    for node in graph.topo_order():
-        args = [read(v) for v in node.inputs]
-        if node.fused is not None:
-            acc = accumulate(node, args)
-            residuals = {p: a for p, a in enumerate(args) if a is not None}
-            outs = [apply_composed(acc, node.meta["composed"], residuals,
-                                   channel_axis=channel_axis(node, acc.ndim))]
-        else:
-            outs = IMPLS[node.op](node, args)
-        for name, array in zip(node.outputs, outs, strict=True):
-            env[name] = array.astype(graph.info(name).dtype.np)
-    return env if keep else {name: env[name] for name in graph.outputs}
+    return evaluate(graph, feeds, keep=keep, composed=True)

@@ -17,8 +17,8 @@ from ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from ir.ops import ATTRS, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from ir.shapes import infer_node
 from passes.base import PassContext, PassResult, run_pass
-from runtime.reference import IMPLS
-from runtime.reference.fused import evaluate_fused
+from runtime.reference import evaluate
+from runtime.reference.interpreter import run_node
 
 F32 = np.float32
 
@@ -119,25 +119,8 @@ def feeds(graph: Graph, seed: int = 0, spread: float = 1.0) -> dict[str, np.ndar
 
 def reference(graph: Graph, inputs: dict[str, np.ndarray],
               keep: bool = False) -> dict[str, np.ndarray]:
-    """The graph's outputs (every value if ``keep``); fused nodes via evaluate_fused."""
-    env: dict[str, np.ndarray] = dict(inputs)
-
-    def read(name: str) -> np.ndarray | None:
-        if not name:
-            return None
-        data = graph.constant(name)
-        return env[name] if data is None else data
-
-    for node in graph.topo_order():
-        args = [read(v) for v in node.inputs]
-        outs = (evaluate_fused(node, args, graph) if node.fused is not None
-                else IMPLS[node.op](node, args))
-        for name, array in zip(node.outputs, outs, strict=True):
-            dtype = graph.info(name).dtype.np
-            cast = array.astype(dtype)
-            assert np.array_equal(cast.astype(array.dtype), array, equal_nan=True), name
-            env[name] = cast
-    return env if keep else {name: env[name] for name in graph.outputs}
+    """The graph's outputs (every value if ``keep``); fused nodes evaluate their chains."""
+    return evaluate(graph, inputs, keep=keep)
 
 
 def lsb(a: np.ndarray, b: np.ndarray, scale: float) -> tuple[float, int]:
@@ -203,8 +186,6 @@ def forced(graph: Graph, inputs: dict[str, np.ndarray],
 
     for node in graph.topo_order():
         args = [read(v) for v in node.inputs]
-        outs = (evaluate_fused(node, args, graph) if node.fused is not None
-                else IMPLS[node.op](node, args))
-        for name, array in zip(node.outputs, outs, strict=True):
+        for name, array in zip(node.outputs, run_node(node, args, graph), strict=True):
             env[name] = array.astype(graph.info(name).dtype.np)
     return env

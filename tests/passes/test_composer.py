@@ -3,7 +3,9 @@ chains composed vs uncomposed.
 
 Tolerances: the composer folds constants (a·b computed once, in float64, stored as float32),
 so a value that lands within float32 rounding of a .5 tie can round the other way: at most
-1 LSB on the integer output, on a small share of elements. A chain with an inner
+1 LSB on the integer output, and only on elements whose exact value is near a tie (checked
+element by element with an independent float64 evaluation; power-of-two scales make exact
+ties common, so no fixed share of identical elements is promised). A chain with an inner
 quantization (round inside the chain) can flip that inner round too; the flip is then carried
 to the output scaled by (inner step / output step), which the generator keeps ≤ 1, so the
 bound there is 2 LSB (inner flip + final flip).
@@ -181,6 +183,43 @@ def chains(draw: st.DrawFn, inner_quantize: bool) -> tuple[list[ChainOp], DType]
     return chain, dtype
 
 
+def _near_ties(chain: list[ChainOp], acc: np.ndarray, res: dict[int, np.ndarray],
+               tol: float = 1e-3) -> np.ndarray:
+    """Elements whose exact (float64) evaluation puts some rounding step within ``tol`` levels
+    of a .5 tie: there float32 rounding of folded constants may pick either side. An
+    independent float64 evaluator of the chain's meaning, written for this test."""
+    x = acc.astype(np.float64)
+    near = np.zeros(acc.shape, bool)
+
+    def pc(values: tuple[float, ...]) -> np.ndarray:
+        v = np.asarray(values, np.float64)
+        return v.reshape(1, -1, 1, 1) if v.size > 1 else v.reshape(())
+
+    for item in chain:
+        if isinstance(item, Scale):
+            x = x * pc(item.values)
+        elif isinstance(item, Shift):
+            x = x + pc(item.values)
+        elif isinstance(item, PRelu):
+            x = np.where(x >= 0, x, x * pc(item.slopes))
+        elif isinstance(item, Residual):
+            x = x + item.scale * (res[item.port].astype(np.float64) - item.zero_point)
+        elif isinstance(item, Activation):
+            a, b = item.alpha, item.beta
+            x = {Act.RELU: lambda v: np.where(v > 0, v, v * a),
+                 Act.CLIP: lambda v: np.clip(v, a, b),
+                 Act.SIGMOID: lambda v: 1 / (1 + np.exp(-v)),
+                 Act.TANH: np.tanh,
+                 Act.HARD_SWISH: lambda v: v * np.clip(v * a + b, 0, 1)}[item.act](x)
+        elif isinstance(item, Quantize):
+            il, ih, ol, oh = (pc(v) for v in (item.input_low, item.input_high,
+                                              item.output_low, item.output_high))
+            level = (np.clip(x, il, ih) - il) / (ih - il) * (item.levels - 1)
+            near |= np.abs(level - np.floor(level) - 0.5) < tol
+            x = np.rint(level) / (item.levels - 1) * (oh - ol) + ol
+    return near
+
+
 def _check(chain: list[ChainOp], dtype: DType, options: ComposerOptions, bound: int) -> None:
     rng = np.random.default_rng(0)
     acc = rng.integers(-20000, 20000, size=(4, C, 6, 6)).astype(np.int32)
@@ -191,7 +230,7 @@ def _check(chain: list[ChainOp], dtype: DType, options: ComposerOptions, bound: 
     if dtype.is_integer:
         diff = np.abs(got.astype(np.int32) - ref.astype(np.int32))
         assert diff.max() <= bound, (composed, diff.max())
-        assert np.mean(diff == 0) >= 0.99
+        assert not np.any((diff != 0) & ~_near_ties(chain, acc, res)), composed
     else:
         np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max() + 1e-6)
 
