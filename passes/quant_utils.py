@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.graph import Graph, GraphError, Node
+from ir.graph import Graph, Node
 from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op
 from ir.shapes import infer_node
 from ir.types import DType, QuantParams, TensorInfo
+from passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
 
@@ -171,45 +172,8 @@ def infer_into(graph: Graph, node: Node) -> list[TensorInfo]:
 def rebuild(graph: Graph, remove: Sequence[Node], build: Callable[[], None]) -> None:
     """Remove the nodes ``remove`` and call ``build``, which must create nodes producing —
     under the same names — every output of the removed nodes that is read elsewhere (or is a
-    graph output). Those readers then read the new values; nothing else changes.
-
-    The readers are parked on one of the removed nodes' inputs while the old producers go
-    (a value can only be removed once nobody reads it), then moved back.
-    """
-    gone = {n.name for n in remove}
-    park = next((v for n in remove for v in n.inputs
-                 if v and (graph.producer(v) is None or graph.producer(v).name not in gone)),
-                None)
-    if park is None:
-        raise GraphError(f"rebuild of {[str(n) for n in remove]}: no value to park readers on")
-    saved: dict[str, tuple[list[tuple[Node, int]], list[int]]] = {}
-    for node in remove:
-        for out in node.outputs:
-            readers = [(c, p) for c, p in graph.consumers(out) if c.name not in gone]
-            slots = [i for i, v in enumerate(graph.outputs) if v == out]
-            saved[out] = (readers, slots)
-            for consumer, port in readers:
-                graph.set_input(consumer, port, park)
-            for i in slots:
-                graph.outputs[i] = park
-    pending = list(remove)
-    while pending:
-        free = [n for n in pending if not any(graph.uses(o) for o in n.outputs)]
-        if not free:
-            raise GraphError(f"rebuild: nodes {[str(n) for n in pending]} are still read")
-        for node in free:
-            graph.remove_node(node)
-            pending.remove(node)
-    build()
-    for out, (readers, slots) in saved.items():
-        if not readers and not slots:
-            continue
-        if out not in graph.values:
-            raise GraphError(f"rebuild: the new nodes do not produce '{out}'")
-        for consumer, port in readers:
-            graph.set_input(consumer, port, out)
-        for i in slots:
-            graph.outputs[i] = out
+    graph output). Those readers then read the new values (passes/replace.py)."""
+    replace_nodes(graph, remove, build)
 
 
 def remove_if_unused(graph: Graph, node: Node) -> bool:
