@@ -110,6 +110,10 @@ class Quantize:
     output_high: tuple[float, ...]
     levels: int
     dtype: DType
+    # The quantized output's own per-tensor scale (its QuantParams) when known. It equals
+    # (ih - il)/(levels - 1) up to float32 rounding; the composer uses it as the dst scale so
+    # that oneDNN is given the model's scale exactly, not a value 1 ulp away.
+    scale: float | None = None
 
 
 ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize

@@ -29,7 +29,8 @@ quantization step, and rarely):
 - drop_round_clip: the last round and a clip whose range covers the dst type's range are what
   oneDNN's store already does (rint + saturate), so they are dropped.
 - dst_zero_point / dst_scale: a trailing per-tensor  ·v  then  +z  (z integer) before the store
-  are the dst scale 1/v and dst zero point z.
+  are the dst scale 1/v and dst zero point z (when ·v is a quantize with a known scale s, the
+  dst scale is s itself, as the model states it).
 - mul_to_weight_scales: first multiply before any post-op: acc·w·v = acc·(w·v); with a bias
   already set, (acc·w + b)·v = acc·(w·v) + b·v.
 - add_to_bias: an add before any post-op goes into the bias: acc·w + b + a.
@@ -100,6 +101,8 @@ class ComposerOptions:
 @dataclass(frozen=True)
 class Mul:
     values: np.ndarray  # shape (1,) or (C,)
+    # Set when this multiply is 1/s of a quantization with the known scale s.
+    inverse_of: float | None = None
 
 
 @dataclass(frozen=True)
@@ -232,7 +235,8 @@ def _quantize_to_basic(q: Quantize, options: ComposerOptions, fired: list[str]) 
     if options.on("quantize_clip_after_round") and np.all(ih > il):
         fired.append("quantize_clip_after_round")
         lo, hi = np.zeros(1), np.full(1, float(steps))
-        ops: list[Basic] = [Mul(_f32(isc)), Add(_f32(ish)), Round()]
+        known = q.scale if q.scale is not None and isc.size == 1 else None
+        ops: list[Basic] = [Mul(_f32(isc), inverse_of=known), Add(_f32(ish)), Round()]
         single_ol = np.unique(ol).size == 1
         if (options.on("fold_output_shift") and np.all(osc == 1.0) and single_ol
                 and float(ol.flat[0]).is_integer() and float(ol.flat[0]) % 2 == 0):
@@ -316,7 +320,9 @@ def _take_store(
         out.fired.append("dst_zero_point")
     if (options.on("dst_scale") and ops and isinstance(ops[-1], Mul)
             and ops[-1].values.size == 1 and float(ops[-1].values[0]) != 0.0):
-        out.dst_scale = float(np.float32(1.0 / np.float64(ops[-1].values[0])))
+        last = ops[-1]
+        out.dst_scale = (last.inverse_of if last.inverse_of is not None
+                         else float(np.float32(1.0 / np.float64(last.values[0]))))
         ops = ops[:-1]
         out.fired.append("dst_scale")
     return ops

@@ -344,7 +344,8 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
         if values is None:
             raise _Stop(fq, f"post-op: {fq}: range input {port} {why}")
         ranges.append(tuple(float(v) for v in values))
-    item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype)
+    known = out_info.quant.scale[0] if out_info.quant and out_info.quant.per_tensor else None
+    item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known)
     return state.extended([item], fq, info=out_info, pending=False)
 
 

@@ -245,8 +245,9 @@ def move_pool(graph: Graph, op: Node) -> str | bool:
     il, ih, ol, oh = (tuple(float(v) for v in channel_vector(graph.constant(r), rank, axis,
                                                               channels))
                       for r in fq.inputs[1:5])
-    dtype, _ = q
-    chain = [Scale.of(p.scale), Quantize(il, ih, ol, oh, fq.attrs.levels, dtype)]
+    dtype, out_quant = q
+    known = out_quant.scale[0] if out_quant.per_tensor else None
+    chain = [Scale.of(p.scale), Quantize(il, ih, ol, oh, fq.attrs.levels, dtype, scale=known)]
     absorbed = list(dq.origin) + list(fq.origin)
     fused = Fused(chain=chain, src_zero_point=zx, absorbed=absorbed)
     final, info, name = fq.outputs[0], graph.info(fq.outputs[0]), op.name
