@@ -1,0 +1,138 @@
+"""``--emulate onnxruntime`` against onnxruntime's own optimized session, bit for bit.
+
+ONNX Runtime's default graph optimizations turn DQ -> Conv -> Q into QLinearConv (NHWC),
+DQ -> Add -> Q into QLinearAdd, pools into QLinearAveragePool / QLinearGlobalAveragePool,
+Gemm into QGemm and MatMul into QLinearMatMul; each test checks the fusion really happened (in
+the optimized model ORT writes) before comparing. Tolerance: 0 LSB, 100 % identical.
+
+On the zoo models every quantized tensor is added as a graph output (the fusions still happen:
+a fused node writes the Q's output name). Two checks:
+
+- *local*: every tensor the emulator computes with an integer kernel, recomputed from ORT's own
+  quantized inputs, equals ORT's tensor — each kernel is exact, independent of upstream
+  differences;
+- *end to end*: the emulated model equals ORT up to the first tensor that ORT computes in
+  float with its own kernels. Where ORT's optimizer leaves float ops, its float code is not
+  the reference interpreter's float: the transformer's Softmax (QLinearSoftmax, a lookup table
+  of exp), LayerNormalization and Gelu. Those tensors differ by 1 LSB in a few % of elements,
+  and what follows differs because its inputs do; the test pins where the first divergence
+  is. (unet's Resize stays float in ORT too; the reference's linear Resize follows ORT's float32
+  kernel bit for bit, so unet is identical end to end.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from compiler.api import import_graph
+from examples import zoo
+from runtime.emulate import emulate, plan
+from tests.runtime.emulate_models import ConvCase, qdq_add, qdq_conv
+
+CONV_CASES = {
+    "regular_3x3": ConvCase(8, 16, 3, pad=1),
+    "regular_per_tensor": ConvCase(8, 16, 3, pad=1, per_channel=False),
+    "depthwise_3x3": ConvCase(16, 16, 3, group=16, pad=1),
+    "pointwise_1x1": ConvCase(16, 24, 1),
+    "grouped_3x3": ConvCase(8, 12, 3, group=4, pad=1),
+    "strided_5x5": ConvCase(6, 10, 5, pad=2, stride=2),
+    "relu_zp0": ConvCase(8, 16, 3, pad=1, relu=True),
+}
+
+
+def _ort(model: onnx.ModelProto, tmp_path: Path) -> tuple[ort.InferenceSession, set[str]]:
+    """A default-options session and the op types of the model ORT optimized."""
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx"))
+    return session, {n.op_type for n in optimized.graph.node}
+
+
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_single_conv_bit_exact(case: str, seed: int, tmp_path: Path) -> None:
+    model, feeds = qdq_conv(CONV_CASES[case], seed)
+    session, ops = _ort(model, tmp_path)
+    assert "QLinearConv" in ops and "Conv" not in ops, ops
+    want = session.run(None, feeds)[0]
+    graph = import_graph(model)
+    (decision,) = plan(graph, "onnxruntime")
+    assert decision.integer, decision.how
+    got = emulate(graph, feeds, "onnxruntime")["y"]
+    assert len(np.unique(want)) > 50  # the data spreads over many output levels
+    assert got.dtype == want.dtype and np.array_equal(got, want), (
+        f"{int((got != want).sum())} of {got.size} differ")
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_single_add_bit_exact(seed: int, tmp_path: Path) -> None:
+    model, feeds = qdq_add(seed)
+    session, ops = _ort(model, tmp_path)
+    assert "QLinearAdd" in ops, ops
+    want = session.run(None, feeds)[0]
+    got = emulate(import_graph(model), feeds, "onnxruntime")["y"]
+    assert np.array_equal(got, want), f"{int((got != want).sum())} of {got.size} differ"
+
+
+# The first tensor, per zoo model, where the emulation departs from ORT, and the op ORT runs in
+# float there (None: every tensor identical). See the module docstring.
+FIRST_DIVERGENCE_OP = {
+    "resnet": None,
+    "mobilenetv2": None,
+    "inception": None,
+    "unet": None,
+    "vgg": None,
+    "shufflenet": None,
+    "transformer": "Softmax",
+}
+
+
+@pytest.mark.parametrize("name", zoo.SMALL_ARCHITECTURES)
+def test_zoo_quantized_tensors(name: str, tmp_path: Path) -> None:
+    path = zoo.model_path(name, quantized=True)
+    graph = import_graph(path)
+    decisions = plan(graph, "onnxruntime")
+    model = onnx.load(str(path))
+    declared = {o.name for o in model.graph.output}
+    for d in decisions:
+        if d.tensor not in declared:
+            model.graph.output.append(
+                onnx.helper.make_tensor_value_info(d.tensor, onnx.TensorProto.UINT8, None))
+    session, ops = _ort(model, tmp_path)
+    assert "QLinearConv" in ops or "QGemm" in ops
+    feeds = zoo.sample_inputs(path, 1, seed=11)[0]
+    theirs = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds),
+                      strict=True))
+    assert all(d.tensor in theirs for d in decisions)
+
+    def read(value: str) -> np.ndarray:
+        const = graph.constant(value)
+        return const if const is not None else theirs.get(value, feeds.get(value))
+
+    integer = [d for d in decisions if d.integer]
+    assert integer, "no pattern was emulated in integers"
+    for d in integer:
+        assert d.prepared is not None
+        local = d.prepared.run(read)
+        assert np.array_equal(local, theirs[d.tensor]), (
+            f"{d.tensor} ({d.how}): {int((local != theirs[d.tensor]).sum())} elements differ "
+            f"with ORT's own inputs")
+
+    ours = emulate(graph, feeds, "onnxruntime", decisions=decisions)
+    diverging = [d for d in decisions if not np.array_equal(ours[d.tensor], theirs[d.tensor])]
+    expected_op = FIRST_DIVERGENCE_OP[name]
+    if expected_op is None:
+        assert not diverging, [d.tensor for d in diverging]
+        return
+    first = diverging[0]
+    assert not first.integer and graph.node(first.layer).op.value == expected_op, first
+    lsb = np.abs(ours[first.tensor].astype(int) - theirs[first.tensor].astype(int))
+    assert lsb.max() == 1 and np.mean(lsb == 0) > 0.9
