@@ -1,18 +1,21 @@
 """Compute ops: Conv, ConvTranspose, Gemm, MatMul, pooling, normalizations, Softmax.
 
-Precision: float inputs are accumulated in float64 (the dot products, the window sums, the
-means and variances) and the result is rounded once to float32. The reference is then the
-exact value to within about one float32 rounding, independent of summation order; ONNX Runtime
-accumulates in float32, and the tests bound the gap at ``|diff| <= 1e-5 * max(1, |ref|)``.
-Integer Conv / ConvTranspose / MatMul (int8 compute nodes) accumulate exactly in int64 and
-return int32.
+Precision. Conv, ConvTranspose, Gemm, MatMul and BatchNormalization on floats accumulate in
+float64 and round once to float32: the exact value to within one float32 rounding, independent
+of summation order. ONNX Runtime sums these in float32 (MLAS SGEMM: one FMA chain per output
+along k, cut into k-blocks whose length MLAS derives from the share of N each thread gets, so it
+changes with the thread count): it differs by a few float32 ulps, and the tests bound the gap at
+``|diff| <= 1e-5 * max(1, |ref|)``. AveragePool, GlobalAveragePool (ops_pool.py),
+LayerNormalization and Softmax (ops_mlas.py) compute in float32 in exactly the order of ONNX
+Runtime's CPU kernels, and so give its bits. Integer Conv / ConvTranspose / MatMul (int8
+compute nodes) accumulate exactly in int64 and return int32.
 
 Sliding windows (Conv, pooling): with the dilated kernel ``ek = (k-1)·d + 1``, output ``o`` of
 a spatial dim reads the padded input at ``o·s + j·d`` for taps ``j < k``;
 ``out = floor((in + pad_begin + pad_end - ek) / s) + 1`` (``ceil`` in pooling's ceil_mode, minus
 one when the last window would start inside the end padding, as ONNX Runtime and PyTorch do).
 Pooling windows of ceil_mode that run past the end padding read nothing there: MaxPool ignores
-those taps, AveragePool counts neither them nor (unless count_include_pad) the padding.
+those taps; what AveragePool divides by is ONNX Runtime's rule (ops_pool.py).
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from ir.ops import (
     Op,
     PoolAttrs,
 )
+from runtime.reference.ops_mlas import layer_norm_rows, softmax_last_axis
+from runtime.reference.ops_pool import average_pool, global_average_pool
 from runtime.reference.registry import Arrays, impl, need, opt
 
 F32 = np.float32
@@ -183,41 +188,24 @@ def max_pool(node: Node, args: Arrays) -> list[np.ndarray]:
     return [cols.max(axis=tuple(range(-n, 0)))]
 
 
-def _tap_counts(size: int, begin: int, end: int, extra: int, k: int, s: int, d: int,
-                out: int, with_pads: bool) -> np.ndarray:
-    """Per output position of one dim: the taps that read the input (and the pads, if asked)."""
-    counted = np.zeros(begin + size + end + extra, dtype=np.int64)
-    counted[(0 if with_pads else begin):begin + size + (end if with_pads else 0)] = 1
-    taps = np.arange(out)[:, None] * s + np.arange(k)[None, :] * d
-    return counted[taps].sum(axis=1)
-
-
 @impl(Op.AVG_POOL)
 def avg_pool(node: Node, args: Arrays) -> list[np.ndarray]:
+    """float32, in ONNX Runtime's CPU kernel order (ops_pool.py)."""
     attrs: PoolAttrs = node.attrs
     x = need(args, 0)
     if x.dtype != F32:
         raise ValueError(f"AveragePool reads float32, got {x.dtype}")
-    outs, extra = _pool_shape(x, attrs)
-    n = len(outs)
-    xp = np.pad(x.astype(np.float64), _spatial_pads(attrs.pads, extra))
-    sums = _windows(xp, attrs.kernel_shape, attrs.strides, attrs.dilations, outs)
-    sums = sums.sum(axis=tuple(range(-n, 0)))
-    count = np.ones((), dtype=np.int64)
-    for i in range(n):
-        per_dim = _tap_counts(x.shape[2 + i], attrs.pads[i], attrs.pads[n + i], extra[i],
-                              attrs.kernel_shape[i], attrs.strides[i], attrs.dilations[i],
-                              outs[i], attrs.count_include_pad)
-        count = np.multiply.outer(count, per_dim)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return [(sums / count).astype(F32)]
+    outs, _ = _pool_shape(x, attrs)
+    return [average_pool(x, attrs, outs)]
 
 
 @impl(Op.GLOBAL_AVG_POOL)
 def global_avg_pool(node: Node, args: Arrays) -> list[np.ndarray]:
+    """float32, MLAS's four-lane sum (ops_pool.py)."""
     x = need(args, 0)
-    spatial = tuple(range(2, x.ndim))
-    return [x.astype(np.float64).mean(axis=spatial, keepdims=True).astype(x.dtype)]
+    if x.dtype != F32:
+        raise ValueError(f"GlobalAveragePool reads float32, got {x.dtype}")
+    return [global_average_pool(x)]
 
 
 @impl(Op.BATCH_NORM)
@@ -235,24 +223,28 @@ def batch_norm(node: Node, args: Arrays) -> list[np.ndarray]:
 def layer_norm(node: Node, args: Arrays) -> list[np.ndarray]:
     """Normalize over dims axis..rank-1: ``(x - mean) / sqrt(var + eps) · scale + bias``.
 
-    Extra outputs, when the node has them, are ONNX's Mean and InvStdDev (kept dims)."""
+    float32 in ONNX Runtime's order (ops_mlas.py). Extra outputs, when the node has them, are
+    ONNX's Mean and InvStdDev (kept dims)."""
     attrs: LayerNormAttrs = node.attrs
     x, scale, bias = need(args, 0), need(args, 1), opt(args, 2)
+    if x.dtype != F32:
+        raise ValueError(f"LayerNormalization reads float32, got {x.dtype}")
     axis = attrs.axis + x.ndim if attrs.axis < 0 else attrs.axis
-    dims = tuple(range(axis, x.ndim))
-    x64 = x.astype(np.float64)
-    mean = x64.mean(axis=dims, keepdims=True)
-    inv_std = 1.0 / np.sqrt(((x64 - mean) ** 2).mean(axis=dims, keepdims=True) + attrs.epsilon)
-    y = (x64 - mean) * inv_std * scale.astype(np.float64)
-    if bias is not None:
-        y = y + bias.astype(np.float64)
-    return [y.astype(F32), mean.astype(F32), inv_std.astype(F32)][:len(node.outputs)]
+    rows = x.reshape(int(np.prod(x.shape[:axis], dtype=np.int64)), -1)
+    flat_bias = None if bias is None else np.broadcast_to(bias, x.shape[axis:]).reshape(-1)
+    y, mean, inv_std = layer_norm_rows(rows, np.broadcast_to(scale, x.shape[axis:]).reshape(-1),
+                                       flat_bias, attrs.epsilon)
+    kept = x.shape[:axis] + (1,) * (x.ndim - axis)
+    return [y.reshape(x.shape), mean.reshape(kept), inv_std.reshape(kept)][:len(node.outputs)]
 
 
 @impl(Op.SOFTMAX)
 def softmax(node: Node, args: Arrays) -> list[np.ndarray]:
-    """Opset-13 Softmax along one axis: ``exp(x - max) / sum(exp(x - max))``."""
+    """Opset-13 Softmax along one axis: ``exp(x - max) / sum(exp(x - max))``, float32 in
+    ONNX Runtime's order (ops_mlas.py)."""
     attrs: AxisAttrs = node.attrs
-    x = need(args, 0).astype(np.float64)
-    e = np.exp(x - x.max(axis=attrs.axis, keepdims=True))
-    return [(e / e.sum(axis=attrs.axis, keepdims=True)).astype(F32)]
+    x = need(args, 0)
+    if x.dtype != F32:
+        raise ValueError(f"Softmax reads float32, got {x.dtype}")
+    y = softmax_last_axis(np.moveaxis(x, attrs.axis, -1))
+    return [np.ascontiguousarray(np.moveaxis(y, -1, attrs.axis))]

@@ -18,13 +18,28 @@ input coordinate, in float32:
     tf_half_pixel_for_nearest   (o + 0.5) / sc
     half_pixel_symmetric  in/2 · (1 - out/(in·sc)) + (o + 0.5) / sc - 0.5
 
-nearest picks round_prefer_floor / round_prefer_ceil / floor / ceil of it, clamped to
-[0, in-1]; linear clamps the coordinate to [0, in-1] and interpolates between floor and floor+1
-(dim by dim, which is N-linear interpolation; bilinear on the last two dims is a special case).
+When no dim changes size the input is copied (ONNX Runtime does too). nearest leaves a dim of
+scale 1 and unchanged size alone and elsewhere picks round_prefer_floor / round_prefer_ceil /
+floor / ceil of the coordinate, clamped to [0, in-1].
+
+linear is bit-exact with ONNX Runtime's float32 kernel (``upsample.cc``
+``SetupUpsampleBilinear`` / ``UpsampleBilinear`` / ``UpsampleTrilinear``; checked by
+tests/runtime/test_reference_ort_kernels.py). Per interpolated axis, in float32: ``c`` = the
+coordinate (``o`` itself when the axis's scale is exactly 1) clamped to [0, in-1],
+``lo = min(int(c), in-1)``, ``hi = min(lo+1, in-1)``, ``w_lo = |c - hi|``, ``w_hi = |c - lo|``
+(both 0.5 when lo == hi; ``1 - frac`` would round differently). The output is the sum over
+the 2^m corners, the last axis varying fastest, of ``(w_last · ... · w_first) · x[corner]``,
+added left to right — bilinear: ``dx2·dy2·X11 + dx1·dy2·X21 + dx2·dy1·X12 + dx1·dy1·X22``.
+The axes interpolated together are ONNX Runtime's: all of a rank-2 or rank-3 input, dims 2-3
+of a rank-4 input whose first two scales are 1 (dims 1-2 if the first and last are), dims 2-4
+of a rank-5 input; an axis of scale 1 among them still contributes its (0/1 or 0.5/0.5)
+weights. Other layouts, which ONNX Runtime rejects, interpolate every axis that changes, by the
+same formula.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -173,6 +188,57 @@ def _nearest(coords: np.ndarray, mode: str, size: int) -> np.ndarray:
     return np.clip(index, 0, size - 1).astype(np.int64)
 
 
+def _linear_axes(scales: list[np.float32], rank: int) -> tuple[int, ...] | None:
+    """The axes ONNX Runtime interpolates together (upsample.cc), or None if it has no kernel."""
+    one = [s == F32(1) for s in scales]
+    if rank in (2, 3):
+        return tuple(range(rank))
+    if rank == 4 and one[0] and one[1]:
+        return (2, 3)
+    if rank == 4 and one[0] and one[3]:
+        return (1, 2)
+    if rank == 5 and one[0] and one[1]:
+        return (2, 3, 4)
+    return None
+
+
+def _linear_taps(mode: str, out: int, size: int, scale: np.float32) -> tuple[np.ndarray, ...]:
+    """``SetupUpsampleBilinear`` for one axis: low / high index and their float32 weights."""
+    coords = np.arange(out, dtype=F32)
+    if scale != F32(1):
+        coords = _source_coords(mode, out, size, scale)
+    coords = np.maximum(F32(0), np.minimum(coords, F32(size - 1)))
+    low = np.minimum(coords.astype(np.int64), size - 1)
+    high = np.minimum(low + 1, size - 1)
+    w_low = np.abs(coords - high.astype(F32))  # ORT's d2 weighs the low tap
+    w_high = np.abs(coords - low.astype(F32))
+    same = low == high
+    return (low, high, np.where(same, F32(0.5), w_low).astype(F32),
+            np.where(same, F32(0.5), w_high).astype(F32))
+
+
+def _resize_linear(x: np.ndarray, attrs: ResizeAttrs, scales: list[np.float32]) -> np.ndarray:
+    """Bi-/trilinear Resize in float32, term by term as ONNX Runtime (ops_shape docstring)."""
+    axes = _linear_axes(scales, x.ndim)
+    if axes is None:
+        axes = tuple(i for i, (size, out) in enumerate(zip(x.shape, attrs.sizes))
+                     if out != size or scales[i] != F32(1))
+    taps = {a: _linear_taps(attrs.coordinate_transformation_mode, attrs.sizes[a], x.shape[a],
+                            scales[a]) for a in axes}
+    y = None
+    # Corners with the last axis varying fastest; weight = w_last · ... · w_first, left to right.
+    for corner in itertools.product((0, 1), repeat=len(axes)):
+        picked, weight = x, None
+        for a, bit in zip(axes, corner):
+            picked = np.take(picked, taps[a][bit], axis=a)
+        for a, bit in reversed(list(zip(axes, corner))):
+            w = taps[a][2 + bit].reshape((-1,) + (1,) * (x.ndim - a - 1))
+            weight = w if weight is None else weight * w
+        term = weight * picked
+        y = term if y is None else y + term
+    return x.copy() if y is None else y
+
+
 @impl(Op.RESIZE)
 def resize(node: Node, args: Arrays) -> list[np.ndarray]:
     attrs: ResizeAttrs = node.attrs
@@ -181,20 +247,18 @@ def resize(node: Node, args: Arrays) -> list[np.ndarray]:
         raise ValueError(f"{len(attrs.sizes)} output sizes for a rank-{x.ndim} input")
     if attrs.mode is ResizeMode.LINEAR and x.dtype != F32:
         raise ValueError(f"linear Resize reads float32, got {x.dtype}")
+    if tuple(attrs.sizes) == x.shape:
+        return [x.copy()]  # ONNX Runtime copies when no dim changes size, whatever the scales
+    scales = [F32(attrs.scales[a]) if attrs.scales else F32(out) / F32(size)
+              for a, (size, out) in enumerate(zip(x.shape, attrs.sizes))]
+    if attrs.mode is ResizeMode.LINEAR:
+        return [np.ascontiguousarray(_resize_linear(x, attrs, scales), dtype=F32)]
     y = x
     for axis, (size, out) in enumerate(zip(x.shape, attrs.sizes)):
-        scale = F32(attrs.scales[axis]) if attrs.scales else F32(out) / F32(size)
-        if out == size and scale == F32(1):
+        if out == size and scales[axis] == F32(1):
             continue
-        coords = _source_coords(attrs.coordinate_transformation_mode, out, size, scale)
-        if attrs.mode is ResizeMode.NEAREST:
-            y = np.take(y, _nearest(coords, attrs.nearest_mode, size), axis=axis)
-            continue
-        coords = np.clip(coords, F32(0), F32(size - 1))
-        low = np.floor(coords).astype(np.int64)
-        high = np.minimum(low + 1, size - 1)
-        frac = (coords - low.astype(F32)).reshape((-1,) + (1,) * (x.ndim - axis - 1))
-        y = np.take(y, low, axis=axis) * (F32(1) - frac) + np.take(y, high, axis=axis) * frac
+        coords = _source_coords(attrs.coordinate_transformation_mode, out, size, scales[axis])
+        y = np.take(y, _nearest(coords, attrs.nearest_mode, size), axis=axis)
     return [np.array(y, dtype=x.dtype, copy=True)]
 
 

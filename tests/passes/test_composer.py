@@ -206,11 +206,17 @@ def _near_ties(chain: list[ChainOp], acc: np.ndarray, res: dict[int, np.ndarray]
             x = x + item.scale * (res[item.port].astype(np.float64) - item.zero_point)
         elif isinstance(item, Activation):
             a, b = item.alpha, item.beta
-            x = {Act.RELU: lambda v: np.where(v > 0, v, v * a),
-                 Act.CLIP: lambda v: np.clip(v, a, b),
-                 Act.SIGMOID: lambda v: 1 / (1 + np.exp(-v)),
-                 Act.TANH: np.tanh,
-                 Act.HARD_SWISH: lambda v: v * np.clip(v * a + b, 0, 1)}[item.act](x)
+            if item.act is Act.RELU:
+                x = np.where(x > 0, x, x * a)
+            elif item.act is Act.CLIP:
+                x = np.clip(x, a, b)
+            elif item.act is Act.SIGMOID:
+                x = 1 / (1 + np.exp(-x))
+            elif item.act is Act.TANH:
+                x = np.tanh(x)
+            else:
+                assert item.act is Act.HARD_SWISH
+                x = x * np.clip(x * a + b, 0, 1)
         elif isinstance(item, Quantize):
             il, ih, ol, oh = (pc(v) for v in (item.input_low, item.input_high,
                                               item.output_low, item.output_high))
