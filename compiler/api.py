@@ -18,6 +18,7 @@ import onnx
 
 from compiler.onnx_import import import_model
 from ir import Graph
+from passes.composer import ComposerOptions
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,19 @@ def import_graph(
 
 @dataclass
 class CompiledModel:
-    """A model ready to run; ``inputs``/``outputs`` are tensor names in the model's order."""
+    """A model ready to run; ``inputs``/``outputs`` are tensor names in the model's order.
+
+    ``graph`` is the imported graph (the model's interface); for the oneDNN modes
+    ``compiled_graph`` is the graph after the passes and ``plan`` the lowered Plan.
+    """
 
     graph: Graph
     mode: str
     _runner: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
     details: dict[str, Any] = field(default_factory=dict)
+    compiled_graph: Graph | None = None
+    plan: Any = None
+    executor: Any = None
 
     @property
     def inputs(self) -> list[str]:
@@ -55,7 +63,14 @@ class CompiledModel:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._runner(feeds)
 
+    def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every value the plan materializes (by name), for comparisons; oneDNN modes only."""
+        if self.executor is None:
+            raise NotImplementedError(f"mode {self.mode!r} has no plan to read values from")
+        return self.executor.run_all(feeds)
+
     def inspect(self) -> dict[str, Any]:
+        """JSON-able description (DESIGN.md `qfuse inspect --json`)."""
         return dict(self.details)
 
 
@@ -65,8 +80,9 @@ def compile_model(
     mode: str = "fused",
     threads: int | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
+    composer: ComposerOptions | None = None,
 ) -> CompiledModel:
-    """Compile ``model`` for ``mode`` (one of MODES)."""
+    """Compile ``model`` for ``mode`` (one of MODES); ``threads``: oneDNN's thread count."""
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     graph = import_graph(model, input_shapes=input_shapes)
@@ -74,10 +90,29 @@ def compile_model(
         from runtime.reference import evaluate
 
         return CompiledModel(graph, mode, lambda feeds: evaluate(graph, feeds))
-    raise NotImplementedError(
-        f"mode {mode!r} needs the oneDNN lowering, which is not built yet; "
-        "use mode='reference'"
-    )
+    from compiler.lower import Options, lower
+    from compiler.modes import run_passes
+    from passes.base import PassContext
+    from runtime.executor import Executor
+
+    work = graph.copy()
+    ctx = PassContext(composer=composer or ComposerOptions())
+    results = run_passes(work, mode, ctx)
+    plan = lower(work, Options(mode=mode, composer=ctx.composer))
+    executor = Executor(plan, threads)
+    details = {"mode": mode, **plan.inspect(), "not_fused": _not_fused(work, results),
+               "passes": {r.name: r.changed for r in results}}
+    return CompiledModel(graph, mode, executor.run, details, work, plan, executor)
+
+
+def _not_fused(graph: Graph, results: list[Any]) -> list[dict[str, str]]:
+    """compiler/fusion_report.not_fused when present; else every unfused node."""
+    try:
+        from compiler.fusion_report import not_fused
+    except ImportError:
+        return [{"node": n.name, "op": n.op.value, "reason": "no pass matched"}
+                for n in graph.topo_order() if n.fused is None]
+    return not_fused(graph, results)
 
 
 def random_inputs(model: CompiledModel, seed: int = 0) -> dict[str, np.ndarray]:

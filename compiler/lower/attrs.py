@@ -1,0 +1,151 @@
+"""A composer result (passes/composer.py ``Composed``) → oneDNN primitive attributes.
+
+oneDNN 3.x (ONEDNN_NOTES.md), which ``runtime/reference/chain.apply_composed`` models:
+
+    x   = f32(acc)·wei_scale[oc] + bias[oc]
+    x   = post_op_n(… post_op_0(x))
+    dst = saturate(rint(x·f32(1/dst_scale) + dst_zp))       (integer dst)
+
+Mapping: ``wei_scales`` → ATTR_SCALES|WEIGHTS (mask 0, or the per-channel mask the caller gives:
+conv 1, grouped conv 3, matmul 1<<(ndims-1)); ``dst_scale`` / ``dst_zero_point`` →
+ATTR_SCALES|DST / ATTR_ZERO_POINTS|DST (mask 0); the src (and matmul weight) zero points →
+ATTR_ZERO_POINTS (mask 0). Post-ops: Eltwise → eltwise; Binary → binary with a constant src1 of
+dims {1, C, 1, 1} (conv) or {1, …, N} (matmul); Prelu → prelu (mask 1<<channel_axis, or 0).
+
+Sum (the residual ``x = scale·(r - zp) + x``) reads the dst memory as ``r``'s data type, which
+oneDNN requires to have the dst's size. When it has not (f32 residual into an int8 dst, or an
+int8 residual into an f32 dst) the residual becomes a binary add of a full-size f32 tensor
+instead: ``residual_f32(port, scale, zp)`` gives the slot of ``scale·(r - zp)`` in f32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from compiler.lower.layouts import const_memory
+from passes.composer import Binary, Composed, Eltwise, Prelu, Sum
+from runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
+
+F32 = np.float32
+DTYPE_SIZE = {DataType.f32: 4, DataType.s32: 4, DataType.s8: 1, DataType.u8: 1}
+
+
+@dataclass
+class BuiltAttr:
+    attr: PrimitiveAttr
+    fixed: dict[int, Memory] = field(default_factory=dict)  # scales, zero points, operands
+    slot_args: dict[int, str] = field(default_factory=dict)  # full-tensor binary residuals
+    sum_port: int | None = None  # residual read in place through the sum post-op
+    names: list[str] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)
+
+
+def per_channel_dims(ndims: int, axis: int, channels: int) -> tuple[int, ...]:
+    dims = [1] * ndims
+    dims[axis] = channels
+    return tuple(dims)
+
+
+def channel_array(values: np.ndarray, ndims: int, axis: int, channels: int) -> np.ndarray:
+    v = np.asarray(values, F32).ravel()
+    if v.size == 1:
+        v = np.full(channels, v[0], F32)
+    return np.ascontiguousarray(v.reshape(per_channel_dims(ndims, axis, channels)))
+
+
+def build_attr(
+    composed: Composed,
+    *,
+    ndims: int,
+    channel_axis: int,
+    wei_mask: int,
+    dst_type: DataType,
+    src_zp: int = 0,
+    wei_zp: int = 0,
+    residual_type: Callable[[int], DataType] | None = None,
+    residual_f32: Callable[[int, float, int], tuple[str, MemoryDesc]] | None = None,
+    scales: bool = True,
+) -> BuiltAttr:
+    """Attributes for an int8 (or, with ``scales=False``, float) compute primitive."""
+    attr = PrimitiveAttr()
+    built = BuiltAttr(attr)
+    fixed = built.fixed
+    channels = composed.channels
+    if scales and (composed.wei_scales.size > 1 or float(composed.wei_scales[0]) != 1.0):
+        mask = wei_mask if composed.wei_scales.size > 1 else 0
+        attr.set_scales_mask(Arg.WEIGHTS, mask)
+        fixed[Arg.scales(Arg.WEIGHTS)] = Memory.scales(composed.wei_scales.astype(F32))
+    if src_zp:
+        attr.set_zero_points_mask(Arg.SRC, 0)
+        fixed[Arg.zero_points(Arg.SRC)] = Memory.zero_points(src_zp)
+    if wei_zp:
+        attr.set_zero_points_mask(Arg.WEIGHTS, 0)
+        fixed[Arg.zero_points(Arg.WEIGHTS)] = Memory.zero_points(wei_zp)
+    if dst_type in (DataType.u8, DataType.s8, DataType.s32):
+        if composed.dst_scale is not None and composed.dst_scale != 1.0:
+            attr.set_scales_mask(Arg.DST, 0)
+            fixed[Arg.scales(Arg.DST)] = Memory.scales(composed.dst_scale)
+        if composed.dst_zero_point:
+            attr.set_zero_points_mask(Arg.DST, 0)
+            fixed[Arg.zero_points(Arg.DST)] = Memory.zero_points(composed.dst_zero_point)
+    post_ops = PostOps()
+    for index, op in enumerate(composed.post_ops):
+        if isinstance(op, Eltwise):
+            post_ops.append_eltwise(Alg[f"eltwise_{op.alg}"], op.alpha, op.beta)
+            built.names.append(f"eltwise_{op.alg}")
+            built.details.append(f"eltwise_{op.alg}(alpha={op.alpha:.6g}, beta={op.beta:.6g})")
+        elif isinstance(op, Binary):
+            values = channel_array(op.values, ndims, channel_axis, channels)
+            post_ops.append_binary(Alg[f"binary_{op.alg}"],
+                                   MemoryDesc.from_tag(values.shape, DataType.f32))
+            fixed[Arg.post_op(index, Arg.SRC_1)] = const_memory(values)
+            built.names.append(f"binary_{op.alg}")
+            built.details.append(f"binary_{op.alg}({_summary(op.values)})")
+        elif isinstance(op, Prelu):
+            slopes = np.ascontiguousarray(np.asarray(op.slopes, F32).ravel())
+            mask = 0 if slopes.size == 1 else 1 << channel_axis
+            if slopes.size > 1:
+                slopes = channel_array(slopes, ndims, channel_axis, channels)
+            post_ops.append_prelu(mask)
+            fixed[Arg.post_op(index, Arg.WEIGHTS)] = const_memory(slopes)
+            built.names.append("prelu")
+            built.details.append(f"prelu({_summary(op.slopes)})")
+        elif isinstance(op, Sum):
+            _residual(built, post_ops, index, op, dst_type, residual_type, residual_f32)
+        else:  # pragma: no cover - the post-op type is closed
+            raise TypeError(f"unknown post-op {op!r}")
+    if len(post_ops):
+        attr.set_post_ops(post_ops)
+    return built
+
+
+def _residual(built: BuiltAttr, post_ops: PostOps, index: int, op: Sum, dst_type: DataType,
+              residual_type: Callable[[int], DataType] | None,
+              residual_f32: Callable[[int, float, int], tuple[str, MemoryDesc]] | None) -> None:
+    r_type = residual_type(op.port) if residual_type else dst_type
+    if DTYPE_SIZE.get(r_type) == DTYPE_SIZE.get(dst_type) and built.sum_port is None:
+        post_ops.append_sum(op.scale, op.zero_point, r_type)
+        built.sum_port = op.port
+        built.names.append("sum")
+        built.details.append(f"sum(scale={op.scale:.6g}, zp={op.zero_point}, "
+                             f"{r_type.name}, input {op.port})")
+        return
+    if residual_f32 is None:
+        raise ValueError(f"residual input {op.port} ({r_type.name}) cannot be summed into a "
+                         f"{dst_type.name} dst")
+    slot, md = residual_f32(op.port, op.scale, op.zero_point)
+    post_ops.append_binary(Alg.binary_add, md)
+    built.slot_args[Arg.post_op(index, Arg.SRC_1)] = slot
+    built.names.append("binary_add")
+    built.details.append(f"binary_add(residual input {op.port}, s={op.scale:.6g}, "
+                         f"zp={op.zero_point})")
+
+
+def _summary(values: np.ndarray) -> str:
+    v = np.asarray(values).ravel()
+    if v.size == 1:
+        return f"{float(v[0]):.6g}"
+    return f"[{v.size}: {float(v.min()):.4g}..{float(v.max()):.4g}]"

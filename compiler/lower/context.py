@@ -1,0 +1,336 @@
+"""The lowering context: slots per graph value, reorder insertion, kernel creation.
+
+Layout policy. Each value has a *home* slot: the layout its producer wrote it in. A consumer
+asks ``source(value, md)`` for the layout it was created with; when that differs from the home
+(or from an earlier converted copy, which is reused), a reorder kernel is inserted and counted —
+in ``io_reorders`` when the value is a graph input, in ``reorders`` otherwise. Primitives are
+first created with the producer's layout (``try_layouts``); only when that is unimplemented or
+lands on a slow implementation (``ref:``, or an im2col ``gemm`` convolution) is the next
+candidate (usually ``any``) taken and a reorder inserted.
+
+Graph inputs are plain row-major slots the executor writes; graph outputs are reordered to plain
+row-major slots at the end if their home is not.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import UnsupportedModelError
+from compiler.lower.layouts import (
+    RESHAPES,
+    const_memory,
+    dense_in_order,
+    dnnl_type,
+    is_row_major,
+    is_slow,
+    md_like,
+    nocopy_strides,
+    plain_md,
+    strided,
+)
+from compiler.lower.plan import Kernel, KernelInfo, NumpyFn, Plan, Slot
+from ir import Graph, Node, Op, TensorInfo
+from passes.composer import ComposerOptions
+from runtime.onednn import (
+    Arg,
+    DataType,
+    DnnlError,
+    Memory,
+    MemoryDesc,
+    PrimitiveAttr,
+    PrimitiveDesc,
+    filled,
+    reorder,
+)
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class Options:
+    mode: str = "fused"  # fused | unfused | fp32
+    composer: ComposerOptions = field(default_factory=ComposerOptions)
+
+
+class LowerContext:
+    """Builds a Plan for one graph; the table's functions call it (compiler/lower/table.py)."""
+
+    def __init__(self, graph: Graph, options: Options | None = None) -> None:
+        self.graph = graph
+        self.options = options or Options()
+        self.slots: dict[str, Slot] = {}
+        self.kernels: list[Kernel] = []
+        self.home: dict[str, str] = {}  # value -> slot its producer wrote
+        self.copies: dict[str, list[str]] = {}  # value -> converted copies (other layouts)
+        self.lowered: set[str] = set()
+        self.deferred: dict[str, Any] = {}  # value -> what a skipped producer left for readers
+        self.folded: dict[str, np.ndarray] = {}  # values computed at compile time
+        # op -> layout probe: (ctx, consumer node, port, dtype) -> preferred src descriptor
+        self.probes: dict[Any, Callable[..., MemoryDesc | None]] = {}
+        self.probe_cache: dict[Any, MemoryDesc | None] = {}
+        self.reorders = 0
+        self.in_place_sums = 0
+        self.io_reorders = 0
+        self.current: Node | None = None
+        self._names: dict[str, int] = {}
+        for name in graph.inputs:
+            info = graph.info(name)
+            self.slots[name] = Slot(name, plain_md(info.shape, dnnl_type(info.dtype)))
+            self.home[name] = name
+
+    # ------------------------------------------------------------------ values
+    def info(self, value: str) -> TensorInfo:
+        return self.graph.info(value)
+
+    def const(self, value: str) -> np.ndarray | None:
+        data = self.graph.constant(value)
+        return self.folded.get(value) if data is None else data
+
+    def need_const(self, node: Node, port: int, what: str) -> np.ndarray:
+        data = self.const(node.inputs[port]) if port < len(node.inputs) else None
+        if data is None:
+            raise UnsupportedModelError(f"node {node}: {what} (input {port}) must be a constant")
+        return data
+
+    def md_of(self, value: str) -> MemoryDesc:
+        return self.slots[self.home_slot(value)].md
+
+    def home_slot(self, value: str) -> str:
+        if value not in self.home:
+            data = self.const(value)
+            if data is None:
+                raise RuntimeError(f"value '{value}' has no slot yet (lowering order broken)")
+            memory = const_memory(data)
+            name = self.fresh(f"const:{value}")
+            self.slots[name] = Slot(name, memory.md, const=memory)
+            self.home[value] = name
+        return self.home[value]
+
+    def fresh(self, base: str) -> str:
+        count = self._names.get(base, 0)
+        self._names[base] = count + 1
+        name = base if count == 0 and base not in self.slots else f"{base}#{count}"
+        return name if name not in self.slots else self.fresh(base)
+
+    def define(self, value: str, md: MemoryDesc, *, alias: str | None = None,
+               offset: int = 0) -> str:
+        """The home slot of a value a kernel is about to write."""
+        name = self.fresh(value)
+        self.slots[name] = Slot(name, md, alias, offset)
+        self.home[value] = name
+        return name
+
+    def temp(self, base: str, md: MemoryDesc, *, alias: str | None = None,
+             offset: int = 0) -> str:
+        name = self.fresh(base)
+        self.slots[name] = Slot(name, md, alias, offset)
+        return name
+
+    def is_output(self, value: str) -> bool:
+        return value in self.graph.outputs
+
+    def later_readers(self, value: str, node: Node) -> bool:
+        """True if ``value`` is read after ``node`` (by an unlowered node or as an output)."""
+        if self.is_output(value) or value in self.graph.inputs:
+            return True
+        return any(c.name != node.name and c.name not in self.lowered
+                   for c, _ in self.graph.consumers(value))
+
+    def group(self, slot: str) -> list[str]:
+        """Values whose slots share ``slot``'s buffer root."""
+        root = self._root(slot)
+        return [v for v, s in self.home.items() if self._root(s) == root] + [
+            v for v, copies in self.copies.items() for s in copies if self._root(s) == root]
+
+    def _root(self, slot: str) -> str:
+        while (alias := self.slots[slot].alias) is not None:
+            slot = alias
+        return slot
+
+    def may_overwrite(self, slot: str, node: Node) -> bool:
+        """True when no value living in ``slot``'s buffer is read after ``node``."""
+        if self.slots[slot].const is not None:
+            return False
+        return not any(self.later_readers(v, node) for v in self.group(slot))
+
+    # --------------------------------------------------------------- layouts
+    def source(self, value: str, md: MemoryDesc | None = None) -> str:
+        """A slot holding ``value`` with descriptor ``md`` (home if None); reorders if needed."""
+        home = self.home_slot(value)
+        if md is None or self.slots[home].md == md:
+            return home
+        for copy in self.copies.get(value, []):
+            if self.slots[copy].md == md:
+                return copy
+        if self.slots[home].const is not None:  # a constant is laid out once, now
+            memory = filled(md, np.array(self.const(value), order="C", copy=True))
+            name = self.fresh(f"const:{value}")
+            self.slots[name] = Slot(name, md, const=memory)
+        else:
+            name = self.temp(f"{value}@reorder", md)
+            role = "io" if value in self.graph.inputs else "reorder"
+            self.add_reorder(home, name, role=role, note=f"layout of '{value}'")
+        self.copies.setdefault(value, []).append(name)
+        return name
+
+    def plain_source(self, value: str) -> str:
+        home = self.home_slot(value)
+        md = self.slots[home].md
+        if is_row_major(md):
+            return home
+        return self.source(value, plain_md(md.dims, md.dtype))
+
+    def view(self, value: str, dims: Sequence[int], base: str | None = None, *,
+             row_major: bool = False) -> str:
+        """A slot of ``dims`` aliasing ``value``'s bytes (zero copy): the same strided layout
+        re-split when possible (a Reshape of a channels-last tensor stays channels-last),
+        else — or when ``row_major`` — a row-major view, after a reorder if needed."""
+        if math.prod(dims) != self.md_of(value).nelems:
+            raise RuntimeError(f"view of '{value}' as {tuple(dims)} changes the element count")
+        home = self.home_slot(value)
+        md = self.slots[home].md
+        if not row_major and md.is_plain and self.slots[home].const is None:
+            strides = nocopy_strides(md.dims, md.strides or (), tuple(dims))
+            if strides is not None:
+                try:
+                    view_md = MemoryDesc.from_strides(tuple(dims), md.dtype, strides)
+                except DnnlError:
+                    view_md = None
+                if view_md is not None and view_md.size <= md.size:
+                    return self.temp(base or f"{value}@view", view_md, alias=home)
+        source = self.plain_source(value)
+        plain = plain_md(dims, self.slots[source].md.dtype)
+        return self.temp(base or f"{value}@view", plain, alias=source)
+
+    def preferred(self, value: str, dtype: DataType, depth: int = 0) -> MemoryDesc | None:
+        """The layout ``value``'s readers would pick, if one says: a convolution's own choice,
+        channels-last for int8 pooling, followed through Reshape-like views and Split."""
+        if depth > 4:
+            return None
+        dims = self.info(value).shape
+        if self.is_output(value):  # the user reads it row-major
+            return plain_md(dims, dtype)
+        for consumer, port in self.graph.consumers(value):
+            probe = self.probes.get(consumer.op)
+            found = probe(self, consumer, port, dtype) if probe is not None else None
+            if found is None and consumer.op in RESHAPES:
+                below = self.preferred(consumer.outputs[0], dtype, depth + 1)
+                if below is not None and below.is_plain:
+                    strides = nocopy_strides(below.dims, below.strides or (), dims)
+                    found = strided(dims, dtype, strides)
+            elif found is None and consumer.op in (Op.SPLIT, Op.SLICE):
+                for out in consumer.outputs:
+                    below = self.preferred(out, dtype, depth + 1)
+                    if below is not None and below.is_plain:
+                        found = dense_in_order(below, dims)
+                        break
+            if found is not None:
+                return md_like(found, dtype)
+        return None
+
+    def try_layouts(self, kind: str, make: Callable[[Any], PrimitiveDesc],
+                    candidates: Sequence[Any]) -> PrimitiveDesc:
+        """The first candidate whose primitive is implemented and not slow (else the first
+        implemented one); ``make(candidate)`` builds the descriptor."""
+        fallback: PrimitiveDesc | None = None
+        errors = []
+        for candidate in candidates:
+            try:
+                pd = make(candidate)
+            except DnnlError as exc:
+                errors.append(str(exc))
+                continue
+            if not is_slow(pd.impl_name, kind):
+                return pd
+            fallback = fallback or pd
+        if fallback is not None:
+            log.info("node %s: %s runs on %s", self.current, kind, fallback.impl_name)
+            return fallback
+        raise UnsupportedModelError(f"node {self.current}: oneDNN has no {kind} for it: "
+                                    + " | ".join(errors))
+
+    # --------------------------------------------------------------- kernels
+    def info_for(self, node: Node | None, **extra: Any) -> KernelInfo:
+        if node is None:
+            return KernelInfo(**extra)
+        absorbed = list(node.origin)
+        if node.fused is not None:
+            absorbed += [a for a in node.fused.absorbed if a not in absorbed]
+        return KernelInfo(node=node.name, op=node.op.value, absorbed=absorbed, **extra)
+
+    def add_primitive(self, name: str, pd: PrimitiveDesc, args: dict[int, str],
+                      fixed: dict[int, Memory] | None = None, *, info: KernelInfo,
+                      reads: Sequence[str] | None = None) -> Kernel:
+        """A kernel; ``reads`` defaults to every slot argument except DST."""
+        primitive = pd.create()
+        writes = [args[int(Arg.DST)]] if int(Arg.DST) in args else []
+        if reads is None:
+            reads = [s for a, s in args.items() if a != int(Arg.DST)]
+        kernel = Kernel(self.fresh_kernel(name), pd.kind.name, list(reads), writes, primitive,
+                        dict(args), dict(fixed or {}), info=info)
+        if kernel.kind in ("convolution", "deconvolution", "matmul") and \
+                kernel.impl.startswith("ref"):
+            log.warning("kernel %s runs on the slow %s", kernel.name, kernel.impl)
+        self.kernels.append(kernel)
+        return kernel
+
+    def fresh_kernel(self, base: str) -> str:
+        taken = {k.name for k in self.kernels}
+        name, i = base, 1
+        while name in taken:
+            name, i = f"{base}#{i}", i + 1
+        return name
+
+    def add_reorder(self, src: str, dst: str, *, attr: PrimitiveAttr | None = None,
+                    fixed: dict[int, Memory] | None = None, role: str = "reorder",
+                    node: Node | None = None, note: str = "") -> Kernel:
+        pd = reorder(self.slots[src].md, self.slots[dst].md, attr=attr)
+        if role == "reorder":
+            self.reorders += 1
+        elif role == "io":
+            self.io_reorders += 1
+        base = node.name if node is not None and role == "op" else f"reorder:{dst}"
+        info = self.info_for(node, role=role, note=note) if node is not None else KernelInfo(
+            role=role, note=note)
+        return self.add_primitive(base, pd, {int(Arg.SRC): src, int(Arg.DST): dst}, fixed,
+                                  info=info)
+
+    def add_numpy(self, name: str, fn: NumpyFn, reads: Sequence[str], writes: Sequence[str],
+                  info: KernelInfo) -> Kernel:
+        for slot in (*reads, *writes):
+            if not is_row_major(self.slots[slot].md):
+                raise RuntimeError(f"numpy kernel {name} needs plain slots, '{slot}' is "
+                                   f"{self.slots[slot].md.describe()}")
+        kernel = Kernel(self.fresh_kernel(name), "numpy", list(reads), list(writes),
+                        numpy_fn=fn, info=info)
+        self.kernels.append(kernel)
+        return kernel
+
+    def weights(self, array: np.ndarray, md: MemoryDesc) -> Memory:
+        """Constant weights reordered once into the primitive's descriptor (never memcpy)."""
+        return filled(md, np.array(array, order="C", copy=True))
+
+    # ------------------------------------------------------------------ finish
+    def finish(self) -> Plan:
+        outputs: dict[str, str] = {}
+        for value in self.graph.outputs:
+            home = self.home_slot(value)
+            md = self.slots[home].md
+            if is_row_major(md) or self.slots[home].const is not None:
+                outputs[value] = home
+                continue
+            name = self.temp(f"{value}@output", plain_md(md.dims, md.dtype))
+            self.add_reorder(home, name, role="io", note=f"graph output '{value}'")
+            outputs[value] = name
+        inputs = {name: self.home_slot(name) for name in self.graph.inputs}
+        plan = Plan(self.graph.name, self.slots, self.kernels, inputs, outputs,
+                    self.reorders, self.io_reorders,
+                    notes={"in_place_sums": self.in_place_sums},
+                    homes={v: s for v, s in self.home.items() if v in self.graph.values})
+        return plan.finalize()

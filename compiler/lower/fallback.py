@@ -1,0 +1,56 @@
+"""numpy kernels: the reference semantics (runtime/reference) for ops oneDNN has no primitive for.
+
+A numpy kernel reads plain row-major arrays and writes plain row-major arrays: its inputs are
+reordered to plain first when their producer chose another layout. It calls the reference
+interpreter's implementation of the op (``IMPLS``), so it computes exactly what `reference`
+mode computes. `inspect` shows these kernels with impl "numpy". Used for Resize, Pad, Cast,
+and the cases the oneDNN lowerings decline (each passes a note saying why).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from compiler.errors import UnsupportedModelError
+from compiler.lower.context import LowerContext
+from compiler.lower.layouts import dnnl_type, plain_md
+from ir import Node
+from runtime.reference import IMPLS
+
+log = logging.getLogger(__name__)
+
+
+def lower_numpy(ctx: LowerContext, node: Node, note: str = "") -> None:
+    """One numpy kernel computing ``node`` with its reference implementation."""
+    impl = IMPLS.get(node.op)
+    if impl is None:
+        raise UnsupportedModelError(f"node {node}: no oneDNN lowering and no numpy "
+                                    f"implementation of {node.op.value}")
+    ports: list[int] = []  # input ports read from slots; others are constants or absent
+    constants: list[np.ndarray | None] = []
+    reads: list[str] = []
+    for port, value in enumerate(node.inputs):
+        data = ctx.const(value) if value else None
+        constants.append(data)
+        if value and data is None:
+            ports.append(port)
+            reads.append(ctx.plain_source(value))
+    writes = []
+    dtypes = []
+    for value in node.outputs:
+        info = ctx.info(value)
+        writes.append(ctx.define(value, plain_md(info.shape, dnnl_type(info.dtype))))
+        dtypes.append(info.dtype.np)
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        args = list(constants)
+        for port, array in zip(ports, arrays, strict=True):
+            args[port] = array
+        return [np.asarray(out, dtype=dt) for out, dt in zip(impl(node, args), dtypes,
+                                                             strict=True)]
+
+    why = note or f"oneDNN has no {node.op.value} primitive"
+    log.info("node %s runs in numpy: %s", node, why)
+    ctx.add_numpy(node.name, run, reads, writes, ctx.info_for(node, note=why))

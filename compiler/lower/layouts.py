@@ -1,0 +1,146 @@
+"""Memory layouts: descriptors the lowering builds, compares and re-views.
+
+A *plain* descriptor has strides and no inner blocks (numpy can view it); *row-major* is the
+plain layout numpy and the user expect. oneDNN's int8 convolutions on this machine pick
+channels-last (nhwc), its f32 ones channels-last or 16-channel blocks.
+
+``nocopy_strides`` is numpy's no-copy reshape rule applied to a strided layout: a Reshape of a
+channels-last tensor that splits or merges dims which are contiguous *in memory* is a view with
+other strides, not a reorder (ShuffleNet's channel shuffle splits C of an nhwc tensor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from compiler.errors import UnsupportedModelError
+from ir import DType, Op
+from runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryDesc
+
+DNNL_TYPES = {DType.F32: DataType.f32, DType.S32: DataType.s32, DType.S8: DataType.s8,
+              DType.U8: DataType.u8, DType.F16: DataType.f16}
+CHANNELS_LAST = {3: FormatTag.nwc, 4: FormatTag.nhwc, 5: FormatTag.ndhwc}
+
+
+def const_memory(values: object, dtype: object = None) -> Memory:
+    """A plain memory over a private, writeable, C-contiguous copy of ``values``."""
+    return Memory.from_array(np.array(values, dtype=dtype, order="C", copy=True))
+
+
+def dnnl_type(dtype: DType) -> DataType:
+    try:
+        return DNNL_TYPES[dtype]
+    except KeyError:
+        raise UnsupportedModelError(f"element type {dtype.name} has no oneDNN type") from None
+
+
+def row_major(dims: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for d in reversed(dims):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def is_row_major(md: MemoryDesc) -> bool:
+    return md.is_plain and (md.nelems == 1 or _dense_strides(md) == _dense(row_major(md.dims),
+                                                                           md.dims))
+
+
+def _dense(strides: Sequence[int], dims: Sequence[int]) -> tuple[int, ...]:
+    # size-1 dims may carry any stride: ignore them in comparisons
+    return tuple(s for s, d in zip(strides, dims, strict=True) if d != 1)
+
+
+def _dense_strides(md: MemoryDesc) -> tuple[int, ...]:
+    return _dense(md.strides or (), md.dims)
+
+
+def plain_md(dims: Sequence[int], dtype: DataType) -> MemoryDesc:
+    return MemoryDesc.from_strides(tuple(dims), dtype, row_major(dims))
+
+
+def md_like(md: MemoryDesc, dtype: DataType) -> MemoryDesc | None:
+    """The same (non-blocked) layout with another data type; None for blocked layouts."""
+    if md.dtype == dtype:
+        return md
+    if not md.is_plain:
+        return None
+    return MemoryDesc.from_strides(md.dims, dtype, md.strides or ())
+
+
+def channels_last(dims: Sequence[int], dtype: DataType) -> MemoryDesc:
+    tag = CHANNELS_LAST.get(len(dims))
+    return MemoryDesc.from_tag(tuple(dims), dtype, tag) if tag else plain_md(dims, dtype)
+
+
+def any_md(dims: Sequence[int], dtype: DataType) -> MemoryDesc:
+    return MemoryDesc.from_tag(tuple(dims), dtype, FormatTag.any)
+
+
+def is_slow(impl: str, kind: str) -> bool:
+    """Implementations not to settle for when another layout is possible."""
+    return impl.startswith("ref") or (kind in ("convolution", "deconvolution") and "gemm" in impl)
+
+
+RESHAPES = (Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE)
+
+
+def nocopy_strides(dims: Sequence[int], strides: Sequence[int],
+                   new_dims: Sequence[int]) -> tuple[int, ...] | None:
+    """Element strides that view a (dims, strides) layout as ``new_dims`` without copying,
+    or None when the regrouped dims are not contiguous (numpy's _attempt_nocopy_reshape)."""
+    old = [(d, s) for d, s in zip(dims, strides, strict=True) if d != 1]
+    od, os_ = [d for d, _ in old], [s for _, s in old]
+    out = [0] * len(new_dims)
+    oi, oj, ni, nj = 0, 1, 0, 1
+    while ni < len(new_dims) and oi < len(od):
+        n_size, o_size = new_dims[ni], od[oi]
+        while n_size != o_size:
+            if n_size < o_size:
+                if nj >= len(new_dims):
+                    return None
+                n_size *= new_dims[nj]
+                nj += 1
+            else:
+                if oj >= len(od):
+                    return None
+                o_size *= od[oj]
+                oj += 1
+        for k in range(oi, oj - 1):
+            if os_[k] != od[k + 1] * os_[k + 1]:
+                return None
+        out[nj - 1] = os_[oj - 1]
+        for k in range(nj - 1, ni, -1):
+            out[k - 1] = out[k] * new_dims[k]
+        ni, nj, oi, oj = nj, nj + 1, oj, oj + 1
+    last = out[ni - 1] if ni > 0 else 1
+    for k in range(ni, len(new_dims)):
+        out[k] = last
+    return tuple(out)
+
+
+def strided(dims: Sequence[int], dtype: DataType,
+             strides: Sequence[int] | None) -> MemoryDesc | None:
+    if strides is None:
+        return None
+    try:
+        return MemoryDesc.from_strides(tuple(dims), dtype, tuple(strides))
+    except DnnlError:
+        return None
+
+
+def dense_in_order(md: MemoryDesc, dims: Sequence[int]) -> MemoryDesc:
+    """``dims`` densely laid out in ``md``'s dimension order (outermost = largest stride)."""
+    strides = md.strides or ()
+    order = sorted(range(len(dims)), key=lambda i: (-strides[i], i))
+    out = [0] * len(dims)
+    step = 1
+    for i in reversed(order):
+        out[i] = step
+        step *= dims[i]
+    return MemoryDesc.from_strides(tuple(dims), md.dtype, out)
+
+

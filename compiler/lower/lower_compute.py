@@ -1,0 +1,277 @@
+"""Conv / ConvTranspose → oneDNN convolution / deconvolution, and what every compute
+primitive shares (``emit``: composed attributes, dst placement, in-place sum). MatMul and
+Gemm are in lower_matmul.py.
+
+int8 node (``node.fused`` set, integer src): ``acc = Σ (src - zp_src)·(wei - zp_wei)`` exact,
+then the composed attributes (attrs.py). Weight layouts:
+
+- Conv: ONNX [O, I/G, k…] = oneDNN [O, I, k…]; grouped (depthwise too): [G, O/G, I/G, k…].
+- ConvTranspose: ONNX [I, O/G, k…] → oneDNN [O, I, k…] (swap the first two axes) or grouped
+  [G, O/G, I/G, k…] (reshape to [G, I/G, O/G, k…], swap axes 1 and 2). No spatial flip: oneDNN's
+  deconvolution scatters ``dst[o·s + k·d - pad] += src[o]·w[k]`` like ONNX (checked against the
+  reference interpreter in tests/compiler/test_lower_compute.py). ONNX output_padding enlarges
+  the end: ``padding_r = pad_end - output_padding`` (oneDNN accepts the negative value).
+
+The weights, constant, are reordered once at compile time into the layout the primitive chose
+from ``any``. A float node (f32 src) folds the composer's weight scales into its constant
+weights (oneDNN f32 primitives take no scales). ``src`` is first tried in its producer's layout
+(context.py), the dst in the residual's layout when a sum post-op reads it.
+
+The sum post-op reads dst: dst shares the residual's buffer when nothing reads the residual
+later and the layouts agree, otherwise the residual is copied (reorder, same data type) into the
+dst buffer before the primitive runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from compiler.errors import UnsupportedModelError
+from compiler.lower import unfused
+from compiler.lower.attrs import BuiltAttr, build_attr
+from compiler.lower.context import LowerContext
+from compiler.lower.layouts import any_md, channels_last, const_memory, dnnl_type, md_like
+from ir import DType, Node, Op
+from ir.ops import ConvAttrs, ConvTransposeAttrs
+from passes.composer import Composed, Eltwise, compose
+from runtime.onednn import (
+    Arg,
+    DataType,
+    DnnlError,
+    Memory,
+    MemoryDesc,
+    PrimitiveDesc,
+    convolution,
+    deconvolution,
+)
+
+log = logging.getLogger(__name__)
+F32 = np.float32
+# create(attributes, dst layout or None for any, composed) -> (primitive desc, weights memory)
+Create = Callable[[BuiltAttr, "MemoryDesc | None", Composed],
+                  tuple[PrimitiveDesc, "Memory | None"]]
+
+
+def composed_for(ctx: LowerContext, node: Node, channels: int, dst: DType) -> Composed:
+    """The composer's result the passes stored, or composed here; empty for plain nodes."""
+    if node.fused is None:
+        return Composed(channels, dst)
+    stored = node.meta.get("composed")
+    if isinstance(stored, Composed):
+        return stored
+    return compose(node.fused.chain, channels=channels, dst_dtype=dst,
+                   options=ctx.options.composer)
+
+
+def conv_weights(w: np.ndarray, group: int, deconv: bool) -> np.ndarray:
+    """ONNX weights → oneDNN's logical weights (module docstring)."""
+    if deconv:
+        cin, og = w.shape[:2]
+        if group == 1:
+            return np.ascontiguousarray(np.swapaxes(w, 0, 1))
+        grouped = w.reshape(group, cin // group, og, *w.shape[2:])
+        return np.ascontiguousarray(np.swapaxes(grouped, 1, 2))
+    if group == 1:
+        return np.ascontiguousarray(w)
+    return np.ascontiguousarray(w.reshape(group, w.shape[0] // group, *w.shape[1:]))
+
+
+def scale_weights(w: np.ndarray, scales: np.ndarray, axes: Sequence[int]) -> np.ndarray:
+    """Fold per-output-channel scales into float weights (``axes`` hold the channel index)."""
+    if scales.size == 1:
+        return (w * F32(scales[0])).astype(F32)
+    shape = [1] * w.ndim
+    for axis in axes:
+        shape[axis] = w.shape[axis]
+    return (w * scales.astype(F32).reshape(shape)).astype(F32)
+
+
+def conv_geometry(node: Node) -> dict[str, Sequence[int]]:
+    """strides / padding / dilation in oneDNN's terms (module docstring)."""
+    attrs: ConvAttrs | ConvTransposeAttrs = node.attrs
+    n = len(attrs.kernel_shape)
+    pad_r = list(attrs.pads[n:])
+    if isinstance(attrs, ConvTransposeAttrs):
+        pad_r = [p - o for p, o in zip(pad_r, attrs.output_padding, strict=True)]
+    return {"strides": attrs.strides, "padding_l": attrs.pads[:n], "padding_r": pad_r,
+            "dilation": tuple(d - 1 for d in attrs.dilations)}
+
+
+def probe_conv(ctx: LowerContext, node: Node, port: int, dtype: DataType) -> MemoryDesc | None:
+    """The src layout a (de)convolution picks for itself: where its producer should write."""
+    if port != 0:
+        return None
+    key = (node.name, dtype)
+    if key not in ctx.probe_cache:
+        w = ctx.const(node.inputs[1])
+        found = None
+        if w is not None:
+            wtype = DataType.s8 if dtype in (DataType.u8, DataType.s8) else DataType.f32
+            deconv = node.op is Op.CONV_TRANSPOSE
+            wshape = conv_weights(np.empty(w.shape, np.int8), node.attrs.group, deconv).shape
+            ytype = dnnl_type(ctx.info(node.outputs[0]).dtype)
+            make = deconvolution if deconv else convolution
+            try:
+                pd = make(any_md(ctx.info(node.inputs[0]).shape, dtype), any_md(wshape, wtype),
+                          any_md(ctx.info(node.outputs[0]).shape, ytype),
+                          **conv_geometry(node))  # type: ignore[arg-type]
+                found = pd.src_md
+            except DnnlError:
+                found = None
+        ctx.probe_cache[key] = found
+    return ctx.probe_cache[key]
+
+
+def lower_conv(ctx: LowerContext, node: Node) -> None:
+    deconv = node.op is Op.CONV_TRANSPOSE
+    attrs: ConvAttrs | ConvTransposeAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    xinfo, yinfo = ctx.info(x), ctx.info(y)
+    g, channels = attrs.group, yinfo.shape[1]
+    w = conv_weights(ctx.need_const(node, 1, "the weights"), g, deconv)
+    integer = xinfo.dtype.is_integer
+    if integer and node.fused is None:
+        raise UnsupportedModelError(f"node {node}: integer {node.op.value} without a fused "
+                                    "output stage (the passes left it unquantized)")
+    geometry = conv_geometry(node)
+    make_pd = deconvolution if deconv else convolution
+    kind = "deconvolution" if deconv else "convolution"
+    wei_mask = 1 if g == 1 else 3
+    bias = None
+    if node.fused is None and len(node.inputs) > 2 and node.inputs[2]:
+        bias = ctx.need_const(node, 2, "the bias").astype(F32)
+    src_zp = node.fused.src_zero_point if (node.fused and integer) else 0
+    if node.fused is not None and node.fused.wei_zero_point:
+        raise UnsupportedModelError(f"node {node}: oneDNN convolutions take no weight zero "
+                                    "point")
+
+    def create(built: BuiltAttr, dst_md: MemoryDesc | None,
+               comp: Composed) -> tuple[PrimitiveDesc, Memory | None]:
+        wei, bias_values = w, comp.bias
+        wtype = DataType.s8 if integer else DataType.f32
+        if integer and wei.dtype != np.int8:
+            raise UnsupportedModelError(f"node {node}: int8 weights must be s8, got {wei.dtype}")
+        bias_md = MemoryDesc.from_tag((channels,), DataType.f32) if bias_values is not None \
+            else None
+        dst_type = dnnl_type(yinfo.dtype) if dst_md is None else dst_md.dtype
+        dst_any = any_md(yinfo.shape, dst_type)
+        # dst: the residual's layout (in-place sum) or what the readers want, else any
+        wanted = dst_md or ctx.preferred(y, dst_type)
+        home = ctx.md_of(x)
+        src_any = any_md(xinfo.shape, home.dtype)
+        candidates = [(home, wanted or dst_any), (src_any, wanted or dst_any),
+                      (home, dst_any), (src_any, dst_any),
+                      (channels_last(xinfo.shape, home.dtype), dst_any)]
+
+        def make(c: tuple[MemoryDesc, MemoryDesc]) -> PrimitiveDesc:
+            return make_pd(c[0], any_md(wei.shape, wtype), c[1], bias=bias_md, attr=built.attr,
+                           **geometry)
+
+        pd = ctx.try_layouts(kind, make, candidates)
+        return pd, ctx.weights(wei.astype(np.int8 if integer else F32), pd.weights_md)
+
+    if integer and ctx.options.mode == "unfused":
+        unfused.lower_compute(ctx, node, channel_axis=1, create=create, src_zp=src_zp,
+                              wei_zp=0, wei_mask=wei_mask)
+        return
+    composed = composed_for(ctx, node, channels, yinfo.dtype)
+    if not integer:
+        axes = (0, 1) if g > 1 else (0,)
+        w = scale_weights(w.astype(F32), composed.wei_scales, axes)
+        bias = composed.bias if composed.bias is not None else bias
+        composed = replace(composed, wei_scales=np.ones(1, F32), bias=bias)
+    emit(ctx, node, kind, composed, channel_axis=1, wei_mask=wei_mask, src_zp=src_zp,
+         wei_zp=0, scales=integer, create=create)
+
+
+def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channel_axis: int,
+         wei_mask: int, src_zp: int, wei_zp: int, scales: bool,
+         create: Create,
+         weights_slot: Callable[[PrimitiveDesc], str] | None = None) -> None:
+    """Create the primitive with the composed attributes, place dst, add the kernel."""
+    x, y = node.inputs[0], node.outputs[0]
+    yinfo = ctx.info(y)
+    dst_type = dnnl_type(yinfo.dtype)
+    ndims = len(yinfo.shape)
+
+    def residual_type(port: int) -> DataType:
+        return dnnl_type(ctx.info(node.inputs[port]).dtype)
+
+    def residual_f32(port: int, scale: float, zp: int) -> tuple[str, MemoryDesc]:
+        return unfused.dequantized(ctx, node.inputs[port], scale, zp)
+
+    if not scales and composed.wei_scales.size == 1 and float(composed.wei_scales[0]) != 1.0:
+        composed = _scale_as_post_op(composed)
+    built = build_attr(composed, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
+                       dst_type=dst_type, src_zp=src_zp, wei_zp=wei_zp,
+                       residual_type=residual_type, residual_f32=residual_f32, scales=scales)
+    residual_md = None
+    if built.sum_port is not None:
+        residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)
+    pd, wmem = create(built, residual_md, composed)
+    args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
+    fixed = dict(built.fixed)
+    if weights_slot is not None:
+        args[int(Arg.WEIGHTS)] = weights_slot(pd)
+    else:
+        assert wmem is not None
+        fixed[int(Arg.WEIGHTS)] = wmem
+    if composed.bias is not None:
+        bias_md = pd.arg_md(Arg.BIAS)
+        assert bias_md is not None
+        values = np.ascontiguousarray(composed.bias.astype(F32).reshape(bias_md.dims))
+        fixed[int(Arg.BIAS)] = const_memory(values)
+    args.update(built.slot_args)
+    dst_md = pd.dst_md
+    assert dst_md is not None
+    reads = [s for a, s in args.items()]
+    if built.sum_port is not None:
+        args[int(Arg.DST)] = sum_dst(ctx, node, node.inputs[built.sum_port], dst_md)
+    else:
+        args[int(Arg.DST)] = ctx.define(y, dst_md)
+    info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
+                        post_op_details=built.details)
+    ctx.add_primitive(node.name, pd, args, fixed, info=info, reads=reads)
+
+
+def _scale_as_post_op(composed: Composed) -> Composed:
+    """Float primitive with runtime weights: acc·s + b as post-ops (s first, then the bias)."""
+    s = float(composed.wei_scales[0])
+    posts = [Eltwise("linear", s, 0.0)]
+    bias = composed.bias
+    if bias is not None and bias.size == 1:
+        posts = [Eltwise("linear", s, float(bias[0]))]
+        bias = None
+    elif bias is not None:
+        from passes.composer import Binary
+
+        posts.append(Binary("add", bias))
+        bias = None
+    return replace(composed, wei_scales=np.ones(1, F32), bias=bias,
+                   post_ops=posts + list(composed.post_ops))
+
+
+def sum_dst(ctx: LowerContext, node: Node, residual: str, dst_md: MemoryDesc) -> str:
+    """The dst slot of a primitive whose sum post-op reads ``residual`` (module docstring)."""
+    y = node.outputs[0]
+    home = ctx.home_slot(residual)
+    want = md_like(dst_md, ctx.slots[home].md.dtype)
+    group = set(ctx.group(home))
+    read_otherwise = any(v in group for i, v in enumerate(node.inputs)
+                         if v != residual or i < 2)
+    if (want is not None and ctx.slots[home].md == want and not read_otherwise
+            and ctx.may_overwrite(home, node)):
+        ctx.in_place_sums += 1
+        return ctx.define(y, dst_md, alias=home)
+    if want is None:
+        raise UnsupportedModelError(f"node {node}: the residual cannot be laid out like the "
+                                    f"dst {dst_md.describe()}")
+    dst = ctx.define(y, dst_md)
+    copy = ctx.temp(f"{residual}@sum", want, alias=dst)
+    ctx.add_reorder(home, copy, role="reorder", note=f"residual '{residual}' copied into the "
+                    f"dst of '{node.name}' for its sum post-op")
+    return dst

@@ -1,0 +1,199 @@
+"""MatMul / Gemm → oneDNN matmul.
+
+int8 MatMul (``node.fused`` set): ``acc = Σ (src - zp_src)·(wei - zp_wei)``, then the composed
+attributes (attrs.py); oneDNN takes src, weight and dst zero points for matmul (mask 0). The
+weights are expanded to src's rank with leading 1s ({.., K, N}); per-column scales use mask
+1<<(ndims-1), bias and per-channel post-op operands have dims {1, .., 1, N}.
+
+- Constant weights are reordered once into the layout the primitive picks from ``any``; u8
+  weights (oneDNN's int8 matmul takes s8 only) become ``w - 128`` with zero point ``zp - 128``.
+- Activation × activation (attention's Q·Kᵀ, P·V): the weights are a runtime tensor, taken in
+  its producer's layout; a u8 one is shifted to s8 by a reorder with src zero point 128.
+- A src of lower rank than the output is viewed with leading 1s (zero copy).
+- Float MatMul folds the composer's weight scales into constant weights; Gemm with a constant
+  B (alpha folded in, ``beta·C`` as the bias) is a float matmul, anything else runs in numpy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from compiler.errors import UnsupportedModelError
+from compiler.lower import unfused
+from compiler.lower.attrs import BuiltAttr
+from compiler.lower.context import LowerContext
+from compiler.lower.fallback import lower_numpy
+from compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md
+from compiler.lower.lower_compute import composed_for, emit, scale_weights
+from ir import DType, Node
+from ir.ops import GemmAttrs
+from passes.composer import Composed
+from runtime.onednn import (
+    Arg,
+    DataType,
+    Memory,
+    MemoryDesc,
+    PrimitiveAttr,
+    PrimitiveDesc,
+    matmul,
+)
+
+log = logging.getLogger(__name__)
+F32 = np.float32
+
+
+def lower_matmul(ctx: LowerContext, node: Node) -> None:
+    a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    ainfo, binfo, yinfo = ctx.info(a), ctx.info(b), ctx.info(y)
+    nd = len(yinfo.shape)
+    channels = yinfo.shape[-1]
+    integer = ainfo.dtype.is_integer
+    if integer and node.fused is None:
+        raise UnsupportedModelError(f"node {node}: integer MatMul without a fused output stage")
+    if len(ainfo.shape) < 2 or len(binfo.shape) < 2:
+        raise UnsupportedModelError(f"node {node}: MatMul of 1-D operands is not supported")
+    src_zp = node.fused.src_zero_point if (node.fused and integer) else 0
+    wei_zp = node.fused.wei_zero_point if (node.fused and integer) else 0
+    a_dims = (1,) * (nd - len(ainfo.shape)) + ainfo.shape
+    b_dims = (1,) * (nd - len(binfo.shape)) + binfo.shape
+    bconst = ctx.const(b)
+    bvalue = b
+    src_value = a if len(ainfo.shape) == nd else None
+    if src_value is None:  # src of lower rank: a row-major view with leading 1s
+        view = ctx.view(a, a_dims)
+        ctx.home[f"{a}@rank{nd}"] = view
+        src_value = f"{a}@rank{nd}"
+    wtype = DataType.f32
+    wslot: Callable[[PrimitiveDesc], str] | None = None
+    wei: np.ndarray | None = None
+    if integer:
+        wtype = DataType.s8
+        if bconst is not None:
+            wei = bconst.reshape(b_dims)
+            if wei.dtype == np.uint8:  # oneDNN takes s8 weights: w - 128 with zp - 128
+                wei, wei_zp = (wei.astype(np.int16) - 128).astype(np.int8), wei_zp - 128
+        else:
+            bvalue, wei_zp = _s8_weights(ctx, b, b_dims, wei_zp)
+            wslot = _weights_source(ctx, bvalue)
+    elif bconst is not None:
+        wei = bconst.astype(F32).reshape(b_dims)
+    else:
+        bvalue = b if len(binfo.shape) == nd else _ranked(ctx, b, b_dims, nd)
+        wslot = _weights_source(ctx, bvalue)
+
+    def create(built: BuiltAttr, dst_md: MemoryDesc | None,
+               comp: Composed) -> tuple[PrimitiveDesc, Memory | None]:
+        wei_arr, bias_values = wei, comp.bias
+        bias_md = None
+        if bias_values is not None:
+            bias_md = MemoryDesc.from_tag((1,) * (nd - 1) + (channels,), DataType.f32)
+        dst_any = any_md(yinfo.shape, dnnl_type(yinfo.dtype) if dst_md is None else dst_md.dtype)
+        home = ctx.md_of(src_value)
+        wmd = any_md(b_dims, wtype) if wei_arr is not None else ctx.md_of(bvalue)
+        src_any = any_md(a_dims, home.dtype)
+        candidates = [(home, dst_md or dst_any, wmd), (src_any, dst_any, wmd),
+                      (src_any, dst_any, plain_md(b_dims, wtype))]
+
+        def make(c: tuple[MemoryDesc, MemoryDesc, MemoryDesc]) -> PrimitiveDesc:
+            return matmul(c[0], c[2], c[1], bias=bias_md, attr=built.attr)
+
+        pd = ctx.try_layouts("matmul", make, candidates)
+        wmem = None if wei_arr is None else ctx.weights(wei_arr, pd.weights_md)
+        return pd, wmem
+
+    wei_mask = 1 << (nd - 1)
+    if integer and ctx.options.mode == "unfused":
+        unfused.lower_compute(ctx, node, channel_axis=nd - 1, src_value=src_value,
+                              create=create,
+                              src_zp=src_zp, wei_zp=wei_zp, wei_mask=wei_mask,
+                              weights_slot=wslot)
+        return
+    composed = composed_for(ctx, node, channels, yinfo.dtype)
+    if not integer and wei is not None:
+        wei = scale_weights(wei, composed.wei_scales, (nd - 1,))
+        composed = replace(composed, wei_scales=np.ones(1, F32))
+    renamed = node if src_value == a else _with_input(node, src_value)
+    emit(ctx, renamed, "matmul", composed, channel_axis=nd - 1, wei_mask=wei_mask,
+         src_zp=src_zp, wei_zp=wei_zp, scales=integer, create=create, weights_slot=wslot)
+
+
+def _weights_source(ctx: LowerContext, value: str) -> Callable[[PrimitiveDesc], str]:
+    """Runtime weights: the slot of ``value`` in the layout the matmul chose."""
+
+    def slot(pd: PrimitiveDesc) -> str:
+        md = pd.weights_md
+        assert md is not None
+        return ctx.source(value, md)
+
+    return slot
+
+
+def _with_input(node: Node, src_value: str) -> Node:
+    clone = Node(node.name, node.op, node.attrs, [src_value, *node.inputs[1:]],
+                 list(node.outputs), list(node.origin), node.meta, node.fused)
+    return clone
+
+
+def _ranked(ctx: LowerContext, value: str, dims: tuple[int, ...], nd: int) -> str:
+    name = f"{value}@rank{nd}"
+    if name not in ctx.home:
+        ctx.home[name] = ctx.view(value, dims)
+    return name
+
+
+def _s8_weights(ctx: LowerContext, b: str, dims: tuple[int, ...], zp: int) -> tuple[str, int]:
+    """A runtime weights tensor as s8: u8 is shifted by 128 with a reorder (zero point - 128)."""
+    bvalue = b if ctx.info(b).shape == dims else _ranked(ctx, b, dims, len(dims))
+    md = ctx.md_of(bvalue)
+    if md.dtype == DataType.s8:
+        return bvalue, zp
+    if md.dtype != DataType.u8:
+        raise UnsupportedModelError(f"node {ctx.current}: int8 MatMul weights are {md.dtype.name}")
+    name = f"{b}@s8"
+    if name not in ctx.home:
+        slot = ctx.temp(name, md_like(md, DataType.s8) or plain_md(dims, DataType.s8))
+        attr = PrimitiveAttr().set_zero_points_mask(Arg.SRC, 0)
+        ctx.add_reorder(ctx.home_slot(bvalue), slot, attr=attr,
+                        fixed={Arg.zero_points(Arg.SRC): Memory.zero_points(128)},
+                        note=f"u8 '{b}' shifted to s8 for the matmul weights")
+        ctx.home[name] = slot
+    return name, zp - 128
+
+
+def lower_gemm(ctx: LowerContext, node: Node) -> None:
+    """Gemm with a constant B (and C broadcast along rows) → f32 matmul; else numpy."""
+    attrs: GemmAttrs = node.attrs
+    b = ctx.const(node.inputs[1])
+    c = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    n = ctx.info(node.outputs[0]).shape[-1]
+    plain_c = c is None or c.size in (1, n) and (c.ndim < 2 or c.shape[0] == 1)
+    if attrs.trans_a or b is None or not plain_c or ctx.info(node.inputs[0]).dtype != DType.F32:
+        lower_numpy(ctx, node)
+        return
+    w = (b.T if attrs.trans_b else b).astype(np.float64) * attrs.alpha
+    bias = None if c is None else np.broadcast_to(
+        c.astype(np.float64).ravel() * attrs.beta, (n,)).astype(F32)
+    composed = Composed(n, DType.F32, bias=bias)
+    w32 = np.ascontiguousarray(w.astype(F32))
+    yinfo = ctx.info(node.outputs[0])
+
+    def create(built: BuiltAttr, dst_md: MemoryDesc | None,
+               comp: Composed) -> tuple[PrimitiveDesc, Memory | None]:
+        bias_md = None if comp.bias is None else MemoryDesc.from_tag((1, n), DataType.f32)
+        home = ctx.md_of(node.inputs[0])
+        candidates = [home, any_md(home.dims, DataType.f32)]
+
+        def make(src: MemoryDesc) -> PrimitiveDesc:
+            return matmul(src, any_md(w32.shape, DataType.f32),
+                          dst_md or any_md(yinfo.shape, DataType.f32), bias=bias_md,
+                          attr=built.attr)
+
+        pd = ctx.try_layouts("matmul", make, candidates)
+        return pd, ctx.weights(w32, pd.weights_md)
+
+    emit(ctx, node, "matmul", composed, channel_axis=1, wei_mask=2, src_zp=0, wei_zp=0,
+         scales=False, create=create)

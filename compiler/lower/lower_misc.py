@@ -1,0 +1,391 @@
+"""Float elementwise ops, normalizations, and data movement.
+
+- Activations → eltwise (relu, leaky relu = relu with alpha, clip, logistic, tanh, hardswish
+  (alpha 1/6, beta 1/2), hardsigmoid, gelu erf / tanh), in place when nothing reads the input
+  later. Integer inputs run their reference semantics in numpy.
+- Add / Sub / Mul / Div → binary; src0 must have the output's shape (Add and Mul swap their
+  operands when only the second does), src1 broadcasts from its dims (ranks padded with 1s).
+- Softmax → softmax; LayerNormalization → layer_normalization over the last dim (dims
+  axis..rank-1 are flattened into one, zero copy); BatchNormalization → binary mul with a
+  binary add post-op (per channel a = γ/√(var+ε), b = β - mean·a).
+- Concat → concat (inputs in their own layouts, same data type); else numpy.
+- Reshape / Flatten / Squeeze / Unsqueeze → a zero-copy view when the input is row-major, else
+  a reorder to row-major first. Identity / Dropout → the input itself.
+- Transpose → one reorder into the output's row-major buffer seen with permuted strides.
+- Split / Slice → one reorder per output from a strided view of the (plain) input at a byte
+  offset; the output keeps the input's dimension order.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import numpy as np
+
+from compiler.lower.context import LowerContext
+from compiler.lower.fallback import lower_numpy
+from compiler.lower.layouts import (
+    channels_last,
+    const_memory,
+    dense_in_order,
+    dnnl_type,
+    is_row_major,
+    md_like,
+    plain_md,
+)
+from ir import Node, Op
+from ir.chain import Act
+from ir.ops import (
+    AlphaAttrs,
+    AxisAttrs,
+    BatchNormAttrs,
+    ClipAttrs,
+    GeluApprox,
+    GeluAttrs,
+    HardSigmoidAttrs,
+    LayerNormAttrs,
+    SliceAttrs,
+    SplitAttrs,
+    TransposeAttrs,
+)
+from runtime.onednn import (
+    Alg,
+    Arg,
+    DataType,
+    DnnlError,
+    Memory,
+    MemoryDesc,
+    PostOps,
+    PrimitiveAttr,
+    PrimitiveDesc,
+    binary,
+    concat,
+    eltwise,
+    layer_normalization,
+    softmax,
+)
+from runtime.reference.ops_shape import onnx_slice
+
+log = logging.getLogger(__name__)
+F32 = np.float32
+FLT_MAX = float(np.finfo(F32).max)
+_ = Act  # chain activations use the same oneDNN algorithms (passes/composer.ACT_ALG)
+
+
+def _activation(node: Node) -> tuple[Alg, float, float]:
+    op = node.op
+    if op is Op.RELU:
+        return Alg.eltwise_relu, 0.0, 0.0
+    if op is Op.LEAKY_RELU:
+        attrs: AlphaAttrs = node.attrs
+        return Alg.eltwise_relu, attrs.alpha, 0.0
+    if op is Op.CLIP:
+        clip: ClipAttrs = node.attrs
+        return Alg.eltwise_clip, max(clip.min, -FLT_MAX), min(clip.max, FLT_MAX)
+    if op is Op.SIGMOID:
+        return Alg.eltwise_logistic, 0.0, 0.0
+    if op is Op.TANH:
+        return Alg.eltwise_tanh, 0.0, 0.0
+    if op is Op.HARD_SWISH:
+        return Alg.eltwise_hardswish, 1.0 / 6.0, 0.5
+    if op is Op.HARD_SIGMOID:
+        hs: HardSigmoidAttrs = node.attrs
+        return Alg.eltwise_hardsigmoid, hs.alpha, hs.beta
+    gelu: GeluAttrs = node.attrs
+    alg = Alg.eltwise_gelu_tanh if gelu.approximate is GeluApprox.TANH else Alg.eltwise_gelu_erf
+    return alg, 0.0, 0.0
+
+
+def _float_inputs(ctx: LowerContext, node: Node) -> bool:
+    return all(ctx.info(v).dtype.np == F32 for v in node.inputs if v) and all(
+        ctx.info(v).dtype.np == F32 for v in node.outputs)
+
+
+def _in_place_or_new(ctx: LowerContext, node: Node, src_slot: str, md: MemoryDesc) -> str:
+    """The dst slot: the src's own buffer when nothing reads it later."""
+    y = node.outputs[0]
+    if ctx.slots[src_slot].md == md and ctx.may_overwrite(src_slot, node):
+        return ctx.define(y, md, alias=src_slot)
+    return ctx.define(y, md)
+
+
+def lower_eltwise(ctx: LowerContext, node: Node) -> None:
+    if not _float_inputs(ctx, node):
+        lower_numpy(ctx, node, note="integer activation")
+        return
+    alg, alpha, beta = _activation(node)
+    x = node.inputs[0]
+    home = ctx.md_of(x)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return eltwise(alg, md, md, alpha=alpha, beta=beta)
+
+    pd = ctx.try_layouts("eltwise", make, [home, plain_md(home.dims, home.dtype)])
+    src = ctx.source(x, pd.src_md)
+    dst = _in_place_or_new(ctx, node, src, pd.src_md)  # type: ignore[arg-type]
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
+                      info=ctx.info_for(node))
+
+
+BINARY = {Op.ADD: Alg.binary_add, Op.SUB: Alg.binary_sub, Op.MUL: Alg.binary_mul,
+          Op.DIV: Alg.binary_div, Op.SUM: Alg.binary_add}
+
+
+def lower_binary(ctx: LowerContext, node: Node) -> None:
+    if len(node.inputs) != 2 or not _float_inputs(ctx, node):
+        lower_numpy(ctx, node, note="integer or n-ary elementwise op")
+        return
+    out = ctx.info(node.outputs[0]).shape
+    a, b = node.inputs
+    if ctx.info(a).shape != out and ctx.info(b).shape == out and node.op in (Op.ADD, Op.MUL):
+        a, b = b, a
+    if ctx.info(a).shape != out:
+        lower_numpy(ctx, node, note="the first operand is broadcast")
+        return
+    nd = len(out)
+    b_dims = (1,) * (nd - len(ctx.info(b).shape)) + ctx.info(b).shape
+    fixed: dict[int, Memory] = {}
+    bconst = ctx.const(b)
+    if bconst is not None:
+        operand = const_memory(bconst.astype(F32).reshape(b_dims))
+        fixed[int(Arg.SRC_1)] = operand
+        b_md = operand.md
+        b_value = None
+    else:
+        b_value = b if len(ctx.info(b).shape) == nd else f"{b}@rank{nd}"
+        if b_value not in ctx.home:
+            ctx.home[b_value] = ctx.view(b, b_dims)
+        b_md = ctx.md_of(b_value)
+    home = ctx.md_of(a)
+    plain = plain_md(home.dims, home.dtype)
+    candidates = [(home, b_md), (home, md_like(home, DataType.f32) if b_dims == out else b_md),
+                  (plain, plain_md(b_dims, DataType.f32))]
+
+    def make(c: tuple[MemoryDesc, MemoryDesc]) -> PrimitiveDesc:
+        return binary(BINARY[node.op], c[0], c[1], c[0])
+
+    pd = ctx.try_layouts("binary", make, [c for c in candidates if c[1] is not None])
+    src0_md = pd.arg_md(Arg.SRC_0)
+    assert src0_md is not None
+    args = {int(Arg.SRC_0): ctx.source(a, src0_md)}
+    if b_value is not None:
+        src1_md = pd.arg_md(Arg.SRC_1)
+        assert src1_md is not None
+        args[int(Arg.SRC_1)] = ctx.source(b_value, src1_md)
+    args[int(Arg.DST)] = _in_place_or_new(ctx, node, args[int(Arg.SRC_0)], src0_md)
+    ctx.add_primitive(node.name, pd, args, fixed, info=ctx.info_for(node))
+
+
+def lower_softmax(ctx: LowerContext, node: Node) -> None:
+    if not _float_inputs(ctx, node):
+        lower_numpy(ctx, node, note="integer softmax")
+        return
+    attrs: AxisAttrs = node.attrs
+    x = node.inputs[0]
+    home = ctx.md_of(x)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return softmax(md, md, axis=attrs.axis)
+
+    pd = ctx.try_layouts("softmax", make, [home, plain_md(home.dims, home.dtype)])
+    src = ctx.source(x, pd.src_md)
+    dst = ctx.define(node.outputs[0], pd.src_md)  # type: ignore[arg-type]
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
+                      info=ctx.info_for(node))
+
+
+def lower_layer_norm(ctx: LowerContext, node: Node) -> None:
+    attrs: LayerNormAttrs = node.attrs
+    x = node.inputs[0]
+    shape = ctx.info(x).shape
+    extra_used = any(ctx.graph.uses(v) for v in node.outputs[1:])
+    if not _float_inputs(ctx, node) or extra_used:
+        lower_numpy(ctx, node, note="integer input or mean / inv-std outputs used")
+        return
+    axis = attrs.axis + len(shape) if attrs.axis < 0 else attrs.axis
+    dims = (*shape[:axis], math.prod(shape[axis:])) if axis < len(shape) - 1 else shape
+    if len(dims) == 1:
+        dims = (1, *dims)
+    channels = dims[-1]
+    scale = ctx.need_const(node, 1, "the scale").astype(F32).ravel()
+    bias = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    view = x if dims == shape else f"{x}@ln{len(dims)}"
+    if view != x and view not in ctx.home:
+        ctx.home[view] = ctx.view(x, dims, row_major=True)
+    home = ctx.md_of(view)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return layer_normalization(md, md, epsilon=attrs.epsilon, use_scale=True,
+                                   use_shift=bias is not None)
+
+    pd = ctx.try_layouts("layer_normalization", make, [home, plain_md(dims, DataType.f32)])
+    src = ctx.source(view, pd.src_md)
+    fixed = {int(Arg.SCALE): const_memory(
+        np.broadcast_to(scale, (channels,)))}
+    if bias is not None:
+        fixed[int(Arg.SHIFT)] = const_memory(
+            np.broadcast_to(bias.astype(F32).ravel(), (channels,)))
+    y = node.outputs[0]
+    if dims == shape:
+        dst = ctx.define(y, pd.src_md)  # type: ignore[arg-type]
+    else:
+        out = ctx.define(y, plain_md(shape, DataType.f32))
+        dst = ctx.temp(f"{y}@ln", pd.src_md, alias=out)  # type: ignore[arg-type]
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst}, fixed,
+                      info=ctx.info_for(node))
+
+
+def lower_batch_norm(ctx: LowerContext, node: Node) -> None:
+    attrs: BatchNormAttrs = node.attrs
+    x = node.inputs[0]
+    shape = ctx.info(x).shape
+    gamma, beta, mean, var = (ctx.need_const(node, i, n).astype(np.float64) for i, n in
+                              ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")))
+    a = gamma / np.sqrt(var + attrs.epsilon)
+    b = beta - mean * a
+    dims = (1, shape[1]) + (1,) * (len(shape) - 2)
+    mul = const_memory(a.astype(F32).reshape(dims))
+    add = const_memory(b.astype(F32).reshape(dims))
+    post_ops = PostOps().append_binary(Alg.binary_add, add.md)
+    attr = PrimitiveAttr().set_post_ops(post_ops)
+    home = ctx.md_of(x)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return binary(Alg.binary_mul, md, mul.md, md, attr=attr)
+
+    pd = ctx.try_layouts("binary", make, [home, plain_md(shape, DataType.f32)])
+    src = ctx.source(x, pd.src_md)
+    dst = _in_place_or_new(ctx, node, src, ctx.slots[src].md)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.DST): dst},
+                      {int(Arg.SRC_1): mul, Arg.post_op(0, Arg.SRC_1): add},
+                      info=ctx.info_for(node, post_ops=["binary_add"]))
+
+
+def lower_concat(ctx: LowerContext, node: Node) -> None:
+    attrs: AxisAttrs = node.attrs
+    y = node.outputs[0]
+    dtype = ctx.info(y).dtype
+    if any(ctx.info(v).dtype != dtype for v in node.inputs):
+        lower_numpy(ctx, node, note="inputs of different element types")
+        return
+    homes = [ctx.md_of(v) for v in node.inputs]
+    mds = [homes, [channels_last(md.dims, md.dtype) for md in homes],
+           [plain_md(md.dims, md.dtype) for md in homes]]
+    pd = ctx.try_layouts("concat", lambda c: concat(c, attrs.axis), mds)
+    args = {Arg.multiple_src(i): ctx.source(v, pd.arg_md(Arg.multiple_src(i)))
+            for i, v in enumerate(node.inputs)}
+    dst_md = pd.dst_md
+    assert dst_md is not None
+    args[int(Arg.DST)] = ctx.define(y, dst_md)
+    ctx.add_primitive(node.name, pd, args, info=ctx.info_for(node))
+
+
+def lower_alias(ctx: LowerContext, node: Node) -> None:
+    """Identity / Dropout (first output only; a used Dropout mask goes to numpy)."""
+    if any(ctx.graph.uses(v) for v in node.outputs[1:]):
+        lower_numpy(ctx, node, note="Dropout mask is used")
+        return
+    ctx.home[node.outputs[0]] = ctx.home_slot(node.inputs[0])
+
+
+def lower_reshape(ctx: LowerContext, node: Node) -> None:
+    """Reshape / Flatten / Squeeze / Unsqueeze: a view of the row-major input."""
+    y = node.outputs[0]
+    ctx.home[y] = ctx.view(node.inputs[0], ctx.info(y).shape, base=y)
+
+
+def lower_transpose(ctx: LowerContext, node: Node) -> None:
+    attrs: TransposeAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    yinfo = ctx.info(y)
+    dtype = dnnl_type(yinfo.dtype)
+    wanted = ctx.preferred(y, dtype)
+    out = ctx.define(y, wanted if wanted is not None and wanted.is_plain
+                     else plain_md(yinfo.shape, dtype))
+    ys = ctx.slots[out].md.strides or ()
+    strides = [0] * len(attrs.perm)
+    for i, p in enumerate(attrs.perm):
+        strides[p] = ys[i]
+    view = ctx.temp(f"{y}@perm", MemoryDesc.from_strides(ctx.info(x).shape, dtype, strides),
+                    alias=out)
+    ctx.add_reorder(ctx.home_slot(x), view, role="op", node=node)
+
+
+def _strided_source(ctx: LowerContext, x: str) -> str:
+    home = ctx.home_slot(x)
+    md = ctx.slots[home].md
+    if md.is_plain and ctx.slots[home].const is None:
+        return home
+    return ctx.plain_source(x)
+
+
+def _views(ctx: LowerContext, node: Node, source: str,
+           parts: list[tuple[tuple[int, ...], tuple[int, ...], int]]) -> None:
+    """One reorder per output from a view (dims, element strides, element offset)."""
+    md = ctx.slots[source].md
+    itemsize = md.numpy_dtype.itemsize
+    try:
+        views = [MemoryDesc.from_strides(dims, md.dtype, strides) for dims, strides, _ in parts]
+    except DnnlError:  # e.g. a stepped slice whose strides interleave: not a oneDNN layout
+        lower_numpy(ctx, node, note="the selection is not a oneDNN strided layout")
+        return
+    for value, view_md, (dims, _, offset) in zip(node.outputs, views, parts, strict=True):
+        view = ctx.temp(f"{value}@view", view_md, alias=source, offset=offset * itemsize)
+        wanted = ctx.preferred(value, md.dtype)
+        out = ctx.define(value, wanted if wanted is not None and wanted.is_plain
+                         else dense_in_order(md, dims))
+        ctx.add_reorder(view, out, role="op", node=node)
+
+
+def lower_split(ctx: LowerContext, node: Node) -> None:
+    attrs: SplitAttrs = node.attrs
+    source = _strided_source(ctx, node.inputs[0])
+    md = ctx.slots[source].md
+    strides, dims = md.strides or (), md.dims
+    parts, start = [], 0
+    for size in attrs.sizes:
+        out = list(dims)
+        out[attrs.axis] = size
+        parts.append((tuple(out), tuple(strides), start * strides[attrs.axis]))
+        start += size
+    _views(ctx, node, source, parts)
+
+
+def lower_slice(ctx: LowerContext, node: Node) -> None:
+    attrs: SliceAttrs = node.attrs
+    dims = ctx.info(node.inputs[0]).shape
+    ranges = [slice(0, d, 1) for d in dims]
+    for start, end, axis, step in zip(attrs.starts, attrs.ends, attrs.axes, attrs.steps,
+                                      strict=True):
+        axis = axis + len(dims) if axis < 0 else axis
+        ranges[axis] = onnx_slice(dims[axis], start, end, step)
+    if any((r.step or 1) < 0 for r in ranges) or ctx.info(node.outputs[0]).size == 0:
+        lower_numpy(ctx, node, note="negative slice step or empty output")
+        return
+    source = _strided_source(ctx, node.inputs[0])
+    strides = ctx.slots[source].md.strides or ()
+    out_dims, out_strides, offset = [], [], 0
+    for r, d, s in zip(ranges, dims, strides, strict=True):
+        begin, stop, step = r.indices(d)
+        out_dims.append(len(range(begin, stop, step)))
+        out_strides.append(s * step)
+        offset += begin * s
+    _views(ctx, node, source, [(tuple(out_dims), tuple(out_strides), offset)])
+
+
+def probe_concat(ctx: LowerContext, node: Node, port: int, dtype: DataType) -> MemoryDesc | None:
+    """A Concat input should come in the layout of the inputs already computed (mixed layouts
+    make the concat ``ref:any``): channels-last when one of them is."""
+    for i, value in enumerate(node.inputs):
+        if i == port or value not in ctx.home:
+            continue
+        md = ctx.md_of(value)
+        if md.is_plain and len(md.dims) in (3, 4, 5) and not is_row_major(md):
+            return channels_last(ctx.info(node.inputs[port]).shape, dtype)
+    return None
+
+
+def probe_plain(ctx: LowerContext, node: Node, port: int, dtype: DataType) -> MemoryDesc | None:
+    """numpy kernels read row-major arrays."""
+    return plain_md(ctx.info(node.inputs[port]).shape, dtype)

@@ -1,0 +1,176 @@
+"""Quantize, dequantize and requantize → one oneDNN reorder each.
+
+oneDNN 3.2's reorder with scales and zero points computes (measured on this machine with
+tie-valued inputs, tests/compiler/test_lower_quant.py):
+
+    dst = saturate(rint(f32(s_src·(src - zp_src)) · f32(1/s_dst) + zp_dst))
+
+— the dst scale is applied as a multiplication by its f32 reciprocal, and the dst zero point is
+added before rounding, like the int8 convolutions. So:
+
+- quantize-only FakeQuantize [x, il, ih, ol, oh] (f32 → u8/s8), with unit output steps
+  (oh - ol = L - 1): ``q = round((x - il)/s) + ol`` with ``s = (ih - il)/(L - 1)``, i.e. a
+  reorder with dst scale ``s`` and dst zero point ``ol - il/s`` (an integer for every
+  quantization onnxruntime or LPT produce), provided [ol, oh] covers the dst type (the store
+  saturates there). FakeQuantize divides by (ih - il) and multiplies by L - 1 where the reorder
+  multiplies by 1/s: near-ties may round one step apart.
+- QuantizeLinear: dst scale / zero point (ONNX divides by the scale: same one-step caveat).
+- DequantizeLinear (int → f32): src scale (per tensor, or per channel mask 1<<axis) and src
+  zero point.
+- A DequantizeLinear whose only reader is a quantize-only FakeQuantize / QuantizeLinear (the
+  requantize pair the passes leave) becomes one reorder with both scales and zero points.
+
+The layout of the reorder's output is chosen for its consumer: what a convolution reading it
+would pick (``preferred_md``), or channels-last for int8 pooling, else the source's layout.
+Anything else (per-channel zero points, narrow output ranges, a full f32 → f32 FakeQuantize)
+runs the reference semantics in numpy (fallback.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from compiler.lower.context import LowerContext
+from compiler.lower.fallback import lower_numpy
+from compiler.lower.layouts import dnnl_type, md_like, plain_md
+from ir import Node, Op
+from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
+from runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr
+
+log = logging.getLogger(__name__)
+F32 = np.float32
+
+
+@dataclass(frozen=True)
+class QuantSide:
+    """Scale(s) and zero point of one side of a reorder; ``axis`` for per-channel scales."""
+
+    scale: np.ndarray
+    zero_point: int
+    axis: int | None = None
+
+
+def preferred_md(ctx: LowerContext, value: str, dtype: DataType,
+                 source: MemoryDesc) -> MemoryDesc:
+    """Layout for a reorder's output ``value`` (module docstring)."""
+    found = ctx.preferred(value, dtype)
+    if found is not None:
+        return found
+    return md_like(source, dtype) or plain_md(source.dims, dtype)
+
+
+def _reorder(ctx: LowerContext, node: Node, src_value: str, src: QuantSide | None,
+             dst: QuantSide | None, absorbed: list[str]) -> None:
+    y = node.outputs[0]
+    dtype = dnnl_type(ctx.info(y).dtype)
+    home = ctx.home_slot(src_value)
+    out = ctx.define(y, preferred_md(ctx, y, dtype, ctx.slots[home].md))
+    attr = PrimitiveAttr()
+    fixed: dict[int, Memory] = {}
+    for arg, side in ((Arg.SRC, src), (Arg.DST, dst)):
+        if side is None:
+            continue
+        if side.scale.size > 1 or float(side.scale[0]) != 1.0:
+            mask = 0 if side.scale.size == 1 else 1 << int(side.axis or 0)
+            attr.set_scales_mask(arg, mask)
+            fixed[Arg.scales(arg)] = Memory.scales(side.scale.astype(F32))
+        if side.zero_point:
+            attr.set_zero_points_mask(arg, 0)
+            fixed[Arg.zero_points(arg)] = Memory.zero_points(side.zero_point)
+    kernel = ctx.add_reorder(home, out, attr=attr, fixed=fixed, role="op", node=node)
+    kernel.info.absorbed += [a for a in absorbed if a not in kernel.info.absorbed]
+
+
+def _uniform_zp(zp: np.ndarray | None) -> int | None:
+    if zp is None:
+        return 0
+    values = np.unique(np.asarray(zp).astype(np.int64))
+    return int(values[0]) if values.size == 1 else None
+
+
+def _side(scale: np.ndarray, zp: np.ndarray | None, axis: int, ndim: int) -> QuantSide | None:
+    z = _uniform_zp(zp)
+    s = np.asarray(scale, F32).ravel()
+    if z is None or not np.all(np.isfinite(s)) or np.any(s == 0):
+        return None
+    return QuantSide(s, z, None if s.size == 1 else (axis + ndim if axis < 0 else axis))
+
+
+def _take_deferred(ctx: LowerContext, x: str) -> tuple[str, QuantSide | None, list[str]]:
+    """The int source and src quantization a skipped DequantizeLinear left for its reader."""
+    deferred = ctx.deferred.pop(x, None)
+    if deferred is None:
+        return x, None, []
+    return deferred
+
+
+def lower_dequantize(ctx: LowerContext, node: Node) -> None:
+    attrs: DequantizeAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    scale = ctx.need_const(node, 1, "the scale")
+    zp = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    side = _side(scale, zp, attrs.axis, len(ctx.info(x).shape))
+    if side is None:
+        lower_numpy(ctx, node, note="per-channel zero points")
+        return
+    readers = ctx.graph.consumers(y)
+    if (side.axis is None and len(readers) == 1 and not ctx.is_output(y)
+            and readers[0][0].op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR)
+            and _quantize_side(ctx, readers[0][0]) is not None):
+        ctx.deferred[y] = (x, side, list(node.origin))
+        return
+    _reorder(ctx, node, x, side, None, [])
+
+
+def _quantize_side(ctx: LowerContext, node: Node) -> QuantSide | None:
+    """dst scale / zero point of a quantize-only FakeQuantize or QuantizeLinear, if a reorder
+    computes it (module docstring)."""
+    y = node.outputs[0]
+    out = ctx.info(y).dtype
+    if not out.is_quantized:
+        return None
+    ndim = len(ctx.info(node.inputs[0]).shape)
+    if node.op is Op.QUANTIZE_LINEAR:
+        attrs: QuantizeAttrs = node.attrs
+        scale = ctx.const(node.inputs[1])
+        zp = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+        return None if scale is None else _side(scale, zp, attrs.axis, ndim)
+    fq: FakeQuantizeAttrs = node.attrs
+    consts = [ctx.const(v) for v in node.inputs[1:5]]
+    if any(c is None for c in consts):
+        return None
+    il, ih, ol, oh = (np.asarray(c, np.float64).ravel() for c in consts)  # type: ignore[arg-type]
+    if any(v.size != 1 for v in (il, ih, ol, oh)) or ih[0] <= il[0]:
+        return None
+    steps = fq.levels - 1
+    lo, hi = out.range
+    if oh[0] - ol[0] != steps or ol[0] > lo or oh[0] < hi:
+        return None
+    s = (ih[0] - il[0]) / steps
+    zp = ol[0] - il[0] / s
+    if abs(zp - np.rint(zp)) > 1e-3:
+        return None
+    return QuantSide(np.array([s], F32), int(np.rint(zp)))
+
+
+def lower_quantize(ctx: LowerContext, node: Node) -> None:
+    """Quantize-only FakeQuantize or QuantizeLinear (with a deferred dequantize: requantize)."""
+    side = _quantize_side(ctx, node)
+    if side is None:
+        if node.inputs[0] in ctx.deferred:
+            _undefer(ctx, node.inputs[0])
+        lower_numpy(ctx, node, note="not expressible as a reorder")
+        return
+    src_value, src_side, absorbed = _take_deferred(ctx, node.inputs[0])
+    _reorder(ctx, node, src_value, src_side, side, absorbed)
+
+
+def _undefer(ctx: LowerContext, value: str) -> None:
+    """Emit a deferred dequantize after all (its reader turned out not to take it)."""
+    producer = ctx.graph.producer(value)
+    assert producer is not None
+    x, side, _ = ctx.deferred.pop(value)
+    _reorder(ctx, producer, x, side, None, [])

@@ -1,0 +1,162 @@
+"""The oneDNN lowering table (one entry per op) and the driver that walks the graph with it.
+
+``lower(graph, options)`` visits the nodes in topological order. A node whose inputs are all
+constants (a DequantizeLinear on a weight initializer in a graph the passes did not rewrite, a
+shape computation) is evaluated once at compile time with the reference implementation and
+becomes a constant. Every other node is lowered by ``LOWERINGS[node.op]``; an op without an
+entry raises ``UnsupportedModelError`` naming the node and the op. Errors raised while lowering
+a node are re-raised with the node named.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import numpy as np
+
+from compiler.errors import UnsupportedModelError
+from compiler.lower import lower_compute, lower_matmul, lower_misc, lower_pool, lower_quant
+from compiler.lower.context import LowerContext, Options
+from compiler.lower.fallback import lower_numpy
+from compiler.lower.plan import Plan
+from ir import Graph, Node, Op
+from runtime.onednn import CpuIsa, DataType, effective_cpu_isa
+from runtime.reference import IMPLS
+
+log = logging.getLogger(__name__)
+
+LowerFn = Callable[[LowerContext, Node], None]
+
+LOWERINGS: dict[Op, LowerFn] = {
+    # int8 / float compute
+    Op.CONV: lower_compute.lower_conv,
+    Op.CONV_TRANSPOSE: lower_compute.lower_conv,
+    Op.MATMUL: lower_matmul.lower_matmul,
+    Op.GEMM: lower_matmul.lower_gemm,
+    # quantization
+    Op.FAKE_QUANTIZE: lower_quant.lower_quantize,
+    Op.QUANTIZE_LINEAR: lower_quant.lower_quantize,
+    Op.DEQUANTIZE_LINEAR: lower_quant.lower_dequantize,
+    # pooling
+    Op.MAX_POOL: lower_pool.lower_pool,
+    Op.AVG_POOL: lower_pool.lower_pool,
+    Op.GLOBAL_AVG_POOL: lower_pool.lower_pool,
+    # float elementwise and normalization
+    Op.RELU: lower_misc.lower_eltwise,
+    Op.LEAKY_RELU: lower_misc.lower_eltwise,
+    Op.CLIP: lower_misc.lower_eltwise,
+    Op.SIGMOID: lower_misc.lower_eltwise,
+    Op.TANH: lower_misc.lower_eltwise,
+    Op.HARD_SWISH: lower_misc.lower_eltwise,
+    Op.HARD_SIGMOID: lower_misc.lower_eltwise,
+    Op.GELU: lower_misc.lower_eltwise,
+    Op.ADD: lower_misc.lower_binary,
+    Op.SUB: lower_misc.lower_binary,
+    Op.MUL: lower_misc.lower_binary,
+    Op.DIV: lower_misc.lower_binary,
+    Op.SUM: lower_misc.lower_binary,
+    Op.SOFTMAX: lower_misc.lower_softmax,
+    Op.LAYER_NORM: lower_misc.lower_layer_norm,
+    Op.BATCH_NORM: lower_misc.lower_batch_norm,
+    # data movement
+    Op.CONCAT: lower_misc.lower_concat,
+    Op.SPLIT: lower_misc.lower_split,
+    Op.SLICE: lower_misc.lower_slice,
+    Op.RESHAPE: lower_misc.lower_reshape,
+    Op.FLATTEN: lower_misc.lower_reshape,
+    Op.SQUEEZE: lower_misc.lower_reshape,
+    Op.UNSQUEEZE: lower_misc.lower_reshape,
+    Op.TRANSPOSE: lower_misc.lower_transpose,
+    Op.IDENTITY: lower_misc.lower_alias,
+    Op.DROPOUT: lower_misc.lower_alias,
+    # no oneDNN primitive: the reference semantics in numpy
+    Op.PRELU: lower_numpy,
+    Op.PAD: lower_numpy,
+    Op.RESIZE: lower_numpy,
+    Op.CAST: lower_numpy,
+}
+
+# Consumers that tell a reorder producing their input which layout they want.
+PROBES = {
+    Op.CONV: lower_compute.probe_conv,
+    Op.CONV_TRANSPOSE: lower_compute.probe_conv,
+    Op.MAX_POOL: lower_pool.probe_int8_pool,
+    Op.AVG_POOL: lower_pool.probe_int8_pool,
+    Op.GLOBAL_AVG_POOL: lower_pool.probe_int8_pool,
+    Op.CONCAT: lower_misc.probe_concat,
+    Op.RESIZE: lower_misc.probe_plain,
+    Op.PAD: lower_misc.probe_plain,
+    Op.CAST: lower_misc.probe_plain,
+}
+
+
+class LoweringError(RuntimeError):
+    """A node failed to lower; the message names it."""
+
+
+def lower(graph: Graph, options: Options | None = None) -> Plan:
+    """Lower ``graph`` (after the passes) to a finalized Plan."""
+    ctx = LowerContext(graph, options)
+    ctx.probes.update(PROBES)
+    for node in graph.topo_order():
+        ctx.current = node
+        if _fold(ctx, node):
+            ctx.lowered.add(node.name)
+            continue
+        fn = LOWERINGS.get(node.op)
+        if fn is None:
+            raise UnsupportedModelError(f"node {node}: no oneDNN lowering for {node.op.value}")
+        try:
+            fn(ctx, node)
+        except (UnsupportedModelError, LoweringError):
+            raise
+        except Exception as exc:
+            raise LoweringError(f"lowering node {node} failed: {type(exc).__name__}: "
+                                f"{exc}") from exc
+        ctx.lowered.add(node.name)
+    if ctx.deferred:
+        raise LoweringError(f"dequantize(s) deferred but never consumed: {sorted(ctx.deferred)}")
+    plan = ctx.finish()
+    plan.notes.update(_isa_notes(plan))
+    log.info("lowered %s: %d kernels, %d reorders, %d io reorders", graph.name,
+             len(plan.kernels), plan.reorders, plan.io_reorders)
+    return plan
+
+
+# ISAs with exact int8 dot products (VNNI / AMX). Without them oneDNN's u8·s8 kernels add
+# pairs of products in int16 with saturation (vpmaddubsw): ONEDNN_NOTES.md "Pitfalls".
+EXACT_INT8_ISAS = frozenset({CpuIsa.avx2_vnni, CpuIsa.avx2_vnni_2, CpuIsa.avx512_core_vnni,
+                             CpuIsa.avx512_core_bf16, CpuIsa.avx512_core_fp16,
+                             CpuIsa.avx512_core_amx, CpuIsa.avx512_core_amx_fp16})
+
+
+def _isa_notes(plan: Plan) -> dict[str, object]:
+    isa = effective_cpu_isa()
+    exact = isa in EXACT_INT8_ISAS
+    int8 = any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
+               and plan.slots[k.reads[0]].md.dtype in (DataType.u8, DataType.s8)
+               for k in plan.kernels)
+    if int8 and not exact:
+        log.warning("oneDNN runs on %s, which has no VNNI: int8 products are summed in pairs "
+                    "with int16 saturation, so accumulators can differ from the exact sum "
+                    "(weights within [-64, 64] avoid it)", isa.name)
+    return {"cpu_isa": isa.name, "exact_int8_dot_products": exact}
+
+
+def _fold(ctx: LowerContext, node: Node) -> bool:
+    """Evaluate a node of constant inputs at compile time (no kernel)."""
+    if node.fused is not None or not node.inputs:
+        return False
+    if any(v and ctx.const(v) is None for v in node.inputs):
+        return False
+    impl = IMPLS.get(node.op)
+    if impl is None:
+        return False
+    args = [ctx.const(v) if v else None for v in node.inputs]
+    outs = impl(node, args)
+    for value, array in zip(node.outputs, outs, strict=True):
+        info = ctx.graph.values[value].info
+        dtype = info.dtype.np if info is not None else array.dtype
+        ctx.folded[value] = np.asarray(array).astype(dtype, copy=False)
+    return True

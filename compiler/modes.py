@@ -1,0 +1,53 @@
+"""What each compile mode runs before lowering (DESIGN.md "Modes").
+
+- ``fused``: the full pipeline (compiler/pipeline.py), then the fused lowering.
+- ``unfused``: the same pipeline; the lowering runs every post-op of a fused node as its own
+  oneDNN primitive (compiler/lower/unfused.py).
+- ``fp32``: quantization stripped (passes/strip_quantization.py), the import cleanup, every
+  float Conv / ConvTranspose / MatMul marked as a fused node with an empty chain, then
+  fuse_bias, fuse_post_ops and compose_post_ops on the float graph: f32 primitives with fused
+  eltwise / sum post-ops.
+
+The graph is verified after every pass; the pass results (with their decline reasons) are
+returned for `inspect`'s not_fused list.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from compiler.pipeline import PIPELINE, pass_function, run_pipeline
+from ir import Graph
+from passes import strip_quantization
+from passes.base import PassContext, PassResult, run_pass
+
+log = logging.getLogger(__name__)
+
+FP32_CLEANUP = ("drop_identity", "constant_fold", "fold_batchnorm", "gemm_to_matmul",
+                "canonicalize_arith")
+FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops")
+
+
+def run_passes(graph: Graph, mode: str, ctx: PassContext | None = None) -> list[PassResult]:
+    """Rewrite ``graph`` in place for ``mode``; the results of the passes that ran."""
+    ctx = ctx or PassContext()
+    if mode in ("fused", "unfused"):
+        return run_pipeline(graph, ctx)
+    if mode != "fp32":
+        raise ValueError(f"mode {mode!r} runs no passes")
+    modules = dict(PIPELINE)
+    results = [_run(graph, ctx, "strip_quantization", strip_quantization.run)]
+    for name in FP32_CLEANUP:
+        if name not in ctx.disabled_passes:
+            results.append(_run(graph, ctx, name, pass_function(modules[name])))
+    results.append(_run(graph, ctx, "mark_float_compute", strip_quantization.mark_float_compute))
+    for name in FP32_FUSION:
+        if name not in ctx.disabled_passes:
+            results.append(_run(graph, ctx, name, pass_function(modules[name])))
+    return results
+
+
+def _run(graph: Graph, ctx: PassContext, name: str, fn: object) -> PassResult:
+    result = run_pass(name, fn, graph, ctx)  # type: ignore[arg-type]
+    graph.verify()
+    return result

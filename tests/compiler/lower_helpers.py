@@ -1,0 +1,150 @@
+"""Hand-built graphs for the lowering tests, and the two oracles they are checked against.
+
+- ``exact_expected``: what oneDNN computes — the exact integer accumulator
+  (runtime/onednn/reference.py) through the composer's attributes
+  (runtime/reference/chain.apply_composed). The plan must match it to 0 LSB.
+- ``ref_eval``: the graph's meaning — the reference interpreter's op semantics, with
+  runtime/reference/fused.evaluate_fused for fused nodes (the chain item by item). The plan
+  may differ from it by the composer's float32 re-association: at most 1 LSB, rarely.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+
+from compiler.lower import Options, Plan, lower
+from compiler.lower.table import EXACT_INT8_ISAS
+from ir import DType, Graph, Node, Op, QuantParams, TensorInfo
+from ir.chain import Act, Activation, ChainOp, Fused, Quantize, Residual, Scale, Shift
+from ir.ops import ConvAttrs, ConvTransposeAttrs
+from passes.composer import compose
+from runtime.executor import Executor
+from runtime.onednn import effective_cpu_isa
+from runtime.onednn import reference as onednn_ref
+from runtime.reference import IMPLS
+from runtime.reference.chain import apply_composed
+from runtime.reference.fused import accumulate, evaluate_fused
+
+F32 = np.float32
+
+# Bit-exact int8 expectations hold where oneDNN's dot products are exact (VNNI / AMX); without
+# VNNI, u8·s8 pairs saturate in int16 (tests/runtime/test_onednn_int8.py models that).
+requires_exact_int8 = pytest.mark.skipif(
+    effective_cpu_isa() not in EXACT_INT8_ISAS,
+    reason="int8 dot products saturate in int16 on this ISA (no VNNI/AMX)")
+
+
+def ref_eval(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The reference semantics of ``graph`` (fused nodes through evaluate_fused)."""
+    env = dict(feeds)
+
+    def read(name: str) -> np.ndarray | None:
+        if not name:
+            return None
+        data = graph.constant(name)
+        return env[name] if data is None else data
+
+    for node in graph.topo_order():
+        args = [read(v) for v in node.inputs]
+        outs = evaluate_fused(node, args, graph) if node.fused else IMPLS[node.op](node, args)
+        for name, array in zip(node.outputs, outs, strict=True):
+            env[name] = np.asarray(array).astype(graph.info(name).dtype.np)
+    return {name: read(name) for name in graph.outputs}  # type: ignore[misc]
+
+
+def run_plan(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused"
+             ) -> tuple[dict[str, np.ndarray], Plan]:
+    plan = lower(graph, Options(mode=mode))
+    return Executor(plan).run(feeds), plan
+
+
+def quantize_item(scale: float, zp: int, dtype: DType) -> Quantize:
+    """The quantize-only FakeQuantize of ``q = saturate(round(x/s) + zp)`` into ``dtype``."""
+    lo, hi = dtype.range
+    return Quantize((scale * (lo - zp),), (scale * (hi - zp),), (float(lo),), (float(hi),),
+                    256, dtype)
+
+
+def int_input(graph: Graph, name: str, shape: Sequence[int], dtype: DType, scale: float = 0.05,
+              zp: int = 0) -> str:
+    graph.add_input(name, TensorInfo(tuple(shape), dtype, QuantParams.make(scale, zp)))
+    return name
+
+
+def out_info(shape: Sequence[int], dtype: DType, scale: float, zp: int) -> TensorInfo:
+    quant = QuantParams.make(scale, zp) if dtype.is_integer else None
+    return TensorInfo(tuple(shape), dtype, quant)
+
+
+def conv_out(size: int, k: int, s: int, d: int, pb: int, pe: int) -> int:
+    return (size + pb + pe - ((k - 1) * d + 1)) // s + 1
+
+
+def add_int8_conv(graph: Graph, x: str, out_channels: int, *, kernel: int = 3, stride: int = 1,
+                  pads: tuple[int, int, int, int] = (1, 1, 1, 1), dilation: int = 1,
+                  group: int = 1, chain: list[ChainOp] | None = None, dst: DType = DType.U8,
+                  out_scale: float = 0.05, out_zp: int = 0, residual: str | None = None,
+                  seed: int = 0, name: str = "conv", deconv: bool = False,
+                  output_padding: int = 0) -> Node:
+    """An int8 Conv / ConvTranspose with a fused chain; weights random s8, per-OC scales."""
+    rng = np.random.default_rng(seed)
+    info = graph.info(x)
+    n, c, h, w = info.shape
+    assert info.quant is not None
+    s_x, zp_x = info.quant.scale[0], info.quant.zero_point[0]
+    if deconv:
+        wshape = (c, out_channels // group, kernel, kernel)
+        oh = (h - 1) * stride + (kernel - 1) * dilation + 1 + output_padding - pads[0] - pads[2]
+        ow = (w - 1) * stride + (kernel - 1) * dilation + 1 + output_padding - pads[1] - pads[3]
+        attrs = ConvTransposeAttrs((kernel, kernel), (stride, stride), pads,
+                                   (dilation, dilation), (output_padding,) * 2, group)
+    else:
+        wshape = (out_channels, c // group, kernel, kernel)
+        oh = conv_out(h, kernel, stride, dilation, pads[0], pads[2])
+        ow = conv_out(w, kernel, stride, dilation, pads[1], pads[3])
+        attrs = ConvAttrs((kernel, kernel), (stride, stride), pads, (dilation, dilation), group)
+    weights = rng.integers(-127, 128, wshape).astype(np.int8)
+    wname = graph.unique_name(f"{name}_w")
+    graph.add_constant(wname, weights)
+    s_w = rng.uniform(0.002, 0.01, out_channels).astype(F32)
+    if chain is None:
+        chain = [Scale.of(s_x * s_w), Shift.of(rng.uniform(-0.5, 0.5, out_channels)),
+                 Activation(Act.RELU)]
+        if residual is not None:
+            rq = graph.info(residual).quant
+            assert rq is not None
+            chain.append(Residual(2, rq.scale[0], rq.zero_point[0],
+                                  graph.info(residual).dtype))
+        if dst.is_integer:
+            chain.append(quantize_item(out_scale, out_zp, dst))
+    inputs = [x, wname] + ([residual] if residual is not None else [])
+    op = Op.CONV_TRANSPOSE if deconv else Op.CONV
+    node = graph.add_node(op, inputs, [graph.unique_name(name + "_out")], attrs, name=name,
+                          infos=[out_info((n, out_channels, oh, ow), dst, out_scale, out_zp)])
+    node.fused = Fused(chain=chain, src_zero_point=zp_x)
+    return node
+
+
+def exact_expected(graph: Graph, node: Node, inputs: list[np.ndarray]) -> np.ndarray:
+    """oneDNN's model: exact accumulator, then apply_composed of the composed chain."""
+    assert node.fused is not None
+    acc = accumulate(node, inputs)  # exact (int64 → int32)
+    out = graph.info(node.outputs[0])
+    axis = len(out.shape) - 1 if node.op is Op.MATMUL else 1
+    composed = compose(node.fused.chain, channels=out.shape[axis], dst_dtype=out.dtype)
+    residuals = {item.port: inputs[item.port] for item in node.fused.chain
+                 if isinstance(item, Residual)}
+    return apply_composed(acc.astype(np.int64), composed, residuals, channel_axis=axis)
+
+
+def random_int(rng: np.random.Generator, shape: Sequence[int], dtype: DType) -> np.ndarray:
+    lo, hi = dtype.range
+    return rng.integers(lo, hi + 1, tuple(shape)).astype(dtype.np)
+
+
+def lsb(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
+    """(max |a - b| in integer steps, share of identical elements)."""
+    return onednn_ref.lsb_diff(a, b)

@@ -1,0 +1,245 @@
+"""int8 Conv / ConvTranspose / MatMul with fused chains: the plan vs oneDNN's model (0 LSB) and
+vs the graph's meaning (≤ 1 LSB, ≥ 99.9 % identical); layouts, in-place sums, impl names."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ir import DType, Graph, Op, TensorInfo
+from ir.chain import Act, Activation, Fused, PRelu, Scale, Shift
+from ir.ops import ConvTransposeAttrs, NoAttrs
+from runtime.executor import Executor
+from runtime.reference.fused import evaluate_fused
+from tests.compiler.lower_helpers import (
+    add_int8_conv,
+    exact_expected,
+    int_input,
+    lsb,
+    out_info,
+    quantize_item,
+    random_int,
+    ref_eval,
+    requires_exact_int8,
+    run_plan,
+)
+
+F32 = np.float32
+U8, S8 = DType.U8, DType.S8
+
+CONV_CASES = {
+    "1x1": {"c": 32, "o": 64, "kernel": 1, "pads": (0, 0, 0, 0)},
+    "3x3_pad": {"c": 16, "o": 32},
+    "3x3_stride2": {"c": 16, "o": 32, "stride": 2},
+    "dilated_asym_pad": {"c": 16, "o": 16, "dilation": 2, "pads": (2, 1, 1, 2)},
+    "grouped": {"c": 16, "o": 32, "group": 4},
+    "depthwise_s8": {"c": 32, "o": 32, "group": 32, "dst": S8, "out_zp": -3},
+    "f32_dst": {"c": 16, "o": 16, "dst": DType.F32},
+    "deconv_stride2_outpad": {"c": 16, "o": 16, "stride": 2, "deconv": True, "output_padding": 1},
+    "deconv_grouped_k4": {"c": 16, "o": 32, "kernel": 4, "stride": 2, "group": 2, "deconv": True},
+}
+
+
+def _conv_graph(case: dict, zp: int = 7, seed: int = 0) -> tuple[Graph, dict[str, np.ndarray]]:
+    case = dict(case)
+    c = case.pop("c")
+    g = Graph("conv")
+    x = int_input(g, "x", (2, c, 9, 9), U8, 0.03, zp)
+    node = add_int8_conv(g, x, case.pop("o"), seed=seed, **case)
+    g.outputs.append(node.outputs[0])
+    rng = np.random.default_rng(seed + 1)
+    return g, {"x": random_int(rng, (2, c, 9, 9), U8)}
+
+
+def _check(graph: Graph, feeds: dict[str, np.ndarray], node_name: str) -> None:
+    out, plan = run_plan(graph, feeds)
+    node = graph.node(node_name)
+    values = Executor(plan).run_all(feeds)  # the node's inputs as the plan computed them
+    inputs = [values.get(v, graph.constant(v)) for v in node.inputs]
+    expected = exact_expected(graph, node, inputs)
+    got = out[graph.outputs[0]]
+    reference = evaluate_fused(node, inputs, graph)[0]  # the chain item by item
+    if got.dtype == F32:
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got, expected)  # oneDNN's model, bit for bit
+        worst, same = lsb(got, reference)
+        assert worst <= 1 and same >= 0.999, (worst, same)
+    for kernel in plan.kernels:
+        if kernel.kind in ("convolution", "deconvolution", "matmul"):
+            assert not kernel.impl.startswith("ref"), kernel.impl
+
+
+@requires_exact_int8
+@pytest.mark.parametrize("name", list(CONV_CASES))
+def test_int8_conv(name: str) -> None:
+    graph, feeds = _conv_graph(CONV_CASES[name])
+    _check(graph, feeds, "conv")
+    _, plan = run_plan(graph, feeds)
+    conv = next(k for k in plan.inspect()["kernels"] if k["name"] == "conv")
+    grouped = CONV_CASES[name].get("group", 1) > 1
+    assert conv["scales_masks"]["WEIGHTS"] == (3 if grouped else 1)  # per output channel
+    assert conv["zero_points_masks"]["SRC"] == 0
+
+
+@requires_exact_int8
+@pytest.mark.parametrize("items", ["binary_mul", "binary_add", "prelu", "leaky_clip"])
+def test_conv_post_op_kinds(items: str) -> None:
+    rng = np.random.default_rng(3)
+    s = rng.uniform(0.0001, 0.0003, 16).astype(F32)
+    per_c = rng.uniform(0.5, 1.5, 16).astype(F32)
+    chains = {
+        "binary_mul": [Scale.of(s), Activation(Act.TANH), Scale.of(per_c)],
+        "binary_add": [Scale.of(s), Activation(Act.SIGMOID), Shift.of(per_c - 1)],
+        "prelu": [Scale.of(s), Shift.of(per_c - 1), PRelu(tuple(float(v) for v in per_c / 4))],
+        "leaky_clip": [Scale.of(s), Activation(Act.RELU, 0.1), Activation(Act.CLIP, -1.0, 2.5)],
+    }
+    chain = chains[items] + [quantize_item(0.02, 100, U8)]
+    graph, feeds = _conv_graph({"c": 16, "o": 16, "chain": chain, "out_scale": 0.02, "out_zp": 100})
+    _check(graph, feeds, "conv")
+    _out, plan = run_plan(graph, feeds)
+    names = next(k for k in plan.inspect()["kernels"] if k["name"] == "conv")["post_ops"]
+    expected = {"binary_mul": "binary_mul", "binary_add": "binary_add", "prelu": "prelu",
+                "leaky_clip": "eltwise_clip"}[items]
+    assert expected in names, names
+
+
+def _residual_graph(internal: bool, res_dtype: DType = U8) -> tuple[Graph, dict]:
+    g = Graph("residual")
+    x = int_input(g, "x", (1, 16, 8, 8), U8, 0.04, 5)
+    feeds = {"x": random_int(np.random.default_rng(0), (1, 16, 8, 8), U8)}
+    if internal:
+        a = add_int8_conv(g, x, 32, kernel=1, pads=(0, 0, 0, 0), name="proj", dst=res_dtype,
+                          out_scale=0.0613, out_zp=3 if res_dtype == U8 else -2, seed=4)
+        r = a.outputs[0]
+    else:
+        r = int_input(g, "r", (1, 32, 8, 8), res_dtype, 0.0613, 3)
+        feeds["r"] = random_int(np.random.default_rng(1), (1, 32, 8, 8), res_dtype)
+    # scales in no simple ratio: s_r/s_out = 3/4 would put relu(·) = 0 outputs on exact ties,
+    # which the FakeQuantize formula and oneDNN's x·(1/s) round apart (1 LSB, by design)
+    node = add_int8_conv(g, x, 32, residual=r, name="conv", out_scale=0.0837, out_zp=2)
+    g.outputs.append(node.outputs[0])
+    return g, feeds
+
+
+@requires_exact_int8
+@pytest.mark.parametrize("internal", [True, False], ids=["in_place", "copied"])
+def test_residual_sum(internal: bool) -> None:
+    graph, feeds = _residual_graph(internal)
+    _check(graph, feeds, "conv")
+    _, plan = run_plan(graph, feeds)
+    info = plan.inspect()
+    kernel = next(k for k in info["kernels"] if k["name"] == "conv")
+    assert "sum" in kernel["post_ops"]
+    # in place: dst shares the residual's buffer; a graph input is copied into dst instead
+    assert info["in_place_sums"] == (1 if internal else 0)
+    assert info["reorders"] == (0 if internal else 1)
+
+
+@requires_exact_int8
+def test_residual_s8_into_u8_dst() -> None:
+    graph, feeds = _residual_graph(True, S8)
+    _check(graph, feeds, "conv")
+
+
+def test_deconv_weights_are_transposed_not_flipped() -> None:
+    """ONNX ConvTranspose against oneDNN deconvolution on an asymmetric kernel, float path."""
+    g = Graph("deconv")
+    g.add_input("x", TensorInfo((1, 4, 5, 5), DType.F32))
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(F32)  # [Cin, Cout/g, kh, kw], g = 2
+    w[:, :, 0, :] *= 5  # asymmetric: a flip would show
+    g.add_constant("w", w)
+    g.add_node(Op.CONV_TRANSPOSE, ["x", "w"], ["y"],
+               ConvTransposeAttrs((3, 3), (2, 2), (1, 0, 0, 1), (1, 1), (1, 0), 2),
+               infos=[TensorInfo((1, 6, 11, 10), DType.F32)])
+    g.outputs.append("y")
+    feeds = {"x": rng.standard_normal((1, 4, 5, 5)).astype(F32)}
+    out, _ = run_plan(g, feeds)
+    np.testing.assert_allclose(out["y"], ref_eval(g, feeds)["y"], rtol=1e-5, atol=1e-5)
+
+
+def _matmul_graph(a_shape: tuple[int, ...], b_shape: tuple[int, ...], *, b_const: bool,
+                  b_dtype: DType = S8, wei_zp: int = 0, dst: DType = U8,
+                  per_column: bool = True) -> tuple[Graph, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    g = Graph("matmul")
+    feeds = {"a": random_int(rng, a_shape, U8)}
+    int_input(g, "a", a_shape, U8, 0.02, 9)
+    b = random_int(rng, b_shape, b_dtype)
+    if b_const:
+        g.add_constant("b", b)
+    else:
+        int_input(g, "b", b_shape, b_dtype, 0.03, wei_zp)
+        feeds["b"] = b
+    n = b_shape[-1]
+    out_shape = np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], n)
+    scale = rng.uniform(1e-4, 3e-4, n if per_column else 1)
+    chain = [Scale.of(scale), Shift.of(rng.uniform(-0.3, 0.3, n))]
+    if dst.is_integer:
+        chain.append(quantize_item(0.01, 60, dst))
+    node = g.add_node(Op.MATMUL, ["a", "b"], ["y"], NoAttrs(), name="mm",
+                      infos=[out_info(out_shape, dst, 0.01, 60)])
+    node.fused = Fused(chain=chain, src_zero_point=9, wei_zero_point=wei_zp)
+    g.outputs.append("y")
+    return g, feeds
+
+
+MATMUL_CASES = {
+    "2d": {"a_shape": (4, 64), "b_shape": (64, 32), "b_const": True},
+    "2d_f32_dst": {"a_shape": (4, 64), "b_shape": (64, 32), "b_const": True, "dst": DType.F32},
+    "batched_3d": {"a_shape": (2, 5, 64), "b_shape": (64, 48), "b_const": True},
+    "const_u8_weights_zp": {"a_shape": (3, 32), "b_shape": (32, 16), "b_const": True, "b_dtype": U8,
+                                "wei_zp": 120},
+    "act_x_act_s8": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
+                         "wei_zp": -4, "per_column": False},
+    "act_x_act_u8": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
+                         "b_dtype": U8, "wei_zp": 128, "per_column": False},
+}
+
+
+@requires_exact_int8
+@pytest.mark.parametrize("name", list(MATMUL_CASES))
+def test_int8_matmul(name: str) -> None:
+    graph, feeds = _matmul_graph(**MATMUL_CASES[name])
+    _check(graph, feeds, "mm")
+
+
+@requires_exact_int8
+def test_unfused_mode_matches_reference() -> None:
+    """Unfused: the int8 primitive then one primitive per basic op; ≤ 1 LSB of the chain."""
+    graph, feeds = _residual_graph(True)
+    out, plan = run_plan(graph, feeds, mode="unfused")
+    worst, same = lsb(out[graph.outputs[0]], ref_eval(graph, feeds)[graph.outputs[0]])
+    assert worst <= 1 and same >= 0.999
+    kinds = [k.kind for k in plan.kernels]
+    assert kinds.count("convolution") == 2 and "eltwise" in kinds and "binary" in kinds
+    conv = next(k for k in plan.kernels if k.name == "conv")
+    assert conv.primitive is not None and not conv.primitive.pd.attr.post_ops
+
+
+@requires_exact_int8
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(c=st.sampled_from([3, 8, 16, 24]), o=st.sampled_from([8, 16, 32]),
+       kernel=st.sampled_from([1, 3, 5]), stride=st.integers(1, 2), dilation=st.integers(1, 2),
+       pad=st.integers(0, 2), group=st.sampled_from([1, 2, "dw"]), zp=st.integers(0, 255),
+       out_zp=st.integers(0, 255), dst=st.sampled_from([U8, S8, DType.F32]),
+       seed=st.integers(0, 1000))
+def test_int8_conv_random_geometry(c: int, o: int, kernel: int, stride: int, dilation: int,
+                                   pad: int, group: int | str, zp: int, out_zp: int,
+                                   dst: DType, seed: int) -> None:
+    """Random shapes, zero points and scales: bit-exact with oneDNN's model."""
+    groups = c if group == "dw" else int(group)
+    if c % groups or (group == "dw" and o != c) or (groups > 1 and o % groups):
+        o = c if group == "dw" else o
+        if c % groups or o % groups:
+            return
+    if dst == S8:
+        out_zp -= 128
+    case = {"c": c, "o": o, "kernel": kernel, "stride": stride, "dilation": dilation,
+            "pads": (pad, pad, pad, pad), "group": groups, "dst": dst, "out_zp": out_zp}
+    graph, feeds = _conv_graph(case, zp=zp, seed=seed)
+    _check(graph, feeds, "conv")

@@ -1,0 +1,220 @@
+"""Float ops, normalizations and data movement vs the reference interpreter.
+
+Tolerances: exact ops (relu, clip, add, mul, data movement, max) bit-exact; transcendental
+eltwise / softmax / layer norm / float conv within 1e-5 relative (oneDNN's polynomial
+approximations and f32 accumulation vs the reference's float64)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ir import DType, Graph, Op, TensorInfo
+from ir.ops import (
+    AlphaAttrs,
+    AxesAttrs,
+    AxisAttrs,
+    BatchNormAttrs,
+    CastAttrs,
+    ClipAttrs,
+    ConvAttrs,
+    GeluApprox,
+    GeluAttrs,
+    GemmAttrs,
+    HardSigmoidAttrs,
+    LayerNormAttrs,
+    NoAttrs,
+    PadAttrs,
+    ReshapeAttrs,
+    ResizeAttrs,
+    ResizeMode,
+    SliceAttrs,
+    SplitAttrs,
+    TransposeAttrs,
+)
+from tests.compiler.lower_helpers import int_input, random_int, ref_eval, run_plan
+
+F32 = np.float32
+RNG = np.random.default_rng(0)
+
+
+def _graph(shapes: dict[str, tuple[int, ...]], dtype: DType = DType.F32) -> Graph:
+    g = Graph("misc")
+    for name, shape in shapes.items():
+        g.add_input(name, TensorInfo(shape, dtype))
+    return g
+
+
+def _feeds(g: Graph) -> dict[str, np.ndarray]:
+    feeds = {}
+    for name in g.inputs:
+        info = g.info(name)
+        if info.dtype == DType.F32:
+            feeds[name] = RNG.standard_normal(info.shape).astype(F32) * 3
+        else:
+            feeds[name] = random_int(RNG, info.shape, info.dtype)
+    return feeds
+
+
+def _check(g: Graph, rtol: float = 0.0, numpy_kernels: int = 0) -> None:
+    feeds = _feeds(g)
+    out, plan = run_plan(g, feeds)
+    ref = ref_eval(g, feeds)
+    for name in g.outputs:
+        if rtol:
+            np.testing.assert_allclose(out[name], ref[name], rtol=rtol, atol=rtol)
+        else:
+            np.testing.assert_array_equal(out[name], ref[name])
+    assert sum(k.kind == "numpy" for k in plan.kernels) == numpy_kernels
+    assert plan.inspect()["numpy_kernels"] == numpy_kernels
+
+
+ELTWISE = {
+    "relu": (Op.RELU, NoAttrs(), 0.0),
+    "leaky": (Op.LEAKY_RELU, AlphaAttrs(0.1), 0.0),
+    "clip": (Op.CLIP, ClipAttrs(-1.0, 2.0), 0.0),
+    "clip_open": (Op.CLIP, ClipAttrs(0.0), 0.0),
+    "sigmoid": (Op.SIGMOID, NoAttrs(), 1e-5),
+    "tanh": (Op.TANH, NoAttrs(), 1e-5),
+    "hardswish": (Op.HARD_SWISH, NoAttrs(), 1e-5),
+    "hardsigmoid": (Op.HARD_SIGMOID, HardSigmoidAttrs(0.2, 0.5), 1e-5),
+    "gelu_erf": (Op.GELU, GeluAttrs(), 1e-5),
+    "gelu_tanh": (Op.GELU, GeluAttrs(GeluApprox.TANH), 1e-5),
+}
+
+
+@pytest.mark.parametrize("name", list(ELTWISE))
+def test_eltwise(name: str) -> None:
+    op, attrs, rtol = ELTWISE[name]
+    g = _graph({"x": (2, 8, 5, 5)})
+    g.add_node(op, ["x"], ["y"], attrs, infos=[TensorInfo((2, 8, 5, 5), DType.F32)])
+    g.outputs.append("y")
+    _check(g, rtol)
+
+
+@pytest.mark.parametrize("op", [Op.ADD, Op.SUB, Op.MUL, Op.DIV])
+@pytest.mark.parametrize("b_shape,const", [((2, 8, 5, 5), False), ((1, 8, 1, 1), True),
+                                           ((5,), False), ((8, 1, 1), True)])
+def test_binary_broadcast(op: Op, b_shape: tuple[int, ...], const: bool) -> None:
+    g = _graph({"a": (2, 8, 5, 5)} | ({} if const else {"b": b_shape}))
+    if const:
+        g.add_constant("b", RNG.uniform(0.5, 2.0, b_shape).astype(F32))
+    g.add_node(op, ["a", "b"], ["y"], NoAttrs(), infos=[TensorInfo((2, 8, 5, 5), DType.F32)])
+    g.outputs.append("y")
+    _check(g, 1e-6 if op is Op.DIV else 0.0)
+
+
+def test_binary_with_broadcast_first_operand() -> None:
+    g = _graph({"a": (2, 8, 5, 5), "b": (1, 8, 1, 1)})
+    g.add_node(Op.ADD, ["b", "a"], ["y"], NoAttrs(), infos=[TensorInfo((2, 8, 5, 5), DType.F32)])
+    g.add_node(Op.SUB, ["b", "y"], ["z"], NoAttrs(), infos=[TensorInfo((2, 8, 5, 5), DType.F32)])
+    g.outputs.append("z")
+    _check(g, 0.0, numpy_kernels=1)  # Add swaps its operands; Sub cannot: numpy
+
+
+@pytest.mark.parametrize("axis", [1, 2])
+def test_softmax(axis: int) -> None:
+    g = _graph({"x": (2, 6, 10)})
+    g.add_node(Op.SOFTMAX, ["x"], ["y"], AxisAttrs(axis), infos=[TensorInfo((2, 6, 10),
+                                                                           DType.F32)])
+    g.outputs.append("y")
+    _check(g, 1e-5)
+
+
+@pytest.mark.parametrize("axis", [2, 1])
+def test_layer_norm(axis: int) -> None:
+    g = _graph({"x": (2, 6, 16)})
+    n = 16 if axis == 2 else 96
+    g.add_constant("scale", RNG.uniform(0.5, 1.5, (6, 16)[axis - 1:]).astype(F32).reshape(-1)
+                   .reshape((6, 16)[axis - 1:]) if n else None)
+    g.add_constant("bias", RNG.standard_normal((6, 16)[axis - 1:]).astype(F32))
+    g.add_node(Op.LAYER_NORM, ["x", "scale", "bias"], ["y"], LayerNormAttrs(axis, 1e-5),
+               infos=[TensorInfo((2, 6, 16), DType.F32)])
+    g.outputs.append("y")
+    _check(g, 1e-4)
+
+
+def test_batch_norm_and_float_conv_relu() -> None:
+    g = _graph({"x": (1, 3, 12, 12)})
+    g.add_constant("w", RNG.standard_normal((8, 3, 3, 3)).astype(F32))
+    g.add_constant("b", RNG.standard_normal(8).astype(F32))
+    g.add_node(Op.CONV, ["x", "w", "b"], ["c"], ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+               infos=[TensorInfo((1, 8, 12, 12), DType.F32)])
+    for i, name in enumerate(("gamma", "beta", "mean", "var")):
+        g.add_constant(name, RNG.uniform(0.5, 1.5, 8).astype(F32) + i)
+    g.add_node(Op.BATCH_NORM, ["c", "gamma", "beta", "mean", "var"], ["n"], BatchNormAttrs(),
+               infos=[TensorInfo((1, 8, 12, 12), DType.F32)])
+    g.add_node(Op.RELU, ["n"], ["y"], NoAttrs(), infos=[TensorInfo((1, 8, 12, 12), DType.F32)])
+    g.outputs.append("y")
+    _check(g, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [DType.F32, DType.U8])
+def test_concat_in_mixed_layouts(dtype: DType) -> None:
+    """One input straight from the graph (plain), one from a transpose (plain) — and int8."""
+    g = _graph({"a": (1, 4, 6, 6), "b": (1, 6, 6, 4)}, dtype)
+    g.add_node(Op.TRANSPOSE, ["b"], ["bt"], TransposeAttrs((0, 3, 1, 2)),
+               infos=[TensorInfo((1, 4, 6, 6), dtype)])
+    g.add_node(Op.CONCAT, ["a", "bt"], ["y"], AxisAttrs(1), infos=[TensorInfo((1, 8, 6, 6),
+                                                                              dtype)])
+    g.outputs.append("y")
+    _check(g)
+
+
+def test_data_movement_chain() -> None:
+    """Reshape (view), Transpose (reorder), Flatten, Squeeze / Unsqueeze, Split, Slice."""
+    g = _graph({"x": (2, 12, 4, 4)}, DType.S8)
+    f = DType.S8
+    g.add_node(Op.RESHAPE, ["x"], ["r"], ReshapeAttrs((2, 3, 4, 4, 4)),
+               infos=[TensorInfo((2, 3, 4, 4, 4), f)])
+    g.add_node(Op.TRANSPOSE, ["r"], ["t"], TransposeAttrs((0, 2, 1, 3, 4)),
+               infos=[TensorInfo((2, 4, 3, 4, 4), f)])
+    g.add_node(Op.RESHAPE, ["t"], ["s"], ReshapeAttrs((2, 12, 4, 4)),
+               infos=[TensorInfo((2, 12, 4, 4), f)])
+    g.add_node(Op.SPLIT, ["s"], ["p0", "p1"], SplitAttrs(1, (5, 7)),
+               infos=[TensorInfo((2, 5, 4, 4), f), TensorInfo((2, 7, 4, 4), f)])
+    g.add_node(Op.SLICE, ["p1"], ["sl"], SliceAttrs((1, 0), (7, 4), (1, 3), (2, 2)),
+               infos=[TensorInfo((2, 3, 4, 2), f)])
+    g.add_node(Op.UNSQUEEZE, ["sl"], ["u"], AxesAttrs((0,)), infos=[TensorInfo((1, 2, 3, 4, 2),
+                                                                             f)])
+    g.add_node(Op.SQUEEZE, ["u"], ["q"], AxesAttrs((0,)), infos=[TensorInfo((2, 3, 4, 2), f)])
+    g.add_node(Op.FLATTEN, ["p0"], ["fl"], AxisAttrs(1), infos=[TensorInfo((2, 80), f)])
+    g.outputs.extend(["q", "fl"])
+    _check(g)
+
+
+def test_numpy_fallbacks() -> None:
+    g = _graph({"x": (1, 3, 4, 4)})
+    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs((0, 0, 1, 2, 0, 0, 1, 0)),
+               infos=[TensorInfo((1, 3, 6, 6), DType.F32)])
+    g.add_node(Op.RESIZE, ["p"], ["r"], ResizeAttrs(ResizeMode.NEAREST, (1, 3, 12, 12),
+                                                    (1.0, 1.0, 2.0, 2.0)),
+               infos=[TensorInfo((1, 3, 12, 12), DType.F32)])
+    g.add_node(Op.CAST, ["r"], ["c"], CastAttrs(DType.S32), infos=[TensorInfo((1, 3, 12, 12),
+                                                                             DType.S32)])
+    g.outputs.append("c")
+    _check(g, numpy_kernels=3)
+    feeds = _feeds(g)
+    _, plan = run_plan(g, feeds)
+    assert {k["impl"] for k in plan.inspect()["kernels"]} == {"numpy"}
+
+
+def test_gemm_and_float_matmul() -> None:
+    g = _graph({"x": (4, 32), "y": (3, 4, 8)})
+    g.add_constant("w", RNG.standard_normal((16, 32)).astype(F32))
+    g.add_constant("c", RNG.standard_normal(16).astype(F32))
+    g.add_node(Op.GEMM, ["x", "w", "c"], ["g"], GemmAttrs(0.5, 2.0, False, True),
+               infos=[TensorInfo((4, 16), DType.F32)])
+    g.add_constant("m", RNG.standard_normal((8, 5)).astype(F32))
+    g.add_node(Op.MATMUL, ["y", "m"], ["mm"], NoAttrs(), infos=[TensorInfo((3, 4, 5),
+                                                                          DType.F32)])
+    g.outputs.extend(["g", "mm"])
+    _check(g, 1e-5)
+
+
+def test_identity_of_an_int8_input() -> None:
+    g = Graph("id")
+    int_input(g, "x", (2, 3), DType.U8)
+    g.add_node(Op.IDENTITY, ["x"], ["y"], NoAttrs(), infos=[g.info("x")])
+    g.outputs.append("y")
+    _check(g)

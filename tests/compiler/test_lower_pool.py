@@ -1,0 +1,129 @@
+"""Pooling: int8 max pooling, int8 average pooling with a fused chain (jit_int u8 → u8 with
+post-ops, or the f32 route), float pooling; vs the reference interpreter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ir import DType, Graph, Op, TensorInfo
+from ir.chain import Fused, Scale
+from ir.ops import NoAttrs, PoolAttrs
+from tests.compiler.lower_helpers import (
+    int_input,
+    lsb,
+    out_info,
+    quantize_item,
+    random_int,
+    ref_eval,
+    run_plan,
+)
+
+F32 = np.float32
+U8, S8 = DType.U8, DType.S8
+
+
+def _pool_attrs(k: int = 3, s: int = 2, p: int = 1, ceil: bool = False,
+                include_pad: bool = False) -> PoolAttrs:
+    return PoolAttrs((k, k), (s, s), (p, p, p, p), (1, 1), ceil, include_pad)
+
+
+def _out(size: int, attrs: PoolAttrs) -> int:
+    from runtime.reference.ops_nn import window_out
+
+    return window_out(size, attrs.kernel_shape[0], attrs.strides[0], 1, attrs.pads[0],
+                      attrs.pads[2], attrs.ceil_mode)
+
+
+@pytest.mark.parametrize("ceil", [False, True])
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_int8_max_pool(dtype: DType, ceil: bool) -> None:
+    g = Graph("maxpool")
+    int_input(g, "x", (2, 16, 10, 10), dtype)
+    attrs = _pool_attrs(ceil=ceil)
+    o = _out(10, attrs)
+    g.add_node(Op.MAX_POOL, ["x"], ["y"], attrs, infos=[TensorInfo((2, 16, o, o), dtype)])
+    g.outputs.append("y")
+    x = random_int(np.random.default_rng(0), (2, 16, 10, 10), dtype)
+    out, plan = run_plan(g, {"x": x})
+    np.testing.assert_array_equal(out["y"], ref_eval(g, {"x": x})["y"])
+    pool = next(k for k in plan.kernels if k.kind == "pooling")
+    assert pool.impl.startswith("jit_int"), pool.impl  # channels-last int8, not ref:any
+
+
+def _avg_graph(op: Op, src: DType, dst: DType, *, include_pad: bool = False, zp: int = 37,
+               mode_shape: tuple[int, ...] = (2, 16, 9, 9)) -> tuple[Graph, dict]:
+    g = Graph("avgpool")
+    int_input(g, "x", mode_shape, src, 0.05, zp if src == U8 else -zp // 4)
+    if op is Op.GLOBAL_AVG_POOL:
+        attrs, oh = NoAttrs(), 1
+    else:
+        attrs = _pool_attrs(include_pad=include_pad)
+        oh = _out(mode_shape[2], attrs)
+    chain = [Scale.of(0.05)]
+    if dst.is_integer:
+        chain.append(quantize_item(0.0437, 11, dst))
+    node = g.add_node(op, ["x"], ["y"], attrs, name="pool",
+                      infos=[out_info((mode_shape[0], mode_shape[1], oh, oh), dst, 0.0437, 11)])
+    node.fused = Fused(chain=chain, src_zero_point=g.info("x").quant.zero_point[0])
+    g.outputs.append("y")
+    x = random_int(np.random.default_rng(1), mode_shape, src)
+    return g, {"x": x}
+
+
+AVG_CASES = {
+    "avg_u8_u8": (Op.AVG_POOL, U8, U8, False),
+    "avg_include_pad_zp": (Op.AVG_POOL, U8, U8, True),
+    "global_u8_u8": (Op.GLOBAL_AVG_POOL, U8, U8, False),
+    "avg_s8_u8": (Op.AVG_POOL, S8, U8, False),
+    "global_u8_f32": (Op.GLOBAL_AVG_POOL, U8, DType.F32, False),
+}
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused"])
+@pytest.mark.parametrize("name", list(AVG_CASES))
+def test_int8_avg_pool_with_chain(name: str, mode: str) -> None:
+    op, src, dst, include_pad = AVG_CASES[name]
+    g, feeds = _avg_graph(op, src, dst, include_pad=include_pad)
+    out, plan = run_plan(g, feeds, mode=mode)
+    expected = ref_eval(g, feeds)["y"]
+    if dst == DType.F32:
+        np.testing.assert_allclose(out["y"], expected, rtol=1e-5, atol=1e-6)
+    else:
+        worst, same = lsb(out["y"], expected)
+        assert worst <= 1 and same >= 0.999, (worst, same)
+    pools = [k for k in plan.kernels if k.kind == "pooling"]
+    assert len(pools) == 1 and not pools[0].impl.startswith("ref")
+    ops = [k.name for k in plan.kernels if k.info.role == "op"]  # not layout conversions
+    one_kernel = mode == "fused" and src == dst and not include_pad
+    assert (len(ops) == 1) == one_kernel, ops
+
+
+@pytest.mark.parametrize("kind", ["max", "avg_exclude", "avg_include", "avg_ceil", "global"])
+def test_float_pooling(kind: str) -> None:
+    g = Graph("fpool")
+    g.add_input("x", TensorInfo((2, 8, 11, 11), DType.F32))
+    if kind == "global":
+        op, attrs, o = Op.GLOBAL_AVG_POOL, NoAttrs(), 1
+    else:
+        op = Op.MAX_POOL if kind == "max" else Op.AVG_POOL
+        attrs = _pool_attrs(ceil=kind == "avg_ceil", include_pad=kind == "avg_include")
+        o = _out(11, attrs)
+    g.add_node(op, ["x"], ["y"], attrs, infos=[TensorInfo((2, 8, o, o), DType.F32)])
+    g.outputs.append("y")
+    x = np.random.default_rng(2).standard_normal((2, 8, 11, 11)).astype(F32)
+    out, _ = run_plan(g, {"x": x})
+    np.testing.assert_allclose(out["y"], ref_eval(g, {"x": x})["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_ceil_mode_counted_padding_runs_in_numpy() -> None:
+    g = Graph("ceil_include")
+    g.add_input("x", TensorInfo((1, 4, 10, 10), DType.F32))
+    attrs = _pool_attrs(k=3, s=2, p=0, ceil=True, include_pad=True)
+    o = _out(10, attrs)
+    g.add_node(Op.AVG_POOL, ["x"], ["y"], attrs, infos=[TensorInfo((1, 4, o, o), DType.F32)])
+    g.outputs.append("y")
+    x = np.random.default_rng(3).standard_normal((1, 4, 10, 10)).astype(F32)
+    out, plan = run_plan(g, {"x": x})
+    assert plan.kernels[-1].kind == "numpy"
+    np.testing.assert_allclose(out["y"], ref_eval(g, {"x": x})["y"], rtol=1e-6)

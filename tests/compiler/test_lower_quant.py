@@ -1,0 +1,129 @@
+"""Quantize / dequantize / requantize lowered to oneDNN reorders with scales and zero points."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ir import DType, Graph, Op, QuantParams, TensorInfo
+from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
+from runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr, reorder
+from tests.compiler.lower_helpers import lsb, random_int, ref_eval, run_plan
+
+F32 = np.float32
+U8, S8 = DType.U8, DType.S8
+
+
+def _fq_node(g: Graph, x: str, y: str, scale: float, zp: int, dtype: DType) -> None:
+    lo, hi = dtype.range
+    for name, value in (("il", scale * (lo - zp)), ("ih", scale * (hi - zp)), ("ol", lo),
+                        ("oh", hi)):
+        g.add_constant(f"{y}_{name}", np.array(value, F32))
+    shape = g.info(x).shape
+    g.add_node(Op.FAKE_QUANTIZE, [x] + [f"{y}_{n}" for n in ("il", "ih", "ol", "oh")], [y],
+               FakeQuantizeAttrs(256), name=f"fq_{y}",
+               infos=[TensorInfo(shape, dtype, QuantParams.make(scale, zp))])
+
+
+def _dq_node(g: Graph, x: str, y: str, scale: object, zp: object, axis: int = 1) -> None:
+    g.add_constant(f"{y}_s", np.asarray(scale, F32))
+    g.add_constant(f"{y}_zp", np.asarray(zp, g.info(x).dtype.np))
+    g.add_node(Op.DEQUANTIZE_LINEAR, [x, f"{y}_s", f"{y}_zp"], [y], DequantizeAttrs(axis),
+               name=f"dq_{y}", infos=[TensorInfo(g.info(x).shape, DType.F32)])
+
+
+@pytest.mark.parametrize("dtype,zp", [(U8, 131), (S8, -7)])
+def test_quantize_only_fake_quantize(dtype: DType, zp: int) -> None:
+    g = Graph("fq")
+    g.add_input("x", TensorInfo((2, 8, 7, 7), DType.F32))
+    _fq_node(g, "x", "q", 0.037, zp, dtype)
+    g.outputs.append("q")
+    x = (np.random.default_rng(0).standard_normal((2, 8, 7, 7)) * 4).astype(F32)
+    out, plan = run_plan(g, {"x": x})
+    assert [k.kind for k in plan.kernels] == ["reorder"]
+    worst, same = lsb(out["q"], ref_eval(g, {"x": x})["q"])
+    assert worst <= 1 and same >= 0.999
+    saturated = np.clip(np.rint(x * (F32(1) / F32(0.037)) + F32(zp)), *dtype.range)
+    np.testing.assert_array_equal(out["q"], saturated.astype(dtype.np))
+
+
+def test_reorder_rounding_model_on_ties() -> None:
+    """dst = saturate(rint(x·f32(1/s) + zp)): multiply by the reciprocal, zp before rounding."""
+    s = F32(0.0371)
+    x = ((np.arange(-300, 300) + 0.5) * s).astype(F32)
+    src = Memory.from_array(x)
+    dst = Memory(MemoryDesc.from_tag(x.shape, DataType.s8))
+    attr = PrimitiveAttr().set_scales_mask(Arg.DST, 0).set_zero_points_mask(Arg.DST, 0)
+    prim = reorder(src.md, dst.md, attr=attr).create()
+    prim.execute(prim.with_scratchpad({Arg.SRC: src, Arg.DST: dst,
+                                       Arg.scales(Arg.DST): Memory.scales(s),
+                                       Arg.zero_points(Arg.DST): Memory.zero_points(3)}))
+    model = np.clip(np.rint((x * (F32(1) / s)).astype(F32) + F32(3)), -128, 127)
+    np.testing.assert_array_equal(dst.read(), model.astype(np.int8))
+
+
+def test_dequantize_is_exact() -> None:
+    g = Graph("dq")
+    g.add_input("q", TensorInfo((2, 8, 5, 5), U8, QuantParams.make(0.02, 100)))
+    _dq_node(g, "q", "y", 0.02, 100)
+    g.outputs.append("y")
+    q = random_int(np.random.default_rng(1), (2, 8, 5, 5), U8)
+    out, _ = run_plan(g, {"q": q})
+    np.testing.assert_array_equal(out["y"], ref_eval(g, {"q": q})["y"])
+
+
+def test_per_channel_dequantize() -> None:
+    g = Graph("dq_pc")
+    g.add_input("q", TensorInfo((2, 4, 3, 3), S8))
+    _dq_node(g, "q", "y", [0.1, 0.2, 0.3, 0.4], [0, 0, 0, 0])
+    g.outputs.append("y")
+    q = random_int(np.random.default_rng(2), (2, 4, 3, 3), S8)
+    out, plan = run_plan(g, {"q": q})
+    assert plan.kernels[0].primitive is not None
+    assert dict(plan.kernels[0].primitive.pd.attr.scales_masks) == {int(Arg.SRC): 2}
+    np.testing.assert_array_equal(out["y"], ref_eval(g, {"q": q})["y"])
+
+
+def test_requantize_pair_is_one_reorder() -> None:
+    g = Graph("requant")
+    g.add_input("q", TensorInfo((1, 16, 6, 6), U8, QuantParams.make(0.05, 128)))
+    _dq_node(g, "q", "f", 0.05, 128)
+    _fq_node(g, "f", "r", 0.0731, -4, S8)
+    g.outputs.append("r")
+    q = random_int(np.random.default_rng(3), (1, 16, 6, 6), U8)
+    out, plan = run_plan(g, {"q": q})
+    assert len(plan.kernels) == 1
+    info = plan.inspect()["kernels"][0]
+    assert (info["src_dtype"], info["dst_dtype"]) == ("u8", "s8")
+    assert "dq_f" in info["absorbed"] and "fq_r" in info["absorbed"]
+    worst, same = lsb(out["r"], ref_eval(g, {"q": q})["r"])
+    assert worst <= 1 and same >= 0.999
+
+
+def test_quantize_linear_matches_onnx_within_one_step() -> None:
+    g = Graph("q")
+    g.add_input("x", TensorInfo((4, 100), DType.F32))
+    g.add_constant("s", np.array(0.013, F32))
+    g.add_constant("zp", np.array(5, np.uint8))
+    g.add_node(Op.QUANTIZE_LINEAR, ["x", "s", "zp"], ["y"], QuantizeAttrs(U8, 1),
+               infos=[TensorInfo((4, 100), U8)])
+    g.outputs.append("y")
+    x = np.random.default_rng(4).uniform(-1, 4, (4, 100)).astype(F32)
+    out, _ = run_plan(g, {"x": x})
+    worst, same = lsb(out["y"], ref_eval(g, {"x": x})["y"])
+    assert worst <= 1 and same >= 0.999
+
+
+def test_narrow_fake_quantize_runs_in_numpy() -> None:
+    """[ol, oh] = [-127, 127] narrower than s8: the reorder's saturation cannot do it."""
+    g = Graph("narrow")
+    g.add_input("x", TensorInfo((3, 50), DType.F32))
+    for name, value in (("il", -12.7), ("ih", 12.7), ("ol", -127), ("oh", 127)):
+        g.add_constant(name, np.array(value, F32))
+    g.add_node(Op.FAKE_QUANTIZE, ["x", "il", "ih", "ol", "oh"], ["y"], FakeQuantizeAttrs(255),
+               infos=[TensorInfo((3, 50), S8, QuantParams.make(0.1, 0))])
+    g.outputs.append("y")
+    x = np.random.default_rng(5).uniform(-20, 20, (3, 50)).astype(F32)
+    out, plan = run_plan(g, {"x": x})
+    assert plan.kernels[0].kind == "numpy"
+    np.testing.assert_array_equal(out["y"], ref_eval(g, {"x": x})["y"])

@@ -1,0 +1,193 @@
+"""The quantized zoo models compiled end to end: fused / unfused / fp32 vs their references
+and vs ONNX Runtime.
+
+Agreement is checked at two levels:
+
+- per kernel (the lowering's own correctness): every node of the compiled graph, evaluated by
+  the reference semantics (fused nodes: the chain item by item) on the inputs the plan itself
+  computed, against the plan's output — integer tensors ≤ 1 LSB apart and, over the model's
+  compute kernels, ≥ 99.9 % identical (standalone quantize reorders: ≥ 97 %, see below);
+  float tensors within 1e-4 relative;
+- end to end, against the reference interpreter on the *imported* graph: a 1-LSB difference
+  on a rounding near-tie (oneDNN rounds x·f32(1/s) + zp, the FakeQuantize formula divides)
+  propagates and grows through the following layers, so the outputs are held to a cosine
+  ≥ 0.999 and a bounded number of output quantization steps (measured: ≤ 4, on unet), and
+  the classifiers to the same top-1 as ONNX Runtime's default session.
+
+Run with -s to print the kernel / reorder counts and agreement figures per model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from compiler.api import CompiledModel, compile_model
+from examples import zoo
+from ir import Op
+from passes import strip_quantization
+from passes.base import PassContext, run_pass
+from runtime.reference import IMPLS, evaluate
+from runtime.reference.fused import evaluate_fused
+from tests.compiler.lower_helpers import requires_exact_int8
+
+MODELS = zoo.SMALL_ARCHITECTURES
+END_TO_END_LSB = 8
+# Layout reorders between kernels in the fused plans (measured; a regression guard). unet: the
+# numpy Resize reads row-major; vgg: Flatten of a channels-last tensor; transformer: the u8
+# K and V shifted to s8 for the activation × activation matmuls.
+MAX_REORDERS = {"resnet": 0, "mobilenetv2": 0, "inception": 0, "unet": 1, "vgg": 1,
+                "shufflenet": 0, "transformer": 2}
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
+
+
+def _output_step(model: CompiledModel, name: str) -> float:
+    producer = model.graph.producer(name)
+    if producer is not None and producer.op is Op.DEQUANTIZE_LINEAR:
+        return float(np.asarray(model.graph.constant(producer.inputs[1])).ravel()[0])
+    return 1.0
+
+
+@dataclass
+class Agreement:
+    """Per-kernel agreement over a model: integer elements by kind of node, float error."""
+
+    worst: int = 0
+    differing: dict[str, int] = field(default_factory=lambda: {"compute": 0, "quantize": 0})
+    total: dict[str, int] = field(default_factory=lambda: {"compute": 0, "quantize": 0})
+    float_err: float = 0.0
+
+    def identical(self, kind: str) -> float:
+        return 1 - self.differing[kind] / max(self.total[kind], 1)
+
+
+def local_agreement(model: CompiledModel, feeds: dict[str, np.ndarray],
+                    into: Agreement) -> None:
+    """Every node on the plan's own inputs (a value the plan never materializes, e.g. the
+    dequantize half of a requantize reorder, is computed by the reference from its inputs)."""
+    graph = model.compiled_graph
+    assert graph is not None
+    values = model.run_all(feeds)
+    derived: dict[str, np.ndarray] = {}
+    for node in graph.topo_order():
+        args = [(values.get(v, derived.get(v, graph.constant(v)))) if v else None
+                for v in node.inputs]
+        outs = evaluate_fused(node, args, graph) if node.fused else IMPLS[node.op](node, args)
+        kind = "quantize" if node.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) else "compute"
+        for name, ref in zip(node.outputs, outs, strict=True):
+            if name not in values:
+                derived[name] = np.asarray(ref).astype(graph.info(name).dtype.np)
+                continue
+            got = values[name]
+            ref = np.asarray(ref).astype(got.dtype)
+            if got.dtype.kind in "iu":
+                d = np.abs(got.astype(np.int64) - ref.astype(np.int64))
+                into.worst = max(into.worst, int(d.max(initial=0)))
+                into.differing[kind] += int(np.count_nonzero(d))
+                into.total[kind] += d.size
+            else:
+                scale = max(1.0, float(np.abs(ref).max(initial=0)))
+                into.float_err = max(into.float_err,
+                                     float(np.abs(got - ref).max(initial=0)) / scale)
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def case(request: pytest.FixtureRequest) -> dict:
+    name = request.param
+    model = zoo.quantized_model(name)
+    feeds = zoo.sample_inputs(model, n=2, seed=11)
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    return {
+        "name": name,
+        "model": model,
+        "feeds": feeds,
+        "reference": compile_model(model, mode="reference"),
+        "ort": session,
+        "compiled": {m: compile_model(model, mode=m) for m in ("fused", "unfused", "fp32")},
+    }
+
+
+@requires_exact_int8
+@pytest.mark.parametrize("mode", ["fused", "unfused"])
+def test_int8_modes_agree_per_kernel_and_end_to_end(case: dict, mode: str) -> None:
+    compiled: CompiledModel = case["compiled"][mode]
+    ref: CompiledModel = case["reference"]
+    worst_out, same_out, cos = 0.0, [], 1.0
+    local = Agreement()
+    for feeds in case["feeds"]:
+        local_agreement(compiled, feeds, local)
+        got, expected = compiled.run(feeds), ref.run(feeds)
+        for name in compiled.outputs:
+            steps = np.abs(got[name].astype(np.float64) - expected[name]) / _output_step(
+                ref, name)
+            worst_out = max(worst_out, float(steps.max()))
+            same_out.append(float(np.mean(steps < 1e-3)))
+            cos = min(cos, _cos(got[name], expected[name]))
+    info = compiled.inspect()
+    print(f"\n{case['name']:12s} {mode:8s} kernels={len(info['kernels'])} "
+          f"reorders={info['reorders']} io_reorders={info['io_reorders']} "
+          f"numpy={info['numpy_kernels']} | per kernel: max {local.worst} LSB, "
+          f"{100 * local.identical('compute'):.3f} % identical "
+          f"(quantize reorders {100 * local.identical('quantize'):.2f} %) | outputs: max "
+          f"{worst_out:.2f} steps, {100 * np.mean(same_out):.1f} % identical, cos {cos:.6f}")
+    assert local.worst <= 1 and local.float_err <= 1e-4
+    assert local.identical("compute") >= 0.999
+    # A standalone quantize reads float values; after a linear Resize of dequantized data
+    # many sit on exact rounding ties, which x·f32(1/s) + zp and the FakeQuantize formula
+    # break apart (unet: 98.1 % identical). OpenVINO's own CPU FakeQuantize does the same.
+    assert local.identical("quantize") >= 0.97
+    assert worst_out <= END_TO_END_LSB and cos >= 0.999
+    for kernel in info["kernels"]:
+        if kernel["primitive"] in ("convolution", "deconvolution", "matmul"):
+            assert not kernel["impl"].startswith("ref"), kernel
+
+
+@requires_exact_int8
+def test_fused_matches_onnxruntime(case: dict) -> None:
+    compiled: CompiledModel = case["compiled"]["fused"]
+    session: ort.InferenceSession = case["ort"]
+    names = [o.name for o in session.get_outputs()]
+    for feeds in case["feeds"]:
+        got = compiled.run(feeds)
+        theirs = dict(zip(names, session.run(None, feeds), strict=True))
+        for name in compiled.outputs:
+            assert _cos(got[name], theirs[name]) >= 0.999, name
+            if got[name].ndim == 2:  # classifier logits
+                np.testing.assert_array_equal(got[name].argmax(1), theirs[name].argmax(1))
+
+
+def test_fp32_matches_the_stripped_float_graph(case: dict) -> None:
+    stripped = case["reference"].graph.copy()
+    run_pass("strip_quantization", strip_quantization.run, stripped, PassContext())
+    compiled: CompiledModel = case["compiled"]["fp32"]
+    for feeds in case["feeds"]:
+        got, expected = compiled.run(feeds), evaluate(stripped, feeds)
+        for name in compiled.outputs:
+            scale = max(1.0, float(np.abs(expected[name]).max()))
+            assert float(np.abs(got[name] - expected[name]).max()) <= 1e-4 * scale, name
+    info = compiled.inspect()
+    assert all(k["src_dtype"] in ("f32", None) for k in info["kernels"] if k["role"] == "op"
+               and k["primitive"] in ("convolution", "matmul", "deconvolution"))
+
+
+def test_fusion_shrinks_the_plan(case: dict) -> None:
+    fused = case["compiled"]["fused"].inspect()
+    unfused = case["compiled"]["unfused"].inspect()
+    assert fused["reorders"] <= MAX_REORDERS[case["name"]]
+    assert len(fused["kernels"]) < len(unfused["kernels"])
+    assert sum(k["primitive"] == "convolution" for k in fused["kernels"]) == sum(
+        k["primitive"] == "convolution" for k in unfused["kernels"])
+    assert isinstance(fused["not_fused"], list)
+    assert json.loads(json.dumps(fused))["kernels"]  # `qfuse inspect --json` material
+    for kernel in fused["kernels"]:
+        assert {"name", "primitive", "impl", "src_dtype", "dst_dtype", "post_ops",
+                "optimizations", "absorbed"} <= set(kernel)
