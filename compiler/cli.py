@@ -9,11 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
+EMULATED = ["tflite", "onnxruntime", "caffe2", "onednn", "tpu-mlir"]
+
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from compiler.api import compile_model, random_inputs
 
-    model = compile_model(args.model, mode=args.mode, threads=args.threads)
+    if args.emulate:
+        from compiler.cli_compare import emulated_model
+
+        model = emulated_model(args.model, args.emulate)
+    else:
+        model = compile_model(args.model, mode=args.mode, threads=args.threads)
     if args.inputs:
         with np.load(args.inputs) as npz:
             feeds = {name: npz[name] for name in npz.files}
@@ -34,19 +41,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from compiler.cli_compare import main_compare
+
+    return main_compare(args)
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    if not args.error:
+        from compiler.cli_inspect import main_inspect
+
+        return main_inspect(args)
+    from compiler.error_report import main_error
+
+    return main_error(args)
+
+
+def _cmd_compile(args: argparse.Namespace) -> int:
+    from compiler.cli_inspect import main_compile
+
+    return main_compile(args)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from compiler.bench import main_bench
+
+    return main_bench(args)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from examples.binding_demo import main as binding_demo
 
     return binding_demo()
-
-
-def _not_built(issue: int, what: str):
-    def handler(args: argparse.Namespace) -> int:
-        print(f"qfuse {args.command}: {what} is not built yet (tracked in issue {issue}).",
-              file=sys.stderr)
-        return 2
-
-    return handler
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,32 +86,49 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", type=Path, help="write outputs to this .npz")
     p.add_argument("--mode", default="fused", choices=["fused", "unfused", "fp32", "reference"])
     p.add_argument("--threads", type=int)
+    p.add_argument("--emulate", choices=EMULATED,
+                   help="run the imported graph in this framework's integer arithmetic "
+                        "(instead of --mode)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("compile", help="compile a model and print a summary")
     p.add_argument("model", type=Path)
-    p.add_argument("--json", type=Path)
-    p.set_defaults(func=_not_built(5, "lowering to oneDNN"))
+    p.add_argument("--json", type=Path, help="write the plan (as `inspect --json`) here")
+    p.add_argument("--mode", default="fused", choices=["fused", "unfused", "fp32"])
+    p.add_argument("--threads", type=int)
+    p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("inspect", help="show every kernel and what fused")
     p.add_argument("model", type=Path)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_not_built(5, "lowering to oneDNN"))
+    p.add_argument("--error", action="store_true",
+                   help="per-layer quantization error against the float model (SQNR, LSB)")
+    p.add_argument("--inputs", type=Path, help="with --error: .npz keyed by input name")
+    p.add_argument("--mode", default="fused", choices=["fused", "unfused", "fp32"])
+    p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("bench", help="benchmark against other engines")
     p.add_argument("model", type=Path)
-    p.add_argument("--compare", default="unfused,fp32,onnxruntime,openvino")
-    p.add_argument("--threads", type=int)
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--json", type=Path)
-    p.set_defaults(func=_not_built(6, "the benchmark"))
+    p.add_argument("--compare", default="unfused,fp32,onnxruntime,openvino",
+                   help="engines besides qfuse fused (unfused, fp32, reference, onnxruntime, "
+                        "openvino)")
+    p.add_argument("--threads", type=int, help="threads for every engine (default: all CPUs)")
+    p.add_argument("--iters", type=int, default=50, help="timed runs per engine")
+    p.add_argument("--batch", type=int, help="leading input dimension (default: the model's)")
+    p.add_argument("--json", type=Path, help="write every number to this file")
+    p.add_argument("--plot", type=Path, help="PNG: fused vs unfused time per layer")
+    p.add_argument("--profile", action="store_true",
+                   help="per-kernel time, implementation, MACs and TOPS of the fused plan")
+    p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("compare", help="compare with another framework's integer arithmetic")
     p.add_argument("model", type=Path)
-    p.add_argument("--emulate", required=True,
-                   choices=["tflite", "onnxruntime", "caffe2", "onednn", "tpu-mlir"])
+    p.add_argument("--emulate", required=True, choices=EMULATED)
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_not_built(7, "framework emulation"))
+    p.add_argument("--inputs", type=Path, help=".npz keyed by input name (default: random)")
+    p.add_argument("--against", choices=["reference", "fused"],
+                   help="baseline (default: fused when it exposes intermediates, else reference)")
+    p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("demo", help="a small end-to-end example")
     p.set_defaults(func=_cmd_demo)
@@ -100,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # output piped into `head` and cut: not an error of ours
+        sys.stderr.close()
+        return 0
     except (UnsupportedModelError, MalformedModelError, ValueError, FileNotFoundError,
             NotImplementedError) as exc:
         print(f"qfuse {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -1,0 +1,93 @@
+"""`qfuse compile` and `qfuse inspect`: what the compiler made of a model, for people and tools."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+
+def _compile(args: argparse.Namespace) -> tuple[Any, float]:
+    from compiler.api import compile_model
+
+    start = time.perf_counter()
+    model = compile_model(args.model, mode=getattr(args, "mode", "fused"),
+                          threads=getattr(args, "threads", None))
+    return model, time.perf_counter() - start
+
+
+def _json_default(value: object) -> object:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def main_compile(args: argparse.Namespace) -> int:
+    model, seconds = _compile(args)
+    info = model.inspect()
+    kinds = Counter(k["primitive"] for k in info["kernels"])
+    fused = [k for k in info["kernels"] if k["absorbed"] and len(k["absorbed"]) > 1]
+    print(f"{args.model}: compiled in {seconds:.2f} s ({info['mode']} mode, "
+          f"cpu isa {info['cpu_isa']})")
+    print(f"  kernels: {len(info['kernels'])} ("
+          + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()) + ")")
+    print(f"  fused kernels (absorbing more than one ONNX node): {len(fused)}")
+    print(f"  reorders between kernels: {info['reorders']}, at inputs/outputs: "
+          f"{info['io_reorders']}; numpy kernels: {info['numpy_kernels']}")
+    print(f"  buffers: {info['buffers']['count']} ({info['buffers']['bytes'] / 1024:.0f} KiB), "
+          f"constants: {info['constants']['bytes'] / 1024:.0f} KiB")
+    print(f"  not fused: {len(info['not_fused'])} node(s) — `qfuse inspect` lists them")
+    if not info.get("exact_int8_dot_products", True):
+        print("  WARNING: this CPU has no VNNI/AMX: oneDNN's u8·s8 products saturate in int16")
+    if args.json:
+        Path(args.json).write_text(json.dumps(info, indent=1, default=_json_default))
+        print(f"  plan written to {args.json}")
+    return 0
+
+
+def _masks(masks: dict[str, int]) -> str:
+    return ", ".join(f"{arg} (mask {mask})" for arg, mask in masks.items()) or "none"
+
+
+def format_inspect(info: dict[str, Any]) -> str:
+    lines = [f"{len(info['kernels'])} kernels ({info['mode']} mode, cpu isa {info['cpu_isa']})", ""]
+    for i, k in enumerate(info["kernels"], 1):
+        chain = ", ".join(k.get("post_op_details") or k["post_ops"]) or "none"
+        lines.append(f"[{i}] {k['name']}: {k['primitive']} {k['src_dtype']}→{k['dst_dtype']} "
+                     f"on {k['impl']}")
+        lines.append(f"    post-ops:  {chain}")
+        if k.get("scales_masks") or k.get("zero_points_masks"):
+            lines.append(f"    scales:    {_masks(k.get('scales_masks', {}))}; zero points: "
+                         f"{_masks(k.get('zero_points_masks', {}))}")
+        if k.get("src_layouts"):
+            lines.append(f"    layouts:   src {' | '.join(k['src_layouts'])} → dst "
+                         f"{' | '.join(k.get('dst_layouts', []))}")
+        if k.get("weights_layout"):
+            lines.append(f"    weights:   {k['weights_layout']}")
+        if k["optimizations"]:
+            counted = Counter(k["optimizations"])
+            lines.append("    composer:  " + ", ".join(
+                name if n == 1 else f"{name} ×{n}" for name, n in counted.items()))
+        if k["absorbed"]:
+            lines.append(f"    absorbed:  {', '.join(k['absorbed'])}")
+    lines.append("")
+    lines.append(f"reorders between kernels: {info['reorders']}; at inputs/outputs: "
+                 f"{info['io_reorders']}; in-place sums: {info['in_place_sums']}; numpy "
+                 f"kernels: {info['numpy_kernels']}")
+    lines.append(f"not fused ({len(info['not_fused'])}):")
+    for item in info["not_fused"]:
+        lines.append(f"  {item['node']} ({item['op']}): {item['reason']}")
+    return "\n".join(lines)
+
+
+def main_inspect(args: argparse.Namespace) -> int:
+    model, _ = _compile(args)
+    info = model.inspect()
+    if args.json:
+        print(json.dumps(info, indent=1, default=_json_default))
+    else:
+        print(format_inspect(info))
+    return 0

@@ -1,0 +1,70 @@
+"""The `qfuse` command line end to end on a zoo model: compile, inspect (text and JSON), run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler.cli import main
+from examples.zoo import model_path
+
+
+@pytest.fixture(scope="module")
+def resnet() -> Path:
+    return model_path("resnet", quantized=True)
+
+
+def test_compile_prints_summary_and_writes_plan(resnet: Path, tmp_path: Path, capsys) -> None:
+    plan = tmp_path / "plan.json"
+    assert main(["compile", str(resnet), "--json", str(plan)]) == 0
+    text = capsys.readouterr().out
+    assert "kernels: 14" in text and "reorders between kernels: 0" in text
+    assert json.loads(plan.read_text())["kernels"]
+
+
+def test_inspect_json_has_the_documented_keys(resnet: Path, capsys) -> None:
+    assert main(["inspect", str(resnet), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert {"kernels", "reorders", "not_fused"} <= info.keys()
+    for kernel in info["kernels"]:
+        assert {"name", "primitive", "impl", "src_dtype", "dst_dtype", "post_ops",
+                "optimizations", "absorbed"} <= kernel.keys()
+    convs = [k for k in info["kernels"] if k["primitive"] == "convolution"]
+    assert all(k["dst_dtype"] == "u8" for k in convs)
+    assert sum("sum" in k["post_ops"] for k in convs) == 4  # the four residual adds
+    assert not any(k["impl"].startswith("ref") for k in convs)
+    assert {n["node"] for n in info["not_fused"]} == {"input_QuantizeLinear",
+                                                      "logits_DequantizeLinear"}
+
+
+def test_inspect_text_lists_kernels_and_reasons(resnet: Path, capsys) -> None:
+    assert main(["inspect", str(resnet)]) == 0
+    text = capsys.readouterr().out
+    assert "/layer1.0/conv2/Conv: convolution u8→u8" in text
+    assert "sum(scale=" in text and "composer:" in text
+    assert "input_QuantizeLinear (FakeQuantize): quantizes the graph input" in text
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused", "fp32", "reference"])
+def test_run_saves_outputs(resnet: Path, tmp_path: Path, mode: str, capsys) -> None:
+    out = tmp_path / "out.npz"
+    assert main(["run", str(resnet), "--mode", mode, "--output", str(out)]) == 0
+    with np.load(out) as npz:
+        assert npz["logits"].shape == (1, 10)
+
+
+def test_run_reads_inputs_and_names_missing_ones(resnet: Path, tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, other=np.zeros(3, np.float32))
+    assert main(["run", str(resnet), "--inputs", str(bad)]) == 1
+    assert "lacks model inputs ['input']" in capsys.readouterr().err
+
+
+def test_bad_model_gives_an_error_not_a_traceback(tmp_path: Path, capsys) -> None:
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    assert main(["compile", str(junk)]) == 1
+    assert "MalformedModelError" in capsys.readouterr().err
