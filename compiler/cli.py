@@ -70,9 +70,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from examples.binding_demo import main as binding_demo
+    from examples.demo import main as demo
 
-    return binding_demo()
+    return demo()
 
 
 def build_parser() -> argparse.ArgumentParser:
