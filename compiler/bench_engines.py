@@ -1,0 +1,217 @@
+"""The engines `qfuse bench` compares: qfuse's own modes, ONNX Runtime and OpenVINO.
+
+Every engine is built from the same ONNX file with the same thread count and gets the same
+feeds; ``Engine.run()`` runs one inference on them (the timed call) and ``Engine.outputs()``
+returns the outputs as a list in the model's output order (for the agreement check).
+
+- qfuse ``fused`` / ``unfused`` / ``fp32`` / ``reference``: ``compile_model(path, mode,
+  threads=N)``; the timed call is ``CompiledModel.run`` (validates and copies the inputs in,
+  copies the outputs out).
+- ONNX Runtime: CPU provider, ``intra_op_num_threads=N``, ``inter_op_num_threads=1``, sequential
+  execution, default graph optimizations (ORT_ENABLE_ALL, which runs its QDQ fusions).
+- OpenVINO: ``Core().read_model`` of the QDQ ONNX file (its LPT turns Q/DQ into int8), compiled
+  on "CPU" with ``INFERENCE_NUM_THREADS=N`` and ``PERFORMANCE_HINT=LATENCY``, one infer request.
+  The runtime model (the executed graph) is read back to count the layers that ran in I8/U8,
+  so a silent fall-back to f32/bf16 shows up in the table.
+
+A missing optional package raises ``EngineUnavailable`` with a message; the bench skips that
+engine and says why.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+QFUSE_MODES = ("fused", "unfused", "fp32", "reference")
+EXTERNAL = ("onnxruntime", "openvino")
+ENGINES = QFUSE_MODES + EXTERNAL
+# OpenVINO layer types that do the int8 multiply-accumulate work.
+_OV_COMPUTE = ("Convolution", "Deconvolution", "FullyConnected", "MatMul", "GroupConvolution")
+_OV_SKIP = {"Const", "Input", "Output", "Parameter", "Result"}
+
+
+class EngineUnavailable(RuntimeError):
+    """An optional engine cannot run here (its package is missing or refuses the model)."""
+
+
+@dataclass
+class Engine:
+    name: str
+    run: Callable[[], object]
+    outputs: Callable[[], list[np.ndarray]]
+    compile_s: float
+    info: dict[str, Any] = field(default_factory=dict)
+    compiled: Any = None  # the qfuse CompiledModel, for qfuse modes
+
+
+def make_engine(name: str, model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:
+    """Build engine ``name`` (one of ENGINES) on ``model`` with ``threads`` threads."""
+    if name in QFUSE_MODES:
+        return _qfuse(name, model, threads, feeds)
+    if name == "onnxruntime":
+        return _onnxruntime(model, threads, feeds)
+    if name == "openvino":
+        return _openvino(model, threads, feeds)
+    raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
+
+
+def _import(package: str) -> Any:
+    try:
+        return importlib.import_module(package)
+    except ImportError as exc:
+        raise EngineUnavailable(f"{package} is not installed ({exc}); "
+                                f"pip install {package} (or the `bench` extra)") from None
+
+
+def _qfuse(mode: str, model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:
+    from compiler.api import compile_model
+
+    start = time.perf_counter()
+    compiled = compile_model(model, mode=mode, threads=threads)
+    seconds = time.perf_counter() - start
+    names = compiled.outputs
+
+    def run() -> dict[str, np.ndarray]:
+        return compiled.run(feeds)
+
+    def outputs() -> list[np.ndarray]:
+        result = compiled.run(feeds)
+        return [result[n] for n in names]
+
+    info: dict[str, Any] = {}
+    if compiled.plan is not None:
+        kernels = compiled.plan.kernels
+        impls = Counter(k.impl for k in kernels)
+        info = {"kernels": len(kernels), "reorders": compiled.plan.reorders,
+                "numpy_kernels": impls.get("numpy", 0),
+                "ref_kernels": sum(c for i, c in impls.items() if i.startswith("ref")),
+                "impls": dict(impls.most_common())}
+    return Engine(mode, run, outputs, seconds, info, compiled)
+
+
+def _onnxruntime(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:
+    ort = _import("onnxruntime")
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    start = time.perf_counter()
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT's own exception types; report, do not crash
+        raise EngineUnavailable(f"onnxruntime refused the model: {exc}") from None
+    seconds = time.perf_counter() - start
+
+    def run() -> list[np.ndarray]:
+        return session.run(None, feeds)
+
+    info = {"version": ort.__version__, "intra_op_num_threads": threads,
+            "inter_op_num_threads": 1, "execution_mode": "sequential"}
+    return Engine("onnxruntime", run, run, seconds, info)
+
+
+def _openvino(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:
+    ov = _import("openvino")
+    core = ov.Core()
+    start = time.perf_counter()
+    try:
+        network = core.read_model(str(model))
+        compiled = core.compile_model(network, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                       "PERFORMANCE_HINT": "LATENCY"})
+    except Exception as exc:  # noqa: BLE001 - OpenVINO's own exception types; report them
+        raise EngineUnavailable(f"openvino refused the model: {exc}") from None
+    seconds = time.perf_counter() - start
+    request = compiled.create_infer_request()
+    by_index = {index: feeds[_ov_name(port, feeds, index)]
+                for index, port in enumerate(compiled.inputs)}
+    ports = list(compiled.outputs)
+
+    def run() -> object:
+        return request.infer(by_index)
+
+    def outputs() -> list[np.ndarray]:
+        result = request.infer(by_index)
+        return [np.asarray(result[p]) for p in ports]
+
+    info: dict[str, Any] = {"version": ov.__version__, "INFERENCE_NUM_THREADS": threads,
+                            "PERFORMANCE_HINT": "LATENCY"}
+    for key in ("INFERENCE_PRECISION_HINT", "NUM_STREAMS"):
+        try:
+            info[key] = str(compiled.get_property(key))
+        except Exception as exc:  # noqa: BLE001 - a property this OpenVINO does not report
+            log.debug("openvino property %s: %s", key, exc)
+    info.update(openvino_precisions(compiled))
+    if info["compute_layers"] and info["compute_int8"] < info["compute_layers"]:
+        log.warning("openvino ran %d of %d compute layers outside int8",
+                    info["compute_layers"] - info["compute_int8"], info["compute_layers"])
+    return Engine("openvino", run, outputs, seconds, info)
+
+
+def _ov_name(port: Any, feeds: dict[str, np.ndarray], index: int) -> str:
+    """The feed for an OpenVINO input port: by one of its names, else by position."""
+    names = set(port.get_names())
+    for name in feeds:
+        if name in names:
+            return name
+    return list(feeds)[index]
+
+
+def _rt(info: Any, key: str) -> str:
+    try:
+        value = info[key]
+    except (KeyError, IndexError, RuntimeError):
+        return "?"
+    return value.astype(str) if hasattr(value, "astype") else str(value)
+
+
+def openvino_precisions(compiled: Any) -> dict[str, Any]:
+    """Runtime precisions of the executed graph: layer counts per precision, and how many
+    compute layers (conv / fully connected / matmul) ran in I8/U8, with their primitive types."""
+    by_precision: Counter[str] = Counter()
+    primitives: Counter[str] = Counter()
+    compute = compute_int8 = 0
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        rt = op.get_rt_info()
+        layer = _rt(rt, "layerType")
+        if layer in _OV_SKIP:
+            continue
+        precision = _rt(rt, "runtimePrecision").lower()
+        by_precision[precision] += 1
+        if any(layer.startswith(c) for c in _OV_COMPUTE):
+            compute += 1
+            compute_int8 += precision in ("i8", "u8")
+            primitives[_rt(rt, "primitiveType")] += 1
+    layers = sum(by_precision.values())
+    int8 = by_precision.get("i8", 0) + by_precision.get("u8", 0)
+    return {"layers": layers, "layers_int8": int8, "layers_by_precision": dict(by_precision),
+            "compute_layers": compute, "compute_int8": compute_int8,
+            "compute_primitives": dict(primitives.most_common())}
+
+
+def engine_note(engine: Engine) -> str:
+    """One short line for the table's notes column."""
+    info = engine.info
+    if engine.name == "openvino":
+        top = next(iter(info.get("compute_primitives", {})), "")
+        return (f"int8 compute {info.get('compute_int8')}/{info.get('compute_layers')}, "
+                f"I8/U8 layers {info.get('layers_int8')}/{info.get('layers')}"
+                + (f", {top}" if top else ""))
+    if "kernels" in info:
+        note = f"{info['kernels']} kernels, {info['reorders']} reorders"
+        if info["ref_kernels"] or info["numpy_kernels"]:
+            note += f", {info['ref_kernels']} ref, {info['numpy_kernels']} numpy"
+        return note
+    if engine.name == "onnxruntime":
+        return f"ort {info.get('version')}"
+    return ""
