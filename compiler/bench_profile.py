@@ -282,7 +282,10 @@ def format_profile(profile: dict[str, Any], top: int = 15) -> str:
 
 def plot_fused_vs_unfused(profile: dict[str, Any], path: Path) -> None:
     """Bar chart: per fused kernel, its time vs the summed time of its unfused kernels."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ValueError("--plot needs matplotlib: pip install 'qfuse[bench]'") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
