@@ -23,6 +23,7 @@ from runtime.emulate.kernel import Prepared
 from runtime.emulate.patterns import Decline, Match, Pattern, match, quantize_match
 from runtime.emulate.table import TABLE, Framework, float_reason
 from runtime.reference import IMPLS, EvaluationError, MissingImplError
+from runtime.reference.interpreter import check_feeds, conform
 
 __all__ = ["Decision", "emulate", "plan"]
 
@@ -119,7 +120,7 @@ def emulate(
     integer = {d.match.root.name: d for d in decisions
                if d.prepared is not None and d.match is not None}
     skip = set() if keep else _skippable(graph, integer)
-    env = _check_feeds(graph, feeds)
+    env = check_feeds(graph, feeds)
 
     def read(name: str) -> np.ndarray:
         data = graph.constant(name)
@@ -140,7 +141,7 @@ def emulate(
                         f"node {node}: no reference implementation of {node.op.value}")
                 outs = fn(node, [read(n) if n else None for n in node.inputs])
             for name, array in zip(node.outputs, outs, strict=True):
-                env[name] = _conform(graph, name, array)
+                env[name] = conform(graph, name, array)
         except MissingImplError:
             raise
         except Exception as exc:
@@ -148,29 +149,3 @@ def emulate(
     if keep:
         return env
     return {name: read(name) for name in graph.outputs}
-
-
-def _check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    unknown = sorted(set(feeds) - set(graph.inputs))
-    if unknown:
-        raise ValueError(f"feeds name {unknown}, which are not inputs of graph '{graph.name}'")
-    env: dict[str, np.ndarray] = {}
-    for name in graph.inputs:
-        if name not in feeds:
-            raise ValueError(f"input '{name}' is not fed")
-        array, info = np.asarray(feeds[name]), graph.info(name)
-        if array.shape != info.shape or array.dtype != info.dtype.np:
-            raise ValueError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
-                             f"the graph wants {info.dtype.np}{list(info.shape)}")
-        env[name] = array
-    return env
-
-
-def _conform(graph: Graph, name: str, array: np.ndarray) -> np.ndarray:
-    info = graph.values[name].info
-    if info is None or array.dtype == info.dtype.np:
-        return array
-    cast = array.astype(info.dtype.np)
-    if not np.array_equal(cast.astype(array.dtype), array):
-        raise ValueError(f"output '{name}' is {array.dtype}, its info says {info.dtype.np}")
-    return cast

@@ -35,7 +35,7 @@ def evaluate(
     Fused nodes evaluate their post-op chain (runtime/reference/fused.py); with ``composed``
     they evaluate the oneDNN attributes the composer recorded for them instead.
     """
-    env = _check_feeds(graph, feeds)
+    env = check_feeds(graph, feeds)
     for node in graph.topo_order():
         fn = IMPLS.get(node.op)
         if fn is None:
@@ -44,7 +44,7 @@ def evaluate(
         try:
             outs = run_node(node, args, graph, composed=composed)
             for name, array in zip(node.outputs, outs, strict=True):
-                env[name] = _conform(graph, name, array)
+                env[name] = conform(graph, name, array)
         except Exception as exc:
             raise EvaluationError(f"node {node}: {type(exc).__name__}: {exc}") from exc
     if keep:
@@ -66,7 +66,7 @@ def _read(graph: Graph, env: dict[str, np.ndarray], name: str) -> np.ndarray:
     return env[name] if data is None else data
 
 
-def _check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     unknown = sorted(set(feeds) - set(graph.inputs))
     if unknown:
         raise ValueError(f"feeds name {unknown}, which are not inputs of graph '{graph.name}'")
@@ -82,7 +82,7 @@ def _check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.nda
     return env
 
 
-def _conform(graph: Graph, name: str, array: np.ndarray) -> np.ndarray:
+def conform(graph: Graph, name: str, array: np.ndarray) -> np.ndarray:
     info = graph.values[name].info
     if info is None:
         return array
