@@ -41,7 +41,13 @@ def main_compile(args: argparse.Namespace) -> int:
           f"constants: {info['constants']['bytes'] / 1024:.0f} KiB")
     print(f"  not fused: {len(info['not_fused'])} node(s) — `qfuse inspect` lists them")
     if not info.get("exact_int8_dot_products", True):
-        print("  WARNING: this CPU has no VNNI/AMX: oneDNN's u8·s8 products saturate in int16")
+        split = sum("split weights" in how for how in info.get("exact_int8", {}).values())
+        if info.get("exact_int8"):
+            print(f"  no VNNI/AMX on this CPU: {split} int8 kernel(s) split into two so their "
+                  "accumulators stay exact (`qfuse inspect` shows which)")
+        else:
+            print("  WARNING: this CPU has no VNNI/AMX: oneDNN's u8·s8 products saturate in "
+                  "int16")
     if args.json:
         Path(args.json).write_text(json.dumps(info, indent=1, default=_json_default))
         print(f"  plan written to {args.json}")
@@ -73,6 +79,10 @@ def format_inspect(info: dict[str, Any]) -> str:
                 name if n == 1 else f"{name} ×{n}" for name, n in counted.items()))
         if k["absorbed"]:
             lines.append(f"    absorbed:  {', '.join(k['absorbed'])}")
+        if k.get("exact_int8"):
+            lines.append(f"    exact:     {k['exact_int8']}")
+        if k.get("note"):
+            lines.append(f"    note:      {k['note']}")
     lines.append("")
     lines.append(f"reorders between kernels: {info['reorders']}; at inputs/outputs: "
                  f"{info['io_reorders']}; in-place sums: {info['in_place_sums']}; numpy "

@@ -22,6 +22,7 @@ from runtime.onednn.enums import (
     BINARY_ALGS,
     ELTWISE_ALGS,
     POOLING_ALGS,
+    RESAMPLING_ALGS,
     Alg,
     Arg,
     CpuIsa,
@@ -59,6 +60,7 @@ from runtime.onednn.primitives import (
     matmul,
     pooling,
     reorder,
+    resampling,
     softmax,
 )
 from runtime.onednn.threads import (
@@ -72,13 +74,15 @@ from runtime.onednn.threads import (
 )
 
 __all__ = [
-    "BINARY_ALGS", "ELTWISE_ALGS", "LIBRARY_PATH", "POOLING_ALGS", "Alg", "Arg", "AttrInfo",
+    "BINARY_ALGS", "ELTWISE_ALGS", "LIBRARY_PATH", "POOLING_ALGS", "RESAMPLING_ALGS",
+    "Alg", "Arg", "AttrInfo",
     "BoundPrimitive", "CpuIsa", "DataType", "DnnlError", "Engine", "EngineKind", "ExpectedArg",
     "FormatKind", "FormatTag", "FpMathMode", "Memory", "MemoryDesc", "NormFlags",
     "OneDnnNotInstalledError", "PostOpRecord", "PostOps", "Primitive", "PrimitiveAttr",
     "PrimitiveDesc", "PrimitiveKind", "PropKind", "Query", "Status", "Stream", "Version",
     "arg_name", "binary", "check", "concat", "convolution", "data_type_of", "deconvolution",
     "default_engine", "default_stream", "effective_cpu_isa", "eltwise", "filled", "get_num_threads",
-    "inner_product", "layer_normalization", "matmul", "pooling", "reorder", "set_max_cpu_isa",
+    "inner_product", "layer_normalization", "matmul", "pooling", "reorder", "resampling",
+    "set_max_cpu_isa",
     "set_num_threads", "set_verbose", "softmax", "version",
 ]

@@ -214,6 +214,10 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
         _S,
         [HandlePtr, Handle, Handle, c_int, c_int, HandlePtr, Handle],
     ),
+    "dnnl_resampling_forward_primitive_desc_create": (
+        _S,
+        [HandlePtr, Handle, _E, _E, POINTER(c_float), Handle, Handle, Handle],
+    ),
     "dnnl_softmax_forward_primitive_desc_create": (
         _S,
         [HandlePtr, Handle, _E, _E, Handle, Handle, c_int, Handle],

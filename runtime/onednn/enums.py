@@ -174,6 +174,8 @@ class Alg(IntEnum):
     binary_min = 0x1FFF3
     binary_div = 0x1FFF4
     binary_sub = 0x1FFF5
+    resampling_nearest = 0x2FFF0
+    resampling_linear = 0x2FFF1
     softmax_accurate = 0x30000
     softmax_log = 0x30001
 
@@ -182,6 +184,7 @@ ELTWISE_ALGS = frozenset(a for a in Alg if a.name.startswith("eltwise_"))
 BINARY_ALGS = frozenset(a for a in Alg if a.name.startswith("binary_"))
 POOLING_ALGS = frozenset(a for a in Alg if a.name.startswith("pooling_"))
 SOFTMAX_ALGS = frozenset(a for a in Alg if a.name.startswith("softmax_"))
+RESAMPLING_ALGS = frozenset(a for a in Alg if a.name.startswith("resampling_"))
 
 
 class Query(IntEnum):
@@ -202,6 +205,7 @@ class Query(IntEnum):
     flags = 19
     alg_kind = 20
     axis_s32 = 23
+    factors = 27
     kernel = 31
     src_md = 129
     diff_src_md = 130

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from ctypes import byref, c_void_p
+from ctypes import byref, c_float, c_void_p
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from runtime.onednn.attr import PrimitiveAttr
 from runtime.onednn.enums import (
     ELTWISE_ALGS,
     POOLING_ALGS,
+    RESAMPLING_ALGS,
     SOFTMAX_ALGS,
     Alg,
     Arg,
@@ -230,6 +231,40 @@ def concat(srcs: Sequence[MemoryDesc], axis: int, dst: MemoryDesc | None = None,
               + " " + _desc(dst=dst))
     return _finish(PrimitiveKind.concat, "dnnl_concat_primitive_desc_create", status, handle,
                    attr, engine, detail)
+
+
+def resampling(alg: Alg, src: MemoryDesc, dst: MemoryDesc, *,
+               factors: Sequence[float] | None = None, attr: PrimitiveAttr | None = None,
+               engine: Engine | None = None, prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """Nearest or linear resampling of the spatial dims of src {N, C, [D,] [H,] W} to dst's.
+
+    ``factors`` (one per spatial dim) default to dst/src (NULL in C). oneDNN maps an output
+    index o to the source coordinate ``(o + 0.5)·in/out - 0.5`` in f32: nearest takes its
+    roundf (halves away from zero), linear interpolates the two neighbours (clamped to the
+    edge). u8/s8 dst rounds half to even and saturates on store. The factors do not enter
+    the computation in 3.2 (runtime/onednn/reference.py models it)."""
+    if alg not in RESAMPLING_ALGS:
+        raise ValueError(f"{alg!r} is not a resampling algorithm")
+    spatial = src.ndims - 2
+    if spatial < 1 or dst.ndims != src.ndims:
+        raise ValueError(f"resampling needs src and dst {{N, C, spatial...}}, got "
+                         f"{src.describe()} and {dst.describe()}")
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    c_factors = None
+    if factors is not None:
+        values = tuple(float(f) for f in factors)
+        if len(values) != spatial:
+            raise ValueError(f"factors needs {spatial} spatial values, got {values}")
+        c_factors = (c_float * spatial)(*values)
+    handle = c_void_p()
+    status = C.dnnl_resampling_forward_primitive_desc_create(
+        byref(handle), engine.handle, prop_kind, alg, c_factors, src.handle, dst.handle,
+        attr.handle)
+    detail = (f"{Alg(alg).name} " + _desc(src=src, dst=dst)
+              + ("" if factors is None else f" factors={tuple(factors)}"))
+    return _finish(PrimitiveKind.resampling, "dnnl_resampling_forward_primitive_desc_create",
+                   status, handle, attr, engine, detail)
 
 
 def softmax(src: MemoryDesc, dst: MemoryDesc | None = None, *, axis: int,

@@ -23,6 +23,13 @@ and sum with a scale is fused-multiply-added. Both matter only on values within 
 tie, which random data almost never produces. Without VNNI/AMX the accumulator itself is not
 exact (int16 saturation, halved s8 weights): the test module documents and models that.
 
+Resampling (not int8-specific; measured for f32/u8/s8, nchw and nhwc, jit avx512 and AVX2):
+output index o of a spatial dim resized in → out maps to ``c = f32(f32(f32(o + 0.5)·in)/out) -
+0.5`` (from the dims; the factors argument does not enter). Nearest copies ``x[roundf(c)]``
+(halves away from zero). Linear reads ``lo = max(trunc(c), 0)``, ``hi = min(ceil(c), in - 1)``
+with weights ``1 - w`` and ``w = |c - lo|``, rounded by its own evaluation order (a few ulps
+from a float64 evaluation of the same weights); u8/s8 dst: rint and saturate on store.
+
 `fma32` emulates a float32 fused multiply-add through float64: a*b is exact in float64 (24 + 24
 bits), and the sum with c is exact unless the exponents differ by more than ~29; a single
 rounding to float32 then equals the hardware FMA.
@@ -237,3 +244,39 @@ def lsb_diff(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
     """(max |a - b| in integer steps, share of identical elements)."""
     d = np.abs(a.astype(np.int64) - b.astype(np.int64))
     return int(d.max(initial=0)), float(np.mean(d == 0)) if d.size else 1.0
+
+
+def resampling_coordinate(size: int, out: int) -> np.ndarray:
+    """The float32 source coordinate of each output index (module docstring)."""
+    o = np.arange(out, dtype=F32)
+    return (o + F32(0.5)) * F32(size) / F32(out) - F32(0.5)  # float32, in C's order
+
+
+def resampling_nearest_index(size: int, out: int) -> np.ndarray:
+    """The input index oneDNN's nearest resampling reads for each output index."""
+    # roundf in float64, where |c| + 0.5 is exact (in float32, c + 0.5 can round up to a whole)
+    c = resampling_coordinate(size, out).astype(np.float64)
+    rounded = np.sign(c) * np.floor(np.abs(c) + 0.5)
+    return np.clip(rounded, 0, size - 1).astype(np.int64)
+
+
+def resampling_linear_taps(size: int, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(lo, hi, w) of oneDNN's linear resampling: x[lo]·(1 - w) + x[hi]·w."""
+    c = resampling_coordinate(size, out)
+    lo = np.maximum(np.trunc(c), 0).astype(np.int64)
+    hi = np.minimum(np.where(c < 0, 0, np.ceil(c)), size - 1).astype(np.int64)
+    return lo, hi, np.abs(c - lo.astype(F32)).astype(np.float64)
+
+
+def resampling(x: np.ndarray, out: Sequence[int], linear: bool) -> np.ndarray:
+    """oneDNN's resampling of x {N, C, spatial...} to spatial dims ``out``: nearest exactly,
+    linear in float64 (its own result is within a few float32 ulps of this)."""
+    y = x.astype(np.float64) if linear else x
+    for axis, (size, o) in enumerate(zip(x.shape[2:], out, strict=True), start=2):
+        if not linear:
+            y = np.take(y, resampling_nearest_index(size, o), axis=axis)
+            continue
+        lo, hi, w = resampling_linear_taps(size, o)
+        w = w.reshape((-1,) + (1,) * (x.ndim - axis - 1))
+        y = np.take(y, lo, axis=axis) * (1 - w) + np.take(y, hi, axis=axis) * w
+    return y

@@ -217,14 +217,39 @@ def _linear_taps(mode: str, out: int, size: int, scale: np.float32) -> tuple[np.
             np.where(same, F32(0.5), w_high).astype(F32))
 
 
-def _resize_linear(x: np.ndarray, attrs: ResizeAttrs, scales: list[np.float32]) -> np.ndarray:
-    """Bi-/trilinear Resize in float32, term by term as ONNX Runtime (ops_shape docstring)."""
-    axes = _linear_axes(scales, x.ndim)
+def resize_scales(attrs: ResizeAttrs, shape: tuple[int, ...]) -> list[np.float32]:
+    """The float32 scale of each dim: the ``scales`` attribute, else out / in."""
+    return [F32(attrs.scales[a]) if attrs.scales else F32(out) / F32(size)
+            for a, (size, out) in enumerate(zip(shape, attrs.sizes))]
+
+
+def nearest_indices(attrs: ResizeAttrs, shape: tuple[int, ...], axis: int) -> np.ndarray | None:
+    """The input index nearest Resize takes for each output index along ``axis``; None when
+    the axis is left alone (scale 1, size unchanged)."""
+    size, out = shape[axis], attrs.sizes[axis]
+    scale = resize_scales(attrs, shape)[axis]
+    if out == size and scale == F32(1):
+        return None
+    coords = _source_coords(attrs.coordinate_transformation_mode, out, size, scale)
+    return _nearest(coords, attrs.nearest_mode, size)
+
+
+def linear_taps(attrs: ResizeAttrs, shape: tuple[int, ...]
+                ) -> dict[int, tuple[np.ndarray, ...]]:
+    """Per interpolated axis (in order): low / high input index and their float32 weights."""
+    scales = resize_scales(attrs, shape)
+    axes = _linear_axes(scales, len(shape))
     if axes is None:
-        axes = tuple(i for i, (size, out) in enumerate(zip(x.shape, attrs.sizes))
+        axes = tuple(i for i, (size, out) in enumerate(zip(shape, attrs.sizes))
                      if out != size or scales[i] != F32(1))
-    taps = {a: _linear_taps(attrs.coordinate_transformation_mode, attrs.sizes[a], x.shape[a],
+    return {a: _linear_taps(attrs.coordinate_transformation_mode, attrs.sizes[a], shape[a],
                             scales[a]) for a in axes}
+
+
+def _resize_linear(x: np.ndarray, attrs: ResizeAttrs) -> np.ndarray:
+    """Bi-/trilinear Resize in float32, term by term as ONNX Runtime (ops_shape docstring)."""
+    taps = linear_taps(attrs, x.shape)
+    axes = tuple(taps)
     y = None
     # Corners with the last axis varying fastest; weight = w_last · ... · w_first, left to right.
     for corner in itertools.product((0, 1), repeat=len(axes)):
@@ -249,16 +274,13 @@ def resize(node: Node, args: Arrays) -> list[np.ndarray]:
         raise ValueError(f"linear Resize reads float32, got {x.dtype}")
     if tuple(attrs.sizes) == x.shape:
         return [x.copy()]  # ONNX Runtime copies when no dim changes size, whatever the scales
-    scales = [F32(attrs.scales[a]) if attrs.scales else F32(out) / F32(size)
-              for a, (size, out) in enumerate(zip(x.shape, attrs.sizes))]
     if attrs.mode is ResizeMode.LINEAR:
-        return [np.ascontiguousarray(_resize_linear(x, attrs, scales), dtype=F32)]
+        return [np.ascontiguousarray(_resize_linear(x, attrs), dtype=F32)]
     y = x
-    for axis, (size, out) in enumerate(zip(x.shape, attrs.sizes)):
-        if out == size and scales[axis] == F32(1):
-            continue
-        coords = _source_coords(attrs.coordinate_transformation_mode, out, size, scales[axis])
-        y = np.take(y, _nearest(coords, attrs.nearest_mode, size), axis=axis)
+    for axis in range(x.ndim):
+        index = nearest_indices(attrs, x.shape, axis)
+        if index is not None:
+            y = np.take(y, index, axis=axis)
     return [np.array(y, dtype=x.dtype, copy=True)]
 
 

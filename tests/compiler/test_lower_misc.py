@@ -187,8 +187,9 @@ def test_numpy_fallbacks() -> None:
     g = _graph({"x": (1, 3, 4, 4)})
     g.add_node(Op.PAD, ["x"], ["p"], PadAttrs((0, 0, 1, 2, 0, 0, 1, 0)),
                infos=[TensorInfo((1, 3, 6, 6), DType.F32)])
+    # asymmetric/ceil: oneDNN's nearest reads other indices (lower_resize.py), so numpy
     g.add_node(Op.RESIZE, ["p"], ["r"], ResizeAttrs(ResizeMode.NEAREST, (1, 3, 12, 12),
-                                                    (1.0, 1.0, 2.0, 2.0)),
+                                                    (1.0, 1.0, 2.0, 2.0), "asymmetric", "ceil"),
                infos=[TensorInfo((1, 3, 12, 12), DType.F32)])
     g.add_node(Op.CAST, ["r"], ["c"], CastAttrs(DType.S32), infos=[TensorInfo((1, 3, 12, 12),
                                                                              DType.S32)])

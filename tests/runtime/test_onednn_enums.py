@@ -226,3 +226,24 @@ def test_argument_counts_match_headers() -> None:
         declared = params.group(1).strip()
         count = 0 if declared in ("", "void") else declared.count(",") + 1
         assert len(getattr(_lib.C, name).argtypes) == count, name
+
+
+def test_resampling_matches_headers() -> None:
+    """The resampling additions by name (the sweeps above check every member too): algorithm
+    kinds, the factors query, and the prototype's parameter types one by one."""
+    algs, queries = c_enums()["dnnl_alg_kind_t"], c_enums()["dnnl_query_t"]
+    assert Alg.resampling_nearest == algs["dnnl_resampling_nearest"]
+    assert Alg.resampling_linear == algs["dnnl_resampling_linear"]
+    assert Query.factors == queries["dnnl_query_factors"]
+    assert PrimitiveKind.resampling == c_enums()["dnnl_primitive_kind_t"]["dnnl_resampling"]
+    text = re.sub(r"\s+", " ", _strip((header_dir() / "dnnl.h").read_text()))
+    name = "dnnl_resampling_forward_primitive_desc_create"
+    params = re.search(rf"\b{name}\s*\(([^)]*)\)\s*;", text)
+    assert params, name
+    c_types = [re.sub(r"\w+$", "", p.strip()).replace(" ", "") for p in params.group(1).split(",")]
+    assert c_types == ["dnnl_primitive_desc_t*", "dnnl_engine_t", "dnnl_prop_kind_t",
+                       "dnnl_alg_kind_t", "constfloat*", "const_dnnl_memory_desc_t",
+                       "const_dnnl_memory_desc_t", "const_dnnl_primitive_attr_t"]
+    argtypes = getattr(_lib.C, name).argtypes
+    assert argtypes[4] is ctypes.POINTER(ctypes.c_float)
+    assert argtypes[2] is argtypes[3] is ctypes.c_int  # enums

@@ -1,0 +1,249 @@
+"""Resize → oneDNN resampling where it reads the same input elements as ONNX; numpy otherwise.
+
+oneDNN 3.2 (``cpu/resampling_utils.hpp``; modelled in runtime/onednn/reference.py and checked
+against the library for every data type and layout by tests/runtime/test_onednn_resampling.py)
+maps output index ``o`` of a spatial dim resized from ``in`` to ``out`` to the float32 source
+coordinate
+
+    c = f32(f32(f32(o + 0.5) · in) / out) - 0.5        (the factors argument is not used)
+
+**nearest** copies input element ``roundf(c)`` (halves away from zero): no arithmetic, so the
+output equals the reference (runtime/reference/ops_shape.py) exactly — for u8, s8 and f32 —
+*iff* that index equals ONNX's along every dim. That is checked here at compile time, index by
+index (``nearest_decision``); a Resize whose indices differ anywhere runs the reference in numpy
+and `inspect` says where they differ. Precondition of the check: N and C are not resized and the
+rank is 3-5 (oneDNN resamples {N, C, 1-3 spatial dims}). Which ONNX modes agree, measured for
+every input size 1..64 (Y: all agree; the check decides per node either way):
+
+    coordinate_transformation_mode  nearest_mode         ×2 ×3 ×4 ×0.5
+    half_pixel, half_pixel_symmetric round_prefer_floor  Y  Y  Y  -
+    half_pixel, half_pixel_symmetric round_prefer_ceil   Y  Y  Y  Y
+    pytorch_half_pixel               round_prefer_*      Y  Y  Y  -
+    asymmetric                       floor               Y  Y  Y  -     (unet's /up2/Resize)
+    asymmetric                       round_prefer_floor  Y  -  -  -
+    align_corners                    round_prefer_*      Y  -  -  -
+    tf_half_pixel_for_nearest        floor               Y  Y  Y  Y
+    (any other pair)                                     -  -  -  (some Y at ×0.5)
+
+Why, for an integer factor k and ``o = k·i + j`` (0 <= j < k): oneDNN's and the half_pixel
+family's ``c = i + (j + 0.5)/k - 0.5`` lie strictly inside (i - 0.5, i + 0.5), so any
+round-to-nearest gives i = floor(o/k); asymmetric/floor (``floor(i + j/k)``) and
+tf_half_pixel_for_nearest/floor (``floor(i + (j + 0.5)/k)``) give i too, while
+asymmetric/round_prefer_floor gives i only if every ``j/k <= 0.5`` (k = 2).
+
+**linear** is not lowered to oneDNN. resampling_linear weighs ``x[lo]·(1 - w) + x[hi]·w`` axis by
+axis with its own rounding, where the reference (ONNX Runtime's float32 formula) multiplies the
+product of the axis weights into each corner and adds the corners left to right. Measured on
+unet's /up1/Resize (half_pixel ×2, DequantizeLinear s = 0.0183 → Resize → QuantizeLinear with
+the same scale; 20 inputs, nchw and nhwc):
+
+- f32 resampling_linear vs the reference: 84.8 % bit-identical, max 3 ulps, max relative
+  2.5e-7; after the downstream quantize: max 1 LSB but only 99.57 % identical. The inputs are
+  dequantized u8 and the bilinear weights multiples of 1/16, so many values sit on exact
+  rounding ties, which ulp-level differences break either way.
+- u8 → u8 resampling on the quantized input (same scale and zero point; the exact Σ w·q,
+  rounded half to even on store): max 1 LSB, 98.18 % identical.
+
+Both are under the 99.9 % bar, so linear runs in numpy, bit-exact with the reference: the taps
+come from the reference itself (``linear_taps``) and the kernel evaluates the same float32
+operations in the same order — ``weight = w_last·…·w_first``, ``term = weight·x[corner]``, the
+corners summed left to right — only gathered at once from a channels-last view (the producer
+writes f32 channels-last through ``probe_resize``), with the tables built at compile time. When
+the interpolated axes are not exactly the spatial dims (rank 3, or dims 1-2 of a rank-4 input)
+the reference implementation itself runs.
+
+A Resize that changes no size is the input itself (the reference copies it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from compiler.lower.context import LowerContext
+from compiler.lower.fallback import lower_numpy
+from compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md
+from ir import DType, Node
+from ir.ops import ResizeAttrs, ResizeMode
+from runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
+from runtime.onednn.reference import resampling_nearest_index
+from runtime.reference.ops_shape import linear_taps, nearest_indices
+
+log = logging.getLogger(__name__)
+F32 = np.float32
+NEAREST_TYPES = frozenset({DType.U8, DType.S8, DType.F32})
+# The linear kernel's weights are stored broadcast over C (a same-shape multiply is ~5x faster
+# than a broadcasting one for small C) up to this size; larger ones broadcast at run time.
+BROADCAST_WEIGHTS_BYTES = 4 << 20
+LINEAR_NOTE = ("linear: oneDNN's resampling_linear rounds differently from ONNX Runtime's "
+               "float32 formula (max 3 ulps; 99.57 % of unet's requantized values identical, "
+               "under the 99.9 % bar): bit-exact numpy kernel")
+
+
+How = Literal["alias", "onednn", "numpy_cl", "numpy"]
+
+
+@dataclass(frozen=True)
+class ResizeDecision:
+    """How a Resize is lowered: the input itself, resampling, the linear kernel, or the
+    reference in numpy; ``note`` is what `inspect` shows."""
+
+    how: How
+    note: str
+
+
+def nearest_decision(attrs: ResizeAttrs, shape: tuple[int, ...], dtype: DType) -> ResizeDecision:
+    """oneDNN when its source index is ONNX's for every output index of every dim."""
+    modes = f"{attrs.coordinate_transformation_mode}/{attrs.nearest_mode}"
+    if dtype not in NEAREST_TYPES:
+        return ResizeDecision("numpy", f"nearest on {dtype.name}: oneDNN resampling is used "
+                                       "for u8, s8 and f32")
+    if not 3 <= len(shape) <= 5:
+        return ResizeDecision("numpy", f"rank {len(shape)}: oneDNN resamples {{N, C, 1-3 "
+                                       f"spatial dims}}")
+    for axis, (size, out) in enumerate(zip(shape, attrs.sizes, strict=True)):
+        theirs = nearest_indices(attrs, shape, axis)
+        if theirs is None:
+            theirs = np.arange(size)
+        ours = np.arange(size) if axis < 2 else resampling_nearest_index(size, out)
+        if ours.shape != theirs.shape:
+            return ResizeDecision("numpy", f"dim {axis} is resized ({size} → {out}): oneDNN "
+                                           "resamples spatial dims only")
+        wrong = np.flatnonzero(ours != theirs)
+        if wrong.size:
+            o = int(wrong[0])
+            return ResizeDecision(
+                "numpy", f"nearest {modes}, dim {axis} {size} → {out}: output {o} reads input "
+                         f"{int(theirs[o])}, oneDNN's nearest would read {int(ours[o])} "
+                         f"({wrong.size} of {out} indices differ)")
+    return ResizeDecision("onednn", f"nearest {modes}: oneDNN's source indices are ONNX's")
+
+
+def resize_decision(ctx: LowerContext, node: Node) -> ResizeDecision:
+    """The lowering of ``node`` (module docstring); depends on attributes and types only, so
+    the producer's layout probe and the lowering agree."""
+    attrs: ResizeAttrs = node.attrs
+    info = ctx.info(node.inputs[0])
+    if tuple(attrs.sizes) == info.shape:
+        return ResizeDecision("alias", "no dim changes size: the input itself")
+    if node.fused is not None:
+        return ResizeDecision("numpy", "a fused chain")
+    if attrs.mode is ResizeMode.NEAREST:
+        return nearest_decision(attrs, info.shape, info.dtype)
+    rank = len(info.shape)
+    if info.dtype is DType.F32 and 3 <= rank <= 5 and tuple(
+            linear_taps(attrs, info.shape)) == tuple(range(2, rank)):
+        return ResizeDecision("numpy_cl", LINEAR_NOTE)
+    return ResizeDecision("numpy", LINEAR_NOTE + " (reference kernel: the interpolated axes "
+                                                 "are not the spatial dims)")
+
+
+def lower_resize(ctx: LowerContext, node: Node) -> None:
+    decision = resize_decision(ctx, node)
+    x, y = node.inputs[0], node.outputs[0]
+    if decision.how == "alias":
+        ctx.home[y] = ctx.home_slot(x)
+    elif decision.how == "onednn":
+        _lower_nearest(ctx, node, decision.note)
+    elif decision.how == "numpy_cl":
+        _lower_linear(ctx, node, decision.note)
+    else:
+        lower_numpy(ctx, node, note=decision.note)
+
+
+def _lower_nearest(ctx: LowerContext, node: Node, note: str) -> None:
+    """resampling_nearest in the input's own layout (the output in the same dim order)."""
+    x, y = node.inputs[0], node.outputs[0]
+    out = ctx.info(y).shape
+    dtype = dnnl_type(ctx.info(y).dtype)
+    home = ctx.md_of(x)
+    own = (home, dense_in_order(home, out) if home.is_plain else any_md(out, dtype))
+    candidates = [own, (plain_md(home.dims, dtype), plain_md(out, dtype))]
+
+    def make(mds: tuple[MemoryDesc, MemoryDesc]) -> PrimitiveDesc:
+        return resampling(Alg.resampling_nearest, mds[0], mds[1])
+
+    pd = ctx.try_layouts("resampling", make, candidates)
+    src_md, dst_md = pd.src_md, pd.dst_md
+    assert src_md is not None and dst_md is not None
+    src = ctx.source(x, src_md)
+    dst = ctx.define(y, dst_md)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
+                      info=ctx.info_for(node, note=note))
+
+
+def _lower_linear(ctx: LowerContext, node: Node, note: str) -> None:
+    """The linear numpy kernel on row-major (N, spatial..., C) views of channels-last slots."""
+    x, y = node.inputs[0], node.outputs[0]
+    shape, out = ctx.info(x).shape, ctx.info(y).shape
+    src = ctx.source(x, channels_last(shape, DataType.f32))
+    src_view = ctx.temp(f"{x}@cl", plain_md((shape[0], *shape[2:], shape[1]), DataType.f32),
+                        alias=src)
+    # the kernel writes the view; y's home aliases it (so run_all sees the writer of y)
+    dst_view = ctx.temp(f"{y}@cl", plain_md((out[0], *out[2:], out[1]), DataType.f32))
+    ctx.define(y, channels_last(out, DataType.f32), alias=dst_view)
+    kernel = LinearKernel(node.attrs, shape)
+    ctx.add_numpy(node.name, kernel, [src_view], [dst_view],
+                  ctx.info_for(node, note=note + " on (N, spatial..., C) views of channels-last "
+                                                 "slots"))
+
+
+class LinearKernel:
+    """Linear Resize of the spatial dims of a channels-last float32 array, bit-exact with
+    runtime/reference/ops_shape.py (module docstring): called with [x (N, spatial..., C)]."""
+
+    def __init__(self, attrs: ResizeAttrs, shape: tuple[int, ...]) -> None:
+        taps = linear_taps(attrs, shape)
+        axes = tuple(taps)
+        if axes != tuple(range(2, len(shape))):
+            raise ValueError(f"interpolated axes {axes} are not the spatial dims of {shape}")
+        n, channels, spatial = shape[0], shape[1], shape[2:]
+        out = tuple(attrs.sizes[2:])
+        index, weight = [], []
+        for corner in itertools.product((0, 1), repeat=len(axes)):
+            picks = [taps[a][bit] for a, bit in zip(axes, corner, strict=True)]
+            index.append(np.ravel_multi_index(np.ix_(*picks), spatial).ravel())
+            w: np.ndarray | None = None
+            for k, (a, bit) in reversed(list(enumerate(zip(axes, corner, strict=True)))):
+                wa = taps[a][2 + bit].reshape((-1,) + (1,) * (len(axes) - k - 1))
+                w = wa if w is None else w * wa  # the reference's product, in its order
+            assert w is not None
+            weight.append(np.broadcast_to(w, out).ravel())
+        self.points = math.prod(out)
+        self.corners = len(index)
+        self.index = np.concatenate(index)
+        weights = np.concatenate(weight).astype(F32)[:, None]
+        if weights.size * channels * weights.itemsize <= BROADCAST_WEIGHTS_BYTES:
+            weights = np.ascontiguousarray(np.broadcast_to(weights, (weights.size, channels)))
+        self.weights = weights
+        self.src_shape = (n, math.prod(spatial), channels)
+        self.dst_shape = (n, *out, channels)
+
+    def __call__(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        terms = np.take(arrays[0].reshape(self.src_shape), self.index, axis=1)
+        terms *= self.weights  # weight · x[corner], one rounding per term
+        p = self.points
+        y = terms[:, :p] + terms[:, p:2 * p]
+        for k in range(2, self.corners):
+            y += terms[:, k * p:(k + 1) * p]  # corners added left to right
+        return [y.reshape(self.dst_shape)]
+
+
+def probe_resize(ctx: LowerContext, node: Node, port: int,
+                 dtype: DataType) -> MemoryDesc | None:
+    """Layout wanted for the Resize input: none for oneDNN (it reads the producer's),
+    channels-last for the linear kernel, row-major for the reference in numpy."""
+    if port != 0:
+        return None
+    how = resize_decision(ctx, node).how
+    shape = ctx.info(node.inputs[0]).shape
+    if how in ("alias", "onednn"):
+        return None
+    if how == "numpy_cl":
+        return channels_last(shape, dtype)
+    return plain_md(shape, dtype)

@@ -1,0 +1,245 @@
+"""Resize lowering (compiler/lower/lower_resize.py) against the reference semantics.
+
+- nearest on oneDNN resampling: bit-exact (it copies elements) for every accepted mode, u8 / s8
+  / f32, row-major and channels-last inputs; the declined modes run in numpy, bit-exact, and
+  say why.
+- linear: the numpy kernel is bit-exact with the reference (same float32 operations in the same
+  order); the measurement that keeps oneDNN's resampling_linear out is re-run on unet's data.
+- the zoo's unet end to end, as tests/compiler/test_lower_zoo.py checks it, plus what
+  `inspect` reports for its two Resize nodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from compiler.api import compile_model
+from compiler.lower import Plan
+from compiler.lower.lower_resize import LINEAR_NOTE
+from examples import zoo
+from ir import DType, Graph, Op, TensorInfo
+from ir.ops import ResizeAttrs, ResizeMode
+from runtime.executor import Executor
+from runtime.onednn import Alg, Arg, DataType, FormatTag, Memory, MemoryDesc, resampling
+from runtime.reference import IMPLS
+from tests.compiler.lower_helpers import (
+    add_int8_conv,
+    int_input,
+    random_int,
+    ref_eval,
+    requires_exact_int8,
+    run_plan,
+)
+from tests.compiler.test_lower_zoo import Agreement, local_agreement
+
+F32 = np.float32
+RNG = np.random.default_rng(5)
+
+# (coordinate_transformation_mode, nearest_mode, factor): oneDNN's indices are ONNX's
+ACCEPTED = [("asymmetric", "floor", 2), ("asymmetric", "floor", 3),
+            ("asymmetric", "round_prefer_floor", 2), ("half_pixel", "round_prefer_floor", 2),
+            ("half_pixel", "round_prefer_ceil", 4), ("pytorch_half_pixel", "round_prefer_floor", 3),
+            ("align_corners", "round_prefer_ceil", 2), ("tf_half_pixel_for_nearest", "floor", 2),
+            ("half_pixel_symmetric", "round_prefer_floor", 2),
+            ("half_pixel", "round_prefer_ceil", 0.5)]
+DECLINED = [("asymmetric", "round_prefer_ceil", 2), ("asymmetric", "ceil", 2),
+            ("half_pixel", "floor", 2), ("asymmetric", "round_prefer_floor", 3),
+            ("align_corners", "round_prefer_floor", 3)]
+LINEAR_MODES = ["half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric",
+                "tf_half_pixel_for_nearest", "half_pixel_symmetric"]
+
+
+def _resize_graph(shape: tuple[int, ...], out: tuple[int, ...], dtype: DType, mode: ResizeMode,
+                  ctm: str, nearest: str = "round_prefer_floor",
+                  scales: tuple[float, ...] | None = None) -> Graph:
+    g = Graph("resize")
+    g.add_input("x", TensorInfo(shape, dtype))
+    scales = scales or tuple(o / i for o, i in zip(out, shape, strict=True))
+    g.add_node(Op.RESIZE, ["x"], ["y"], ResizeAttrs(mode, out, scales, ctm, nearest),
+               infos=[TensorInfo(out, dtype)])
+    g.outputs.append("y")
+    return g
+
+
+def _feeds(g: Graph) -> dict[str, np.ndarray]:
+    info = g.info("x")
+    if info.dtype is DType.F32:
+        return {"x": RNG.standard_normal(info.shape).astype(F32)}
+    return {"x": random_int(RNG, info.shape, info.dtype)}
+
+
+def _resize_kernel(plan: Plan) -> dict:
+    (kernel,) = [k for k in plan.inspect()["kernels"] if k["op"] == "Resize"]
+    return kernel
+
+
+def _check_exact(g: Graph) -> Plan:
+    feeds = _feeds(g)
+    out, plan = run_plan(g, feeds)
+    np.testing.assert_array_equal(out["y"], ref_eval(g, feeds)["y"])
+    assert out["y"].dtype == ref_eval(g, feeds)["y"].dtype
+    return plan
+
+
+def _scaled(shape: tuple[int, ...], factor: float) -> tuple[int, ...]:
+    return (*shape[:2], *(int(d * factor) for d in shape[2:]))
+
+
+@pytest.mark.parametrize("dtype", [DType.U8, DType.S8, DType.F32], ids=lambda d: d.name)
+@pytest.mark.parametrize("ctm,nearest,factor", ACCEPTED)
+def test_accepted_nearest_runs_on_onednn_bit_exact(ctm: str, nearest: str, factor: float,
+                                                   dtype: DType) -> None:
+    for shape in ((2, 5, 6, 7), (1, 3, 4, 6, 8)):
+        out = _scaled(shape, factor)
+        plan = _check_exact(_resize_graph(shape, out, dtype, ResizeMode.NEAREST, ctm, nearest,
+                                          (1.0, 1.0) + (float(factor),) * (len(shape) - 2)))
+        kernel = _resize_kernel(plan)
+        assert kernel["primitive"] == "resampling", kernel
+        assert not kernel["impl"].startswith("ref"), kernel
+        assert "oneDNN's source indices are ONNX's" in kernel["note"]
+
+
+@pytest.mark.parametrize("ctm,nearest,factor", DECLINED)
+def test_declined_nearest_runs_in_numpy_and_says_why(ctm: str, nearest: str,
+                                                     factor: float) -> None:
+    shape = (1, 4, 6, 6)
+    plan = _check_exact(_resize_graph(shape, _scaled(shape, factor), DType.U8,
+                                      ResizeMode.NEAREST, ctm, nearest))
+    kernel = _resize_kernel(plan)
+    assert kernel["primitive"] == "numpy"
+    assert "oneDNN's nearest would read" in kernel["note"], kernel["note"]
+    assert plan.inspect()["numpy_kernels"] == 1
+
+
+@pytest.mark.parametrize("shape,out,why", [
+    ((2, 3, 4, 4), (2, 6, 8, 8), "oneDNN resamples spatial dims only"),
+    ((6, 8), (12, 16), "rank 2"),
+])
+def test_nearest_outside_resampling_runs_in_numpy(shape: tuple[int, ...],
+                                                  out: tuple[int, ...], why: str) -> None:
+    plan = _check_exact(_resize_graph(shape, out, DType.F32, ResizeMode.NEAREST, "asymmetric",
+                                      "floor"))
+    assert why in _resize_kernel(plan)["note"]
+
+
+@requires_exact_int8
+def test_nearest_reads_the_convolutions_channels_last_output() -> None:
+    g = Graph("conv_resize")
+    x = int_input(g, "x", (1, 8, 6, 6), DType.U8)
+    conv = add_int8_conv(g, x, 16)
+    c = conv.outputs[0]
+    info = g.info(c)
+    out = (1, 16, 12, 12)
+    g.add_node(Op.RESIZE, [c], ["y"], ResizeAttrs(ResizeMode.NEAREST, out, (1, 1, 2, 2),
+                                                  "asymmetric", "floor"),
+               infos=[TensorInfo(out, info.dtype, info.quant)])
+    g.outputs.append("y")
+    feeds = {"x": random_int(RNG, (1, 8, 6, 6), DType.U8)}
+    _, plan = run_plan(g, feeds)
+    values = Executor(plan).run_all(feeds)
+    resize = g.producer("y")
+    assert resize is not None
+    np.testing.assert_array_equal(values["y"], IMPLS[Op.RESIZE](resize, [values[c]])[0])
+    kernel = _resize_kernel(plan)
+    assert kernel["primitive"] == "resampling"
+    assert "strides=(576, 1, 96, 16)" in kernel["src_layouts"][0]  # nhwc, as the conv wrote
+    assert plan.reorders == 0
+
+
+@pytest.mark.parametrize("ctm", LINEAR_MODES)
+@pytest.mark.parametrize("shape,out", [((2, 5, 6, 7), (2, 5, 12, 14)),
+                                       ((1, 3, 5, 7), (1, 3, 7, 20)),
+                                       ((1, 4, 9, 8), (1, 4, 3, 4)),
+                                       ((1, 2, 3, 4, 5), (1, 2, 6, 8, 10))])
+def test_linear_numpy_kernel_is_bit_exact(shape: tuple[int, ...], out: tuple[int, ...],
+                                          ctm: str) -> None:
+    plan = _check_exact(_resize_graph(shape, out, DType.F32, ResizeMode.LINEAR, ctm))
+    kernel = _resize_kernel(plan)
+    assert kernel["primitive"] == "numpy" and kernel["note"].startswith(LINEAR_NOTE)
+
+
+def test_linear_on_other_axes_runs_the_reference() -> None:
+    plan = _check_exact(_resize_graph((2, 6, 8), (4, 12, 16), DType.F32, ResizeMode.LINEAR,
+                                      "half_pixel"))
+    assert "reference kernel" in _resize_kernel(plan)["note"]
+
+
+def test_resize_that_changes_nothing_is_the_input() -> None:
+    g = _resize_graph((1, 2, 4, 4), (1, 2, 4, 4), DType.F32, ResizeMode.LINEAR, "half_pixel",
+                      scales=(1.0, 1.0, 1.0, 1.0))
+    g.add_node(Op.RELU, ["y"], ["z"], infos=[TensorInfo((1, 2, 4, 4), DType.F32)])
+    g.outputs[:] = ["z"]
+    feeds = _feeds(g)
+    out, plan = run_plan(g, feeds)
+    np.testing.assert_array_equal(out["z"], ref_eval(g, feeds)["z"])
+    assert [k.info.op for k in plan.kernels] == ["Relu"]
+
+
+# ---------------------------------------------------------------------------------- the zoo
+@pytest.fixture(scope="module")
+def unet() -> dict:
+    model = zoo.quantized_model("unet")
+    return {"model": model, "feeds": zoo.sample_inputs(model, n=2, seed=11),
+            "fused": compile_model(model, mode="fused"),
+            "reference": compile_model(model, mode="reference")}
+
+
+def test_unet_resizes_in_inspect(unet: dict) -> None:
+    info = unet["fused"].inspect()
+    kernels = {k["node"]: k for k in info["kernels"] if k["op"] == "Resize"}
+    assert kernels["/up2/Resize"]["primitive"] == "resampling"  # nearest asymmetric/floor ×2
+    assert kernels["/up2/Resize"]["src_dtype"] == "u8"
+    assert kernels["/up1/Resize"]["primitive"] == "numpy"  # linear half_pixel ×2: why
+    assert kernels["/up1/Resize"]["note"].startswith(LINEAR_NOTE)
+    assert info["numpy_kernels"] == 1 and info["reorders"] == 0
+
+
+@requires_exact_int8
+def test_unet_end_to_end(unet: dict) -> None:
+    """test_lower_zoo's checks: per kernel ≤ 1 LSB and ≥ 99.9 % identical, floats 1e-4, and the
+    outputs within 8 steps at cosine ≥ 0.999 of the reference; the linear Resize bit-exact."""
+    model, ref = unet["fused"], unet["reference"]
+    local = Agreement()
+    graph = model.compiled_graph
+    resize = next(n for n in graph.topo_order() if n.name == "/up1/Resize")
+    for feeds in unet["feeds"]:
+        local_agreement(model, feeds, local)
+        values = model.run_all(feeds)
+        expected = IMPLS[Op.RESIZE](resize, [values[resize.inputs[0]]])[0]
+        np.testing.assert_array_equal(values[resize.outputs[0]], expected)
+        got, want = model.run(feeds), ref.run(feeds)
+        for name in model.outputs:
+            a, b = got[name].astype(np.float64).ravel(), want[name].astype(np.float64).ravel()
+            assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) >= 0.999
+    assert local.worst <= 1 and local.float_err <= 1e-4
+    assert local.identical("compute") >= 0.999
+
+
+def test_onednn_linear_misses_the_bar_on_unet(unet: dict) -> None:
+    """The measurement behind LINEAR_NOTE: oneDNN's f32 resampling_linear on unet's dequantized
+    data, requantized by the model's own quantize node, stays within 1 LSB of the reference
+    but under 99.9 % identical (measured 99.57 % over 20 inputs)."""
+    model = unet["fused"]
+    graph = model.compiled_graph
+    resize = next(n for n in graph.topo_order() if n.name == "/up1/Resize")
+    [(quantize, _)] = graph.consumers(resize.outputs[0])
+    ranges = [graph.constant(v) for v in quantize.inputs[1:]]
+    same = total = worst = 0
+    for feeds in zoo.sample_inputs(unet["model"], n=4, seed=3):
+        x = model.run_all(feeds)[resize.inputs[0]]
+        x = np.ascontiguousarray(x)
+        expected = IMPLS[Op.RESIZE](resize, [x])[0]
+        src = MemoryDesc.from_tag(x.shape, DataType.f32, FormatTag.nchw)
+        dst = MemoryDesc.from_tag(expected.shape, DataType.f32, FormatTag.nchw)
+        primitive = resampling(Alg.resampling_linear, src, dst).create()
+        out = Memory(dst)
+        primitive.execute(primitive.with_scratchpad({Arg.SRC: Memory.from_array(x),
+                                                     Arg.DST: out}))
+        q_ref = IMPLS[quantize.op](quantize, [expected, *ranges])[0].astype(np.int64)
+        q_got = IMPLS[quantize.op](quantize, [out.read(), *ranges])[0].astype(np.int64)
+        worst = max(worst, int(np.abs(q_got - q_ref).max()))
+        same += int(np.count_nonzero(q_got == q_ref))
+        total += q_ref.size
+    assert worst <= 1
+    assert same / total < 0.999  # if this fails, oneDNN got closer: revisit LINEAR_NOTE
