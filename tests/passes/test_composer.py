@@ -238,7 +238,9 @@ def _check(chain: list[ChainOp], dtype: DType, options: ComposerOptions, bound: 
         assert diff.max() <= bound, (composed, diff.max())
         assert not np.any((diff != 0) & ~_near_ties(chain, acc, res)), composed
     else:
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max() + 1e-6)
+        # float32 reassociation of folded constants; an inner rounding may flip at a near-tie
+        off = np.abs(got - ref) > 1e-4 * np.abs(ref) + 1e-4 * np.abs(ref).max() + 1e-6
+        assert not np.any(off & ~_near_ties(chain, acc, res)), composed
 
 
 @settings(max_examples=150, deadline=None)
