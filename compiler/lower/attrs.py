@@ -16,6 +16,8 @@ Sum (the residual ``x = scale·(r - zp) + x``) reads the dst memory as ``r``'s d
 oneDNN requires to have the dst's size. When it has not (f32 residual into an int8 dst, or an
 int8 residual into an f32 dst) the residual becomes a binary add of a full-size f32 tensor
 instead: ``residual_f32(port, scale, zp)`` gives the slot of ``scale·(r - zp)`` in f32.
+``TensorAdd`` (not a composer op) is a binary add of a full-size f32 tensor another kernel of
+the plan writes: the low half of split weights (no_vnni.py).
 """
 
 from __future__ import annotations
@@ -41,6 +43,15 @@ class BuiltAttr:
     sum_port: int | None = None  # residual read in place through the sum post-op
     names: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TensorAdd:
+    """Post-op ``x += T``: ``T`` a full-size f32 tensor in ``slot`` (laid out as ``md``)."""
+
+    slot: str
+    md: MemoryDesc
+    what: str = ""
 
 
 def per_channel_dims(ndims: int, axis: int, channels: int) -> tuple[int, ...]:
@@ -113,6 +124,11 @@ def build_attr(
             fixed[Arg.post_op(index, Arg.WEIGHTS)] = const_memory(slopes)
             built.names.append("prelu")
             built.details.append(f"prelu({_summary(op.slopes)})")
+        elif isinstance(op, TensorAdd):
+            post_ops.append_binary(Alg.binary_add, op.md)
+            built.slot_args[Arg.post_op(index, Arg.SRC_1)] = op.slot
+            built.names.append("binary_add")
+            built.details.append(f"binary_add({op.what or op.slot})")
         elif isinstance(op, Sum):
             _residual(built, post_ops, index, op, dst_type, residual_type, residual_f32)
         else:  # pragma: no cover - the post-op type is closed

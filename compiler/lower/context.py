@@ -56,6 +56,9 @@ log = logging.getLogger(__name__)
 class Options:
     mode: str = "fused"  # fused | unfused | fp32
     composer: ComposerOptions = field(default_factory=ComposerOptions)
+    # Without VNNI/AMX, split int8 weights so accumulators stay exact (no_vnni.py); False
+    # keeps oneDNN's int16-saturating kernels (for measuring what the split fixes).
+    exact_int8: bool = True
 
 
 class LowerContext:
@@ -76,6 +79,7 @@ class LowerContext:
         self.probe_cache: dict[Any, MemoryDesc | None] = {}
         self.reorders = 0
         self.in_place_sums = 0
+        self.exact_int8: dict[str, str] = {}  # kernel -> how it stays exact without VNNI
         self.io_reorders = 0
         self.current: Node | None = None
         self._names: dict[str, int] = {}

@@ -20,6 +20,9 @@ weights (oneDNN f32 primitives take no scales). ``src`` is first tried in its pr
 The sum post-op reads dst: dst shares the residual's buffer when nothing reads the residual
 later and the layouts agree, otherwise the residual is copied (reorder, same data type) into the
 dst buffer before the primitive runs.
+
+Without VNNI/AMX an int8 node may become two primitives (split weights, s8 src shifted to u8)
+so its accumulator stays exact: no_vnni.py decides and builds them; ``emit`` takes its result.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from compiler.errors import UnsupportedModelError
-from compiler.lower import unfused
+from compiler.lower import no_vnni, unfused
 from compiler.lower.attrs import BuiltAttr, build_attr
 from compiler.lower.context import LowerContext
 from compiler.lower.layouts import any_md, channels_last, const_memory, dnnl_type, md_like
@@ -148,10 +151,14 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
     if node.fused is not None and node.fused.wei_zero_point:
         raise UnsupportedModelError(f"node {node}: oneDNN convolutions take no weight zero "
                                     "point")
+    exact = no_vnni.for_conv(ctx, node, w, xinfo.dtype, g) if integer else None
+    if exact is not None and exact.shift_src:
+        node, src_zp = no_vnni.unsigned_source(ctx, node, src_zp)
+        x = node.inputs[0]
 
-    def create(built: BuiltAttr, dst_md: MemoryDesc | None,
-               comp: Composed) -> tuple[PrimitiveDesc, Memory | None]:
-        wei, bias_values = w, comp.bias
+    def create(built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
+               weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]:
+        wei, bias_values = w if weights is None else weights, comp.bias
         wtype = DataType.s8 if integer else DataType.f32
         if integer and wei.dtype != np.int8:
             raise UnsupportedModelError(f"node {node}: int8 weights must be s8, got {wei.dtype}")
@@ -176,7 +183,7 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
 
     if integer and ctx.options.mode == "unfused":
         unfused.lower_compute(ctx, node, channel_axis=1, create=create, src_zp=src_zp,
-                              wei_zp=0, wei_mask=wei_mask)
+                              wei_zp=0, wei_mask=wei_mask, exact=exact)
         return
     composed = composed_for(ctx, node, channels, yinfo.dtype)
     if not integer:
@@ -185,14 +192,16 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         bias = composed.bias if composed.bias is not None else bias
         composed = replace(composed, wei_scales=np.ones(1, F32), bias=bias)
     emit(ctx, node, kind, composed, channel_axis=1, wei_mask=wei_mask, src_zp=src_zp,
-         wei_zp=0, scales=integer, create=create)
+         wei_zp=0, scales=integer, create=create, exact=exact)
 
 
 def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channel_axis: int,
          wei_mask: int, src_zp: int, wei_zp: int, scales: bool,
          create: Create,
-         weights_slot: Callable[[PrimitiveDesc], str] | None = None) -> None:
-    """Create the primitive with the composed attributes, place dst, add the kernel."""
+         weights_slot: Callable[[PrimitiveDesc], str] | None = None,
+         exact: no_vnni.Exactness | None = None) -> None:
+    """Create the primitive with the composed attributes, place dst, add the kernel;
+    ``exact`` (no VNNI): first the low half of split weights (no_vnni.py)."""
     x, y = node.inputs[0], node.outputs[0]
     yinfo = ctx.info(y)
     dst_type = dnnl_type(yinfo.dtype)
@@ -206,12 +215,32 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
 
     if not scales and composed.wei_scales.size == 1 and float(composed.wei_scales[0]) != 1.0:
         composed = _scale_as_post_op(composed)
-    built = build_attr(composed, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
-                       dst_type=dst_type, src_zp=src_zp, wei_zp=wei_zp,
-                       residual_type=residual_type, residual_f32=residual_f32, scales=scales)
-    residual_md = None
-    if built.sum_port is not None:
-        residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)
+
+    def attributes(comp: Composed, zp: int) -> tuple[BuiltAttr, MemoryDesc | None]:
+        built = build_attr(comp, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
+                           dst_type=dst_type, src_zp=src_zp, wei_zp=zp,
+                           residual_type=residual_type, residual_f32=residual_f32,
+                           scales=scales)
+        residual_md = None
+        if built.sum_port is not None:
+            residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)
+        return built, residual_md
+
+    built, residual_md = attributes(composed, wei_zp)
+    if exact is not None and exact.splits:
+        def unsplit() -> PrimitiveDesc:
+            return create(built, residual_md, composed)[0]
+
+        if exact.lower_with_binary(ctx, node, composed, create=create,
+                                   channel_axis=channel_axis, wei_mask=wei_mask,
+                                   src_zp=src_zp, unsplit=unsplit):
+            return
+        composed, create, weights_slot, wei_zp = exact.apply(
+            ctx, node, composed, create=create, weights_slot=weights_slot,
+            channel_axis=channel_axis, wei_mask=wei_mask, src_zp=src_zp, wei_zp=wei_zp,
+            unsplit=unsplit)
+        if exact.splits:
+            built, residual_md = attributes(composed, wei_zp)
     pd, wmem = create(built, residual_md, composed)
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
     fixed = dict(built.fixed)
@@ -235,7 +264,9 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         args[int(Arg.DST)] = ctx.define(y, dst_md)
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
                         post_op_details=built.details)
-    ctx.add_primitive(node.name, pd, args, fixed, info=info, reads=reads)
+    kernel = ctx.add_primitive(node.name, pd, args, fixed, info=info, reads=reads)
+    if exact is not None:
+        exact.record(ctx, kernel)
 
 
 def _scale_as_post_op(composed: Composed) -> Composed:

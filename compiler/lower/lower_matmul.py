@@ -10,6 +10,8 @@ weights are expanded to src's rank with leading 1s ({.., K, N}); per-column scal
 - Activation × activation (attention's Q·Kᵀ, P·V): the weights are a runtime tensor, taken in
   its producer's layout; a u8 one is shifted to s8 by a reorder with src zero point 128.
 - A src of lower rank than the output is viewed with leading 1s (zero copy).
+- Without VNNI/AMX the int8 weights are split so the accumulator stays exact (no_vnni.py;
+  runtime weights by two small kernels).
 - Float MatMul folds the composer's weight scales into constant weights; Gemm with a constant
   B (alpha folded in, ``beta·C`` as the bias) is a float matmul, anything else runs in numpy.
 """
@@ -23,7 +25,7 @@ from dataclasses import replace
 import numpy as np
 
 from compiler.errors import UnsupportedModelError
-from compiler.lower import unfused
+from compiler.lower import no_vnni, unfused
 from compiler.lower.attrs import BuiltAttr
 from compiler.lower.context import LowerContext
 from compiler.lower.fallback import lower_numpy
@@ -84,10 +86,13 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
     else:
         bvalue = b if len(binfo.shape) == nd else _ranked(ctx, b, b_dims, nd)
         wslot = _weights_source(ctx, bvalue)
+    exact = None
+    if integer:
+        exact = no_vnni.for_matmul(ctx, node, wei, None if wei is not None else bvalue)
 
-    def create(built: BuiltAttr, dst_md: MemoryDesc | None,
-               comp: Composed) -> tuple[PrimitiveDesc, Memory | None]:
-        wei_arr, bias_values = wei, comp.bias
+    def create(built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
+               weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]:
+        wei_arr, bias_values = wei if weights is None else weights, comp.bias
         bias_md = None
         if bias_values is not None:
             bias_md = MemoryDesc.from_tag((1,) * (nd - 1) + (channels,), DataType.f32)
@@ -106,19 +111,20 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
         return pd, wmem
 
     wei_mask = 1 << (nd - 1)
+    renamed = node if src_value == a else _with_input(node, src_value)
     if integer and ctx.options.mode == "unfused":
-        unfused.lower_compute(ctx, node, channel_axis=nd - 1, src_value=src_value,
+        unfused.lower_compute(ctx, renamed, channel_axis=nd - 1, src_value=src_value,
                               create=create,
                               src_zp=src_zp, wei_zp=wei_zp, wei_mask=wei_mask,
-                              weights_slot=wslot)
+                              weights_slot=wslot, exact=exact)
         return
     composed = composed_for(ctx, node, channels, yinfo.dtype)
     if not integer and wei is not None:
         wei = scale_weights(wei, composed.wei_scales, (nd - 1,))
         composed = replace(composed, wei_scales=np.ones(1, F32))
-    renamed = node if src_value == a else _with_input(node, src_value)
     emit(ctx, renamed, "matmul", composed, channel_axis=nd - 1, wei_mask=wei_mask,
-         src_zp=src_zp, wei_zp=wei_zp, scales=integer, create=create, weights_slot=wslot)
+         src_zp=src_zp, wei_zp=wei_zp, scales=integer, create=create, weights_slot=wslot,
+         exact=exact)
 
 
 def _weights_source(ctx: LowerContext, value: str) -> Callable[[PrimitiveDesc], str]:

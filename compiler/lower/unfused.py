@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from compiler.lower import no_vnni
 from compiler.lower.attrs import BuiltAttr, build_attr, channel_array
 from compiler.lower.context import LowerContext
 from compiler.lower.layouts import any_md, const_memory, dnnl_type, md_like, plain_md
@@ -48,17 +49,29 @@ Create = Callable[[BuiltAttr, MemoryDesc | None, Composed], tuple[PrimitiveDesc,
 
 def lower_compute(ctx: LowerContext, node: Node, *, channel_axis: int, create: Create,
                   src_zp: int, wei_zp: int, wei_mask: int, src_value: str | None = None,
-                  weights_slot: Callable[[PrimitiveDesc], str] | None = None) -> None:
-    """The int8 primitive (zero points only, f32 dst), then the chain op by op."""
+                  weights_slot: Callable[[PrimitiveDesc], str] | None = None,
+                  exact: no_vnni.Exactness | None = None) -> None:
+    """The int8 primitive (zero points only, f32 dst), then the chain op by op; ``exact``
+    (no VNNI): the accumulator from split weights (no_vnni.py)."""
     y = node.outputs[0]
     shape = ctx.info(y).shape
     channels = shape[channel_axis]
     empty = Composed(channels, DType.F32)
     built = build_attr(empty, ndims=len(shape), channel_axis=channel_axis, wei_mask=wei_mask,
                        dst_type=DataType.f32, src_zp=src_zp, wei_zp=wei_zp)
+    if exact is not None and exact.splits:
+        plain = empty
+        empty, create, weights_slot, wei_zp = exact.apply(
+            ctx, node, empty, create=create, weights_slot=weights_slot,
+            channel_axis=channel_axis, wei_mask=wei_mask, src_zp=src_zp, wei_zp=wei_zp,
+            unsplit=lambda: create(built, any_md(shape, DataType.f32), plain)[0])
+        if exact.splits:
+            built = build_attr(empty, ndims=len(shape), channel_axis=channel_axis,
+                               wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
+                               wei_zp=wei_zp)
     pd, wmem = create(built, any_md(shape, DataType.f32), empty)
     x = src_value or node.inputs[0]
-    args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
+    args = {int(Arg.SRC): ctx.source(x, pd.src_md), **built.slot_args}
     fixed = dict(built.fixed)
     if weights_slot is not None:
         args[int(Arg.WEIGHTS)] = weights_slot(pd)
@@ -69,8 +82,10 @@ def lower_compute(ctx: LowerContext, node: Node, *, channel_axis: int, create: C
     assert dst_md is not None
     acc = ctx.temp(f"{y}@acc", dst_md)
     args[int(Arg.DST)] = acc
-    ctx.add_primitive(node.name, pd, args, fixed,
-                      info=ctx.info_for(node, note="unfused: int8 accumulator as f32"))
+    kernel = ctx.add_primitive(node.name, pd, args, fixed,
+                               info=ctx.info_for(node, note="unfused: int8 accumulator as f32"))
+    if exact is not None:
+        exact.record(ctx, kernel)
     finish_chain(ctx, node, acc, channel_axis)
 
 

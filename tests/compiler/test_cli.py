@@ -10,6 +10,7 @@ import pytest
 
 from compiler.cli import main
 from examples.zoo import model_path
+from tests.compiler.lower_helpers import one_primitive_per_int8_node
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +18,7 @@ def resnet() -> Path:
     return model_path("resnet", quantized=True)
 
 
+@one_primitive_per_int8_node
 def test_compile_prints_summary_and_writes_plan(resnet: Path, tmp_path: Path, capsys) -> None:
     plan = tmp_path / "plan.json"
     assert main(["compile", str(resnet), "--json", str(plan)]) == 0
@@ -25,6 +27,7 @@ def test_compile_prints_summary_and_writes_plan(resnet: Path, tmp_path: Path, ca
     assert json.loads(plan.read_text())["kernels"]
 
 
+@one_primitive_per_int8_node
 def test_inspect_json_has_the_documented_keys(resnet: Path, capsys) -> None:
     assert main(["inspect", str(resnet), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)

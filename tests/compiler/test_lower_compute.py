@@ -14,6 +14,7 @@ from ir.ops import ConvTransposeAttrs, NoAttrs
 from runtime.executor import Executor
 from runtime.reference.fused import evaluate_fused
 from tests.compiler.lower_helpers import (
+    SPLITS_INT8,
     add_int8_conv,
     exact_expected,
     int_input,
@@ -79,9 +80,17 @@ def test_int8_conv(name: str) -> None:
     graph, feeds = _conv_graph(CONV_CASES[name])
     _check(graph, feeds, "conv")
     _, plan = run_plan(graph, feeds)
-    conv = next(k for k in plan.inspect()["kernels"] if k["name"] == "conv")
+    info = plan.inspect()
+    conv = next(k for k in info["kernels"] if k["name"] == "conv")
     grouped = CONV_CASES[name].get("group", 1) > 1
-    assert conv["scales_masks"]["WEIGHTS"] == (3 if grouped else 1)  # per output channel
+    if "split weights" in info["exact_int8"].get("conv", ""):
+        # no VNNI (no_vnni.py): weight scale 2 (a deconvolution's halves are added by a
+        # binary primitive), the per-channel scales become a post-op
+        assert conv["scales_masks"].get("WEIGHTS", 0) == 0
+        assert "binary_mul" in conv["post_ops"][:2]
+        conv = next(k for k in info["kernels"] if k["name"] == "conv:lo")  # reads the src
+    else:
+        assert conv["scales_masks"]["WEIGHTS"] == (3 if grouped else 1)  # per output channel
     assert conv["zero_points_masks"]["SRC"] == 0
 
 
@@ -216,9 +225,13 @@ def test_unfused_mode_matches_reference() -> None:
     worst, same = lsb(out[graph.outputs[0]], ref_eval(graph, feeds)[graph.outputs[0]])
     assert worst <= 1 and same >= 0.999
     kinds = [k.kind for k in plan.kernels]
-    assert kinds.count("convolution") == 2 and "eltwise" in kinds and "binary" in kinds
+    convs = 4 if SPLITS_INT8 else 2  # no VNNI: each split in two (no_vnni.py)
+    assert kinds.count("convolution") == convs and "eltwise" in kinds and "binary" in kinds
     conv = next(k for k in plan.kernels if k.name == "conv")
-    assert conv.primitive is not None and not conv.primitive.pd.attr.post_ops
+    assert conv.primitive is not None
+    # no VNNI: the only post-op adds the low half of the split weights' accumulator
+    assert [p.kind for p in conv.primitive.pd.attr.post_ops] == (["binary"] if SPLITS_INT8
+                                                                 else [])
 
 
 @requires_exact_int8

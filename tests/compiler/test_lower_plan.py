@@ -15,6 +15,7 @@ from runtime.onednn import DataType, MemoryDesc
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,
+    one_primitive_per_int8_node,
     random_int,
     ref_eval,
     requires_exact_int8,
@@ -76,6 +77,7 @@ def test_plan_buffers_never_shares_live_values(seed: int) -> None:
     assert count <= len(values)
 
 
+@one_primitive_per_int8_node
 def test_reorder_counting() -> None:
     """u8 graph input (plain) → int8 conv (channels-last) → Reshape (needs row-major)."""
     g = Graph("layouts")
@@ -92,6 +94,7 @@ def test_reorder_counting() -> None:
     assert roles == ["io", "op", "reorder"]
 
 
+@one_primitive_per_int8_node
 def test_inspect_is_json_and_complete() -> None:
     graph, feeds = _conv_stack(2)
     _, plan = run_plan(graph, feeds)

@@ -1,0 +1,400 @@
+"""Exact int8 convolutions, deconvolutions and matmuls on CPUs without VNNI / AMX.
+
+Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (ONEDNN_NOTES.md
+"Pitfalls"; each rule measured to 0 LSB in tests/runtime/test_onednn_int8.py under AVX2):
+
+- u8 src: ``vpmaddubsw`` adds the products of two adjacent input channels (K positions for
+  the GEMM kernels) in int16 with saturation, ``sat16(x0·w0 + x1·w1)``. No pair can leave
+  int16 when every |w| ≤ 64: 255·64·2 = 32640 ≤ 32767.
+- s8 src conv / deconv: the kernel stores ``rint(w/2)`` and doubles the sum — wrong for every
+  odd weight, whatever the inputs.
+- Depthwise conv (one input and one output channel per group) multiplies in int32: exact for
+  u8 src (measured, also after the s8 → u8 shift below).
+
+The split. With ``hi = rint(w/2)`` (half to even: what a oneDNN reorder with scale 0.5
+computes, so constant and runtime weights split alike) and ``lo = w − 2·hi``:
+
+    w = 2·hi + lo,   hi ∈ [−64, 64],   lo ∈ {−1, 0, 1}
+    acc = Σ (x − zp)·w = 2·acc_hi + acc_lo        both halves exact in the int16 kernels
+
+A matmul weight zero point splits alike: ``zp_w = 2·zh + zl``, ``zl ∈ {0, 1}``. An s8 src of a
+(de)convolution is first shifted to u8 by a reorder (``x + 128``, exact) with src zero point
+``zp + 128``, so only the u8 rule applies. (The GEMM matmul kernels already handle s8 src as
+``x + 128``: measured exact with split weights.)
+
+Two primitives replace one. For the composed attributes (weight scales ws, bias b, post-ops P,
+dst scale and zero point) of the node:
+
+    lo    same src and src zero point, weights lo (zero point zl), no scales, f32 dst
+          T = f32(acc_lo)                                 exact: |acc_lo| ≤ 255·K < 2^24
+    main  weights hi (zero point zh), weight scale 2 (mask 0), no bias, post-ops
+          binary_add(T)                  x = f32(2·acc_hi) + T, rounded once = f32(acc)
+          linear(ws) or binary_mul(ws)   x = f32(x·ws)      oneDNN's weight scale
+          linear(1, b) or binary_add(b)  x = f32(x + b)     oneDNN's bias
+          then P, dst scale and dst zero point unchanged
+
+so ``main`` computes ``runtime/reference/chain.apply_composed(acc, composed)`` bit for bit: the
+same float32 roundings in the same order as the single primitive on a VNNI machine (eltwise
+linear is one FMA: ``fma(x, ws, 0) = f32(x·ws)``, ``fma(x, 1, b) = f32(x + b)``).
+Precondition: ``f32(acc_hi)`` exact, i.e. ``|acc_hi| ≤ 2^24`` — always true for K ≤ 1028
+without a weight zero point (255·64·K); beyond it ``f32(2·acc_hi) + T`` may round twice,
+which moves x by at most one float32 ulp of acc and can flip the output by 1 LSB only on a
+near-tie (tests/compiler/test_lower_no_vnni.py drives |acc| to 5.8e7: no flip seen). Scaling
+the halves separately, ``acc_hi·2ws + b + acc_lo·ws``, would save the two per-channel
+post-ops but is not bit-exact: it flips near-ties.
+
+Deconvolution: with a src zero point oneDNN's AVX2 int8 deconvolution takes neither the
+full-tensor binary post-op nor a sum (it falls back to a GEMM-based kernel, 25x slower), so
+its halves both run bare into f32 and a binary primitive adds them and applies the rest
+(``Exactness.lower_with_binary``), with the same roundings.
+
+Not split: nodes on VNNI/AMX (nothing here runs), layers whose weights all lie in [−64, 64],
+depthwise convolutions, and nodes whose unsplit primitive oneDNN implements only as
+``ref:any`` (it accumulates in int32; probed by creating that primitive first).
+Cost: each split node runs two int8 primitives (twice the MACs) and writes and reads one f32
+tensor of its output's size: measured under AVX2 on the zoo models, 1.6x to 1.9x the latency
+of the unsplit (inexact) plans (resnet 0.16 → 0.30 ms), ~1.0x where other kernels dominate.
+``LowerContext.exact_int8`` records what was done per kernel (``inspect()["exact_int8"]``,
+and each kernel's ``exact_int8`` field in ``CompiledModel.inspect()``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import Any, Protocol
+
+import numpy as np
+
+from compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
+from compiler.lower.context import LowerContext
+from compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md
+from compiler.lower.plan import Kernel, KernelInfo
+from ir import DType, Node, Op
+from passes.composer import Binary, Composed, Eltwise, PostOp, Sum
+from runtime.onednn import (
+    Alg,
+    Arg,
+    CpuIsa,
+    DataType,
+    Memory,
+    MemoryDesc,
+    PrimitiveAttr,
+    PrimitiveDesc,
+    binary,
+    effective_cpu_isa,
+)
+
+log = logging.getLogger(__name__)
+F32 = np.float32
+
+# ISAs with exact int8 dot products (VNNI / AMX): nothing in this module applies to them.
+EXACT_INT8_ISAS = frozenset({CpuIsa.avx2_vnni, CpuIsa.avx2_vnni_2, CpuIsa.avx512_core_vnni,
+                             CpuIsa.avx512_core_bf16, CpuIsa.avx512_core_fp16,
+                             CpuIsa.avx512_core_amx, CpuIsa.avx512_core_amx_fp16})
+#: Largest |w| for which no u8·s8 pair can saturate int16 (255·64·2 = 32640).
+SAFE_WEIGHT = 64
+SPLIT = "split weights (no VNNI)"
+SHIFT = "s8 src shifted to u8 (no VNNI)"
+LOW_HALF = "low half of split weights"  # what the extra kernel of a split node is recorded as
+HIGH_HALF = "high half of split weights"  # deconvolution: its third kernel
+
+WeightsSlot = Callable[[PrimitiveDesc], str]
+
+
+class Create(Protocol):
+    """lower_compute / lower_matmul ``create``, with the weights it fills replaceable."""
+
+    def __call__(self, built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
+                 weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]: ...
+
+
+def isa_is_exact() -> bool:
+    return effective_cpu_isa() in EXACT_INT8_ISAS
+
+
+def split_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(hi, lo)`` with ``w = 2·hi + lo``, ``hi = rint(w/2)`` (module docstring)."""
+    wide = w.astype(np.int16)
+    hi = np.rint(wide.astype(F32) * F32(0.5)).astype(np.int16)
+    return hi.astype(np.int8), (wide - 2 * hi).astype(np.int8)
+
+
+def split_zero_point(zp: int) -> tuple[int, int]:
+    """``(zh, zl)`` with ``zp = 2·zh + zl``, ``zl ∈ {0, 1}``."""
+    return zp // 2, zp % 2
+
+
+def within_safe_range(w: np.ndarray) -> bool:
+    return int(np.abs(w.astype(np.int16)).max(initial=0)) <= SAFE_WEIGHT
+
+
+@dataclass
+class Exactness:
+    """How one int8 node stays exact without VNNI (module docstring)."""
+
+    how: str  # recorded per kernel in inspect()
+    shift_src: bool = False
+    halves: tuple[np.ndarray, np.ndarray] | None = None  # constant weights (hi, lo)
+    runtime: str | None = None  # runtime s8 weights value, split at run time
+    probed: bool = False  # the unsplit primitive was created (_runs_on_ref)
+
+    @property
+    def splits(self) -> bool:
+        return self.halves is not None or self.runtime is not None
+
+    def apply(self, ctx: LowerContext, node: Node, composed: Composed, *, create: Create,
+              weights_slot: WeightsSlot | None, channel_axis: int, wei_mask: int,
+              src_zp: int, wei_zp: int, unsplit: Callable[[], PrimitiveDesc]
+              ) -> tuple[Composed, Create, WeightsSlot | None, int]:
+        """Add the ``lo`` primitive; return what the main primitive is created with.
+        ``unsplit()`` creates the node's primitive as it would be without the split: when
+        that is ``ref:any`` (int32 accumulation, exact) nothing is split."""
+        if not self.splits or self._runs_on_ref(unsplit):
+            return composed, create, weights_slot, wei_zp
+        zh, zl = split_zero_point(wei_zp)
+        t_md = _lo_layout(ctx, node)
+        runtime = None if self.runtime is None else _split_runtime(ctx, self.runtime)
+        t = self._add_lo(ctx, node, create, t_md, runtime, channel_axis=channel_axis,
+                         wei_mask=wei_mask, src_zp=src_zp, wei_zp=zl)
+        main = replace(composed, wei_scales=np.full(1, 2, F32), bias=None,
+                       post_ops=[TensorAdd(t, t_md, f"low half '{t}'"),  # type: ignore[list-item]
+                                 *_scale_and_bias(composed), *composed.post_ops])
+        if self.halves is not None:
+            create = partial(create, weights=self.halves[0])
+        elif runtime is not None:
+            hi = runtime[0]
+
+            def weights_slot(pd: PrimitiveDesc) -> str:
+                return ctx.source(hi, pd.weights_md)
+
+        return main, create, weights_slot, zh
+
+    def lower_with_binary(self, ctx: LowerContext, node: Node, composed: Composed, *,
+                          create: Create, channel_axis: int, wei_mask: int, src_zp: int,
+                          unsplit: Callable[[], PrimitiveDesc]) -> bool:
+        """Deconvolution: oneDNN's AVX2 int8 deconvolution with a src zero point takes
+        neither a full-tensor binary nor a sum post-op (measured: a GEMM-based kernel, 25x
+        slower on unet). So both halves run bare into f32, H = f32(2·acc_hi) (weight scale
+        2) and T = f32(acc_lo), and a binary primitive finishes: ``H + T`` rounded once
+        (= f32(acc)), then the post-ops ws, b, P and the dst scale and zero point
+        (``linear(f32(1/s), 0)`` then ``linear(1, zp)``: the same two roundings as the dst
+        attributes), stored with rint and saturation — bit for bit what ``apply`` gives.
+        Not taken (False) when P holds a residual sum or a primitive would be slow."""
+        if (node.op is not Op.CONV_TRANSPOSE or self.halves is None
+                or any(isinstance(op, Sum) for op in composed.post_ops)
+                or self._runs_on_ref(unsplit)):
+            return False
+        y = node.outputs[0]
+        yinfo = ctx.info(y)
+        ndims = len(yinfo.shape)
+        t_md = _lo_layout(ctx, node)
+        hi_comp = Composed(composed.channels, DType.F32, wei_scales=np.full(1, 2, F32))
+        hi_attr = build_attr(hi_comp, ndims=ndims, channel_axis=channel_axis,
+                             wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp)
+        hi_pd, hi_wmem = create(hi_attr, t_md, hi_comp, weights=self.halves[0])
+        finish = Composed(composed.channels, DType.F32,
+                          post_ops=[*_scale_and_bias(composed), *composed.post_ops,
+                                    *_dst_attributes(composed)])
+        built = build_attr(finish, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
+                           dst_type=DataType.f32)
+        dst_md = md_like(t_md, dnnl_type(yinfo.dtype))
+        assert dst_md is not None
+        pd = binary(Alg.binary_add, t_md, t_md, dst_md, attr=built.attr)
+        if (hi_pd.dst_md != t_md or is_slow(hi_pd.impl_name, "deconvolution")
+                or pd.impl_name.startswith("ref")):
+            return False
+        t = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
+                         wei_mask=wei_mask, src_zp=src_zp, wei_zp=0)
+        h = ctx.temp(f"{y}@hi", t_md)
+        assert hi_wmem is not None
+        info = KernelInfo(node=node.name, op=node.op.value, note="exact_int8: high half of "
+                          f"the split weights of '{node.name}' (no VNNI)")
+        kernel = ctx.add_primitive(f"{node.name}:hi", hi_pd,
+                                   {int(Arg.SRC): ctx.source(node.inputs[0], hi_pd.src_md),
+                                    int(Arg.DST): h},
+                                   {**hi_attr.fixed, int(Arg.WEIGHTS): hi_wmem}, info=info)
+        ctx.exact_int8[kernel.name] = HIGH_HALF
+        info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
+                            post_op_details=built.details)
+        kernel = ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): h, int(Arg.SRC_1): t,
+                                                   int(Arg.DST): ctx.define(y, dst_md)},
+                                   dict(built.fixed), info=info)
+        self.how = f"{self.how}, halves added by a binary primitive"
+        self.record(ctx, kernel)
+        return True
+
+    def _runs_on_ref(self, unsplit: Callable[[], PrimitiveDesc]) -> bool:
+        """True (and nothing split) when oneDNN implements the unsplit primitive only as
+        ``ref:any``, which accumulates in int32: exact."""
+        if self.splits and not self.probed and unsplit().impl_name.startswith("ref"):
+            self.halves = self.runtime = None
+            self.how = "no split needed (ref:any accumulates in int32)"
+        self.probed = True
+        return not self.splits
+
+    def _add_lo(self, ctx: LowerContext, node: Node, create: Create, t_md: MemoryDesc,
+                runtime: tuple[str, str] | None, *, channel_axis: int, wei_mask: int,
+                src_zp: int, wei_zp: int) -> str:
+        """The ``lo`` kernel (no scales, f32 dst T); returns T's slot."""
+        y = node.outputs[0]
+        empty = Composed(ctx.info(y).shape[channel_axis], DType.F32)
+        built = build_attr(empty, ndims=len(ctx.info(y).shape), channel_axis=channel_axis,
+                           wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
+                           wei_zp=wei_zp)
+        lo = None if self.halves is None else self.halves[1]
+        pd, wmem = create(built, t_md, empty, weights=lo)
+        args = {int(Arg.SRC): ctx.source(node.inputs[0], pd.src_md)}
+        fixed = dict(built.fixed)
+        if runtime is not None:
+            args[int(Arg.WEIGHTS)] = ctx.source(runtime[1], pd.weights_md)
+        else:
+            assert wmem is not None
+            fixed[int(Arg.WEIGHTS)] = wmem
+        t = ctx.temp(f"{y}@lo", t_md)
+        dst_md = pd.dst_md
+        assert dst_md is not None
+        args[int(Arg.DST)] = t if dst_md == t_md else ctx.temp(f"{y}@lo_acc", dst_md)
+        # node named (its time is the node's), no absorbed list: the main kernel absorbs them
+        info = KernelInfo(node=node.name, op=node.op.value, note="exact_int8: low half of "
+                          f"the split weights of '{node.name}' (no VNNI)")
+        kernel = ctx.add_primitive(f"{node.name}:lo", pd, args, fixed, info=info)
+        ctx.exact_int8[kernel.name] = LOW_HALF
+        if args[int(Arg.DST)] != t:
+            ctx.add_reorder(args[int(Arg.DST)], t, note=f"low half of '{node.name}' laid out "
+                            "like its dst")
+        return t
+
+    def record(self, ctx: LowerContext, kernel: Kernel) -> None:
+        ctx.exact_int8[kernel.name] = self.how
+        note = f"exact_int8: {self.how}"
+        kernel.info.note = f"{kernel.info.note}; {note}" if kernel.info.note else note
+
+
+def _dst_attributes(composed: Composed) -> list[PostOp]:
+    """oneDNN's int8 store before rounding, ``f32(f32(x·f32(1/s)) + zp)``, as post-ops."""
+    if not composed.dst_dtype.is_integer:
+        return []
+    ops: list[PostOp] = []
+    if composed.dst_scale is not None and composed.dst_scale != 1.0:
+        ops.append(Eltwise("linear", float(F32(1) / F32(composed.dst_scale)), 0.0))
+    if composed.dst_zero_point:
+        ops.append(Eltwise("linear", 1.0, float(composed.dst_zero_point)))
+    return ops
+
+
+def _scale_and_bias(composed: Composed) -> list[PostOp]:
+    """oneDNN's ``x = f32(x·ws)`` then ``x = f32(x + b)`` as post-ops (module docstring)."""
+    ops: list[PostOp] = []
+    ws = np.asarray(composed.wei_scales, F32).ravel()
+    if ws.size == 1 and float(ws[0]) != 1.0:
+        ops.append(Eltwise("linear", float(ws[0]), 0.0))
+    elif ws.size > 1:
+        ops.append(Binary("mul", ws))
+    if composed.bias is not None:
+        bias = np.asarray(composed.bias, F32).ravel()
+        ops.append(Eltwise("linear", 1.0, float(bias[0])) if bias.size == 1
+                   else Binary("add", bias))
+    return ops
+
+
+def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
+    """f32 layout of the low half: the one oneDNN's int8 kernels pick for the main primitive's
+    dst (channels-last for (de)convolutions, row-major for matmul). Taking a plain nchw
+    residual's layout instead (dst forced there for an in-place sum) put the main primitive
+    on ``ref:any`` (measured); with channels-last, the layout candidates of context.py take a
+    channels-last dst and copy the residual in."""
+    shape = ctx.info(node.outputs[0]).shape
+    if node.op in (Op.CONV, Op.CONV_TRANSPOSE):
+        return channels_last(shape, DataType.f32)
+    return plain_md(shape, DataType.f32)
+
+
+# ------------------------------------------------------------------------- decisions
+def for_conv(ctx: LowerContext, node: Node, w: np.ndarray, src: DType,
+             group: int) -> Exactness | None:
+    """None on VNNI/AMX (or with ``Options.exact_int8`` off); else how ``node`` stays exact.
+    ``w``: oneDNN's logical weights ([G,] O, I, k…)."""
+    if not ctx.options.exact_int8 or isa_is_exact():
+        return None
+    shift = src == DType.S8
+    depthwise = (node.op is Op.CONV and group > 1 and w.ndim >= 3 and w.shape[1] == 1
+                 and w.shape[2] == 1)
+    if depthwise or within_safe_range(w):
+        why = "depthwise: int32 products" if depthwise else "weights within [-64, 64]"
+        return Exactness(f"{SHIFT}; {why}" if shift else f"no split needed ({why})",
+                         shift_src=shift)
+    return Exactness(f"{SHIFT}, {SPLIT}" if shift else SPLIT, shift_src=shift,
+                     halves=split_weights(w))
+
+
+def for_matmul(ctx: LowerContext, node: Node, wei: np.ndarray | None,
+               runtime: str | None) -> Exactness | None:
+    """As ``for_conv``; runtime (s8) weights are split at run time by two small kernels."""
+    if not ctx.options.exact_int8 or isa_is_exact():
+        return None
+    if wei is not None:
+        if within_safe_range(wei):
+            return Exactness("no split needed (weights within [-64, 64])")
+        return Exactness(SPLIT, halves=split_weights(wei))
+    assert runtime is not None
+    return Exactness(f"{SPLIT}, at run time", runtime=runtime)
+
+
+def _split_runtime(ctx: LowerContext, value: str) -> tuple[str, str]:
+    """Slots of ``hi = rint(w/2)`` (reorder, scale 0.5) and ``lo = w − 2·hi`` (binary sub,
+    src1 scale 2) of an s8 runtime weights tensor, in its layout."""
+    hi, lo = f"{value}@hi", f"{value}@lo"
+    if hi in ctx.home:
+        return hi, lo
+    src = ctx.home_slot(value)
+    md = ctx.slots[src].md
+    hi_slot, lo_slot = ctx.temp(hi, md), ctx.temp(lo, md)
+    ctx.add_reorder(src, hi_slot, attr=PrimitiveAttr().set_scales_mask(Arg.SRC, 0),
+                    fixed={Arg.scales(Arg.SRC): Memory.scales(0.5)}, role="op",
+                    note=f"exact_int8: high half rint(w/2) of runtime weights '{value}'")
+    attr = PrimitiveAttr().set_scales_mask(Arg.SRC_1, 0)
+    pd = binary(Alg.binary_sub, md, md, md, attr=attr)
+    ctx.add_primitive(f"{value}:lo", pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): hi_slot,
+                                          int(Arg.DST): lo_slot},
+                      {Arg.scales(Arg.SRC_1): Memory.scales(2.0)},
+                      info=ctx.info_for(None, note="exact_int8: low half w - 2·hi of runtime "
+                                        f"weights '{value}'"))
+    ctx.home[hi], ctx.home[lo] = hi_slot, lo_slot
+    return hi, lo
+
+
+def unsigned_source(ctx: LowerContext, node: Node, src_zp: int) -> tuple[Node, int]:
+    """``node`` reading its s8 src shifted to u8 (``x + 128``, one reorder shared by every
+    reader), and the src zero point that goes with it."""
+    x = node.inputs[0]
+    name = f"{x}@u8"
+    if name not in ctx.home:
+        md = ctx.md_of(x)
+        slot = ctx.temp(name, md_like(md, DataType.u8) or plain_md(md.dims, DataType.u8))
+        ctx.add_reorder(ctx.home_slot(x), slot,
+                        attr=PrimitiveAttr().set_zero_points_mask(Arg.DST, 0),
+                        fixed={Arg.zero_points(Arg.DST): Memory.zero_points(128)}, role="op",
+                        note=f"exact_int8: {SHIFT}: '{x}' + 128")
+        ctx.home[name] = slot
+    clone = Node(node.name, node.op, node.attrs, [name, *node.inputs[1:]], list(node.outputs),
+                 list(node.origin), node.meta, node.fused)
+    return clone, src_zp + 128
+
+
+def isa_notes(ctx: LowerContext, int8: bool) -> dict[str, Any]:
+    """The plan's notes: the ISA, whether its dot products are exact, what was done here."""
+    isa = effective_cpu_isa()
+    exact = isa in EXACT_INT8_ISAS
+    if int8 and not exact and not ctx.options.exact_int8:
+        log.warning("oneDNN runs on %s, which has no VNNI, and exact_int8 is off: int8 "
+                    "products are summed in pairs with int16 saturation, so accumulators can "
+                    "differ from the exact sum (weights within [-64, 64] avoid it)", isa.name)
+    elif int8 and not exact:
+        split = sum(SPLIT in how for how in ctx.exact_int8.values())
+        log.info("oneDNN runs on %s (no VNNI): %d int8 kernel(s) split for exact accumulators",
+                 isa.name, split)
+    return {"cpu_isa": isa.name, "exact_int8_dot_products": exact,
+            "exact_int8": dict(ctx.exact_int8)}
