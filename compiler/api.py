@@ -102,6 +102,9 @@ def compile_model(
     executor = Executor(plan, threads)
     details = {"mode": mode, **plan.inspect(), "not_fused": _not_fused(work, results),
                "passes": {r.name: r.changed for r in results}}
+    for kernel in details["kernels"]:  # no VNNI: how each int8 kernel stays exact
+        if kernel["name"] in details.get("exact_int8", {}):
+            kernel["exact_int8"] = details["exact_int8"][kernel["name"]]
     return CompiledModel(graph, mode, executor.run, details, work, plan, executor)
 
 

@@ -41,10 +41,10 @@ def main_compile(args: argparse.Namespace) -> int:
           f"constants: {info['constants']['bytes'] / 1024:.0f} KiB")
     print(f"  not fused: {len(info['not_fused'])} node(s) — `qfuse inspect` lists them")
     if not info.get("exact_int8_dot_products", True):
-        split = sum("split weights" in how for how in info.get("exact_int8", {}).values())
+        split = sum("split weights (no VNNI)" in how for how in info.get("exact_int8", {}).values())
         if info.get("exact_int8"):
-            print(f"  no VNNI/AMX on this CPU: {split} int8 kernel(s) split into two so their "
-                  "accumulators stay exact (`qfuse inspect` shows which)")
+            print(f"  no VNNI/AMX on this CPU: {split} int8 node(s) split into two kernels so "
+                  "their accumulators stay exact (`qfuse inspect` shows which)")
         else:
             print("  WARNING: this CPU has no VNNI/AMX: oneDNN's u8·s8 products saturate in "
                   "int16")

@@ -8,7 +8,8 @@ Definitions used here (and by the zoo fusion tests):
   after them). The quantize of a graph input has none upstream and the dequantize of a graph
   output none downstream: both are outside, so they may stay standalone.
 - A *fused compute node* is a Conv / ConvTranspose / MatMul with ``node.fused`` set (an int8
-  kernel when it reads an integer activation); pools may carry a chain too.
+  kernel when it reads an integer activation); pools may carry a chain too, and Softmax /
+  LayerNormalization an integer source or output (passes/fuse_quantized_norm.py).
 - A *trivial integer data-movement op* moves or selects 8-bit values without arithmetic
   (Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Concat, Split, Slice, Pad, Identity,
   nearest Resize, MaxPool) with every non-constant input and output u8/s8: oneDNN runs it as
@@ -39,7 +40,8 @@ from ir import DType, Graph, Node, Op
 from ir.chain import Quantize, Residual
 from ir.ops import ResizeMode
 from passes.base import PassResult
-from passes.post_op_match import COMPUTE_OPS
+from passes.fuse_quantized_norm import NORM_OPS
+from passes.post_op_match import COMPUTE_OPS, POOL_OPS
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +180,9 @@ def summary(graph: Graph) -> dict[str, Any]:
         "fused_compute": len(fused),
         "int8_compute": len(int8),
         "fused_pools": sum(1 for n in graph.topo_order()
-                           if n.fused is not None and n.op not in COMPUTE_OPS),
+                           if n.fused is not None and n.op in POOL_OPS),
+        "fused_norms": sum(1 for n in graph.topo_order()
+                           if n.fused is not None and n.op in NORM_OPS),
         "chain_lengths": {n.name: len(n.fused.chain) for n in fused if n.fused is not None},
         "with_residual": sum(1 for n in fused if n.fused is not None
                              and any(isinstance(i, Residual) for i in n.fused.chain)),

@@ -30,6 +30,9 @@ PIPELINE: list[tuple[str, str]] = [
     # 5-6. bias and post-op fusion
     ("fuse_bias", "passes.fuse_bias"),
     ("fuse_post_ops", "passes.fuse_post_ops"),
+    # Softmax / LayerNorm reading and writing int8; u8 matmul weights written as s8
+    ("fuse_quantized_norm", "passes.fuse_quantized_norm"),
+    ("signed_matmul_weights", "passes.signed_matmul_weights"),
     # 7. the composer's mapping, recorded on each fused node
     ("compose_post_ops", "passes.compose_post_ops"),
 ]

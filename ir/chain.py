@@ -163,10 +163,15 @@ class Fused:
     top of this module. Chain ``Residual`` items read the node's inputs by port; those inputs
     come after the op's own inputs. ``absorbed`` lists the ONNX nodes folded in; ``notes``
     records fusion decisions for `inspect`.
+
+    ``src_scale`` (Softmax / LayerNormalization, passes/fuse_quantized_norm.py): these ops do
+    not commute with scaling, so an integer source is dequantized *before* the op, exactly as
+    a DequantizeLinear: ``x = f32(src - src_zero_point)·src_scale``; None everywhere else.
     """
 
     chain: list[ChainOp] = dataclasses.field(default_factory=list)
     src_zero_point: int = 0
     wei_zero_point: int = 0
+    src_scale: float | None = None
     absorbed: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)

@@ -25,7 +25,10 @@ such as a Mul or GELU). When neither follows, the walk is rolled back to the Qua
 DequantizeLinear is then better moved into the next compute node. The requantize case goes
 beyond the residual-only rule of the design brief: the DequantizeLinear → quantize pair would
 otherwise stay as its own reorder kernel, and the inner quantize is kept (not dropped), so the
-result is exactly the graph's.
+result is exactly the graph's. A third case keeps it: the dequantized value read by a Softmax
+alone, which has no compute node to move into and no integer source in oneDNN (its src scale
+multiplies the output: passes/fuse_quantized_norm.py); the node then writes the float32 values
+``(Q(x) - zp)·s`` (one FakeQuantize in float32) instead of a standalone dequantize kernel.
 
 A MatMul's chain also walks through a Reshape that keeps the last dim, the MatMul then reading
 its source reshaped alike (passes/matmul_reshape.py: ONNX Runtime's MatMulAddFusion wraps
@@ -78,6 +81,7 @@ log = logging.getLogger(__name__)
 
 _SIMPLE_ACT = {Op.RELU: Act.RELU, Op.SIGMOID: Act.SIGMOID, Op.TANH: Act.TANH}
 _MOVE_OPS = frozenset({Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD, Op.RESIZE})
+_FLOAT_ONLY = frozenset({Op.SOFTMAX})  # readers with no integer source in oneDNN
 
 
 @dataclass
@@ -165,6 +169,9 @@ def _walk(
         try:
             new = _step(graph, node, state)
         except _Stop as stop:
+            if state.pending and stop.reader is not None and stop.reader.op in _FLOAT_ONLY \
+                    and _valid(dataclasses.replace(state, pending=False)):
+                best = state  # module docstring: the node writes the dequantized values
             return best, state, stop
         reader = new.absorbed[-1]
         try:

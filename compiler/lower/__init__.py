@@ -9,7 +9,7 @@ subgraphs); ``context.py`` value slots, the layout policy and reorder insertion;
 descriptor helpers; ``attrs.py`` composer result → primitive attributes; ``lower_compute.py``
 (Conv, ConvTranspose), ``lower_matmul.py`` (MatMul, Gemm), ``lower_quant.py`` (quantize,
 dequantize, requantize reorders), ``lower_pool.py``, ``lower_misc.py`` (float elementwise,
-normalizations, data movement), ``unfused.py`` (the `unfused` mode's chain of primitives),
+batch norm, data movement), ``lower_norm.py`` (softmax, layer norm, float or int8), ``unfused.py`` (the `unfused` mode's chain of primitives),
 ``fallback.py`` (numpy kernels); ``plan.py`` the Plan, buffer planning and binding.
 ``runtime/executor.py`` runs a Plan.
 """

@@ -5,9 +5,8 @@
   later. Integer inputs run their reference semantics in numpy.
 - Add / Sub / Mul / Div → binary; src0 must have the output's shape (Add and Mul swap their
   operands when only the second does), src1 broadcasts from its dims (ranks padded with 1s).
-- Softmax → softmax; LayerNormalization → layer_normalization over the last dim (dims
-  axis..rank-1 are flattened into one, zero copy); BatchNormalization → binary mul with a
-  binary add post-op (per channel a = γ/√(var+ε), b = β - mean·a).
+- BatchNormalization → binary mul with a binary add post-op (per channel a = γ/√(var+ε),
+  b = β - mean·a). Softmax and LayerNormalization: lower_norm.py.
 - Concat → concat (inputs in their own layouts, same data type); else numpy.
 - Reshape / Flatten / Squeeze / Unsqueeze → a zero-copy view when the input is row-major, else
   a reorder to row-major first. Identity / Dropout → the input itself.
@@ -19,7 +18,6 @@
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 
@@ -44,7 +42,6 @@ from ir.ops import (
     GeluApprox,
     GeluAttrs,
     HardSigmoidAttrs,
-    LayerNormAttrs,
     SliceAttrs,
     SplitAttrs,
     TransposeAttrs,
@@ -62,8 +59,6 @@ from runtime.onednn import (
     binary,
     concat,
     eltwise,
-    layer_normalization,
-    softmax,
 )
 from runtime.reference.ops_shape import onnx_slice
 
@@ -175,65 +170,6 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
         args[int(Arg.SRC_1)] = ctx.source(b_value, src1_md)
     args[int(Arg.DST)] = _in_place_or_new(ctx, node, args[int(Arg.SRC_0)], src0_md)
     ctx.add_primitive(node.name, pd, args, fixed, info=ctx.info_for(node))
-
-
-def lower_softmax(ctx: LowerContext, node: Node) -> None:
-    if not _float_inputs(ctx, node):
-        lower_numpy(ctx, node, note="integer softmax")
-        return
-    attrs: AxisAttrs = node.attrs
-    x = node.inputs[0]
-    home = ctx.md_of(x)
-
-    def make(md: MemoryDesc) -> PrimitiveDesc:
-        return softmax(md, md, axis=attrs.axis)
-
-    pd = ctx.try_layouts("softmax", make, [home, plain_md(home.dims, home.dtype)])
-    src = ctx.source(x, pd.src_md)
-    dst = ctx.define(node.outputs[0], pd.src_md)  # type: ignore[arg-type]
-    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
-                      info=ctx.info_for(node))
-
-
-def lower_layer_norm(ctx: LowerContext, node: Node) -> None:
-    attrs: LayerNormAttrs = node.attrs
-    x = node.inputs[0]
-    shape = ctx.info(x).shape
-    extra_used = any(ctx.graph.uses(v) for v in node.outputs[1:])
-    if not _float_inputs(ctx, node) or extra_used:
-        lower_numpy(ctx, node, note="integer input or mean / inv-std outputs used")
-        return
-    axis = attrs.axis + len(shape) if attrs.axis < 0 else attrs.axis
-    dims = (*shape[:axis], math.prod(shape[axis:])) if axis < len(shape) - 1 else shape
-    if len(dims) == 1:
-        dims = (1, *dims)
-    channels = dims[-1]
-    scale = ctx.need_const(node, 1, "the scale").astype(F32).ravel()
-    bias = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-    view = x if dims == shape else f"{x}@ln{len(dims)}"
-    if view != x and view not in ctx.home:
-        ctx.home[view] = ctx.view(x, dims, row_major=True)
-    home = ctx.md_of(view)
-
-    def make(md: MemoryDesc) -> PrimitiveDesc:
-        return layer_normalization(md, md, epsilon=attrs.epsilon, use_scale=True,
-                                   use_shift=bias is not None)
-
-    pd = ctx.try_layouts("layer_normalization", make, [home, plain_md(dims, DataType.f32)])
-    src = ctx.source(view, pd.src_md)
-    fixed = {int(Arg.SCALE): const_memory(
-        np.broadcast_to(scale, (channels,)))}
-    if bias is not None:
-        fixed[int(Arg.SHIFT)] = const_memory(
-            np.broadcast_to(bias.astype(F32).ravel(), (channels,)))
-    y = node.outputs[0]
-    if dims == shape:
-        dst = ctx.define(y, pd.src_md)  # type: ignore[arg-type]
-    else:
-        out = ctx.define(y, plain_md(shape, DataType.f32))
-        dst = ctx.temp(f"{y}@ln", pd.src_md, alias=out)  # type: ignore[arg-type]
-    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst}, fixed,
-                      info=ctx.info_for(node))
 
 
 def lower_batch_norm(ctx: LowerContext, node: Node) -> None:

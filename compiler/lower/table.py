@@ -16,12 +16,21 @@ from collections.abc import Callable
 import numpy as np
 
 from compiler.errors import UnsupportedModelError
-from compiler.lower import lower_compute, lower_matmul, lower_misc, lower_pool, lower_quant
+from compiler.lower import (
+    lower_compute,
+    lower_matmul,
+    lower_misc,
+    lower_norm,
+    lower_pool,
+    lower_quant,
+    lower_resize,
+)
 from compiler.lower.context import LowerContext, Options
 from compiler.lower.fallback import lower_numpy
+from compiler.lower.no_vnni import isa_notes
 from compiler.lower.plan import Plan
 from ir import Graph, Node, Op
-from runtime.onednn import CpuIsa, DataType, effective_cpu_isa
+from runtime.onednn import DataType
 from runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
@@ -56,8 +65,8 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.MUL: lower_misc.lower_binary,
     Op.DIV: lower_misc.lower_binary,
     Op.SUM: lower_misc.lower_binary,
-    Op.SOFTMAX: lower_misc.lower_softmax,
-    Op.LAYER_NORM: lower_misc.lower_layer_norm,
+    Op.SOFTMAX: lower_norm.lower_softmax,
+    Op.LAYER_NORM: lower_norm.lower_layer_norm,
     Op.BATCH_NORM: lower_misc.lower_batch_norm,
     # data movement
     Op.CONCAT: lower_misc.lower_concat,
@@ -70,10 +79,11 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.TRANSPOSE: lower_misc.lower_transpose,
     Op.IDENTITY: lower_misc.lower_alias,
     Op.DROPOUT: lower_misc.lower_alias,
+    # nearest → resampling where its indices are ONNX's; linear: bit-exact numpy kernel
+    Op.RESIZE: lower_resize.lower_resize,
     # no oneDNN primitive: the reference semantics in numpy
     Op.PRELU: lower_numpy,
     Op.PAD: lower_numpy,
-    Op.RESIZE: lower_numpy,
     Op.CAST: lower_numpy,
 }
 
@@ -85,7 +95,7 @@ PROBES = {
     Op.AVG_POOL: lower_pool.probe_int8_pool,
     Op.GLOBAL_AVG_POOL: lower_pool.probe_int8_pool,
     Op.CONCAT: lower_misc.probe_concat,
-    Op.RESIZE: lower_misc.probe_plain,
+    Op.RESIZE: lower_resize.probe_resize,
     Op.PAD: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,
 }
@@ -118,30 +128,18 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
     if ctx.deferred:
         raise LoweringError(f"dequantize(s) deferred but never consumed: {sorted(ctx.deferred)}")
     plan = ctx.finish()
-    plan.notes.update(_isa_notes(plan))
+    plan.notes.update(isa_notes(ctx, _int8(plan)))
     log.info("lowered %s: %d kernels, %d reorders, %d io reorders", graph.name,
              len(plan.kernels), plan.reorders, plan.io_reorders)
     return plan
 
 
-# ISAs with exact int8 dot products (VNNI / AMX). Without them oneDNN's u8·s8 kernels add
-# pairs of products in int16 with saturation (vpmaddubsw): ONEDNN_NOTES.md "Pitfalls".
-EXACT_INT8_ISAS = frozenset({CpuIsa.avx2_vnni, CpuIsa.avx2_vnni_2, CpuIsa.avx512_core_vnni,
-                             CpuIsa.avx512_core_bf16, CpuIsa.avx512_core_fp16,
-                             CpuIsa.avx512_core_amx, CpuIsa.avx512_core_amx_fp16})
-
-
-def _isa_notes(plan: Plan) -> dict[str, object]:
-    isa = effective_cpu_isa()
-    exact = isa in EXACT_INT8_ISAS
-    int8 = any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
+# ISAs with exact int8 dot products (VNNI / AMX): no_vnni.EXACT_INT8_ISAS; without them
+# no_vnni.py splits the int8 weights so the accumulators stay exact (ONEDNN_NOTES.md).
+def _int8(plan: Plan) -> bool:
+    return any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
                and plan.slots[k.reads[0]].md.dtype in (DataType.u8, DataType.s8)
                for k in plan.kernels)
-    if int8 and not exact:
-        log.warning("oneDNN runs on %s, which has no VNNI: int8 products are summed in pairs "
-                    "with int16 saturation, so accumulators can differ from the exact sum "
-                    "(weights within [-64, 64] avoid it)", isa.name)
-    return {"cpu_isa": isa.name, "exact_int8_dot_products": exact}
 
 
 def _fold(ctx: LowerContext, node: Node) -> bool:

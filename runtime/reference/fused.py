@@ -13,6 +13,10 @@
   (the window sum of integers is exact; the division is not). Padding taps are 0 in the
   shifted domain, i.e. the real value 0; ``count_include_pad`` counts them, as the float op
   does, and ceil_mode's extra end taps are never counted (ops_nn.py).
+- Softmax / LayerNormalization (passes/fuse_quantized_norm.py): ``acc = op(x, γ, β)`` with
+  ``x = f32(src - src_zero_point)·src_scale`` (the DequantizeLinear it absorbed) when
+  ``src_scale`` is set, else ``x = src``; the op is its plain reference (ONNX Runtime's float32
+  kernels), and the chain (empty, or one Quantize) follows.
 - channel axis of the chain: 1, except MatMul: the last dim.
 - ``residuals``: every chain ``Residual`` item reads the node's input ``port``.
 
@@ -35,6 +39,7 @@ from runtime.reference.registry import IMPLS
 F32 = np.float32
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)
 POOLING = (Op.AVG_POOL, Op.GLOBAL_AVG_POOL)
+NORMS = (Op.SOFTMAX, Op.LAYER_NORM)
 
 
 def channel_axis(node: Node, rank: int) -> int:
@@ -72,6 +77,12 @@ def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
     if node.op in POOLING:
         shifted = _shifted(src, fused.src_zero_point, "source").astype(F32)
         return IMPLS[node.op](plain, [shifted])[0]
+    if node.op in NORMS:
+        x = src
+        if fused.src_scale is not None:
+            x = (src.astype(np.int64) - np.int64(fused.src_zero_point)).astype(F32) * F32(
+                fused.src_scale)
+        return IMPLS[node.op](plain, [x, *inputs[1:]])[0]
     raise ValueError(f"no fused reference for {node.op.value}")
 
 

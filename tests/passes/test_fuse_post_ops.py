@@ -41,6 +41,7 @@ from ir.ops import (
     GeluApprox,
     GeluAttrs,
     HardSigmoidAttrs,
+    LayerNormAttrs,
     ReshapeAttrs,
 )
 from passes import fuse_bias, fuse_post_ops
@@ -122,14 +123,33 @@ def test_dequantize_without_residual_rolls_back() -> None:
     int8_conv(graph)
     fq(graph, "conv", "q1", 0.04, 100)
     dq(graph, "q1", "d1")
-    add(graph, Op.SOFTMAX, ["d1"], "y", AxisAttrs(1))
+    gamma = const(graph, "gamma", np.ones((5,), np.float32))
+    add(graph, Op.LAYER_NORM, ["d1", gamma], "y", LayerNormAttrs(3))
     graph.outputs.append("y")
     result = run(fuse_post_ops, graph)
     assert result.changed == 1 and kinds(graph) == [Scale, Shift, Quantize]
     assert graph.producer("q1").name == "conv" and graph.has_node("d1")
     assert [d.node for d in result.declined] == ["d1"]
     assert "neither followed" in result.declined[0].reason
-    assert "Softmax has no oneDNN post-op" in result.declined[0].reason
+    assert "LayerNormalization has no oneDNN post-op" in result.declined[0].reason
+
+
+def test_dequantize_into_a_softmax_is_kept() -> None:
+    """A Softmax has no integer source in oneDNN: the node writes the dequantized f32 values."""
+    graph = new_graph()
+    int8_conv(graph)
+    fq(graph, "conv", "q1", 0.04, 100)
+    dq(graph, "q1", "d1")
+    add(graph, Op.SOFTMAX, ["d1"], "y", AxisAttrs(1))
+    graph.outputs.append("y")
+    feeds = feeds_for(graph)
+    before = reference(graph, feeds)
+    result = run(fuse_post_ops, graph)
+    np.testing.assert_array_equal(reference(graph, feeds)["y"], before["y"])  # bit-exact
+    assert result.changed == 1 and kinds(graph) == [Scale, Shift, Quantize, Shift, Scale]
+    assert graph.producer("d1").name == "conv" and not graph.has_node("q1")
+    assert graph.info("d1").dtype is DType.F32
+    assert [(d.node, d.op) for d in result.declined] == [("y", "Softmax")]
 
 
 def test_requantize_through_a_multiply() -> None:

@@ -1,0 +1,226 @@
+"""Softmax and LayerNormalization → oneDNN softmax / layer_normalization: float32, or with the
+integer source and output passes/fuse_quantized_norm.py folded in (its docstring has the math
+and the oneDNN 3.2 measurements this relies on).
+
+- Plain node: float32 src and dst (an integer one runs its reference in numpy). Softmax runs
+  along its axis; LayerNormalization over the last dim, dims axis..rank-1 flattened into one
+  (zero copy), scale and bias as the primitive's SCALE / SHIFT.
+- Fused node, integer output (``fused.chain == [Quantize]``): the dst is u8/s8 with the
+  quantize's dst scale (mask 0, ``fuse_quantized_norm.dst_quant``): ``saturate(rint(y/s))``.
+  Softmax: zero point 0 (the pass guarantees it). LayerNormalization: a zero point zp is
+  folded into the shift, ``β' = f32(β + zp·s_dst)``, since ``rint(y/s) + zp =
+  rint((y + zp·s)/s)``.
+- Fused LayerNormalization, integer source (``fused.src_scale`` = s): the primitive reads the
+  u8/s8 values themselves, no src scale (oneDNN multiplies the *output* by a src scale) and no
+  zero point, with ``ε' = f32(ε/s²)``: ``LN_ε(s·(q - zp)) = LN_{ε/s²}(q)``.
+- *split*: as the graph was before the pass — a dequantize reorder into float32, the float
+  primitive, a quantize reorder — in ``unfused`` mode (so `bench` shows what the folding
+  saves) and when the int8 primitive only has a ``ref:`` implementation (softmax with an int8
+  dst on AVX2 is ``ref:any``; layer normalization is ``jit:uni`` on every ISA).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from compiler.errors import UnsupportedModelError
+from compiler.lower.context import LowerContext
+from compiler.lower.fallback import lower_numpy
+from compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
+from ir import DType, Node
+from ir.chain import Quantize
+from ir.ops import AxisAttrs, LayerNormAttrs
+from passes.fuse_quantized_norm import dst_quant
+from runtime.onednn import (
+    Arg,
+    DataType,
+    Memory,
+    MemoryDesc,
+    PrimitiveAttr,
+    PrimitiveDesc,
+    layer_normalization,
+    softmax,
+)
+
+log = logging.getLogger(__name__)
+F32 = np.float32
+Quant = tuple[float, int]  # (scale, zero point) of one side
+
+
+def _float_only(ctx: LowerContext, node: Node) -> bool:
+    return all(ctx.info(v).dtype is DType.F32 for v in [*node.inputs, *node.outputs] if v)
+
+
+def _dst_quant(node: Node) -> Quant | None:
+    """(dst scale, dst zero point) of a fused node's integer output; None for float32."""
+    if node.fused is None or not node.fused.chain:
+        return None
+    item = node.fused.chain[-1]
+    found = dst_quant(item) if len(node.fused.chain) == 1 and isinstance(item, Quantize) \
+        else f"the chain {node.fused.chain} is not one quantize"
+    if isinstance(found, str):
+        raise UnsupportedModelError(f"node {node}: {found} (fuse_quantized_norm.py)")
+    return found
+
+
+def _scales(dst: Quant | None) -> tuple[PrimitiveAttr, dict[int, Memory]]:
+    attr, fixed = PrimitiveAttr(), {}
+    if dst is not None:
+        attr.set_scales_mask(Arg.DST, 0)
+        fixed[Arg.scales(Arg.DST)] = Memory.scales(np.array([dst[0]], F32))
+    return attr, fixed
+
+
+def _requantize(ctx: LowerContext, node: Node, src: str, dst: str, side: int, q: Quant) -> None:
+    """Split form: one reorder dequantizing (side SRC) or quantizing (side DST) with ``q``."""
+    attr = PrimitiveAttr().set_scales_mask(side, 0)
+    fixed = {Arg.scales(side): Memory.scales(np.array([q[0]], F32))}
+    if q[1]:
+        attr.set_zero_points_mask(side, 0)
+        fixed[Arg.zero_points(side)] = Memory.zero_points(q[1])
+    ctx.add_reorder(src, dst, attr=attr, fixed=fixed, role="op", node=node)
+
+
+def _define(ctx: LowerContext, y: str, shape: tuple[int, ...], md: MemoryDesc) -> str:
+    """The output's slot as the primitive sees it: ``md`` of the (flattened) dims; when those
+    are not the output's shape, a view of a row-major slot of the output's shape."""
+    if md.dims == shape:
+        return ctx.define(y, md)
+    out = ctx.define(y, plain_md(shape, md.dtype))
+    return ctx.temp(f"{y}@flat", md, alias=out)
+
+
+def _emit(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
+          fixed: dict[int, Memory], dst: Quant | None, details: list[str]) -> None:
+    """Add the kernel writing the output (through a quantize reorder when split)."""
+    y, shape = node.outputs[0], ctx.info(node.outputs[0]).shape
+    dst_md = pd.dst_md
+    assert dst_md is not None
+    info = ctx.info_for(node, optimizations=details)
+    if dst is not None and dst_md.dtype == DataType.f32:  # split: quantize separately
+        temp = ctx.temp(f"{y}@f32", dst_md)
+        ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): temp}, fixed,
+                          info=info)
+        out_md = md_like(dst_md, dnnl_type(ctx.info(y).dtype))
+        assert out_md is not None
+        _requantize(ctx, node, temp, _define(ctx, y, shape, out_md), Arg.DST, dst)
+        return
+    out = _define(ctx, y, shape, dst_md)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): out}, fixed, info=info)
+
+
+def _pick(ctx: LowerContext, node: Node, kind: str,
+          build: Callable[[bool], tuple[PrimitiveDesc, dict[int, Memory], list[str]]]
+          ) -> tuple[PrimitiveDesc, dict[int, Memory], list[str]]:
+    """``build(split)``: the folded int8 primitive unless the mode is unfused; split (the
+    float primitive between reorders) when the folded one only has a ``ref:`` implementation
+    (softmax with an int8 dst on AVX2)."""
+    split = ctx.options.mode == "unfused" or node.fused is None
+    pd, fixed, details = build(split)
+    if not split and is_slow(pd.impl_name, kind):
+        log.info("node %s: int8 %s runs on %s: split into reorders and a float %s", node,
+                 kind, pd.impl_name, kind)
+        pd, fixed, details = build(True)
+    return pd, fixed, details
+
+
+def lower_softmax(ctx: LowerContext, node: Node) -> None:
+    fused = node.fused
+    if fused is None and not _float_only(ctx, node):
+        lower_numpy(ctx, node, note="integer softmax")
+        return
+    if fused is not None and fused.src_scale is not None:
+        raise RuntimeError("a softmax cannot dequantize its source (fuse_quantized_norm.py)")
+    attrs: AxisAttrs = node.attrs
+    x = node.inputs[0]
+    dst = _dst_quant(node)
+    if dst is not None and dst[1]:
+        raise RuntimeError(f"softmax dst zero point {dst[1]}: oneDNN takes none")
+    home = ctx.md_of(x)
+
+    def build(split: bool) -> tuple[PrimitiveDesc, dict[int, Memory], list[str]]:
+        attr, fixed = _scales(None if split else dst)
+        dst_type = DataType.f32 if split else dnnl_type(ctx.info(node.outputs[0]).dtype)
+
+        def make(md: MemoryDesc) -> PrimitiveDesc:
+            out = md_like(md, dst_type) or plain_md(md.dims, dst_type)
+            return softmax(md, out, axis=attrs.axis, attr=attr)
+
+        pd = ctx.try_layouts("softmax", make, [home, plain_md(home.dims, home.dtype)])
+        return pd, fixed, ["int8_dst_scale"] if dst is not None and not split else []
+
+    pd, fixed, details = _pick(ctx, node, "softmax", build)
+    src_md = pd.src_md
+    assert src_md is not None
+    _emit(ctx, node, pd, ctx.source(x, src_md), fixed, dst, details)
+
+
+def lower_layer_norm(ctx: LowerContext, node: Node) -> None:
+    attrs: LayerNormAttrs = node.attrs
+    fused = node.fused
+    x = node.inputs[0]
+    shape = ctx.info(x).shape
+    extra_used = any(ctx.graph.uses(v) for v in node.outputs[1:])
+    if (fused is None and not _float_only(ctx, node)) or extra_used:
+        lower_numpy(ctx, node, note="integer input or mean / inv-std outputs used")
+        return
+    src_q = None if fused is None or fused.src_scale is None else (
+        fused.src_scale, fused.src_zero_point)
+    dst = _dst_quant(node)
+    axis = attrs.axis + len(shape) if attrs.axis < 0 else attrs.axis
+    dims = (*shape[:axis], math.prod(shape[axis:])) if axis < len(shape) - 1 else shape
+    if len(dims) == 1:
+        dims = (1, *dims)
+    channels = dims[-1]
+    scale = np.broadcast_to(ctx.need_const(node, 1, "the scale").astype(F32).ravel(),
+                            (channels,))
+    bias = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
+    view = x if dims == shape else f"{x}@ln{len(dims)}"
+    if view != x and view not in ctx.home:
+        ctx.home[view] = ctx.view(x, dims, row_major=True)
+    home = ctx.md_of(view)
+
+    def build(split: bool) -> tuple[PrimitiveDesc, dict[int, Memory], list[str]]:
+        shift = None if bias is None else np.broadcast_to(bias.astype(F32).ravel(), (channels,))
+        epsilon, details = float(attrs.epsilon), []
+        if src_q is not None and not split:  # LN_ε(s·(q - zp)) = LN_{ε/s²}(q)
+            epsilon = float(F32(attrs.epsilon / (src_q[0] * src_q[0])))
+            details.append(f"int8_src(epsilon/s²={epsilon:.6g})")
+        if dst is not None and not split:
+            details.append("int8_dst_scale")
+            if dst[1]:  # rint(y/s) + zp = rint((y + zp·s)/s)
+                base = shift if shift is not None else np.zeros(channels, F32)
+                shift = (base + F32(dst[1]) * F32(dst[0])).astype(F32)
+                details.append("dst_zero_point_to_shift")
+        src_type = DataType.f32 if split else home.dtype
+        dst_type = DataType.f32 if split else dnnl_type(ctx.info(node.outputs[0]).dtype)
+        attr, fixed = _scales(None if split else dst)
+
+        def make(md: MemoryDesc) -> PrimitiveDesc:
+            out = md_like(md, dst_type) or plain_md(md.dims, dst_type)
+            return layer_normalization(md, out, epsilon=epsilon,
+                                       use_scale=True, use_shift=shift is not None, attr=attr)
+
+        candidates = [md_like(home, src_type), plain_md(dims, src_type)]
+        pd = ctx.try_layouts("layer_normalization", make,
+                             [c for c in candidates if c is not None])
+        fixed[int(Arg.SCALE)] = const_memory(scale)
+        if shift is not None:
+            fixed[int(Arg.SHIFT)] = const_memory(shift)
+        return pd, fixed, details
+
+    pd, fixed, details = _pick(ctx, node, "layer_normalization", build)
+    src_md = pd.src_md
+    assert src_md is not None
+    if src_md.dtype == home.dtype:
+        src = ctx.source(view, src_md)
+    else:  # split: dequantize into float32 first
+        assert src_q is not None
+        src = ctx.temp(f"{view}@f32", src_md)
+        _requantize(ctx, node, ctx.source(view, md_like(src_md, home.dtype)), src, Arg.SRC,
+                    src_q)
+    _emit(ctx, node, pd, src, fixed, dst, details)
