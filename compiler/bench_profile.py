@@ -5,14 +5,14 @@ followed by one profiled run that executes the same bound kernels (``Kernel.run`
 the executor calls) with ``perf_counter_ns`` around each. The normal run path is untouched: the
 profiled loop lives here and only reads the Plan's public parts (kernels, input slots, stream).
 A kernel's time is its median over the runs; it includes the binding's own cost (Python call,
-ctypes, oneDNN dispatch, the stream wait).
+ctypes, oneDNN dispatch).
 
 Overheads: ``overhead per kernel`` = median over profiled runs of (the run's total time − the
 sum of its kernel times) / kernels: the executor loop and the input/output copies, spread over
 the kernels. (Σ of per-kernel medians is lower than a typical run: each kernel's time has a
 long tail of its own, so the per-run sums are the ones to compare with the wall time.) ``dispatch floor`` =
-the time of a one-element reorder through the same binding path (bound primitive, execute and
-wait): what every kernel pays before doing any work.
+the time of a one-element reorder through the same binding path (``BoundPrimitive.runner``):
+what every kernel pays before doing any work.
 
 Work (multiply-accumulates, from the primitive descriptor's logical dims; weights are
 (OC, IC/G, *K) or grouped (G, OC/G, IC/G, *K), so prod(wei)/OC = (IC/G)·prod(K)):
@@ -106,11 +106,11 @@ def dispatch_floor_ns(reps: int = 2000) -> float:
     md = MemoryDesc.from_tag((1,), DataType.f32)
     src, dst = Memory(md), Memory(md)
     bound = reorder(md, md).create().bind({int(Arg.SRC): src, int(Arg.DST): dst})
-    stream = default_stream()
+    run = bound.runner(default_stream())  # what Plan binds every kernel to
     samples = np.empty(reps)
     for i in range(reps):
         start = time.perf_counter_ns()
-        bound.execute(stream, wait=True)
+        run()
         samples[i] = time.perf_counter_ns() - start
     return float(np.median(samples))
 

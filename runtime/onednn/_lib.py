@@ -178,6 +178,7 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "dnnl_primitive_desc_query": (_S, [Handle, _E, c_int, c_void_p]),
     "dnnl_primitive_desc_query_md": (Handle, [Handle, _E, c_int]),
     "dnnl_primitive_desc_query_s32": (c_int, [Handle, _E, c_int]),
+    "dnnl_primitive_desc_next_impl": (_S, [Handle]),
     "dnnl_convolution_forward_primitive_desc_create": (
         _S,
         [HandlePtr, Handle, _E, _E, Handle, Handle, Handle, Handle, Dims, Dims, Dims, Dims, Handle],

@@ -8,10 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from compiler.lower import lower_compute
 from ir import DType, Graph, Op, TensorInfo
 from ir.chain import Act, Activation, Fused, PRelu, Scale, Shift
 from ir.ops import ConvTransposeAttrs, NoAttrs
 from runtime.executor import Executor
+from runtime.onednn import effective_cpu_isa
 from runtime.reference.fused import evaluate_fused
 from tests.compiler.lower_helpers import (
     SPLITS_INT8,
@@ -92,6 +94,19 @@ def test_int8_conv(name: str) -> None:
     else:
         assert conv["scales_masks"]["WEIGHTS"] == (3 if grouped else 1)  # per output channel
     assert conv["zero_points_masks"]["SRC"] == 0
+
+
+@requires_exact_int8
+def test_small_conv_avoids_amx_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    graph, feeds = _conv_graph(CONV_CASES["1x1"])  # 2·9·9·64·32 = 0.33 M MACs: below SMALL_MACS
+    out, plan = run_plan(graph, feeds)
+    impl = next(k.impl for k in plan.kernels if k.name == "conv")
+    assert "amx" not in impl
+    monkeypatch.setattr(lower_compute, "SMALL_MACS", 0)
+    amx_out, amx_plan = run_plan(graph, feeds)
+    np.testing.assert_array_equal(out[graph.outputs[0]], amx_out[graph.outputs[0]])
+    if "amx" in effective_cpu_isa().name:
+        assert "amx" in next(k.impl for k in amx_plan.kernels if k.name == "conv")
 
 
 @requires_exact_int8

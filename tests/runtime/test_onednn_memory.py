@@ -18,7 +18,9 @@ from runtime.onednn import (
     MemoryDesc,
     PostOps,
     PrimitiveAttr,
+    PrimitiveDesc,
     convolution,
+    default_stream,
     eltwise,
     get_num_threads,
     set_num_threads,
@@ -127,6 +129,32 @@ def test_bound_execution_reuses_the_binding() -> None:
         src.array[...] = step
         bound.execute()
         assert np.all(dst.array == 2 * step + 1)
+
+
+def test_runner_keeps_the_binding_alive() -> None:
+    md = MemoryDesc.from_tag((4, 8), DataType.f32)
+    primitive = eltwise(Alg.eltwise_linear, md, alpha=2.0, beta=1.0).create()
+    src, dst = Memory(md), Memory(md)
+    run = primitive.bind(primitive.with_scratchpad({Arg.SRC: src, Arg.DST: dst})).runner(
+        default_stream())
+    gc.collect()  # the BoundPrimitive is only referenced by the closure
+    src.array[...] = 3
+    run()
+    assert np.all(dst.array == 7)
+
+
+def test_next_impl_walks_the_implementation_list() -> None:
+    def make() -> PrimitiveDesc:
+        return convolution(MemoryDesc.from_tag((1, 16, 8, 8), DataType.u8, FormatTag.any),
+                           MemoryDesc.from_tag((16, 16, 1, 1), DataType.s8, FormatTag.any),
+                           MemoryDesc.from_tag((1, 16, 8, 8), DataType.u8, FormatTag.any))
+
+    pd = make()
+    names = [pd.impl_name]
+    while pd.next_impl():
+        names.append(pd.impl_name)
+    assert names[0] == make().impl_name and names[-1] == "ref:any"
+    assert len(names) > 1 and pd.impl_name == "ref:any"
 
 
 def test_threads_and_version() -> None:
