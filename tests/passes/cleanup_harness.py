@@ -14,16 +14,12 @@ import numpy as np
 
 from ir import Graph
 from ir.shapes import infer_shapes
-from passes.base import PassContext, PassResult, run_pass
+from passes.base import PassResult
 from runtime.reference import evaluate
+from tests.passes.quant_helpers import apply, reasons, ulps
+from tests.passes.quant_helpers import feeds as random_feeds
 
-
-def apply(module: ModuleType, graph: Graph, ctx: PassContext | None = None) -> PassResult:
-    """Run the pass in ``module`` through run_pass, then verify the graph."""
-    name = module.__name__.rsplit(".", 1)[-1]
-    result = run_pass(name, module.run, graph, ctx or PassContext())
-    graph.verify()
-    return result
+__all__ = ["apply", "random_feeds", "reasons", "ulps"]
 
 
 def finish(graph: Graph, outputs: list[str]) -> Graph:
@@ -36,23 +32,6 @@ def finish(graph: Graph, outputs: list[str]) -> Graph:
 
 def op_sequence(graph: Graph) -> list[str]:
     return [node.op.value for node in graph.topo_order()]
-
-
-def reasons(result: PassResult) -> list[str]:
-    return [d.reason for d in result.declined]
-
-
-def random_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name in graph.inputs:
-        info = graph.info(name)
-        if info.dtype.is_integer:
-            low, high = info.dtype.range
-            feeds[name] = rng.integers(low, high + 1, info.shape).astype(info.dtype.np)
-        else:
-            feeds[name] = rng.standard_normal(info.shape).astype(info.dtype.np)
-    return feeds
 
 
 def before_after(module: ModuleType, graph: Graph, seeds: int = 3
@@ -71,16 +50,6 @@ def assert_bit_exact(pairs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarr
         for name in before:
             assert after[name].dtype == before[name].dtype, name
             assert np.array_equal(after[name], before[name], equal_nan=True), name
-
-
-def _ordered(x: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
-    return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
-
-
-def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Element-wise distance between float32 arrays in units in the last place."""
-    return np.abs(_ordered(a) - _ordered(b))
 
 
 def ulp_of(x: np.ndarray) -> np.ndarray:

@@ -14,10 +14,15 @@ import numpy as np
 
 from ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from ir.chain import Fused, Scale, Shift
-from ir.ops import ATTRS, ConvAttrs, FakeQuantizeAttrs
-from ir.shapes import infer_node
-from passes.base import PassContext, PassResult, run_pass
+from ir.ops import ConvAttrs
 from runtime.reference import evaluate
+from tests.passes.quant_helpers import add, const
+from tests.passes.quant_helpers import apply as run
+from tests.passes.quant_helpers import feeds as feeds_for
+from tests.passes.quant_helpers import int_lsb as lsb_stats
+from tests.passes.quant_helpers import quantize_only as fq
+
+__all__ = ["add", "const", "feeds_for", "fq", "lsb_stats", "run"]
 
 F32 = np.float32
 RNG = np.random.default_rng(7)
@@ -32,19 +37,6 @@ def new_graph(x_dtype: DType = DType.U8, shape: tuple[int, ...] = (1, C_IN, HW, 
     quant = QuantParams.make(S_X, ZP_X) if x_dtype.is_quantized else None
     graph.add_input("x", TensorInfo(shape, x_dtype, quant))
     return graph
-
-
-def add(graph: Graph, op: Op, inputs: list[str], out: str, attrs: Any = None,
-        info: TensorInfo | None = None) -> Node:
-    """A node with one output, its info inferred unless given."""
-    node = graph.add_node(op, inputs, [out], attrs if attrs is not None else ATTRS[op](),
-                          name=out)
-    graph.set_info(out, info if info is not None else infer_node(graph, node)[0])
-    return node
-
-
-def const(graph: Graph, name: str, data: object, dtype: object = F32) -> str:
-    return graph.add_constant(name, np.asarray(data, dtype=dtype)).name
 
 
 def int8_conv(graph: Graph, src: str = "x", out: str = "conv", bias: bool = True,
@@ -74,17 +66,6 @@ def int8_matmul(graph: Graph, src: str = "x", out: str = "mm", n: int = C) -> No
                info=TensorInfo(shape, DType.F32))
     node.fused = Fused(chain=[Scale.of(F32(S_X) * s_w)], src_zero_point=ZP_X, absorbed=[out])
     return node
-
-
-def fq(graph: Graph, src: str, out: str, scale: float, zp: int,
-       dtype: DType = DType.U8) -> Node:
-    """The quantize-only FakeQuantize a QuantizeLinear(scale, zp) becomes."""
-    lo, hi = dtype.range
-    il, ih = F32(scale) * F32(lo - zp), F32(scale) * F32(hi - zp)
-    ins = [src] + [const(graph, f"{out}_{k}", v) for k, v in
-                   (("il", il), ("ih", ih), ("ol", lo), ("oh", hi))]
-    info = TensorInfo(graph.info(src).shape, dtype, QuantParams.make(scale, zp))
-    return add(graph, Op.FAKE_QUANTIZE, ins, out, FakeQuantizeAttrs(256), info)
 
 
 def dq(graph: Graph, src: str, out: str, scale: float | None = None,
@@ -119,37 +100,9 @@ def residual_block(relu: bool = False, via_qdq: bool = True) -> Graph:
     return graph
 
 
-def feeds_for(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name in graph.inputs:
-        info = graph.info(name)
-        if info.dtype.is_integer:
-            lo, hi = info.dtype.range
-            out[name] = rng.integers(lo, hi + 1, info.shape).astype(info.dtype.np)
-        else:
-            out[name] = rng.standard_normal(info.shape).astype(info.dtype.np)
-    return out
-
-
 def reference(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The graph's outputs (fused nodes evaluate their chains)."""
     return evaluate(graph, feeds)
-
-
-def run(module: Any, graph: Graph, ctx: PassContext | None = None) -> PassResult:
-    """One pass on ``graph``; the graph is verified after it."""
-    ctx = ctx or PassContext()
-    result = run_pass(module.__name__, module.run, graph, ctx)
-    graph.verify()
-    return result
-
-
-def lsb_stats(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
-    """(share of identical elements, largest |a - b|) of two integer tensors."""
-    assert a.shape == b.shape and a.dtype == b.dtype
-    diff = np.abs(a.astype(np.int64) - b.astype(np.int64))
-    return float(np.mean(diff == 0)), int(diff.max(initial=0))
 
 
 def reference_composed(graph: Graph, feeds: dict[str, np.ndarray], *,

@@ -131,6 +131,8 @@ def lsb(a: np.ndarray, b: np.ndarray, scale: float) -> tuple[float, int]:
 
 
 def int_lsb(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
+    """(share of identical elements, largest |a - b|) of two integer tensors."""
+    assert a.shape == b.shape and a.dtype == b.dtype
     diff = np.abs(a.astype(np.int64) - b.astype(np.int64))
     return float(np.mean(diff == 0)), int(diff.max(initial=0))
 
