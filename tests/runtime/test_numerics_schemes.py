@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from numerics_refs import I32_MAX, I32_MIN, half_away
+from numerics_refs import ref_quantize_multiplier as ref_multiplier
 
 from runtime.numerics import (
     Rounding,
@@ -25,26 +27,6 @@ from runtime.numerics import (
     tflite_scheme,
     tpu_multiplier_rshift,
 )
-
-I32_MIN, I32_MAX = -(2**31), 2**31 - 1
-
-
-def half_away(v: Fraction) -> int:
-    return math.floor(v + Fraction(1, 2)) if v >= 0 else -math.floor(-v + Fraction(1, 2))
-
-
-def ref_multiplier(real: float) -> tuple[int, int]:
-    if real == 0:
-        return 0, 0
-    frac, shift = math.frexp(real)
-    q = half_away(Fraction(frac) * 2**31)
-    if q == 2**31:
-        q, shift = q // 2, shift + 1
-    if shift < -31:
-        return 0, 0
-    if shift > 30:
-        return 2**31 - 1, 30
-    return q, shift
 
 
 def ref_tflite(acc: int, bias: int, s_in: float, s_w: float, s_out: float, zp: int,
