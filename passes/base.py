@@ -12,7 +12,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ir import Graph, Node
+from ir import Graph, Node, Op
 from passes.composer import ComposerOptions
 
 log = logging.getLogger(__name__)
@@ -50,9 +50,6 @@ class PassContext:
 
     composer: ComposerOptions = field(default_factory=ComposerOptions)
     disabled_passes: frozenset[str] = frozenset()
-    # Drop the quantization of every tensor (the fp32 mode uses the same passes on the
-    # float graph this leaves).
-    strip_quantization: bool = False
     current: PassResult | None = None
     current_node: Node | None = None
 
@@ -86,3 +83,27 @@ def run_pass(name: str, fn: PassFn, graph: Graph, ctx: PassContext) -> PassResul
     log.info("pass %s: %d rewrite(s), %d declined", name, result.changed,
              len(result.declined))
     return result
+
+
+def rewrite_each(
+    graph: Graph,
+    ctx: PassContext,
+    op: Op,
+    check: Callable[[Graph, Node], str | None],
+    rewrite: Callable[[Graph, Node], None],
+) -> int:
+    """Pattern + check + rewrite over every ``op`` node: ``check`` returns why a node cannot be
+    rewritten (recorded as a decline) or None; returns the number of rewrites. Nodes left
+    unread afterwards are removed."""
+    count = 0
+    for node in [n for n in graph.topo_order() if n.op is op]:
+        ctx.visit(node)
+        reason = check(graph, node)
+        if reason is not None:
+            ctx.decline(node, reason)
+            continue
+        rewrite(graph, node)
+        count += 1
+    if count:
+        graph.remove_unused()
+    return count

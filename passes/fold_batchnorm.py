@@ -30,7 +30,7 @@ import logging
 import numpy as np
 
 from ir import DType, Graph, Node, Op
-from passes.base import PassContext
+from passes.base import PassContext, rewrite_each
 from passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
@@ -40,18 +40,7 @@ NOT_A_CONV = "input is not a single-consumer Conv"
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
-    count = 0
-    for bn in [n for n in graph.topo_order() if n.op is Op.BATCH_NORM]:
-        ctx.visit(bn)
-        reason = _check(graph, bn)
-        if reason is not None:
-            ctx.decline(bn, reason)
-            continue
-        _fold(graph, bn)
-        count += 1
-    if count:
-        graph.remove_unused()
-    return count
+    return rewrite_each(graph, ctx, Op.BATCH_NORM, _check, _fold)
 
 
 def _check(graph: Graph, bn: Node) -> str | None:

@@ -38,7 +38,7 @@ import numpy as np
 
 from ir import DType, Graph, Node, Op, TensorInfo
 from ir.ops import DequantizeAttrs, GemmAttrs, TransposeAttrs
-from passes.base import PassContext
+from passes.base import PassContext, rewrite_each
 from passes.replace import add_inferred, replace_nodes
 
 log = logging.getLogger(__name__)
@@ -47,18 +47,7 @@ F32 = np.float32
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
-    count = 0
-    for gemm in [n for n in graph.topo_order() if n.op is Op.GEMM]:
-        ctx.visit(gemm)
-        reason = _check(graph, gemm)
-        if reason is not None:
-            ctx.decline(gemm, reason)
-            continue
-        _rewrite(graph, gemm)
-        count += 1
-    if count:
-        graph.remove_unused()
-    return count
+    return rewrite_each(graph, ctx, Op.GEMM, _check, _rewrite)
 
 
 def _check(graph: Graph, gemm: Node) -> str | None:
