@@ -24,8 +24,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from compiler.bench import BenchConfig, BenchResult, run_bench
-from examples import zoo
+from qfuse.compiler.bench import BenchConfig, BenchResult, run_bench
+from qfuse.examples import zoo
 
 OTHERS = ["unfused", "fp32", "onnxruntime", "openvino"]
 SHORT = {"unfused": "unfused/f", "fp32": "fp32/f", "onnxruntime": "ort/f", "openvino": "ov/f"}
@@ -96,14 +96,14 @@ def main(argv: list[str] | None = None) -> int:
         for engine, reason in result.skipped.items():
             print(f"  {name}: skipped {engine}: {reason}", file=sys.stderr)
         if args.profile and name == "resnet50":
-            from compiler.bench_profile import profile_model
+            from qfuse.compiler.bench_profile import profile_model
 
             result.profile = profile_model(result.compiled, Path(result.model_used),
                                            result.threads, runs=args.iters)
         results[name] = result.to_json()
     print(format_rows(rows, args.threads, args.batch))
     if args.profile and "resnet50" in results:
-        from compiler.bench_profile import format_profile
+        from qfuse.compiler.bench_profile import format_profile
 
         print()
         print(format_profile(results["resnet50"]["profile"]))

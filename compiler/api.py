@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from compiler.onnx_import import import_model
-from ir import Graph
-from passes.composer import ComposerOptions
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import Graph
+from qfuse.passes.composer import ComposerOptions
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +87,13 @@ def compile_model(
         raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     graph = import_graph(model, input_shapes=input_shapes)
     if mode == "reference":
-        from runtime.reference import evaluate
+        from qfuse.runtime.reference import evaluate
 
         return CompiledModel(graph, mode, lambda feeds: evaluate(graph, feeds))
-    from compiler.lower import Options, lower
-    from compiler.modes import run_passes
-    from passes.base import PassContext
-    from runtime.executor import Executor
+    from qfuse.compiler.lower import Options, lower
+    from qfuse.compiler.modes import run_passes
+    from qfuse.passes.base import PassContext
+    from qfuse.runtime.executor import Executor
 
     work = graph.copy()
     ctx = PassContext(composer=composer or ComposerOptions())
@@ -111,7 +111,7 @@ def compile_model(
 def _not_fused(graph: Graph, results: list[Any]) -> list[dict[str, str]]:
     """compiler/fusion_report.not_fused when present; else every unfused node."""
     try:
-        from compiler.fusion_report import not_fused
+        from qfuse.compiler.fusion_report import not_fused
     except ImportError:
         return [{"node": n.name, "op": n.op.value, "reason": "no pass matched"}
                 for n in graph.topo_order() if n.fused is None]

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from compiler.bench_engines import ENGINES, Engine, EngineUnavailable, engine_note, make_engine
-from compiler.errors import MalformedModelError
+from qfuse.compiler.bench_engines import ENGINES, Engine, EngineUnavailable, engine_note, make_engine
+from qfuse.compiler.errors import MalformedModelError
 
 log = logging.getLogger(__name__)
 
@@ -289,8 +289,8 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="qfuse-bench-") as tmp:
             return run_bench(config, Path(tmp))
-    from compiler.api import random_inputs
-    from runtime.onednn import effective_cpu_isa
+    from qfuse.compiler.api import random_inputs
+    from qfuse.runtime.onednn import effective_cpu_isa
 
     threads = config.threads or default_threads()
     unknown = [n for n in config.compare if n not in ENGINES]
@@ -372,7 +372,7 @@ def main_bench(args: Any) -> int:
         result = run_bench(config, Path(tmp))
         print(format_table(result))
         if args.profile or args.plot:
-            from compiler.bench_profile import format_profile, plot_fused_vs_unfused, profile_model
+            from qfuse.compiler.bench_profile import format_profile, plot_fused_vs_unfused, profile_model
 
             result.profile = profile_model(result.compiled, Path(result.model_used),
                                            result.threads, runs=max(config.iters, 10),

@@ -75,7 +75,7 @@ def _import(package: str) -> Any:
 
 
 def _qfuse(mode: str, model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:
-    from compiler.api import compile_model
+    from qfuse.compiler.api import compile_model
 
     start = time.perf_counter()
     compiled = compile_model(model, mode=mode, threads=threads)

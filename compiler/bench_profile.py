@@ -88,7 +88,7 @@ def cpu_clock_ghz() -> tuple[float, str]:
 
 
 def peak_int8(threads: int) -> dict[str, Any]:
-    from runtime.onednn import effective_cpu_isa
+    from qfuse.runtime.onednn import effective_cpu_isa
 
     isa = effective_cpu_isa().name
     per_cycle = INT8_MACS_PER_CYCLE.get(isa, 0)
@@ -100,8 +100,8 @@ def peak_int8(threads: int) -> dict[str, Any]:
 
 def dispatch_floor_ns(reps: int = 2000) -> float:
     """Median time of a one-element reorder through the bound-primitive path."""
-    from runtime.onednn import DataType, Memory, MemoryDesc, default_stream, reorder
-    from runtime.onednn.enums import Arg
+    from qfuse.runtime.onednn import DataType, Memory, MemoryDesc, default_stream, reorder
+    from qfuse.runtime.onednn.enums import Arg
 
     md = MemoryDesc.from_tag((1,), DataType.f32)
     src, dst = Memory(md), Memory(md)
@@ -119,7 +119,7 @@ def time_kernels(compiled: Any, feeds: dict[str, np.ndarray], runs: int,
                  warmup: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-kernel ns (runs × kernels), total ns of each profiled run (input copy, kernels,
     output copy), and wall ns of each normal run in between."""
-    from runtime.onednn import set_num_threads
+    from qfuse.runtime.onednn import set_num_threads
 
     plan, executor = compiled.plan, compiled.executor
     inputs = [(plan.view(slot), feeds[name]) for name, slot in plan.inputs.items()]
@@ -230,7 +230,7 @@ def profile_model(compiled: dict[str, Any], model: Path, threads: int, runs: int
                   with_unfused: bool = False) -> dict[str, Any]:
     """Profile the fused plan (compiled["fused"]); with_unfused: also the unfused plan (compiled
     from ``model`` when absent) and the per-layer fused-vs-unfused comparison."""
-    from compiler.api import compile_model, random_inputs
+    from qfuse.compiler.api import compile_model, random_inputs
 
     fused = compiled.get("fused") or compile_model(model, mode="fused", threads=threads)
     feeds = random_inputs(fused, seed=0)

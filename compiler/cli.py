@@ -13,10 +13,10 @@ EMULATED = ["tflite", "onnxruntime", "caffe2", "onednn", "tpu-mlir"]
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from compiler.api import compile_model, random_inputs
+    from qfuse.compiler.api import compile_model, random_inputs
 
     if args.emulate:
-        from compiler.cli_compare import emulated_model
+        from qfuse.compiler.cli_compare import emulated_model
 
         model = emulated_model(args.model, args.emulate)
     else:
@@ -42,35 +42,35 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from compiler.cli_compare import main_compare
+    from qfuse.compiler.cli_compare import main_compare
 
     return main_compare(args)
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     if not args.error:
-        from compiler.cli_inspect import main_inspect
+        from qfuse.compiler.cli_inspect import main_inspect
 
         return main_inspect(args)
-    from compiler.error_report import main_error
+    from qfuse.compiler.error_report import main_error
 
     return main_error(args)
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    from compiler.cli_inspect import main_compile
+    from qfuse.compiler.cli_inspect import main_compile
 
     return main_compile(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from compiler.bench import main_bench
+    from qfuse.compiler.bench import main_bench
 
     return main_bench(args)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from examples.demo import main as demo
+    from qfuse.examples.demo import main as demo
 
     return demo()
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from compiler.errors import MalformedModelError, UnsupportedModelError
+    from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 
     try:
         return int(args.func(args) or 0)

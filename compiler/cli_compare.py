@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from compiler.api import CompiledModel, compile_model, random_inputs
-from compiler.errors import UnsupportedModelError
-from runtime.emulate import Decision, emulate, plan
+from qfuse.compiler.api import CompiledModel, compile_model, random_inputs
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.runtime.emulate import Decision, emulate, plan
 
 __all__ = ["Row", "compare", "emulated_model", "load_feeds", "main_compare"]
 
@@ -84,7 +84,7 @@ def _baseline(model_path: Path, feeds: dict[str, np.ndarray], reference: Compile
             if against == "fused":
                 raise
             why = f" (fused unavailable: {exc})"
-    from runtime.reference import evaluate
+    from qfuse.runtime.reference import evaluate
 
     return f"reference interpreter{why}", evaluate(reference.graph, feeds, keep=True)
 

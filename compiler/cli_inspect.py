@@ -11,7 +11,7 @@ from typing import Any
 
 
 def _compile(args: argparse.Namespace) -> tuple[Any, float]:
-    from compiler.api import compile_model
+    from qfuse.compiler.api import compile_model
 
     start = time.perf_counter()
     model = compile_model(args.model, mode=getattr(args, "mode", "fused"),

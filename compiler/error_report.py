@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import Op
-from runtime.numerics import dequantize, quantization_error
-from runtime.reference import evaluate
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.runtime.numerics import dequantize, quantization_error
+from qfuse.runtime.reference import evaluate
 
 __all__ = ["error_report", "float_shadow", "format_text", "main_error", "relu_folded", "to_json"]
 
@@ -138,8 +138,8 @@ def format_text(rows: list[dict[str, Any]], inputs: str) -> str:
 
 def main_error(args: Any) -> int:
     """``qfuse inspect MODEL --error [--json] [--inputs IN.npz]``."""
-    from compiler.api import compile_model
-    from compiler.cli_compare import load_feeds
+    from qfuse.compiler.api import compile_model
+    from qfuse.compiler.cli_compare import load_feeds
 
     model = compile_model(args.model, mode="reference")
     feeds = load_feeds(model, args.inputs)

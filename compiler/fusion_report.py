@@ -36,12 +36,12 @@ import logging
 from collections import Counter
 from typing import Any
 
-from ir import DType, Graph, Node, Op
-from ir.chain import Quantize, Residual
-from ir.ops import ResizeMode
-from passes.base import PassResult
-from passes.fuse_quantized_norm import NORM_OPS
-from passes.post_op_match import COMPUTE_OPS, POOL_OPS
+from qfuse.ir import DType, Graph, Node, Op
+from qfuse.ir.chain import Quantize, Residual
+from qfuse.ir.ops import ResizeMode
+from qfuse.passes.base import PassResult
+from qfuse.passes.fuse_quantized_norm import NORM_OPS
+from qfuse.passes.post_op_match import COMPUTE_OPS, POOL_OPS
 
 log = logging.getLogger(__name__)
 

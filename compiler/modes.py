@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 
-from compiler.pipeline import PIPELINE, pass_function, run_pipeline
-from ir import Graph
-from passes import strip_quantization
-from passes.base import PassContext, PassResult, run_pass
+from qfuse.compiler.pipeline import PIPELINE, run_pipeline
+from qfuse.ir import Graph
+from qfuse.passes import strip_quantization
+from qfuse.passes.base import PassContext, PassResult, run_pass
 
 log = logging.getLogger(__name__)
 
@@ -35,15 +35,15 @@ def run_passes(graph: Graph, mode: str, ctx: PassContext | None = None) -> list[
         return run_pipeline(graph, ctx)
     if mode != "fp32":
         raise ValueError(f"mode {mode!r} runs no passes")
-    modules = dict(PIPELINE)
+    passes_by_name = dict(PIPELINE)
     results = [_run(graph, ctx, "strip_quantization", strip_quantization.run)]
     for name in FP32_CLEANUP:
         if name not in ctx.disabled_passes:
-            results.append(_run(graph, ctx, name, pass_function(modules[name])))
+            results.append(_run(graph, ctx, name, passes_by_name[name]))
     results.append(_run(graph, ctx, "mark_float_compute", strip_quantization.mark_float_compute))
     for name in FP32_FUSION:
         if name not in ctx.disabled_passes:
-            results.append(_run(graph, ctx, name, pass_function(modules[name])))
+            results.append(_run(graph, ctx, name, passes_by_name[name]))
     return results
 
 

@@ -2,44 +2,57 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections.abc import Callable
 
-from ir import Graph
-from passes.base import PassContext, PassFn, PassResult, run_pass
+from qfuse.ir import Graph
+from qfuse.passes import (
+    canonicalize_arith,
+    compose_post_ops,
+    constant_fold,
+    decompose_fake_quantize,
+    drop_identity,
+    eliminate_requantize,
+    fold_batchnorm,
+    fold_weight_quantize,
+    fuse_bias,
+    fuse_post_ops,
+    fuse_quantized_norm,
+    gemm_to_matmul,
+    move_dequantize,
+    propagate_dequantize,
+    qdq_to_fake_quantize,
+    signed_matmul_weights,
+)
+from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
 
 log = logging.getLogger(__name__)
 
-# (name, module under passes/ exposing ``run(graph, ctx) -> int``), in order.
-PIPELINE: list[tuple[str, str]] = [
+# (name, the pass's ``run(graph, ctx) -> int``), in order.
+PIPELINE: list[tuple[str, PassFn]] = [
     # 1. import cleanup
-    ("drop_identity", "passes.drop_identity"),
-    ("constant_fold", "passes.constant_fold"),
-    ("fold_batchnorm", "passes.fold_batchnorm"),
-    ("gemm_to_matmul", "passes.gemm_to_matmul"),
-    ("canonicalize_arith", "passes.canonicalize_arith"),
+    ("drop_identity", drop_identity.run),
+    ("constant_fold", constant_fold.run),
+    ("fold_batchnorm", fold_batchnorm.run),
+    ("gemm_to_matmul", gemm_to_matmul.run),
+    ("canonicalize_arith", canonicalize_arith.run),
     # 2-3. quantization into FakeQuantize, then quantize-only FakeQuantize + dequantize
-    ("qdq_to_fake_quantize", "passes.qdq_to_fake_quantize"),
-    ("decompose_fake_quantize", "passes.decompose_fake_quantize"),
-    ("fold_weight_quantize", "passes.fold_weight_quantize"),
+    ("qdq_to_fake_quantize", qdq_to_fake_quantize.run),
+    ("decompose_fake_quantize", decompose_fake_quantize.run),
+    ("fold_weight_quantize", fold_weight_quantize.run),
     # 4. dequantize moved through precision-preserving ops and after compute ops
-    ("propagate_dequantize", "passes.propagate_dequantize"),
-    ("move_dequantize", "passes.move_dequantize"),
-    ("eliminate_requantize", "passes.eliminate_requantize"),
+    ("propagate_dequantize", propagate_dequantize.run),
+    ("move_dequantize", move_dequantize.run),
+    ("eliminate_requantize", eliminate_requantize.run),
     # 5-6. bias and post-op fusion
-    ("fuse_bias", "passes.fuse_bias"),
-    ("fuse_post_ops", "passes.fuse_post_ops"),
+    ("fuse_bias", fuse_bias.run),
+    ("fuse_post_ops", fuse_post_ops.run),
     # Softmax / LayerNorm reading and writing int8; u8 matmul weights written as s8
-    ("fuse_quantized_norm", "passes.fuse_quantized_norm"),
-    ("signed_matmul_weights", "passes.signed_matmul_weights"),
+    ("fuse_quantized_norm", fuse_quantized_norm.run),
+    ("signed_matmul_weights", signed_matmul_weights.run),
     # 7. the composer's mapping, recorded on each fused node
-    ("compose_post_ops", "passes.compose_post_ops"),
+    ("compose_post_ops", compose_post_ops.run),
 ]
-
-
-def pass_function(module: str) -> PassFn:
-    return importlib.import_module(module).run
 
 
 def run_pipeline(
@@ -56,10 +69,10 @@ def run_pipeline(
     """
     ctx = ctx or PassContext()
     results = []
-    for name, module in PIPELINE:
+    for name, fn in PIPELINE:
         if name in ctx.disabled_passes:
             continue
-        results.append(run_pass(name, pass_function(module), graph, ctx))
+        results.append(run_pass(name, fn, graph, ctx))
         graph.verify()
         if after_each is not None:
             after_each(name, graph)

@@ -9,7 +9,7 @@ and a zero point), u8 dst with a zero point. The numpy side is runtime/onednn/re
     x   = relu(x);  x = fma(sum_scale, dst_prev - sum_zp, x)
     dst = saturate(rint(x * f32(1 / s_dst) + zp_dst))
 
-Run: python -m examples.binding_demo (exit status 0 when bit-exact).
+Run: python -m qfuse.examples.binding_demo (exit status 0 when bit-exact).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from runtime.onednn import (
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
@@ -32,7 +32,7 @@ from runtime.onednn import (
     filled,
     version,
 )
-from runtime.onednn import reference as ref
+from qfuse.runtime.onednn import reference as ref
 
 F32 = np.float32
 

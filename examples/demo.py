@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from compiler.api import compile_model
-from compiler.cli_inspect import format_inspect
-from examples.zoo import model_path, sample_inputs
+from qfuse.compiler.api import compile_model
+from qfuse.compiler.cli_inspect import format_inspect
+from qfuse.examples.zoo import model_path, sample_inputs
 
 
 def _median_ms(run, feeds: dict[str, np.ndarray], iters: int) -> float:

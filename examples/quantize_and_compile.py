@@ -2,7 +2,7 @@
 (onnxruntime's quantize_static: QDQ, per-channel s8 weights, u8 activations, calibrated on
 generated inputs), compile it with qfuse and print what fused.
 
-    python -m examples.quantize_and_compile resnet [--out DIR] [--json]
+    python -m qfuse.examples.quantize_and_compile resnet [--out DIR] [--json]
 
 Architectures: resnet, mobilenetv2, inception, unet, vgg, shufflenet, transformer, resnet50.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from compiler.api import compile_model
-from compiler.cli_inspect import format_inspect
-from examples.zoo import ARCHITECTURES, float_model, sample_inputs
-from examples.zoo.quantize import quantize
+from qfuse.compiler.api import compile_model
+from qfuse.compiler.cli_inspect import format_inspect
+from qfuse.examples.zoo import ARCHITECTURES, float_model, sample_inputs
+from qfuse.examples.zoo.quantize import quantize
 
 
 def build(name: str, out: Path) -> tuple[Path, Path]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.types import DType
+from qfuse.ir.types import DType
 
 
 def _vec(values: object) -> tuple[float, ...]:

@@ -18,9 +18,9 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from ir.chain import Fused
-from ir.ops import ATTRS, Op, arity
-from ir.types import DType, TensorInfo
+from qfuse.ir.chain import Fused
+from qfuse.ir.ops import ATTRS, Op, arity
+from qfuse.ir.types import DType, TensorInfo
 
 
 class GraphError(ValueError):

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from ir.types import DType
+from qfuse.ir.types import DType
 
 
 class Op(enum.Enum):

@@ -12,8 +12,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ir import Graph, Node, Op
-from passes.composer import ComposerOptions
+from qfuse.ir import Graph, Node, Op
+from qfuse.passes.composer import ComposerOptions
 
 log = logging.getLogger(__name__)
 

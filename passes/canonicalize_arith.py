@@ -30,10 +30,10 @@ import logging
 
 import numpy as np
 
-from ir import Graph, Node, Op
-from passes.base import PassContext
-from passes.replace import add_inferred, bypass_keeping_name, replace_nodes
-from runtime.reference import IMPLS
+from qfuse.ir import Graph, Node, Op
+from qfuse.passes.base import PassContext
+from qfuse.passes.replace import add_inferred, bypass_keeping_name, replace_nodes
+from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
 

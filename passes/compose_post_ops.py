@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 
-from ir import Graph
-from passes.base import PassContext
-from passes.composer import ComposeError, compose
-from passes.post_op_match import out_channels
+from qfuse.ir import Graph
+from qfuse.passes.base import PassContext
+from qfuse.passes.composer import ComposeError, compose
+from qfuse.passes.post_op_match import out_channels
 
 log = logging.getLogger(__name__)
 

@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
-from ir.types import DType
+from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.types import DType
 
 OPTIMIZATIONS = (
     "skip_identity",

@@ -25,10 +25,10 @@ import logging
 
 import numpy as np
 
-from ir import Graph, Node, Op, TensorInfo
-from passes.base import PassContext
-from passes.replace import replace_nodes
-from runtime.reference import IMPLS
+from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.passes.base import PassContext
+from qfuse.passes.replace import replace_nodes
+from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
 

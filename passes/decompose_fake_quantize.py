@@ -36,12 +36,12 @@ import logging
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import Op
-from ir.types import DType, QuantParams, TensorInfo
-from passes.base import PassContext
-from passes.qdq_to_fake_quantize import qdq_ranges
-from passes.quant_utils import (
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.passes.base import PassContext
+from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
+from qfuse.passes.quant_utils import (
     DqParams,
     add_dequantize,
     add_fake_quantize,

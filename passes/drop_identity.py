@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from ir import Graph, Op
-from passes.base import PassContext
-from passes.replace import bypass_keeping_name
+from qfuse.ir import Graph, Op
+from qfuse.passes.base import PassContext
+from qfuse.passes.replace import bypass_keeping_name
 
 log = logging.getLogger(__name__)
 

@@ -27,13 +27,13 @@ import logging
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import Op
-from ir.types import DType, QuantParams
-from passes.base import PassContext
-from passes.decompose_fake_quantize import channel_vector
-from passes.quant_utils import dq_params, fq_ranges, is_op, quantize_only, remove_if_unused
-from runtime.reference.ops_quant import fake_quantize_f32
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.types import DType, QuantParams
+from qfuse.passes.base import PassContext
+from qfuse.passes.decompose_fake_quantize import channel_vector
+from qfuse.passes.quant_utils import dq_params, fq_ranges, is_op, quantize_only, remove_if_unused
+from qfuse.runtime.reference.ops_quant import fake_quantize_f32
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ import logging
 
 import numpy as np
 
-from ir import DType, Graph, Node, Op
-from passes.base import PassContext, rewrite_each
-from passes.replace import replace_nodes
+from qfuse.ir import DType, Graph, Node, Op
+from qfuse.passes.base import PassContext, rewrite_each
+from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
 

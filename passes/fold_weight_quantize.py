@@ -25,12 +25,12 @@ import logging
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import Op
-from ir.types import DType, QuantParams, TensorInfo
-from passes.base import PassContext
-from passes.decompose_fake_quantize import INTEGRAL_TOLERANCE, channel_vector
-from passes.quant_utils import add_dequantize, along, fq_ranges, range_axis, rebuild
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.passes.base import PassContext
+from qfuse.passes.decompose_fake_quantize import INTEGRAL_TOLERANCE, channel_vector
+from qfuse.passes.quant_utils import add_dequantize, along, fq_ranges, range_axis, rebuild
 
 log = logging.getLogger(__name__)
 

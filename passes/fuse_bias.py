@@ -37,10 +37,10 @@ import logging
 
 import numpy as np
 
-from ir import DType, Graph, Node, Op
-from ir.chain import Fused, Shift
-from passes.base import PassContext
-from passes.post_op_match import (
+from qfuse.ir import DType, Graph, Node, Op
+from qfuse.ir.chain import Fused, Shift
+from qfuse.passes.base import PassContext
+from qfuse.passes.post_op_match import (
     COMPUTE_OPS,
     channel_axis,
     channel_values,

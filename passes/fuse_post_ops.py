@@ -59,13 +59,13 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from ir import DType, Graph, Node, Op, TensorInfo
-from ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
-from ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs
-from passes import matmul_reshape
-from passes.base import PassContext
-from passes.composer import ComposeError, compose
-from passes.post_op_match import (
+from qfuse.ir import DType, Graph, Node, Op, TensorInfo
+from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs
+from qfuse.passes import matmul_reshape
+from qfuse.passes.base import PassContext
+from qfuse.passes.composer import ComposeError, compose
+from qfuse.passes.post_op_match import (
     COMPUTE_OPS,
     channel_axis,
     channel_values,

@@ -49,13 +49,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ir import Graph, Node, Op
-from ir.chain import ChainOp, Fused, Quantize
-from ir.ops import LayerNormAttrs
-from passes.base import PassContext
-from passes.post_op_match import retarget
-from passes.propagate_dequantize import dequantize_of
-from passes.quant_utils import fq_ranges, quantize_only, remove_if_unused
+from qfuse.ir import Graph, Node, Op
+from qfuse.ir.chain import ChainOp, Fused, Quantize
+from qfuse.ir.ops import LayerNormAttrs
+from qfuse.passes.base import PassContext
+from qfuse.passes.post_op_match import retarget
+from qfuse.passes.propagate_dequantize import dequantize_of
+from qfuse.passes.quant_utils import fq_ranges, quantize_only, remove_if_unused
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ import logging
 
 import numpy as np
 
-from ir import DType, Graph, Node, Op, TensorInfo
-from ir.ops import DequantizeAttrs, GemmAttrs, TransposeAttrs
-from passes.base import PassContext, rewrite_each
-from passes.replace import add_inferred, replace_nodes
+from qfuse.ir import DType, Graph, Node, Op, TensorInfo
+from qfuse.ir.ops import DequantizeAttrs, GemmAttrs, TransposeAttrs
+from qfuse.passes.base import PassContext, rewrite_each
+from qfuse.passes.replace import add_inferred, replace_nodes
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ Reshape when the source is one (a Reshape of a Reshape is one Reshape).
 
 from __future__ import annotations
 
-from ir import Graph, Node, Op, TensorInfo
-from ir.chain import ChainOp, Residual
-from ir.ops import ReshapeAttrs
+from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.ir.chain import ChainOp, Residual
+from qfuse.ir.ops import ReshapeAttrs
 
 SHAPE_OPS = frozenset({Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE})
 

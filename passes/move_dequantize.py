@@ -36,13 +36,13 @@ import logging
 
 import numpy as np
 
-from ir.chain import Fused, Scale, Shift
-from ir.graph import Graph, Node
-from ir.ops import Op
-from ir.types import DType, TensorInfo
-from passes.base import PassContext
-from passes.quant_utils import DqParams, dq_params, is_op, remove_if_unused
-from runtime.reference.ops_quant import dequantize_linear
+from qfuse.ir.chain import Fused, Scale, Shift
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.types import DType, TensorInfo
+from qfuse.passes.base import PassContext
+from qfuse.passes.quant_utils import DqParams, dq_params, is_op, remove_if_unused
+from qfuse.runtime.reference.ops_quant import dequantize_linear
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,9 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from ir import Graph, Node, Op, TensorInfo
-from ir.chain import Fused
-from runtime.reference import IMPLS  # constants evaluate with the reference semantics
+from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.ir.chain import Fused
+from qfuse.runtime.reference import IMPLS  # constants evaluate with the reference semantics
 
 log = logging.getLogger(__name__)
 

@@ -38,13 +38,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ir.chain import Fused, Quantize, Scale
-from ir.graph import Graph, Node
-from ir.ops import Op, PadAttrs, PadMode, PoolAttrs, ResizeMode
-from ir.types import TensorInfo
-from passes.base import PassContext
-from passes.decompose_fake_quantize import channel_vector
-from passes.quant_utils import (
+from qfuse.ir.chain import Fused, Quantize, Scale
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op, PadAttrs, PadMode, PoolAttrs, ResizeMode
+from qfuse.ir.types import TensorInfo
+from qfuse.passes.base import PassContext
+from qfuse.passes.decompose_fake_quantize import channel_vector
+from qfuse.passes.quant_utils import (
     DqParams,
     add_dequantize,
     add_fake_quantize,

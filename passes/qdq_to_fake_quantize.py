@@ -31,11 +31,11 @@ import logging
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import Op
-from ir.types import DType, TensorInfo
-from passes.base import PassContext
-from passes.quant_utils import DqParams, add_fake_quantize, along, dq_params, rebuild
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.types import DType, TensorInfo
+from qfuse.passes.base import PassContext
+from qfuse.passes.quant_utils import DqParams, add_fake_quantize, along, dq_params, rebuild
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op
-from ir.shapes import infer_node
-from ir.types import DType, QuantParams, TensorInfo
-from passes.replace import replace_nodes
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op
+from qfuse.ir.shapes import infer_node
+from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
 

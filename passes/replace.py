@@ -26,8 +26,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ir import Graph, GraphError, Node, Op, TensorInfo
-from ir.shapes import infer_node
+from qfuse.ir import Graph, GraphError, Node, Op, TensorInfo
+from qfuse.ir.shapes import infer_node
 
 log = logging.getLogger(__name__)
 

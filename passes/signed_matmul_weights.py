@@ -27,10 +27,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from ir import DType, Graph, Node, Op, QuantParams, TensorInfo
-from ir.chain import Quantize
-from passes.base import PassContext
-from passes.post_op_match import COMPUTE_OPS
+from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Quantize
+from qfuse.passes.base import PassContext
+from qfuse.passes.post_op_match import COMPUTE_OPS
 
 log = logging.getLogger(__name__)
 

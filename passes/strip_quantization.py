@@ -30,12 +30,12 @@ import logging
 
 import numpy as np
 
-from ir import Graph, Node, Op
-from ir.chain import Fused, Shift
-from ir.ops import ClipAttrs
-from passes.base import PassContext
-from passes.replace import bypass_keeping_name
-from runtime.reference import IMPLS
+from qfuse.ir import Graph, Node, Op
+from qfuse.ir.chain import Fused, Shift
+from qfuse.ir.ops import ClipAttrs
+from qfuse.passes.base import PassContext
+from qfuse.passes.replace import bypass_keeping_name
+from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
 

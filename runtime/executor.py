@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from runtime.onednn import set_num_threads
+from qfuse.runtime.onednn import set_num_threads
 
 if TYPE_CHECKING:
-    from compiler.lower.plan import Plan
+    from qfuse.compiler.lower.plan import Plan
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Lowering: the passed graph → a Plan of bound oneDNN primitives (and numpy fallbacks).
 
-    from compiler.lower import Options, lower
+    from qfuse.compiler.lower import Options, lower
     plan = lower(graph, Options(mode="fused"))
     plan.inspect()
 
@@ -16,9 +16,9 @@ batch norm, data movement), ``lower_norm.py`` (softmax, layer norm, float or int
 
 from __future__ import annotations
 
-from compiler.lower.context import Options
-from compiler.lower.plan import Kernel, Plan, Slot, plan_buffers
-from compiler.lower.table import LOWERINGS, LoweringError, lower
+from qfuse.compiler.lower.context import Options
+from qfuse.compiler.lower.plan import Kernel, Plan, Slot, plan_buffers
+from qfuse.compiler.lower.table import LOWERINGS, LoweringError, lower
 
 __all__ = ["LOWERINGS", "Kernel", "LoweringError", "Options", "Plan", "Slot", "lower",
            "plan_buffers"]

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from compiler.lower.layouts import const_memory
-from passes.composer import Binary, Composed, Eltwise, Prelu, Sum
-from runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
+from qfuse.compiler.lower.layouts import const_memory
+from qfuse.passes.composer import Binary, Composed, Eltwise, Prelu, Sum
+from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
 
 F32 = np.float32
 DTYPE_SIZE = {DataType.f32: 4, DataType.s32: 4, DataType.s8: 1, DataType.u8: 1}

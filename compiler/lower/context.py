@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from compiler.errors import UnsupportedModelError
-from compiler.lower.layouts import (
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.lower.layouts import (
     RESHAPES,
     const_memory,
     dense_in_order,
@@ -35,10 +35,10 @@ from compiler.lower.layouts import (
     plain_md,
     strided,
 )
-from compiler.lower.plan import Kernel, KernelInfo, NumpyFn, Plan, Slot
-from ir import Graph, Node, Op, TensorInfo
-from passes.composer import ComposerOptions
-from runtime.onednn import (
+from qfuse.compiler.lower.plan import Kernel, KernelInfo, NumpyFn, Plan, Slot
+from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.passes.composer import ComposerOptions
+from qfuse.runtime.onednn import (
     Arg,
     DataType,
     DnnlError,

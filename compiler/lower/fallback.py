@@ -13,11 +13,11 @@ import logging
 
 import numpy as np
 
-from compiler.errors import UnsupportedModelError
-from compiler.lower.context import LowerContext
-from compiler.lower.layouts import dnnl_type, plain_md
-from ir import Node
-from runtime.reference import IMPLS
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import dnnl_type, plain_md
+from qfuse.ir import Node
+from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from compiler.errors import UnsupportedModelError
-from ir import DType, Op
-from runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryDesc
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.ir import DType, Op
+from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryDesc
 
 DNNL_TYPES = {DType.F32: DataType.f32, DType.S32: DataType.s32, DType.S8: DataType.s8,
               DType.U8: DataType.u8, DType.F16: DataType.f16}

@@ -34,11 +34,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from compiler.errors import UnsupportedModelError
-from compiler.lower import no_vnni, unfused
-from compiler.lower.attrs import BuiltAttr, build_attr
-from compiler.lower.context import LowerContext
-from compiler.lower.layouts import (
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.lower import no_vnni, unfused
+from qfuse.compiler.lower.attrs import BuiltAttr, build_attr
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import (
     any_md,
     channels_last,
     const_memory,
@@ -46,10 +46,10 @@ from compiler.lower.layouts import (
     is_slow,
     md_like,
 )
-from ir import DType, Node, Op
-from ir.ops import ConvAttrs, ConvTransposeAttrs
-from passes.composer import Composed, Eltwise, compose
-from runtime.onednn import (
+from qfuse.ir import DType, Node, Op
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
+from qfuse.passes.composer import Composed, Eltwise, compose
+from qfuse.runtime.onednn import (
     Arg,
     DataType,
     DnnlError,
@@ -316,7 +316,7 @@ def _scale_as_post_op(composed: Composed) -> Composed:
         posts = [Eltwise("linear", s, float(bias[0]))]
         bias = None
     elif bias is not None:
-        from passes.composer import Binary
+        from qfuse.passes.composer import Binary
 
         posts.append(Binary("add", bias))
         bias = None

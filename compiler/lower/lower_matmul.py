@@ -24,17 +24,17 @@ from dataclasses import replace
 
 import numpy as np
 
-from compiler.errors import UnsupportedModelError
-from compiler.lower import no_vnni, unfused
-from compiler.lower.attrs import BuiltAttr
-from compiler.lower.context import LowerContext
-from compiler.lower.fallback import lower_numpy
-from compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md
-from compiler.lower.lower_compute import composed_for, emit, scale_weights
-from ir import DType, Node
-from ir.ops import GemmAttrs
-from passes.composer import Composed
-from runtime.onednn import (
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.lower import no_vnni, unfused
+from qfuse.compiler.lower.attrs import BuiltAttr
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md
+from qfuse.compiler.lower.lower_compute import composed_for, emit, scale_weights
+from qfuse.ir import DType, Node
+from qfuse.ir.ops import GemmAttrs
+from qfuse.passes.composer import Composed
+from qfuse.runtime.onednn import (
     Arg,
     DataType,
     Memory,

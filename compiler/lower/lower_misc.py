@@ -21,9 +21,9 @@ import logging
 
 import numpy as np
 
-from compiler.lower.context import LowerContext
-from compiler.lower.fallback import lower_numpy
-from compiler.lower.layouts import (
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import (
     channels_last,
     const_memory,
     dense_in_order,
@@ -32,9 +32,9 @@ from compiler.lower.layouts import (
     md_like,
     plain_md,
 )
-from ir import Node, Op
-from ir.chain import Act
-from ir.ops import (
+from qfuse.ir import Node, Op
+from qfuse.ir.chain import Act
+from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
     BatchNormAttrs,
@@ -46,7 +46,7 @@ from ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-from runtime.onednn import (
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
@@ -60,7 +60,7 @@ from runtime.onednn import (
     concat,
     eltwise,
 )
-from runtime.reference.ops_shape import onnx_slice
+from qfuse.runtime.reference.ops_shape import onnx_slice
 
 log = logging.getLogger(__name__)
 F32 = np.float32

@@ -27,15 +27,15 @@ from collections.abc import Callable
 
 import numpy as np
 
-from compiler.errors import UnsupportedModelError
-from compiler.lower.context import LowerContext
-from compiler.lower.fallback import lower_numpy
-from compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
-from ir import DType, Node
-from ir.chain import Quantize
-from ir.ops import AxisAttrs, LayerNormAttrs
-from passes.fuse_quantized_norm import dst_quant
-from runtime.onednn import (
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
+from qfuse.ir import DType, Node
+from qfuse.ir.chain import Quantize
+from qfuse.ir.ops import AxisAttrs, LayerNormAttrs
+from qfuse.passes.fuse_quantized_norm import dst_quant
+from qfuse.runtime.onednn import (
     Arg,
     DataType,
     Memory,

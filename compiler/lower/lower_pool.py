@@ -33,16 +33,16 @@ import logging
 
 import numpy as np
 
-from compiler.lower import unfused
-from compiler.lower.attrs import build_attr
-from compiler.lower.context import LowerContext
-from compiler.lower.fallback import lower_numpy
-from compiler.lower.layouts import any_md, channels_last, dnnl_type, md_like, plain_md
-from compiler.lower.lower_compute import composed_for
-from ir import DType, Node, Op
-from ir.ops import PoolAttrs
-from passes.composer import Binary, Composed, Eltwise, PostOp, Sum
-from runtime.onednn import (
+from qfuse.compiler.lower import unfused
+from qfuse.compiler.lower.attrs import build_attr
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import any_md, channels_last, dnnl_type, md_like, plain_md
+from qfuse.compiler.lower.lower_compute import composed_for
+from qfuse.ir import DType, Node, Op
+from qfuse.ir.ops import PoolAttrs
+from qfuse.passes.composer import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
@@ -52,7 +52,7 @@ from runtime.onednn import (
     PrimitiveDesc,
     pooling,
 )
-from runtime.reference.ops_nn import window_out
+from qfuse.runtime.reference.ops_nn import window_out
 
 log = logging.getLogger(__name__)
 F32 = np.float32

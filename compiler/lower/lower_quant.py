@@ -33,12 +33,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from compiler.lower.context import LowerContext
-from compiler.lower.fallback import lower_numpy
-from compiler.lower.layouts import dnnl_type, md_like, plain_md
-from ir import Node, Op
-from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
-from runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import dnnl_type, md_like, plain_md
+from qfuse.ir import Node, Op
+from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
+from qfuse.runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr
 
 log = logging.getLogger(__name__)
 F32 = np.float32

@@ -65,14 +65,14 @@ from typing import Literal
 
 import numpy as np
 
-from compiler.lower.context import LowerContext
-from compiler.lower.fallback import lower_numpy
-from compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md
-from ir import DType, Node
-from ir.ops import ResizeAttrs, ResizeMode
-from runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
-from runtime.onednn.reference import resampling_nearest_index
-from runtime.reference.ops_shape import linear_taps, nearest_indices
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md
+from qfuse.ir import DType, Node
+from qfuse.ir.ops import ResizeAttrs, ResizeMode
+from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
+from qfuse.runtime.onednn.reference import resampling_nearest_index
+from qfuse.runtime.reference.ops_shape import linear_taps, nearest_indices
 
 log = logging.getLogger(__name__)
 F32 = np.float32

@@ -68,13 +68,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
-from compiler.lower.context import LowerContext
-from compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md
-from compiler.lower.plan import Kernel, KernelInfo
-from ir import DType, Node, Op
-from passes.composer import Binary, Composed, Eltwise, PostOp, Sum
-from runtime.onednn import (
+from qfuse.compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md
+from qfuse.compiler.lower.plan import Kernel, KernelInfo
+from qfuse.ir import DType, Node, Op
+from qfuse.passes.composer import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     CpuIsa,

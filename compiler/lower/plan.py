@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.onednn import Arg, Memory, MemoryDesc, Primitive, Stream, default_stream
+from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Primitive, Stream, default_stream
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +306,6 @@ class Plan:
 
 
 def _arg(arg: int) -> str:
-    from runtime.onednn import arg_name
+    from qfuse.runtime.onednn import arg_name
 
     return arg_name(arg)

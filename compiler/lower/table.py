@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from compiler.errors import UnsupportedModelError
-from compiler.lower import (
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.lower import (
     lower_compute,
     lower_matmul,
     lower_misc,
@@ -25,13 +25,13 @@ from compiler.lower import (
     lower_quant,
     lower_resize,
 )
-from compiler.lower.context import LowerContext, Options
-from compiler.lower.fallback import lower_numpy
-from compiler.lower.no_vnni import isa_notes
-from compiler.lower.plan import Plan
-from ir import Graph, Node, Op
-from runtime.onednn import DataType
-from runtime.reference import IMPLS
+from qfuse.compiler.lower.context import LowerContext, Options
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.no_vnni import isa_notes
+from qfuse.compiler.lower.plan import Plan
+from qfuse.ir import Graph, Node, Op
+from qfuse.runtime.onednn import DataType
+from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
 

@@ -24,13 +24,13 @@ from collections.abc import Callable
 
 import numpy as np
 
-from compiler.lower import no_vnni
-from compiler.lower.attrs import BuiltAttr, build_attr, channel_array
-from compiler.lower.context import LowerContext
-from compiler.lower.layouts import any_md, const_memory, dnnl_type, md_like, plain_md
-from ir import DType, Node
-from passes.composer import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum, to_basic
-from runtime.onednn import (
+from qfuse.compiler.lower import no_vnni
+from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, channel_array
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import any_md, const_memory, dnnl_type, md_like, plain_md
+from qfuse.ir import DType, Node
+from qfuse.passes.composer import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum, to_basic
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,

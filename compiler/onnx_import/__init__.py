@@ -18,8 +18,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from compiler.errors import MalformedModelError, UnsupportedModelError
-from compiler.onnx_import import (
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.compiler.onnx_import import (
     convert_layout,
     convert_math,
     convert_quant,
@@ -28,7 +28,7 @@ from compiler.onnx_import import (
     loading,
     patterns,
 )
-from compiler.onnx_import.context import (
+from qfuse.compiler.onnx_import.context import (
     DEFAULT_DOMAINS,
     ONNX_TO_DTYPE,
     OPENVINO_DOMAIN,
@@ -36,9 +36,9 @@ from compiler.onnx_import.context import (
     NodeView,
     onnx_type_name,
 )
-from ir.graph import Graph, GraphError
-from ir.shapes import infer_shapes
-from ir.types import TensorInfo
+from qfuse.ir.graph import Graph, GraphError
+from qfuse.ir.shapes import infer_shapes
+from qfuse.ir.types import TensorInfo
 
 logger = logging.getLogger(__name__)
 

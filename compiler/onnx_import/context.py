@@ -17,11 +17,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from compiler.errors import MalformedModelError, UnsupportedModelError
-from ir.graph import Graph, Node
-from ir.ops import Op
-from ir.shapes import infer_node
-from ir.types import DType, QuantParams, TensorInfo
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.shapes import infer_node
+from qfuse.ir.types import DType, QuantParams, TensorInfo
 
 logger = logging.getLogger(__name__)
 

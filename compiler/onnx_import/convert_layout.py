@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from compiler.onnx_import.context import ONNX_TO_DTYPE, Context, NodeView, onnx_type_name
-from ir.ops import (
+from qfuse.compiler.onnx_import.context import ONNX_TO_DTYPE, Context, NodeView, onnx_type_name
+from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
@@ -24,7 +24,7 @@ from ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-from ir.shapes.layout import slice_range
+from qfuse.ir.shapes.layout import slice_range
 
 
 def _axis(ctx: Context, node: NodeView, axis: int, rank: int, what: str = "axis") -> int:

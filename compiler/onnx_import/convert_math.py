@@ -12,8 +12,8 @@ import math
 
 import numpy as np
 
-from compiler.onnx_import.context import Context, NodeView
-from ir.ops import (
+from qfuse.compiler.onnx_import.context import Context, NodeView
+from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
     BatchNormAttrs,

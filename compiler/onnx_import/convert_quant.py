@@ -17,16 +17,16 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
-from compiler.onnx_import.context import (
+from qfuse.compiler.onnx_import.context import (
     ONNX_TO_DTYPE,
     Context,
     NodeView,
     dtype_onnx_name,
     onnx_type_name,
 )
-from compiler.onnx_import.folding import evaluate
-from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
-from ir.types import DType, QuantParams, TensorInfo
+from qfuse.compiler.onnx_import.folding import evaluate
+from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
+from qfuse.ir.types import DType, QuantParams, TensorInfo
 
 QUANTIZED = {TensorProto.UINT8: DType.U8, TensorProto.INT8: DType.S8}
 DEQUANTIZABLE = {**QUANTIZED, TensorProto.INT32: DType.S32}

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from compiler.onnx_import.context import Context, NodeView
-from ir.ops import (
+from qfuse.compiler.onnx_import.context import Context, NodeView
+from qfuse.ir.ops import (
     ConvAttrs,
     ConvTransposeAttrs,
     Op,
@@ -21,7 +21,7 @@ from ir.ops import (
     ResizeAttrs,
     ResizeMode,
 )
-from ir.types import TensorInfo
+from qfuse.ir.types import TensorInfo
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",

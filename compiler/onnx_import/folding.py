@@ -21,7 +21,7 @@ import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
+from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
 
 logger = logging.getLogger(__name__)
 

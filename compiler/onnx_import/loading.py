@@ -17,8 +17,8 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
-from compiler.errors import MalformedModelError, UnsupportedModelError
-from compiler.onnx_import.context import DEFAULT_DOMAINS, OPENVINO_DOMAIN
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, OPENVINO_DOMAIN
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import numpy as np
 from onnx import numpy_helper
 
-from compiler.onnx_import.context import DEFAULT_DOMAINS, NodeView
+from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, NodeView
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Nothing is downloaded: every model is written with `builder.GraphBuilder` from d
 random weights, and quantized with ONNX Runtime's `quantize_static` on generated calibration
 inputs (see `quantize.py` for the exact recipe).
 
-    from examples import zoo
+    from qfuse.examples import zoo
     m = zoo.float_model("resnet")                    # onnx.ModelProto, BatchNorm not folded
     q = zoo.quantized_model("mobilenetv2")           # QDQ: u8 activations, per-channel s8 weights
     p = zoo.model_path("resnet50", quantized=True)   # built once, then read from the cache

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ir.graph import Graph, GraphError, Node
-from ir.ops import Op
-from ir.shapes import arith, layout, quant, spatial
-from ir.shapes._common import broadcast, fail
-from ir.types import DType, TensorInfo
+from qfuse.ir.graph import Graph, GraphError, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.shapes import arith, layout, quant, spatial
+from qfuse.ir.shapes._common import broadcast, fail
+from qfuse.ir.types import DType, TensorInfo
 
 logger = logging.getLogger(__name__)
 

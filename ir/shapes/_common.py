@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from ir.graph import Graph, GraphError, Node
-from ir.types import DType, QuantParams, TensorInfo
+from qfuse.ir.graph import Graph, GraphError, Node
+from qfuse.ir.types import DType, QuantParams, TensorInfo
 
 logger = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ kept.
 
 from __future__ import annotations
 
-from ir.graph import Graph, Node
-from ir.ops import AxisAttrs, CastAttrs, GemmAttrs, LayerNormAttrs
-from ir.shapes._common import (
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import AxisAttrs, CastAttrs, GemmAttrs, LayerNormAttrs
+from qfuse.ir.shapes._common import (
     Shape,
     broadcast,
     broadcast_to,
@@ -27,7 +27,7 @@ from ir.shapes._common import (
     result_dtype,
     same_info,
 )
-from ir.types import DType, TensorInfo
+from qfuse.ir.types import DType, TensorInfo
 
 
 def compute_output(graph: Graph, node: Node, x: TensorInfo, shape: Shape) -> TensorInfo:

@@ -11,8 +11,8 @@ when every input has the same ones.
 
 from __future__ import annotations
 
-from ir.graph import Graph, Node
-from ir.ops import (
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     PadAttrs,
@@ -22,7 +22,7 @@ from ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-from ir.shapes._common import (
+from qfuse.ir.shapes._common import (
     fail,
     keep_quant,
     norm_axis,
@@ -31,7 +31,7 @@ from ir.shapes._common import (
     single_channel,
     take_channels,
 )
-from ir.types import QuantParams, TensorInfo
+from qfuse.ir.types import QuantParams, TensorInfo
 
 
 def _axis(x: TensorInfo) -> int | None:

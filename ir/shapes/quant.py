@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import DequantizeAttrs, QuantizeAttrs
-from ir.shapes._common import broadcast_to, fail, norm_axis, optional, required
-from ir.types import DType, QuantParams, TensorInfo
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import DequantizeAttrs, QuantizeAttrs
+from qfuse.ir.shapes._common import broadcast_to, fail, norm_axis, optional, required
+from qfuse.ir.types import DType, QuantParams, TensorInfo
 
 
 def _scale_and_zero_point(

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import math
 
-from ir.graph import Graph, Node
-from ir.ops import ConvAttrs, ConvTransposeAttrs, PoolAttrs, ResizeAttrs, ResizeMode
-from ir.shapes._common import Shape, fail, keep_quant, optional, required, same_info
-from ir.shapes.arith import compute_output
-from ir.types import TensorInfo
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, PoolAttrs, ResizeAttrs, ResizeMode
+from qfuse.ir.shapes._common import Shape, fail, keep_quant, optional, required, same_info
+from qfuse.ir.shapes.arith import compute_output
+from qfuse.ir.types import TensorInfo
 
 
 def _check_window(node: Node, attrs: ConvAttrs | ConvTransposeAttrs | PoolAttrs,

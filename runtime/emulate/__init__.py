@@ -9,9 +9,9 @@ quantized tensor, which kernel ran or why the float path did. ``qfuse compare --
 
 from __future__ import annotations
 
-from runtime.emulate.interpreter import Decision, emulate, plan
-from runtime.emulate.patterns import Decline, Match, Pattern, match
-from runtime.emulate.table import FLOAT_REASONS, TABLE, Framework
+from qfuse.runtime.emulate.interpreter import Decision, emulate, plan
+from qfuse.runtime.emulate.patterns import Decline, Match, Pattern, match
+from qfuse.runtime.emulate.table import FLOAT_REASONS, TABLE, Framework
 
 FRAMEWORKS: tuple[str, ...] = tuple(f.value for f in Framework)
 

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.ops import Op
-from ir.types import DType
-from runtime.emulate.kernel import (
+from qfuse.ir.ops import Op
+from qfuse.ir.types import DType
+from qfuse.runtime.emulate.kernel import (
     Prepared,
     Reader,
     activation_bounds,
@@ -47,8 +47,8 @@ from runtime.emulate.kernel import (
     float_activation,
     ort_keeps_activation,
 )
-from runtime.emulate.patterns import Decline, Match, Operand
-from runtime.numerics import (
+from qfuse.runtime.emulate.patterns import Decline, Match, Operand
+from qfuse.runtime.numerics import (
     Scheme,
     channel_broadcast,
     dequantize,
@@ -56,7 +56,7 @@ from runtime.numerics import (
     requantize_onednn,
     tflite_scheme,
 )
-from runtime.reference import IMPLS
+from qfuse.runtime.reference import IMPLS
 
 __all__ = ["caffe2", "onednn", "onnxruntime", "tflite", "tpu_mlir"]
 

@@ -50,8 +50,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.types import DType
-from runtime.emulate.kernel import (
+from qfuse.ir.types import DType
+from qfuse.runtime.emulate.kernel import (
     Prepared,
     Reader,
     activation_bounds,
@@ -59,8 +59,8 @@ from runtime.emulate.kernel import (
     float_activation,
     ort_keeps_activation,
 )
-from runtime.emulate.patterns import Decline, Match
-from runtime.numerics import (
+from qfuse.runtime.emulate.patterns import Decline, Match
+from qfuse.runtime.numerics import (
     add_float,
     add_int16,
     add_multipliers,

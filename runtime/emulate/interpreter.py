@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import Op
-from runtime.emulate.kernel import Prepared
-from runtime.emulate.patterns import Decline, Match, Pattern, match, quantize_match
-from runtime.emulate.table import TABLE, Framework, float_reason
-from runtime.reference import IMPLS, EvaluationError, MissingImplError
-from runtime.reference.interpreter import check_feeds, conform
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.runtime.emulate.kernel import Prepared
+from qfuse.runtime.emulate.patterns import Decline, Match, Pattern, match, quantize_match
+from qfuse.runtime.emulate.table import TABLE, Framework, float_reason
+from qfuse.runtime.reference import IMPLS, EvaluationError, MissingImplError
+from qfuse.runtime.reference.interpreter import check_feeds, conform
 
 __all__ = ["Decision", "emulate", "plan"]
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.ops import Op
-from runtime.emulate.patterns import Decline, Match
-from runtime.numerics import round_half_away, saturate
+from qfuse.ir.ops import Op
+from qfuse.runtime.emulate.patterns import Decline, Match
+from qfuse.runtime.numerics import round_half_away, saturate
 
 __all__ = [
     "Kernel",

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from ir.ops import Op
-from ir.types import DType
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.ir.types import DType
 
 __all__ = ["Decline", "Match", "Operand", "OutQuant", "Pattern", "match", "quantize_match"]
 

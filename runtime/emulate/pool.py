@@ -44,17 +44,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ir.ops import Op, PoolAttrs
-from runtime.emulate.eltwise import fma_f32
-from runtime.emulate.kernel import Prepared, Reader, clamp_out
-from runtime.emulate.patterns import Decline, Match
-from runtime.numerics import (
+from qfuse.ir.ops import Op, PoolAttrs
+from qfuse.runtime.emulate.eltwise import fma_f32
+from qfuse.runtime.emulate.kernel import Prepared, Reader, clamp_out
+from qfuse.runtime.emulate.patterns import Decline, Match
+from qfuse.runtime.numerics import (
     avgpool_float,
     avgpool_params,
     multiply_by_quantized_multiplier,
     quantize_multiplier,
 )
-from runtime.reference.ops_nn import window_out
+from qfuse.runtime.reference.ops_nn import window_out
 
 __all__ = [
     "avgpool_caffe2",

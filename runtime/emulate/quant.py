@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.types import DType
-from runtime.emulate.kernel import Prepared, Reader
-from runtime.emulate.patterns import Decline, Match
-from runtime.numerics import round_half_away, saturate
+from qfuse.ir.types import DType
+from qfuse.runtime.emulate.kernel import Prepared, Reader
+from qfuse.runtime.emulate.patterns import Decline, Match
+from qfuse.runtime.numerics import round_half_away, saturate
 
 __all__ = ["quantize_onednn", "quantize_tflite"]
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-from runtime.emulate import compute, eltwise, pool, quant
-from runtime.emulate.kernel import Kernel
-from runtime.emulate.patterns import Pattern
+from qfuse.runtime.emulate import compute, eltwise, pool, quant
+from qfuse.runtime.emulate.kernel import Kernel
+from qfuse.runtime.emulate.patterns import Pattern
 
 __all__ = ["FLOAT_REASONS", "TABLE", "Framework"]
 

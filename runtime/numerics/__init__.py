@@ -11,19 +11,19 @@ docs/numerics.md compares the schemes with measured numbers.
 
 from __future__ import annotations
 
-from runtime.numerics.error import ErrorStats, quantization_error
-from runtime.numerics.gemmlowp import (
+from qfuse.runtime.numerics.error import ErrorStats, quantization_error
+from qfuse.runtime.numerics.gemmlowp import (
     multiply_by_quantized_multiplier,
     rounding_divide_by_pot,
     srdhm,
     wrap_int32,
 )
-from runtime.numerics.multiplier import (
+from qfuse.runtime.numerics.multiplier import (
     effective_scale,
     quantize_multiplier,
     tpu_multiplier_rshift,
 )
-from runtime.numerics.ops import (
+from qfuse.runtime.numerics.ops import (
     add_float,
     add_int16,
     add_multipliers,
@@ -34,8 +34,8 @@ from runtime.numerics.ops import (
     pad_value,
     prelu_int,
 )
-from runtime.numerics.qdq import check_scale, check_zero_point, dequantize, quantize
-from runtime.numerics.rounding import (
+from qfuse.runtime.numerics.qdq import check_scale, check_zero_point, dequantize, quantize
+from qfuse.runtime.numerics.rounding import (
     Rounding,
     dtype_range,
     resolve_dtype,
@@ -46,7 +46,7 @@ from runtime.numerics.rounding import (
     saturate,
     shift_right_round,
 )
-from runtime.numerics.schemes import (
+from qfuse.runtime.numerics.schemes import (
     Scheme,
     channel_broadcast,
     requantize,

@@ -37,14 +37,14 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from runtime.numerics.qdq import check_scale, check_zero_point, dequantize, quantize
-from runtime.numerics.rounding import (
+from qfuse.runtime.numerics.qdq import check_scale, check_zero_point, dequantize, quantize
+from qfuse.runtime.numerics.rounding import (
     Rounding,
     round_with,
     saturate,
     shift_right_round,
 )
-from runtime.numerics.schemes import channel_broadcast
+from qfuse.runtime.numerics.schemes import channel_broadcast
 
 __all__ = [
     "add_float",

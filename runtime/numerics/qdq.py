@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from runtime.numerics.rounding import dtype_range, resolve_dtype, saturate
+from qfuse.runtime.numerics.rounding import dtype_range, resolve_dtype, saturate
 
 __all__ = ["check_scale", "check_zero_point", "dequantize", "quantize"]
 

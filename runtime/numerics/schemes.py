@@ -67,14 +67,14 @@ from typing import Final, Literal
 import numpy as np
 import numpy.typing as npt
 
-from runtime.numerics.gemmlowp import multiply_by_quantized_multiplier, wrap_int32
-from runtime.numerics.multiplier import (
+from qfuse.runtime.numerics.gemmlowp import multiply_by_quantized_multiplier, wrap_int32
+from qfuse.runtime.numerics.multiplier import (
     effective_scale,
     quantize_multiplier,
     tpu_multiplier_rshift,
 )
-from runtime.numerics.qdq import check_scale, check_zero_point
-from runtime.numerics.rounding import (
+from qfuse.runtime.numerics.qdq import check_scale, check_zero_point
+from qfuse.runtime.numerics.rounding import (
     Rounding,
     dtype_range,
     resolve_dtype,

@@ -16,9 +16,9 @@ OMP_NUM_THREADS before the import if you need them.
 
 from __future__ import annotations
 
-from runtime.onednn._lib import LIBRARY_PATH, DnnlError, OneDnnNotInstalledError, check
-from runtime.onednn.attr import AttrInfo, PostOpRecord, PostOps, PrimitiveAttr
-from runtime.onednn.enums import (
+from qfuse.runtime.onednn._lib import LIBRARY_PATH, DnnlError, OneDnnNotInstalledError, check
+from qfuse.runtime.onednn.attr import AttrInfo, PostOpRecord, PostOps, PrimitiveAttr
+from qfuse.runtime.onednn.enums import (
     BINARY_ALGS,
     ELTWISE_ALGS,
     POOLING_ALGS,
@@ -38,7 +38,7 @@ from runtime.onednn.enums import (
     Status,
     arg_name,
 )
-from runtime.onednn.memory import (
+from qfuse.runtime.onednn.memory import (
     Engine,
     Memory,
     MemoryDesc,
@@ -47,8 +47,8 @@ from runtime.onednn.memory import (
     default_engine,
     default_stream,
 )
-from runtime.onednn.primitive import BoundPrimitive, ExpectedArg, Primitive, PrimitiveDesc
-from runtime.onednn.primitives import (
+from qfuse.runtime.onednn.primitive import BoundPrimitive, ExpectedArg, Primitive, PrimitiveDesc
+from qfuse.runtime.onednn.primitives import (
     binary,
     concat,
     convolution,
@@ -63,7 +63,7 @@ from runtime.onednn.primitives import (
     resampling,
     softmax,
 )
-from runtime.onednn.threads import (
+from qfuse.runtime.onednn.threads import (
     Version,
     effective_cpu_isa,
     get_num_threads,

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from runtime.onednn.enums import Status
+from qfuse.runtime.onednn.enums import Status
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,8 @@ import logging
 from ctypes import byref, c_void_p
 from dataclasses import dataclass
 
-from runtime.onednn._lib import C, check
-from runtime.onednn.enums import (
+from qfuse.runtime.onednn._lib import C, check
+from qfuse.runtime.onednn.enums import (
     BINARY_ALGS,
     ELTWISE_ALGS,
     Alg,
@@ -34,7 +34,7 @@ from runtime.onednn.enums import (
     ScratchpadMode,
     arg_name,
 )
-from runtime.onednn.memory import MemoryDesc
+from qfuse.runtime.onednn.memory import MemoryDesc
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from runtime.onednn import _lib
-from runtime.onednn._lib import MAX_NDIMS, C, check
-from runtime.onednn.enums import (
+from qfuse.runtime.onednn import _lib
+from qfuse.runtime.onednn._lib import MAX_NDIMS, C, check
+from qfuse.runtime.onednn.enums import (
     DataType,
     EngineKind,
     FormatKind,

@@ -30,9 +30,9 @@ from collections.abc import Callable, Mapping
 from ctypes import Array, byref, c_char_p, c_uint, c_void_p
 from dataclasses import dataclass
 
-from runtime.onednn._lib import C, ExecArg, check
-from runtime.onednn.attr import AttrInfo
-from runtime.onednn.enums import (
+from qfuse.runtime.onednn._lib import C, ExecArg, check
+from qfuse.runtime.onednn.attr import AttrInfo
+from qfuse.runtime.onednn.enums import (
     Arg,
     DataType,
     FormatTag,
@@ -42,7 +42,7 @@ from runtime.onednn.enums import (
     Status,
     arg_name,
 )
-from runtime.onednn.memory import Engine, Memory, MemoryDesc, Stream, default_stream
+from qfuse.runtime.onednn.memory import Engine, Memory, MemoryDesc, Stream, default_stream
 
 log = logging.getLogger(__name__)
 

@@ -22,10 +22,10 @@ from ctypes import byref, c_float, c_void_p
 
 import numpy as np
 
-from runtime.onednn import _lib
-from runtime.onednn._lib import C, check
-from runtime.onednn.attr import PrimitiveAttr
-from runtime.onednn.enums import (
+from qfuse.runtime.onednn import _lib
+from qfuse.runtime.onednn._lib import C, check
+from qfuse.runtime.onednn.attr import PrimitiveAttr
+from qfuse.runtime.onednn.enums import (
     ELTWISE_ALGS,
     POOLING_ALGS,
     RESAMPLING_ALGS,
@@ -36,8 +36,8 @@ from runtime.onednn.enums import (
     PrimitiveKind,
     PropKind,
 )
-from runtime.onednn.memory import Engine, Memory, MemoryDesc, data_type_of, default_engine
-from runtime.onednn.primitive import PrimitiveDesc
+from qfuse.runtime.onednn.memory import Engine, Memory, MemoryDesc, data_type_of, default_engine
+from qfuse.runtime.onednn.primitive import PrimitiveDesc
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from runtime.onednn.attr import PostOpRecord
-from runtime.onednn.enums import Alg
+from qfuse.runtime.onednn.attr import PostOpRecord
+from qfuse.runtime.onednn.enums import Alg
 
 F32 = np.float32
 _erf = np.vectorize(math.erf, otypes=[np.float64])

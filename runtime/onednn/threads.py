@@ -19,8 +19,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from runtime.onednn._lib import C, check
-from runtime.onednn.enums import CpuIsa
+from qfuse.runtime.onednn._lib import C, check
+from qfuse.runtime.onednn.enums import CpuIsa
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ One table, ``IMPLS``, maps each op to its numpy semantics (``ops_quant``, ``ops_
 
 from __future__ import annotations
 
-from runtime.reference.interpreter import EvaluationError, MissingImplError, evaluate
-from runtime.reference.registry import IMPLS, impl
+from qfuse.runtime.reference.interpreter import EvaluationError, MissingImplError, evaluate
+from qfuse.runtime.reference.registry import IMPLS, impl
 
 __all__ = ["IMPLS", "EvaluationError", "MissingImplError", "evaluate", "impl"]

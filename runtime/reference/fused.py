@@ -30,11 +30,11 @@ import copy
 
 import numpy as np
 
-from ir.chain import Residual
-from ir.graph import Graph, Node
-from ir.ops import Op
-from runtime.reference.chain import apply_chain, apply_composed
-from runtime.reference.registry import IMPLS
+from qfuse.ir.chain import Residual
+from qfuse.ir.graph import Graph, Node
+from qfuse.ir.ops import Op
+from qfuse.runtime.reference.chain import apply_chain, apply_composed
+from qfuse.runtime.reference.registry import IMPLS
 
 F32 = np.float32
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)

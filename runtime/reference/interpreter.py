@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Graph, Node
-from runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
-from runtime.reference.fused import evaluate_fused
-from runtime.reference.registry import IMPLS
+from qfuse.ir.graph import Graph, Node
+from qfuse.runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
+from qfuse.runtime.reference.fused import evaluate_fused
+from qfuse.runtime.reference.registry import IMPLS
 
 
 class MissingImplError(NotImplementedError):

@@ -20,10 +20,10 @@ from functools import reduce
 
 import numpy as np
 
-from ir.graph import Node
-from ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs, Op
-from runtime.reference.ops_mlas import gelu_erf
-from runtime.reference.registry import Arrays, impl, need
+from qfuse.ir.graph import Node
+from qfuse.ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs, Op
+from qfuse.runtime.reference.ops_mlas import gelu_erf
+from qfuse.runtime.reference.registry import Arrays, impl, need
 
 F32 = np.float32
 

@@ -25,8 +25,8 @@ import itertools
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ir.graph import Node
-from ir.ops import (
+from qfuse.ir.graph import Node
+from qfuse.ir.ops import (
     AxisAttrs,
     BatchNormAttrs,
     ConvAttrs,
@@ -36,9 +36,9 @@ from ir.ops import (
     Op,
     PoolAttrs,
 )
-from runtime.reference.ops_mlas import layer_norm_rows, softmax_last_axis
-from runtime.reference.ops_pool import average_pool, global_average_pool
-from runtime.reference.registry import Arrays, impl, need, opt
+from qfuse.runtime.reference.ops_mlas import layer_norm_rows, softmax_last_axis
+from qfuse.runtime.reference.ops_pool import average_pool, global_average_pool
+from qfuse.runtime.reference.registry import Arrays, impl, need, opt
 
 F32 = np.float32
 

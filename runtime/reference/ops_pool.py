@@ -45,7 +45,7 @@ import math
 
 import numpy as np
 
-from ir.ops import PoolAttrs
+from qfuse.ir.ops import PoolAttrs
 
 F32 = np.float32
 _MLAS_BUFFER = 2048 - 3  # MLAS_POOL_REDUCTION_BUFFER_STACK - MLAS_POOL_REDUCTION_BUFFER_PADDING

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir.graph import Node
-from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
-from runtime.reference.registry import Arrays, impl, need, opt
+from qfuse.ir.graph import Node
+from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
+from qfuse.runtime.reference.registry import Arrays, impl, need, opt
 
 F32 = np.float32
 

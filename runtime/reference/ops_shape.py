@@ -44,8 +44,8 @@ import math
 
 import numpy as np
 
-from ir.graph import Node
-from ir.ops import (
+from qfuse.ir.graph import Node
+from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
@@ -59,7 +59,7 @@ from ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-from runtime.reference.registry import Arrays, impl, need
+from qfuse.runtime.reference.registry import Arrays, impl, need
 
 F32 = np.float32
 

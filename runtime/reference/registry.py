@@ -13,8 +13,8 @@ from typing import TypeAlias
 
 import numpy as np
 
-from ir.graph import Node
-from ir.ops import Op
+from qfuse.ir.graph import Node
+from qfuse.ir.ops import Op
 
 Arrays: TypeAlias = list[np.ndarray | None]
 Impl: TypeAlias = Callable[[Node, Arrays], list[np.ndarray]]

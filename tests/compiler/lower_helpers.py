@@ -15,18 +15,18 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from compiler.lower import Options, Plan, lower
-from compiler.lower.no_vnni import EXACT_INT8_ISAS
-from ir import DType, Graph, Node, Op, QuantParams, TensorInfo
-from ir.chain import Act, Activation, ChainOp, Fused, Quantize, Residual, Scale, Shift
-from ir.ops import ConvAttrs, ConvTransposeAttrs
-from passes.composer import compose
-from runtime.executor import Executor
-from runtime.onednn import effective_cpu_isa
-from runtime.onednn import reference as onednn_ref
-from runtime.reference import IMPLS
-from runtime.reference.chain import apply_composed
-from runtime.reference.fused import accumulate, evaluate_fused
+from qfuse.compiler.lower import Options, Plan, lower
+from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
+from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Act, Activation, ChainOp, Fused, Quantize, Residual, Scale, Shift
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
+from qfuse.passes.composer import compose
+from qfuse.runtime.executor import Executor
+from qfuse.runtime.onednn import effective_cpu_isa
+from qfuse.runtime.onednn import reference as onednn_ref
+from qfuse.runtime.reference import IMPLS
+from qfuse.runtime.reference.chain import apply_composed
+from qfuse.runtime.reference.fused import accumulate, evaluate_fused
 
 F32 = np.float32
 

@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
-from compiler.bench import (
+from qfuse.compiler.bench import (
     BenchConfig,
     BenchResult,
     agreement,
@@ -26,10 +26,10 @@ from compiler.bench import (
     rotated,
     run_bench,
 )
-from compiler.bench_engines import Engine
-from compiler.bench_profile import kernel_macs, match_unfused, plot_fused_vs_unfused, profile_model
-from compiler.cli import main
-from examples import zoo
+from qfuse.compiler.bench_engines import Engine
+from qfuse.compiler.bench_profile import kernel_macs, match_unfused, plot_fused_vs_unfused, profile_model
+from qfuse.compiler.cli import main
+from qfuse.examples import zoo
 
 MODEL = "resnet"  # small zoo classifier: convs, residual adds, a matmul head
 

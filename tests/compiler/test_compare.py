@@ -17,9 +17,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.cli import main
-from examples import zoo
-from runtime.numerics import dequantize, quantize
+from qfuse.compiler.cli import main
+from qfuse.examples import zoo
+from qfuse.runtime.numerics import dequantize, quantize
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -166,7 +166,7 @@ def test_inspect_error_on_zoo_model_is_worst_first(mobilenet: Path,
 
 
 def test_cli_offers_every_emulated_framework() -> None:
-    from compiler.cli import EMULATED
-    from runtime.emulate import FRAMEWORKS
+    from qfuse.compiler.cli import EMULATED
+    from qfuse.runtime.emulate import FRAMEWORKS
 
     assert tuple(EMULATED) == FRAMEWORKS

@@ -12,16 +12,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "passes"))  # fusio
 
 from fusion_helpers import add, dq, fq, int8_conv, new_graph, run
 
-from compiler.fusion_report import (
+from qfuse.compiler.fusion_report import (
     not_fused,
     quantized_region,
     standalone,
     summary,
 )
-from ir import DType, Graph, Op
-from ir.ops import AxisAttrs, ReshapeAttrs
-from passes import fuse_post_ops
-from passes.base import Decline, PassResult
+from qfuse.ir import DType, Graph, Op
+from qfuse.ir.ops import AxisAttrs, ReshapeAttrs
+from qfuse.passes import fuse_post_ops
+from qfuse.passes.base import Decline, PassResult
 
 
 def small_net() -> Graph:

@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compiler.lower import lower_compute
-from ir import DType, Graph, Op, TensorInfo
-from ir.chain import Act, Activation, Fused, PRelu, Scale, Shift
-from ir.ops import ConvTransposeAttrs, NoAttrs
-from runtime.executor import Executor
-from runtime.onednn import effective_cpu_isa
-from runtime.reference.fused import evaluate_fused
+from qfuse.compiler.lower import lower_compute
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.chain import Act, Activation, Fused, PRelu, Scale, Shift
+from qfuse.ir.ops import ConvTransposeAttrs, NoAttrs
+from qfuse.runtime.executor import Executor
+from qfuse.runtime.onednn import effective_cpu_isa
+from qfuse.runtime.reference.fused import evaluate_fused
 from tests.compiler.lower_helpers import (
     SPLITS_INT8,
     add_int8_conv,

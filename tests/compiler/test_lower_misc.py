@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ir import DType, Graph, Op, TensorInfo
-from ir.ops import (
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.ops import (
     AlphaAttrs,
     AxesAttrs,
     AxisAttrs,

@@ -24,15 +24,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.api import compile_model
-from compiler.lower import Options, lower
-from compiler.lower.no_vnni import LOW_HALF, SPLIT, split_weights, split_zero_point
-from examples import zoo
-from ir import DType, Graph
-from ir.chain import Fused, Scale, Shift
-from runtime.executor import Executor
-from runtime.onednn import effective_cpu_isa
-from runtime.reference.fused import accumulate
+from qfuse.compiler.api import compile_model
+from qfuse.compiler.lower import Options, lower
+from qfuse.compiler.lower.no_vnni import LOW_HALF, SPLIT, split_weights, split_zero_point
+from qfuse.examples import zoo
+from qfuse.ir import DType, Graph
+from qfuse.ir.chain import Fused, Scale, Shift
+from qfuse.runtime.executor import Executor
+from qfuse.runtime.onednn import effective_cpu_isa
+from qfuse.runtime.reference.fused import accumulate
 from tests.compiler.lower_helpers import (
     SPLITS_INT8,
     add_int8_conv,

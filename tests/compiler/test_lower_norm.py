@@ -20,15 +20,15 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from compiler.api import compile_model, import_graph
-from compiler.lower import Options, Plan, lower
-from compiler.lower.no_vnni import EXACT_INT8_ISAS
-from compiler.modes import run_passes
-from examples import zoo
-from ir import DType, Graph, Op
-from passes import compose_post_ops, fuse_quantized_norm
-from passes.base import PassContext, run_pass
-from runtime.onednn import (
+from qfuse.compiler.api import compile_model, import_graph
+from qfuse.compiler.lower import Options, Plan, lower
+from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
+from qfuse.compiler.modes import run_passes
+from qfuse.examples import zoo
+from qfuse.ir import DType, Graph, Op
+from qfuse.passes import compose_post_ops, fuse_quantized_norm
+from qfuse.passes.base import PassContext, run_pass
+from qfuse.runtime.onednn import (
     Arg,
     CpuIsa,
     DataType,
@@ -42,7 +42,7 @@ from runtime.onednn import (
     layer_normalization,
     softmax,
 )
-from runtime.reference.ops_mlas import softmax_last_axis
+from qfuse.runtime.reference.ops_mlas import softmax_last_axis
 from tests.compiler.lower_helpers import ref_eval, run_plan
 from tests.passes.norm_helpers import norm_graph, random_feeds
 

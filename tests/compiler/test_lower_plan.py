@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from compiler.errors import UnsupportedModelError
-from compiler.lower import LOWERINGS, Kernel, Slot, plan_buffers
-from ir import DType, Graph, Op, TensorInfo
-from ir.ops import NoAttrs, ReshapeAttrs
-from runtime.onednn import DataType, MemoryDesc
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.lower import LOWERINGS, Kernel, Slot, plan_buffers
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.ops import NoAttrs, ReshapeAttrs
+from qfuse.runtime.onednn import DataType, MemoryDesc
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,
@@ -144,7 +144,7 @@ def test_constant_subgraph_is_folded_at_compile_time() -> None:
 ])
 def test_nocopy_strides(dims: tuple, strides: tuple, new: tuple,
                         expected: tuple | None) -> None:
-    from compiler.lower.layouts import nocopy_strides
+    from qfuse.compiler.lower.layouts import nocopy_strides
 
     got = nocopy_strides(dims, strides, new)
     if expected is None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ir import DType, Graph, Op, TensorInfo
-from ir.chain import Fused, Scale
-from ir.ops import NoAttrs, PoolAttrs
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.chain import Fused, Scale
+from qfuse.ir.ops import NoAttrs, PoolAttrs
 from tests.compiler.lower_helpers import (
     int_input,
     lsb,
@@ -29,7 +29,7 @@ def _pool_attrs(k: int = 3, s: int = 2, p: int = 1, ceil: bool = False,
 
 
 def _out(size: int, attrs: PoolAttrs) -> int:
-    from runtime.reference.ops_nn import window_out
+    from qfuse.runtime.reference.ops_nn import window_out
 
     return window_out(size, attrs.kernel_shape[0], attrs.strides[0], 1, attrs.pads[0],
                       attrs.pads[2], attrs.ceil_mode)

@@ -14,15 +14,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.api import compile_model
-from compiler.lower import Plan
-from compiler.lower.lower_resize import LINEAR_NOTE
-from examples import zoo
-from ir import DType, Graph, Op, TensorInfo
-from ir.ops import ResizeAttrs, ResizeMode
-from runtime.executor import Executor
-from runtime.onednn import Alg, Arg, DataType, FormatTag, Memory, MemoryDesc, resampling
-from runtime.reference import IMPLS
+from qfuse.compiler.api import compile_model
+from qfuse.compiler.lower import Plan
+from qfuse.compiler.lower.lower_resize import LINEAR_NOTE
+from qfuse.examples import zoo
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.ops import ResizeAttrs, ResizeMode
+from qfuse.runtime.executor import Executor
+from qfuse.runtime.onednn import Alg, Arg, DataType, FormatTag, Memory, MemoryDesc, resampling
+from qfuse.runtime.reference import IMPLS
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,

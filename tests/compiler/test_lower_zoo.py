@@ -28,13 +28,13 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from compiler.api import CompiledModel, compile_model
-from examples import zoo
-from ir import Op
-from passes import strip_quantization
-from passes.base import PassContext, run_pass
-from runtime.reference import IMPLS, evaluate
-from runtime.reference.fused import evaluate_fused
+from qfuse.compiler.api import CompiledModel, compile_model
+from qfuse.examples import zoo
+from qfuse.ir import Op
+from qfuse.passes import strip_quantization
+from qfuse.passes.base import PassContext, run_pass
+from qfuse.runtime.reference import IMPLS, evaluate
+from qfuse.runtime.reference.fused import evaluate_fused
 from tests.compiler.lower_helpers import requires_exact_int8
 
 MODELS = zoo.SMALL_ARCHITECTURES

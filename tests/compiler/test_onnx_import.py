@@ -10,10 +10,10 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import infer_onnx, init, model, run_ort, run_reference, single
 
-from compiler.errors import UnsupportedModelError
-from compiler.onnx_import import import_model
-from ir import DType, Graph, Node, Op
-from ir.ops import (
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import DType, Graph, Node, Op
+from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
     BatchNormAttrs,

@@ -13,10 +13,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import init, model, single
 
-from compiler import onnx_import
-from compiler.errors import MalformedModelError, UnsupportedModelError
-from compiler.onnx_import import import_model
-from ir import Op
+from qfuse.compiler import onnx_import
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import Op
 
 F = np.float32
 FLOAT = TensorProto.FLOAT

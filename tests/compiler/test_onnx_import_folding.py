@@ -7,10 +7,10 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort
 
-from compiler.errors import UnsupportedModelError
-from compiler.onnx_import import import_model
-from ir import Op
-from ir.ops import GeluApprox, ReshapeAttrs
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import Op
+from qfuse.ir.ops import GeluApprox, ReshapeAttrs
 
 F, I64 = np.float32, np.int64
 FLOAT = TensorProto.FLOAT

@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort, single
 
-from compiler.errors import MalformedModelError, UnsupportedModelError
-from compiler.onnx_import import import_model
-from ir import Graph, Node
-from ir.ops import (
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import Graph, Node
+from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     PadAttrs,

@@ -8,10 +8,10 @@ import pytest
 from onnx import TensorProto, helper
 from onnx_builders import init, model
 
-from compiler.errors import MalformedModelError, UnsupportedModelError
-from compiler.onnx_import import import_model
-from ir import DType, Op, QuantParams
-from ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import DType, Op, QuantParams
+from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 
 F = np.float32
 FLOAT = TensorProto.FLOAT

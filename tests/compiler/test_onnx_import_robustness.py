@@ -11,10 +11,10 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-from compiler.errors import MalformedModelError, UnsupportedModelError
-from compiler.onnx_import import import_model
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.compiler.onnx_import import import_model
 
-zoo = pytest.importorskip("examples.zoo")
+zoo = pytest.importorskip("qfuse.examples.zoo")
 
 INTS = [-3, -1, 0, 1, 2, 7, 1000]
 

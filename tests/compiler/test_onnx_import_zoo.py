@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from onnx_builders import run_ort
 
-from compiler.onnx_import import import_model
-from ir import DType, Op
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import DType, Op
 
-zoo = pytest.importorskip("examples.zoo")
+zoo = pytest.importorskip("qfuse.examples.zoo")
 
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["float", "qdq"])
@@ -65,7 +65,7 @@ def test_zoo_imported_graph_computes_what_onnxruntime_computes(name: str,
 
     Tolerances: float outputs within 64 float32 ulps of the output's largest magnitude
     (summation order); quantized outputs in LSBs of their quantization step (QDQ_LSB)."""
-    reference = pytest.importorskip("runtime.reference")
+    reference = pytest.importorskip("qfuse.runtime.reference")
     m = zoo.quantized_model(name) if quantized else zoo.float_model(name)
     g = import_model(m)
     feeds = zoo.sample_inputs(m, n=1, seed=0)[0]

@@ -35,9 +35,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from compiler.api import import_graph
-from examples.zoo import SMALL_ARCHITECTURES, float_model, quantized_model, sample_inputs
-from runtime.reference import evaluate
+from qfuse.compiler.api import import_graph
+from qfuse.examples.zoo import SMALL_ARCHITECTURES, float_model, quantized_model, sample_inputs
+from qfuse.runtime.reference import evaluate
 
 FLOAT_SUMS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
 _CPUINFO = Path("/proc/cpuinfo")

@@ -17,11 +17,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from compiler.api import compile_model
-from compiler.lower.no_vnni import LOW_HALF
-from examples.zoo import model_path, sample_inputs
-from ir.chain import Quantize
-from runtime.reference.interpreter import run_node
+from qfuse.compiler.api import compile_model
+from qfuse.compiler.lower.no_vnni import LOW_HALF
+from qfuse.examples.zoo import model_path, sample_inputs
+from qfuse.ir.chain import Quantize
+from qfuse.runtime.reference.interpreter import run_node
 
 
 @pytest.fixture(scope="module")

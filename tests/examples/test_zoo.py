@@ -16,7 +16,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from examples import zoo
+from qfuse.examples import zoo
 
 OUTPUT_SHAPES = {
     "resnet": (1, 10),

@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ir import DType, Graph, Op, TensorInfo
-from ir.shapes import infer_node
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.shapes import infer_node
 
 F32 = DType.F32
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ir import DType, Graph, GraphError, Op, QuantParams, TensorInfo
-from ir.ops import ClipAttrs
+from qfuse.ir import DType, Graph, GraphError, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import ClipAttrs
 
 
 def small_graph() -> Graph:

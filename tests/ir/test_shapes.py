@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 from shape_helpers import f32, onnx_shapes, rule
 
-from ir import DType, GraphError, Op, QuantParams, TensorInfo
-from ir.ops import (
+from qfuse.ir import DType, GraphError, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
     ClipAttrs,
@@ -22,7 +22,7 @@ from ir.ops import (
     HardSigmoidAttrs,
     PoolAttrs,
 )
-from ir.shapes import SHAPE_RULES
+from qfuse.ir.shapes import SHAPE_RULES
 
 F32 = DType.F32
 
@@ -232,7 +232,7 @@ def test_batch_norm_and_layer_norm_check_parameter_shapes() -> None:
     assert rule(Op.BATCH_NORM, None, [f32(1, 3, 2, 2), p, p, p, p]) == [f32(1, 3, 2, 2)]
     with pytest.raises(GraphError, match=r"scale has shape \(4,\), want \(3,\)"):
         rule(Op.BATCH_NORM, None, [f32(1, 3, 2, 2), np.ones(4, np.float32), p, p, p])
-    from ir.ops import LayerNormAttrs
+    from qfuse.ir.ops import LayerNormAttrs
 
     assert rule(Op.LAYER_NORM, LayerNormAttrs(2), [f32(2, 5, 8), np.ones(8, np.float32)]) == [
         f32(2, 5, 8)]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from shape_helpers import f32, onnx_shapes, rule
 
-from ir import DType, GraphError, Op, QuantParams, TensorInfo
-from ir.ops import (
+from qfuse.ir import DType, GraphError, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     PadAttrs,

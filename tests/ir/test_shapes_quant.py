@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from shape_helpers import f32, rule
 
-from ir import DType, Graph, GraphError, Op, QuantParams, TensorInfo
-from ir.ops import CastAttrs, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
-from ir.shapes import infer_shapes
+from qfuse.ir import DType, Graph, GraphError, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import CastAttrs, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
+from qfuse.ir.shapes import infer_shapes
 
 S = np.float32
 
@@ -72,7 +72,7 @@ def test_infer_shapes_fills_a_qdq_chain_in_order() -> None:
     g.add_constant("zp", np.array(128, np.uint8))
     q = g.add_node(Op.QUANTIZE_LINEAR, ["x", "s", "zp"], ["q"], QuantizeAttrs(DType.U8))
     g.add_node(Op.RELU, ["q"], ["r"])
-    from ir.ops import TransposeAttrs
+    from qfuse.ir.ops import TransposeAttrs
 
     g.add_node(Op.TRANSPOSE, ["r"], ["t"], TransposeAttrs((0, 2, 3, 1)))
     g.add_node(Op.DEQUANTIZE_LINEAR, ["t", "s", "zp"], ["y"], DequantizeAttrs())

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from ir import DType, Graph, Node, Op, QuantParams, TensorInfo
-from ir.ops import ATTRS, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
-from ir.shapes import infer_node
-from passes.base import PassContext, PassResult, run_pass
-from runtime.reference import evaluate
-from runtime.reference.interpreter import run_node
+from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import ATTRS, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
+from qfuse.ir.shapes import infer_node
+from qfuse.passes.base import PassContext, PassResult, run_pass
+from qfuse.runtime.reference import evaluate
+from qfuse.runtime.reference.interpreter import run_node
 
 F32 = np.float32
 

@@ -23,10 +23,10 @@ from cleanup_harness import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ir import DType, Graph, Op, QuantParams, TensorInfo
-from ir.ops import DequantizeAttrs
-from passes import canonicalize_arith
-from runtime.reference import evaluate
+from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import DequantizeAttrs
+from qfuse.passes import canonicalize_arith
+from qfuse.runtime.reference import evaluate
 
 F32 = np.float32
 

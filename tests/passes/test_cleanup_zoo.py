@@ -17,12 +17,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from compiler.onnx_import import import_model
-from compiler.pipeline import PIPELINE, pass_function
-from examples import zoo
-from ir import Graph, Op
-from passes.base import PassContext, run_pass
-from runtime.reference import evaluate
+from qfuse.compiler.onnx_import import import_model
+from qfuse.compiler.pipeline import PIPELINE
+from qfuse.examples import zoo
+from qfuse.ir import Graph, Op
+from qfuse.passes.base import PassContext, run_pass
+from qfuse.runtime.reference import evaluate
 
 CLEANUP = ["drop_identity", "constant_fold", "fold_batchnorm", "gemm_to_matmul",
            "canonicalize_arith"]
@@ -34,8 +34,8 @@ def run_cleanup(graph: Graph) -> dict[str, int]:
     assert [name for name, _ in PIPELINE[:len(CLEANUP)]] == CLEANUP
     ctx = PassContext()
     changed = {}
-    for name, module in PIPELINE[:len(CLEANUP)]:
-        result = run_pass(name, pass_function(module), graph, ctx)
+    for name, fn in PIPELINE[:len(CLEANUP)]:
+        result = run_pass(name, fn, graph, ctx)
         graph.verify()
         changed[name] = result.changed
     return changed

@@ -27,11 +27,11 @@ from fusion_helpers import (
     run,
 )
 
-from ir import Graph, Op
-from ir.chain import Fused, Residual, Scale, Shift
-from passes import compose_post_ops, fuse_bias, fuse_post_ops
-from passes.base import PassContext, PassError
-from passes.composer import Composed, ComposerOptions, Eltwise, Sum
+from qfuse.ir import Graph, Op
+from qfuse.ir.chain import Fused, Residual, Scale, Shift
+from qfuse.passes import compose_post_ops, fuse_bias, fuse_post_ops
+from qfuse.passes.base import PassContext, PassError
+from qfuse.passes.composer import Composed, ComposerOptions, Eltwise, Sum
 
 
 def golden() -> Graph:

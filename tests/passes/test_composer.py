@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
-from ir.types import DType
-from passes.composer import (
+from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.types import DType
+from qfuse.passes.composer import (
     OPTIMIZATIONS,
     Binary,
     ComposeError,
@@ -29,7 +29,7 @@ from passes.composer import (
     Sum,
     compose,
 )
-from runtime.reference.chain import apply_chain, apply_composed
+from qfuse.runtime.reference.chain import apply_chain, apply_composed
 
 C = 8
 

@@ -28,9 +28,9 @@ from quant_helpers import (
     reference,
 )
 
-import passes.decompose_fake_quantize as D
-import passes.qdq_to_fake_quantize as P
-from ir import DType, Op
+import qfuse.passes.decompose_fake_quantize as D
+import qfuse.passes.qdq_to_fake_quantize as P
+from qfuse.ir import DType, Op
 
 
 def _decomposed(g):

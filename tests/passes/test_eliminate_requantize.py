@@ -26,11 +26,11 @@ from quant_helpers import (
     reference,
 )
 
-import passes.eliminate_requantize as E
-from ir import DType, Op, QuantParams, TensorInfo
-from ir.ops import AxisAttrs
-from passes.qdq_to_fake_quantize import qdq_ranges
-from passes.quant_utils import DqParams
+import qfuse.passes.eliminate_requantize as E
+from qfuse.ir import DType, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import AxisAttrs
+from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
+from qfuse.passes.quant_utils import DqParams
 
 S, ZP = 0.05, 7
 

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from cleanup_harness import apply, before_after, finish, op_sequence, random_feeds, reasons
 
-from ir import DType, Graph, Op, QuantParams, TensorInfo
-from ir.ops import BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
-from passes import fold_batchnorm
-from runtime.reference import evaluate
+from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
+from qfuse.passes import fold_batchnorm
+from qfuse.runtime.reference import evaluate
 
 EPS = 1e-5
 

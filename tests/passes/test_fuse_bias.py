@@ -24,10 +24,10 @@ from fusion_helpers import (
     run,
 )
 
-from ir import DType, Graph, Op, TensorInfo
-from ir.chain import Scale, Shift
-from ir.ops import ConvAttrs, ConvTransposeAttrs
-from passes import fuse_bias
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.chain import Scale, Shift
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
+from qfuse.passes import fuse_bias
 
 F32 = np.float32
 

@@ -31,9 +31,9 @@ from fusion_helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ir import DType, Graph, Op, QuantParams, TensorInfo
-from ir.chain import Act, Activation, PRelu, Quantize, Residual, Scale, Shift
-from ir.ops import (
+from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Act, Activation, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
     ClipAttrs,
@@ -44,8 +44,8 @@ from ir.ops import (
     LayerNormAttrs,
     ReshapeAttrs,
 )
-from passes import fuse_bias, fuse_post_ops
-from passes.post_op_match import depends_on
+from qfuse.passes import fuse_bias, fuse_post_ops
+from qfuse.passes.post_op_match import depends_on
 
 SHAPE = (1, C, 5, 5)
 def kinds(graph: Graph, node: str = "conv") -> list[type]:

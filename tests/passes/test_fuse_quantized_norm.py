@@ -9,11 +9,11 @@ import pytest
 from fusion_helpers import add, const, dq, reference, run
 from norm_helpers import norm_graph, random_feeds
 
-from ir import DType, Graph, Op, QuantParams, TensorInfo
-from ir.chain import Quantize
-from ir.ops import AxisAttrs, DequantizeAttrs, FakeQuantizeAttrs, LayerNormAttrs
-from passes import fuse_quantized_norm
-from passes.base import PassResult
+from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Quantize
+from qfuse.ir.ops import AxisAttrs, DequantizeAttrs, FakeQuantizeAttrs, LayerNormAttrs
+from qfuse.passes import fuse_quantized_norm
+from qfuse.passes.base import PassResult
 
 
 def _run_exact(graph: Graph, changed: int = 1) -> PassResult:

@@ -33,18 +33,18 @@ import onnx
 import pytest
 from fusion_helpers import reference, reference_composed
 
-from compiler.fusion_report import not_fused, quantized_region, standalone, summary
-from compiler.onnx_import import import_model
-from compiler.pipeline import run_pipeline
-from examples import zoo
-from ir import Graph, Op
-from ir.chain import Act, Activation, Quantize, Residual, Shift
-from passes import compose_post_ops
-from passes.base import PassContext, PassResult, run_pass
-from passes.composer import ComposerOptions
-from passes.post_op_match import COMPUTE_OPS
-from runtime.reference.chain import apply_composed
-from runtime.reference.fused import accumulate, channel_axis
+from qfuse.compiler.fusion_report import not_fused, quantized_region, standalone, summary
+from qfuse.compiler.onnx_import import import_model
+from qfuse.compiler.pipeline import run_pipeline
+from qfuse.examples import zoo
+from qfuse.ir import Graph, Op
+from qfuse.ir.chain import Act, Activation, Quantize, Residual, Shift
+from qfuse.passes import compose_post_ops
+from qfuse.passes.base import PassContext, PassResult, run_pass
+from qfuse.passes.composer import ComposerOptions
+from qfuse.passes.post_op_match import COMPUTE_OPS
+from qfuse.runtime.reference.chain import apply_composed
+from qfuse.runtime.reference.fused import accumulate, channel_axis
 
 MODELS = ("resnet", "mobilenetv2", "inception", "unet", "transformer", "vgg", "shufflenet")
 FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_quantized_norm", "signed_matmul_weights",

@@ -26,10 +26,10 @@ from cleanup_harness import (
     reasons,
 )
 
-from ir import DType, Graph, Op, QuantParams, TensorInfo
-from ir.ops import DequantizeAttrs, GemmAttrs
-from passes import gemm_to_matmul
-from runtime.reference import evaluate
+from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import DequantizeAttrs, GemmAttrs
+from qfuse.passes import gemm_to_matmul
+from qfuse.runtime.reference import evaluate
 
 
 def gemm_graph(alpha: float = 1.0, beta: float = 1.0, trans_a: bool = False,

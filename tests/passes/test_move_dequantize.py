@@ -32,14 +32,14 @@ from quant_helpers import (
     weights,
 )
 
-import passes.move_dequantize as M
-from compiler.onnx_import import import_model
-from compiler.pipeline import run_pipeline
-from examples.zoo.quantize import quantize
-from ir import DType, Op, QuantParams, TensorInfo
-from ir.chain import Scale, Shift
-from ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
-from runtime.reference import IMPLS
+import qfuse.passes.move_dequantize as M
+from qfuse.compiler.onnx_import import import_model
+from qfuse.compiler.pipeline import run_pipeline
+from qfuse.examples.zoo.quantize import quantize
+from qfuse.ir import DType, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Scale, Shift
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
+from qfuse.runtime.reference import IMPLS
 
 RNG = np.random.default_rng(5)
 SX, ZX = 0.04, 9

@@ -27,10 +27,10 @@ from quant_helpers import (
     reference,
 )
 
-import passes.propagate_dequantize as M
-from ir import DType, Op, QuantParams, TensorInfo
-from ir.chain import Quantize, Scale
-from ir.ops import (
+import qfuse.passes.propagate_dequantize as M
+from qfuse.ir import DType, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Quantize, Scale
+from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     PadAttrs,
@@ -43,7 +43,7 @@ from ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-from ir.shapes import infer_shapes
+from qfuse.ir.shapes import infer_shapes
 
 S, ZP = 0.05, 7
 POOL = PoolAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))

@@ -32,9 +32,9 @@ from quant_helpers import (
     weights,
 )
 
-import passes.qdq_to_fake_quantize as P
-from ir import DType, Op
-from ir.ops import ConvAttrs
+import qfuse.passes.qdq_to_fake_quantize as P
+from qfuse.ir import DType, Op
+from qfuse.ir.ops import ConvAttrs
 
 
 def _fq_ranges(graph, node):

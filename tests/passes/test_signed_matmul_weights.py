@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 from fusion_helpers import S_X, ZP_X, add, feeds_for, int8_matmul, new_graph, reference, run
 
-from ir import DType, Graph, Op, QuantParams, TensorInfo
-from ir.chain import Fused, Quantize, Scale
-from ir.ops import TransposeAttrs
-from passes import signed_matmul_weights
-from passes.base import PassResult
+from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Fused, Quantize, Scale
+from qfuse.ir.ops import TransposeAttrs
+from qfuse.passes import signed_matmul_weights
+from qfuse.passes.base import PassResult
 
 S_K, ZP_K = 0.04, 131
 

@@ -17,8 +17,8 @@ import numpy as np
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from ir import DType, Graph, Op, TensorInfo
-from runtime.reference import evaluate
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.runtime.reference import evaluate
 
 FLOAT_TOL = 1e-5
 OPSET = 21

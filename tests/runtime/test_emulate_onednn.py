@@ -15,9 +15,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.api import compile_model
-from examples import zoo
-from runtime.emulate import emulate, plan
+from qfuse.compiler.api import compile_model
+from qfuse.examples import zoo
+from qfuse.runtime.emulate import emulate, plan
 
 
 @pytest.mark.parametrize("name", zoo.SMALL_ARCHITECTURES)

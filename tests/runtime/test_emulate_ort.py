@@ -29,9 +29,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from compiler.api import import_graph
-from examples import zoo
-from runtime.emulate import emulate, plan
+from qfuse.compiler.api import import_graph
+from qfuse.examples import zoo
+from qfuse.runtime.emulate import emulate, plan
 from tests.runtime.emulate_models import ConvCase, qdq_add, qdq_conv
 
 CONV_CASES = {

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from compiler.lower import lower
-from ir import DType, Graph
-from runtime.executor import Executor
+from qfuse.compiler.lower import lower
+from qfuse.ir import DType, Graph
+from qfuse.runtime.executor import Executor
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.numerics import (
+from qfuse.runtime.numerics import (
     Rounding,
     dequantize,
     dtype_range,

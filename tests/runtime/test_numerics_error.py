@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from runtime.numerics import ErrorStats, dequantize, quantization_error, quantize
+from qfuse.runtime.numerics import ErrorStats, dequantize, quantization_error, quantize
 
 
 def test_known_values() -> None:

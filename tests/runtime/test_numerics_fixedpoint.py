@@ -23,7 +23,7 @@ from numerics_refs import (
     ref_srdhm,
 )
 
-from runtime.numerics import (
+from qfuse.runtime.numerics import (
     effective_scale,
     multiply_by_quantized_multiplier,
     quantize_multiplier,

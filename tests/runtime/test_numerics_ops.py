@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.numerics import (
+from qfuse.runtime.numerics import (
     Rounding,
     add_float,
     add_int16,

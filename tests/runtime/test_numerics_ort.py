@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from runtime.numerics import Scheme, requantize
+from qfuse.runtime.numerics import Scheme, requantize
 
 _NP_TO_ONNX = {
     np.dtype(np.uint8): TensorProto.UINT8,

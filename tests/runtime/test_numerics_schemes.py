@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from numerics_refs import I32_MAX, I32_MIN, half_away
 from numerics_refs import ref_quantize_multiplier as ref_multiplier
 
-from runtime.numerics import (
+from qfuse.runtime.numerics import (
     Rounding,
     Scheme,
     requantize,

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.onednn import _lib
-from runtime.onednn.enums import (
+from qfuse.runtime.onednn import _lib
+from qfuse.runtime.onednn.enums import (
     Alg,
     Arg,
     CpuIsa,

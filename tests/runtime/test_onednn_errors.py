@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.onednn import (
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
@@ -173,7 +173,7 @@ def test_blocked_memory_has_no_numpy_view() -> None:
 NASTY = textwrap.dedent("""
     import gc
     import numpy as np
-    from runtime.onednn import *
+    from qfuse.runtime.onednn import *
 
     def attempt(label, action):
         try:
@@ -231,8 +231,8 @@ def test_why_execute_validates_scales() -> None:
     """ONEDNN_NOTES' pitfall, reproduced under the binding: calling dnnl_primitive_execute
     directly without the weight scales returns success on brgconv_1x1:avx512_core_amx and
     leaves dst untouched (jit_1x1 returns invalid_arguments instead)."""
-    from runtime.onednn import default_stream, filled
-    from runtime.onednn.primitive import _exec_args
+    from qfuse.runtime.onednn import default_stream, filled
+    from qfuse.runtime.onednn.primitive import _exec_args
 
     src = u8(1, 32, 4, 4, tag=FormatTag.nhwc)
     attr = (PrimitiveAttr().set_scales_mask(Arg.SRC, 0).set_scales_mask(Arg.WEIGHTS, 1)

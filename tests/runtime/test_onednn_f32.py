@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from runtime.onednn import (
+from qfuse.runtime.onednn import (
     ELTWISE_ALGS,
     Alg,
     Arg,
@@ -41,7 +41,7 @@ from runtime.onednn import (
     reorder,
     softmax,
 )
-from runtime.onednn import reference as ref
+from qfuse.runtime.onednn import reference as ref
 
 F32 = np.float32
 RNG = np.random.default_rng(1234)

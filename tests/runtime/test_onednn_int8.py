@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from runtime.onednn import (
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     CpuIsa,
@@ -49,7 +49,7 @@ from runtime.onednn import (
     inner_product,
     matmul,
 )
-from runtime.onednn import reference as ref
+from qfuse.runtime.onednn import reference as ref
 
 ISA = effective_cpu_isa()
 #: VNNI and AMX compute int8 dot products exactly; older ISAs go through int16 (see above).
@@ -445,7 +445,7 @@ def test_gemm_bit_exact(case: GemmCase) -> None:
 def test_binding_demo(capsys: pytest.CaptureFixture[str]) -> None:
     """examples/binding_demo.py compares with the exact model: 0 LSB with VNNI/AMX; without
     them it reports the int16 saturation modelled above and exits 1."""
-    from examples import binding_demo
+    from qfuse.examples import binding_demo
 
     status = binding_demo.main()
     out = capsys.readouterr().out

@@ -40,7 +40,7 @@ def test_int8_module_under_avx2() -> None:
 
 def test_set_max_cpu_isa_before_and_after_first_primitive() -> None:
     result = run_python("""
-        from runtime.onednn import *
+        from qfuse.runtime.onednn import *
         set_max_cpu_isa(CpuIsa.avx2)
         print("isa", effective_cpu_isa().name)
         src = MemoryDesc.from_tag((1, 16, 8, 8), DataType.u8, FormatTag.nhwc)
@@ -63,7 +63,7 @@ def test_set_max_cpu_isa_before_and_after_first_primitive() -> None:
 def test_verbose_names_the_kernel() -> None:
     result = run_python("""
         import numpy as np
-        from runtime.onednn import *
+        from qfuse.runtime.onednn import *
         md = MemoryDesc.from_tag((8, 8), DataType.f32)
         primitive = eltwise(Alg.eltwise_relu, md).create()
         print("impl", primitive.impl_name, flush=True)

@@ -8,7 +8,7 @@ import weakref
 
 import numpy as np
 
-from runtime.onednn import (
+from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,

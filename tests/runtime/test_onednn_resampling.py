@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.onednn import (
+from qfuse.runtime.onednn import (
     RESAMPLING_ALGS,
     Alg,
     Arg,
@@ -36,7 +36,7 @@ from runtime.onednn import (
     PrimitiveDesc,
     resampling,
 )
-from runtime.onednn import reference as ref
+from qfuse.runtime.onednn import reference as ref
 
 F32 = np.float32
 RNG = np.random.default_rng(7)

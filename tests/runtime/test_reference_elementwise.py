@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from reference_harness import Case, compare, randn, run_ort, run_ours
 
-from ir.ops import (
+from qfuse.ir.ops import (
     AlphaAttrs,
     ClipAttrs,
     GeluApprox,

@@ -31,9 +31,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ir import DType, Graph, Op, TensorInfo
-from ir.ops import FakeQuantizeAttrs
-from runtime.reference import evaluate
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.ops import FakeQuantizeAttrs
+from qfuse.runtime.reference import evaluate
 
 ov = pytest.importorskip("openvino")
 ops = pytest.importorskip("openvino.opset13")

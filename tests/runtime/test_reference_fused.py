@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ir import DType, Graph, Op, TensorInfo
-from ir.chain import Fused, Residual, Scale, Shift
-from ir.ops import ConvAttrs, NoAttrs, PoolAttrs
-from runtime.reference.fused import evaluate_fused
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.chain import Fused, Residual, Scale, Shift
+from qfuse.ir.ops import ConvAttrs, NoAttrs, PoolAttrs
+from qfuse.runtime.reference.fused import evaluate_fused
 
 RNG = np.random.default_rng(2)
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ir import DType, Graph, Op, TensorInfo
-from ir.ops import ClipAttrs, ConvAttrs, FakeQuantizeAttrs, GemmAttrs, NoAttrs
-from runtime.reference import IMPLS, EvaluationError, MissingImplError, evaluate
+from qfuse.ir import DType, Graph, Op, TensorInfo
+from qfuse.ir.ops import ClipAttrs, ConvAttrs, FakeQuantizeAttrs, GemmAttrs, NoAttrs
+from qfuse.runtime.reference import IMPLS, EvaluationError, MissingImplError, evaluate
 
 
 def chain() -> Graph:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from reference_harness import Case, compare, randn, run_ort, run_ours
 
-from ir.ops import (
+from qfuse.ir.ops import (
     AxisAttrs,
     BatchNormAttrs,
     ConvAttrs,
@@ -354,8 +354,8 @@ def test_softmax(shape: tuple[int, ...], axis: int) -> None:
 
 
 def test_integer_matmul_and_conv_accumulate_exactly() -> None:
-    from ir.graph import Node
-    from runtime.reference.ops_nn import conv, matmul
+    from qfuse.ir.graph import Node
+    from qfuse.runtime.reference.ops_nn import conv, matmul
 
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (3, 300), dtype=np.int8)

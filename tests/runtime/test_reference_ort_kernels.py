@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from reference_harness import Case, randn, run_ort, run_ours
 
-from ir.ops import (
+from qfuse.ir.ops import (
     AxisAttrs,
     GeluAttrs,
     LayerNormAttrs,
@@ -27,7 +27,7 @@ from ir.ops import (
     ResizeAttrs,
     ResizeMode,
 )
-from runtime.reference.ops_mlas import fma32
+from qfuse.runtime.reference.ops_mlas import fma32
 
 F32 = np.float32
 _CPUINFO = Path("/proc/cpuinfo")

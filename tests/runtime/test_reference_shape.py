@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from reference_harness import Case, compare, randn
 
-from ir.ops import (
+from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
@@ -24,7 +24,7 @@ from ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-from ir.types import DType
+from qfuse.ir.types import DType
 
 I64 = np.int64
 INT64_MIN, INT64_MAX = np.iinfo(I64).min, np.iinfo(I64).max
