@@ -8,7 +8,7 @@ Ownership rules (the C API leaves them to the caller):
 - A `Memory` keeps a reference to the numpy buffer its data handle points into, so the buffer
   lives as long as the dnnl memory even when the caller drops its own reference.
 - The engine is created once per process (`default_engine()`); every Memory and primitive
-  keeps a reference to the Engine it was made on.
+  keeps a reference to the Engine it was made on. `default_stream()` is one per thread.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 from ctypes import POINTER, byref, c_int, c_int64, c_void_p
 from typing import Any
 
@@ -103,10 +104,16 @@ class Stream:
             C.dnnl_stream_destroy(self.handle)
 
 
-@functools.cache
+_per_thread = threading.local()
+
+
 def default_stream() -> Stream:
-    """A process-wide in-order stream on the default engine."""
-    return Stream(default_engine())
+    """The calling thread's in-order stream on the default engine (a stream is used by one
+    thread at a time, so threads compiling or executing at once get one each)."""
+    stream = getattr(_per_thread, "stream", None)
+    if stream is None:
+        stream = _per_thread.stream = Stream(default_engine())
+    return stream
 
 
 class MemoryDesc:
