@@ -28,7 +28,9 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import logging
+import threading
 import weakref
+from collections import Counter
 from collections.abc import Callable
 from ctypes import (
     POINTER,
@@ -102,6 +104,22 @@ class DnnlError(RuntimeError):
         super().__init__(message)
 
 
+_live: Counter[str] = Counter()  # handles created and not yet destroyed, by owner class
+_live_lock = threading.Lock()
+
+
+def live_handles() -> dict[str, int]:
+    """How many handles of each owner class exist now (for leak tests and debugging)."""
+    with _live_lock:
+        return {kind: count for kind, count in _live.items() if count}
+
+
+def _destroy(destroy: Callable[[c_void_p], Any], handle: c_void_p, kind: str) -> None:
+    destroy(handle)
+    with _live_lock:
+        _live[kind] -= 1
+
+
 class Native:
     """Owner of one oneDNN handle (``self.handle``), destroyed when the owner is collected."""
 
@@ -110,7 +128,10 @@ class Native:
     def _own(self, handle: c_void_p, destroy: Callable[[c_void_p], Any]) -> None:
         """Take ``handle``; ``destroy(handle)`` runs once, when this object goes."""
         self.handle = handle
-        finalizer = weakref.finalize(self, destroy, handle)
+        kind = type(self).__name__
+        with _live_lock:
+            _live[kind] += 1
+        finalizer = weakref.finalize(self, _destroy, destroy, handle, kind)
         finalizer.atexit = False
 
 
