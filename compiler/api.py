@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Graph
-from qfuse.passes.composer import ComposerOptions
+from qfuse.ir.postops import ComposerOptions
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,7 @@ def compile_model(
     work = graph.copy()
     ctx = PassContext(composer=composer or ComposerOptions())
     results = run_passes(work, mode, ctx)
-    plan = lower(work, Options(mode=mode, composer=ctx.composer))
+    plan = lower(work, Options(mode=mode))
     executor = Executor(plan, threads)
     details = {"mode": mode, **plan.inspect(), "not_fused": _not_fused(work, results),
                "passes": {r.name: r.changed for r in results}}

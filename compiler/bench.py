@@ -39,8 +39,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-
-from qfuse.compiler.bench_engines import ENGINES, Engine, EngineUnavailable, engine_note, make_engine
+from qfuse.compiler.bench_engines import (
+    ENGINES,
+    Engine,
+    EngineUnavailable,
+    engine_note,
+    make_engine,
+)
 from qfuse.compiler.errors import MalformedModelError
 
 log = logging.getLogger(__name__)
@@ -372,7 +377,11 @@ def main_bench(args: Any) -> int:
         result = run_bench(config, Path(tmp))
         print(format_table(result))
         if args.profile or args.plot:
-            from qfuse.compiler.bench_profile import format_profile, plot_fused_vs_unfused, profile_model
+            from qfuse.compiler.bench_profile import (
+                format_profile,
+                plot_fused_vs_unfused,
+                profile_model,
+            )
 
             result.profile = profile_model(result.compiled, Path(result.model_used),
                                            result.threads, runs=max(config.iters, 10),

@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from qfuse.compiler.api import CompiledModel, compile_model, random_inputs
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.runtime.emulate import Decision, emulate, plan

@@ -24,7 +24,6 @@ import math
 from typing import Any
 
 import numpy as np
-
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.runtime.numerics import dequantize, quantization_error

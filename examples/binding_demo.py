@@ -17,7 +17,6 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

@@ -36,7 +36,6 @@ import dataclasses
 import logging
 
 import numpy as np
-
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.chain import Fused, Shift
 from qfuse.passes.base import PassContext

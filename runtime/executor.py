@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
-
 from qfuse.runtime.onednn import set_num_threads
 
 if TYPE_CHECKING:

@@ -26,9 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from qfuse.compiler.lower.layouts import const_memory
-from qfuse.passes.composer import Binary, Composed, Eltwise, Prelu, Sum
+from qfuse.ir.postops import Binary, Composed, Eltwise, Prelu, Sum
 from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
 
 F32 = np.float32

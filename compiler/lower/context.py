@@ -17,11 +17,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.layouts import (
     RESHAPES,
@@ -37,7 +36,6 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.plan import Kernel, KernelInfo, NumpyFn, Plan, Slot
 from qfuse.ir import Graph, Node, Op, TensorInfo
-from qfuse.passes.composer import ComposerOptions
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
@@ -55,7 +53,6 @@ log = logging.getLogger(__name__)
 @dataclass
 class Options:
     mode: str = "fused"  # fused | unfused | fp32
-    composer: ComposerOptions = field(default_factory=ComposerOptions)
     # Without VNNI/AMX, split int8 weights so accumulators stay exact (no_vnni.py); False
     # keeps oneDNN's int16-saturating kernels (for measuring what the split fixes).
     exact_int8: bool = True

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import no_vnni, unfused
 from qfuse.compiler.lower.attrs import BuiltAttr
@@ -33,7 +32,7 @@ from qfuse.compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md
 from qfuse.compiler.lower.lower_compute import composed_for, emit, scale_weights
 from qfuse.ir import DType, Node
 from qfuse.ir.ops import GemmAttrs
-from qfuse.passes.composer import Composed
+from qfuse.ir.postops import Composed
 from qfuse.runtime.onednn import (
     Arg,
     DataType,

@@ -67,13 +67,12 @@ from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
-
 from qfuse.compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Node, Op
-from qfuse.passes.composer import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Sum
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
-
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import (
     lower_compute,

@@ -17,7 +17,6 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import numpy_helper
-
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import import (
     convert_layout,

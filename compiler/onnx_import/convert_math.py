@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-
 from qfuse.compiler.onnx_import.context import Context, NodeView
 from qfuse.ir.ops import (
     AlphaAttrs,

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
-
 from qfuse.runtime.numerics.qdq import check_scale, check_zero_point, dequantize, quantize
 from qfuse.runtime.numerics.rounding import (
     Rounding,

@@ -12,7 +12,6 @@ declares u8/s8); anything else is an error naming the node, as is a shape mismat
 from __future__ import annotations
 
 import numpy as np
-
 from qfuse.ir.graph import Graph, Node
 from qfuse.runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
 from qfuse.runtime.reference.fused import evaluate_fused

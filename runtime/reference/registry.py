@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 import numpy as np
-
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import Op
 

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
-
 from qfuse.compiler.lower import Options, Plan, lower
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Act, Activation, ChainOp, Fused, Quantize, Residual, Scale, Shift
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
+from qfuse.passes import compose_post_ops
+from qfuse.passes.base import PassContext
 from qfuse.passes.composer import compose
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import effective_cpu_isa
@@ -61,9 +62,16 @@ def ref_eval(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray
     return {name: read(name) for name in graph.outputs}  # type: ignore[misc]
 
 
+def lower_built(graph: Graph, options: Options | None = None) -> Plan:
+    """Lower a hand-built graph: its fused nodes get the composer's attributes first, as the
+    pipeline's last pass gives them."""
+    compose_post_ops.run(graph, PassContext())
+    return lower(graph, options)
+
+
 def run_plan(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused"
              ) -> tuple[dict[str, np.ndarray], Plan]:
-    plan = lower(graph, Options(mode=mode))
+    plan = lower_built(graph, Options(mode=mode))
     return Executor(plan).run(feeds), plan
 
 

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from qfuse.compiler.bench import (
     BenchConfig,
     BenchResult,
@@ -27,7 +26,12 @@ from qfuse.compiler.bench import (
     run_bench,
 )
 from qfuse.compiler.bench_engines import Engine
-from qfuse.compiler.bench_profile import kernel_macs, match_unfused, plot_fused_vs_unfused, profile_model
+from qfuse.compiler.bench_profile import (
+    kernel_macs,
+    match_unfused,
+    plot_fused_vs_unfused,
+    profile_model,
+)
 from qfuse.compiler.cli import main
 from qfuse.examples import zoo
 

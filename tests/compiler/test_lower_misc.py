@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -32,6 +31,7 @@ from qfuse.ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
+
 from tests.compiler.lower_helpers import int_input, random_int, ref_eval, run_plan
 
 F32 = np.float32

@@ -23,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from qfuse.compiler.api import compile_model
-from qfuse.compiler.lower import Options, lower
+from qfuse.compiler.lower import Options
 from qfuse.compiler.lower.no_vnni import LOW_HALF, SPLIT, split_weights, split_zero_point
 from qfuse.examples import zoo
 from qfuse.ir import DType, Graph
@@ -33,11 +32,13 @@ from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import accumulate
+
 from tests.compiler.lower_helpers import (
     SPLITS_INT8,
     add_int8_conv,
     exact_expected,
     int_input,
+    lower_built,
     lsb,
     quantize_item,
     random_int,
@@ -99,7 +100,7 @@ def _agreement(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused",
     """(max LSB, identical share) against oneDNN's model on the exact accumulator and
     against the chain's meaning, and how each kernel was made exact. f32 outputs: 0 LSB
     means bit-equal to the model / within 1e-5 relative of the chain, else 1."""
-    plan = lower(graph, Options(mode=mode, exact_int8=exact_int8))
+    plan = lower_built(graph, Options(mode=mode, exact_int8=exact_int8))
     out = Executor(plan).run(feeds)[graph.outputs[0]]
     node = graph.producer(graph.outputs[0])
     assert node is not None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower import Plan
 from qfuse.compiler.lower.lower_resize import LINEAR_NOTE
@@ -23,6 +22,7 @@ from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import Alg, Arg, DataType, FormatTag, Memory, MemoryDesc, resampling
 from qfuse.runtime.reference import IMPLS
+
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,

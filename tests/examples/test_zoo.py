@@ -15,7 +15,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
-
 from qfuse.examples import zoo
 
 OUTPUT_SHAPES = {

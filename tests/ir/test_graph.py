@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from qfuse.ir import DType, Graph, GraphError, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import ClipAttrs
 

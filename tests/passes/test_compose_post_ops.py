@@ -26,12 +26,11 @@ from fusion_helpers import (
     residual_block,
     run,
 )
-
 from qfuse.ir import Graph, Op
 from qfuse.ir.chain import Fused, Residual, Scale, Shift
+from qfuse.ir.postops import Composed, ComposerOptions, Eltwise, Sum
 from qfuse.passes import compose_post_ops, fuse_bias, fuse_post_ops
 from qfuse.passes.base import PassContext, PassError
-from qfuse.passes.composer import Composed, ComposerOptions, Eltwise, Sum
 
 
 def golden() -> Graph:

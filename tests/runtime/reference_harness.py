@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from onnx import helper, numpy_helper
-
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.runtime.reference import evaluate
 

@@ -6,7 +6,6 @@ import math
 
 import numpy as np
 import pytest
-
 from qfuse.runtime.numerics import ErrorStats, dequantize, quantization_error, quantize
 
 

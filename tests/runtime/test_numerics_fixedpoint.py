@@ -22,7 +22,6 @@ from numerics_refs import (
     ref_rdbpot,
     ref_srdhm,
 )
-
 from qfuse.runtime.numerics import (
     effective_scale,
     multiply_by_quantized_multiplier,

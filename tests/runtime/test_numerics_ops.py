@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from qfuse.runtime.numerics import (
     Rounding,
     add_float,

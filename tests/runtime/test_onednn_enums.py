@@ -16,7 +16,6 @@ from functools import cache
 from pathlib import Path
 
 import pytest
-
 from qfuse.runtime.onednn import _lib
 from qfuse.runtime.onednn.enums import (
     Alg,

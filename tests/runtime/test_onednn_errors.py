@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

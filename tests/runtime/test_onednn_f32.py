@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from qfuse.runtime.onednn import (
     ELTWISE_ALGS,
     Alg,

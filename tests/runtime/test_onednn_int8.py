@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

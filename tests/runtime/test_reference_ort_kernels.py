@@ -15,8 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference_harness import Case, randn, run_ort, run_ours
-
 from qfuse.ir.ops import (
     AxisAttrs,
     GeluAttrs,
@@ -28,6 +26,7 @@ from qfuse.ir.ops import (
     ResizeMode,
 )
 from qfuse.runtime.reference.ops_mlas import fma32
+from reference_harness import Case, randn, run_ort, run_ours
 
 F32 = np.float32
 _CPUINFO = Path("/proc/cpuinfo")
