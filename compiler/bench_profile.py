@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from qfuse.compiler.errors import InputError
+
 log = logging.getLogger(__name__)
 
 INT8_MACS_PER_CYCLE = {
@@ -285,7 +287,7 @@ def plot_fused_vs_unfused(profile: dict[str, Any], path: Path) -> None:
     try:
         import matplotlib
     except ImportError as exc:
-        raise ValueError("--plot needs matplotlib: pip install 'qfuse[bench]'") from exc
+        raise InputError("--plot needs matplotlib: pip install 'qfuse[bench]'") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

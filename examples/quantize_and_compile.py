@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.cli_inspect import format_inspect
 from qfuse.examples.zoo import ARCHITECTURES, float_model, sample_inputs

@@ -22,6 +22,7 @@ import enum
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.ir.types import DType
 
 

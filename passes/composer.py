@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
 from qfuse.ir.chain import Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
 from qfuse.ir.postops import (
     ACT_ALG,

@@ -36,6 +36,7 @@ import dataclasses
 import logging
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.chain import Fused, Shift
 from qfuse.passes.base import PassContext

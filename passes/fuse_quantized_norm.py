@@ -48,6 +48,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.chain import ChainOp, Fused, Quantize, dst_quant
 from qfuse.ir.ops import LayerNormAttrs

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op

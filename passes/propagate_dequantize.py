@@ -37,6 +37,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.ir.chain import Fused, Quantize, Scale
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op, PadAttrs, PadMode, PoolAttrs, ResizeMode

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, TensorInfo

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from qfuse.compiler.lower.layouts import const_memory
 from qfuse.ir.postops import Binary, Composed, Eltwise, Prelu, Sum
 from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr

@@ -67,6 +67,7 @@ from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
+
 from qfuse.compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Primitive, Stream, default_stream
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import (
     lower_compute,

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import DequantizeAttrs, QuantizeAttrs
 from qfuse.ir.shapes._common import broadcast_to, fail, norm_axis, optional, required

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType
 from qfuse.runtime.emulate.kernel import (

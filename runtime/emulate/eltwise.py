@@ -49,6 +49,7 @@ PRelu (slope a quantized constant ``DQ(alpha_q)``):
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir.types import DType
 from qfuse.runtime.emulate.kernel import (
     Prepared,

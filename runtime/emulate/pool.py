@@ -43,6 +43,7 @@ import itertools
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.ir.ops import Op, PoolAttrs
 from qfuse.runtime.emulate.eltwise import fma_f32
 from qfuse.runtime.emulate.kernel import Prepared, Reader, clamp_out

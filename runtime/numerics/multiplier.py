@@ -44,6 +44,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
 from qfuse.runtime.numerics.rounding import round_half_away
 
 __all__ = ["Precision", "effective_scale", "quantize_multiplier", "tpu_multiplier_rshift"]

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+
 from qfuse.runtime.numerics.qdq import check_scale, check_zero_point, dequantize, quantize
 from qfuse.runtime.numerics.rounding import (
     Rounding,

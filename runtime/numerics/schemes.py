@@ -66,6 +66,7 @@ from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
+
 from qfuse.runtime.numerics.gemmlowp import multiply_by_quantized_multiplier, wrap_int32
 from qfuse.runtime.numerics.multiplier import (
     effective_scale,

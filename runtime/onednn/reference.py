@@ -42,6 +42,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
 from qfuse.runtime.onednn.attr import PostOpRecord
 from qfuse.runtime.onednn.enums import Alg
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from qfuse.ir.chain import Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
 from qfuse.ir.postops import ACT_ALG, Binary, Composed, Eltwise, Prelu, Sum
 from qfuse.ir.types import DType

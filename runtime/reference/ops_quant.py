@@ -30,6 +30,7 @@ float32 ulps elsewhere (tests/runtime/test_reference_fakequantize.py measures an
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
 from qfuse.runtime.reference.registry import Arrays, impl, need, opt

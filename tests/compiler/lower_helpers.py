@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.lower import Options, Plan, lower
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo

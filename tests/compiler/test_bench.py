@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+
 from qfuse.compiler.bench import (
     BenchConfig,
     BenchResult,

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from qfuse.compiler.lower import lower_compute
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.chain import Act, Activation, Fused, PRelu, Scale, Shift
@@ -14,7 +15,6 @@ from qfuse.ir.ops import ConvTransposeAttrs, NoAttrs
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import evaluate_fused
-
 from tests.compiler.lower_helpers import (
     SPLITS_INT8,
     add_int8_conv,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower import Options
 from qfuse.compiler.lower.no_vnni import LOW_HALF, SPLIT, split_weights, split_zero_point
@@ -32,7 +33,6 @@ from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import accumulate
-
 from tests.compiler.lower_helpers import (
     SPLITS_INT8,
     add_int8_conv,

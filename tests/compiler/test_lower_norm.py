@@ -19,6 +19,7 @@ from collections.abc import Callable
 import numpy as np
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import compile_model, import_graph
 from qfuse.compiler.lower import Options, Plan, lower
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
@@ -42,7 +43,6 @@ from qfuse.runtime.onednn import (
     softmax,
 )
 from qfuse.runtime.reference.ops_mlas import softmax_last_axis
-
 from tests.compiler.lower_helpers import ref_eval, run_plan
 from tests.passes.norm_helpers import norm_graph, random_feeds
 

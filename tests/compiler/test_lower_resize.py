@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower import Plan
 from qfuse.compiler.lower.lower_resize import LINEAR_NOTE
@@ -22,7 +23,6 @@ from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import Alg, Arg, DataType, FormatTag, Memory, MemoryDesc, resampling
 from qfuse.runtime.reference import IMPLS
-
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import CompiledModel, compile_model
 from qfuse.examples import zoo
 from qfuse.ir import Op
@@ -34,7 +35,6 @@ from qfuse.passes import strip_quantization
 from qfuse.passes.base import PassContext, run_pass
 from qfuse.runtime.reference import IMPLS, evaluate
 from qfuse.runtime.reference.fused import evaluate_fused
-
 from tests.compiler.lower_helpers import requires_exact_int8
 
 MODELS = zoo.SMALL_ARCHITECTURES

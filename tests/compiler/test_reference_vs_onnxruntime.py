@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import import_graph
 from qfuse.examples.zoo import SMALL_ARCHITECTURES, float_model, quantized_model, sample_inputs
 from qfuse.runtime.reference import evaluate

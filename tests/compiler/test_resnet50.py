@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower.no_vnni import LOW_HALF
 from qfuse.examples.zoo import model_path, sample_inputs

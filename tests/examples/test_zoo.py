@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
+
 from qfuse.examples import zoo
 
 OUTPUT_SHAPES = {

@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import ATTRS, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from qfuse.ir.shapes import infer_node

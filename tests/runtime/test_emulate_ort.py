@@ -28,10 +28,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import import_graph
 from qfuse.examples import zoo
 from qfuse.runtime.emulate import emulate, plan
-
 from tests.runtime.emulate_models import ConvCase, qdq_add, qdq_conv
 
 CONV_CASES = {

@@ -14,9 +14,9 @@ import math
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.api import import_graph
 from qfuse.runtime.emulate import emulate, plan
-
 from tests.runtime.emulate_models import ConvCase, qdq_add, qdq_conv
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1

@@ -22,6 +22,7 @@ from numerics_refs import (
     ref_rdbpot,
     ref_srdhm,
 )
+
 from qfuse.runtime.numerics import (
     effective_scale,
     multiply_by_quantized_multiplier,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.numerics import (
     Rounding,
     add_float,

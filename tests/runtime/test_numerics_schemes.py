@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numerics_refs import I32_MAX, I32_MIN, half_away
 from numerics_refs import ref_quantize_multiplier as ref_multiplier
+
 from qfuse.runtime.numerics import (
     Rounding,
     Scheme,

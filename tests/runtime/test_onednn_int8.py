@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_harness import Case, randn, run_ort, run_ours
+
 from qfuse.ir.ops import (
     AxisAttrs,
     GeluAttrs,
@@ -26,7 +28,6 @@ from qfuse.ir.ops import (
     ResizeMode,
 )
 from qfuse.runtime.reference.ops_mlas import fma32
-from reference_harness import Case, randn, run_ort, run_ours
 
 F32 = np.float32
 _CPUINFO = Path("/proc/cpuinfo")
