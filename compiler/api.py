@@ -72,7 +72,7 @@ class CompiledModel:
         return self.executor.run_all(feeds)
 
     def inspect(self) -> dict[str, Any]:
-        """JSON-able description (DESIGN.md `qfuse inspect --json`)."""
+        """JSON-able description (docs/design.md, `qfuse inspect --json`)."""
         return dict(self.details)
 
 

@@ -1,6 +1,6 @@
 """``qfuse inspect MODEL --error``: per-layer quantization error against a float shadow.
 
-After Caffe2 DNNLOWP's ``measure_quantization_error`` (seed 003), which runs a float32 shadow of
+After Caffe2 DNNLOWP's ``measure_quantization_error`` (Caffe2 DNNLOWP), which runs a float32 shadow of
 every int8 operator: here the shadow is the whole *float model* — the imported graph with every
 QuantizeLinear -> DequantizeLinear pair removed (the DQ's readers read the Q's float input) and
 the quantized weights left as ``DequantizeLinear(w_q)``, i.e. dequantized — evaluated by the

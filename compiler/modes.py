@@ -1,4 +1,4 @@
-"""What each compile mode runs before lowering (DESIGN.md "Modes").
+"""What each compile mode runs before lowering (docs/design.md, "Modes").
 
 - ``fused``: the full pipeline (compiler/pipeline.py), then the fused lowering.
 - ``unfused``: the same pipeline; the lowering runs every post-op of a fused node as its own

@@ -1,6 +1,6 @@
 """Exact int8 convolutions, deconvolutions and matmuls on CPUs without VNNI / AMX.
 
-Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (ONEDNN_NOTES.md
+Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (docs/onednn.md
 "Pitfalls"; each rule measured to 0 LSB in tests/runtime/test_onednn_int8.py under AVX2):
 
 - u8 src: ``vpmaddubsw`` adds the products of two adjacent input channels (K positions for
