@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARK = re.compile(r"<!-- snippet: run -->\s*\n```(\w+)\n(.*?)\n```", re.S)
+MARK = re.compile(r"<!-- snippet: run -->\s*\n```(\w+)\n(.*?)\n```", re.DOTALL)
 
 
 def snippets() -> list[tuple[str, str, str]]:
@@ -39,5 +39,6 @@ def test_snippet_runs(name: str, lang: str, code: str, tmp_path: Path) -> None:
         cmd = ["bash", "-e", "-o", "pipefail", "-c", code]
     else:
         pytest.fail(f"{name}: snippet language {lang!r} is not runnable")
-    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(cmd, check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, f"{name} failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
