@@ -47,6 +47,7 @@ from qfuse.compiler.bench_engines import (
     make_engine,
 )
 from qfuse.compiler.errors import InputError, MalformedModelError
+from qfuse.runtime.numerics.error import cosine
 
 log = logging.getLogger(__name__)
 
@@ -256,12 +257,9 @@ def agreement(reference: list[np.ndarray],
     cosines: list[float] = []
     top1: list[float] = []
     for ref, out in zip(reference, outputs, strict=True):
-        a = np.asarray(ref, np.float64).ravel()
-        b = np.asarray(out, np.float64).ravel()
-        if a.shape != b.shape:
+        if np.size(ref) != np.size(out):
             return None, None
-        norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-        cosines.append(float(a @ b) / norm if norm > 0 else float(np.array_equal(a, b)))
+        cosines.append(cosine(ref, out))
         if ref.ndim == 2 and ref.shape[-1] > 1:
             same = np.argmax(ref, axis=-1) == np.argmax(np.asarray(out), axis=-1)
             top1.append(float(np.mean(same)))
