@@ -1,6 +1,6 @@
 """Run a Plan: write the inputs, execute the bound kernels in order, read the outputs.
 
-``run`` validates the feeds (names, shapes, dtypes: a ValueError naming the input; no implicit
+``run`` validates the feeds (names, shapes, dtypes: an InputError naming the input; no implicit
 casts), takes an idle ``ExecutionContext`` (runtime/execution.py: buffers, memories, stream,
 kernels bound once to them) from the executor's pool, copies the feeds in, runs, returns
 copies of the outputs in plain row-major layout and puts the context back. No allocation
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from qfuse.ir.errors import InputError
 from qfuse.runtime.execution import ExecutionContext
 from qfuse.runtime.onednn import set_num_threads
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 class Executor:
     def __init__(self, plan: Plan, threads: int | None = None) -> None:
         if threads is not None and threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+            raise InputError(f"threads must be >= 1, got {threads}")
         self.plan = plan
         self.threads = threads
         self.input_names = list(plan.inputs)
@@ -67,17 +68,17 @@ class Executor:
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
-            raise ValueError(f"unknown input(s) {unknown}; the model's inputs are "
+            raise InputError(f"unknown input(s) {unknown}; the model's inputs are "
                              f"{self.input_names}")
         for name, shape, dtype in self._specs:
             if name not in feeds:
-                raise ValueError(f"input '{name}' is missing (expected {dtype}{list(shape)})")
+                raise InputError(f"input '{name}' is missing (expected {dtype}{list(shape)})")
             array = feeds[name]
-            if not isinstance(array, np.ndarray):  # ValueError for every bad feed (API contract)
-                raise ValueError(  # noqa: TRY004
+            if not isinstance(array, np.ndarray):  # InputError for every bad feed (API contract)
+                raise InputError(
                     f"input '{name}' must be a numpy array, got {type(array).__name__}")
             if array.shape != shape or array.dtype != dtype:
-                raise ValueError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
+                raise InputError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
                                  f"the model wants {dtype}{list(shape)}")
 
     def run_all(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
