@@ -25,6 +25,7 @@ from qfuse.compiler.onnx_import import (
     convert_quant,
     convert_spatial,
     folding,
+    islands,
     loading,
     patterns,
 )
@@ -104,6 +105,7 @@ def import_model(
     onnx_graph = proto.graph
     graph = Graph(onnx_graph.name or "graph")
     ctx = Context(graph, opset, [o.name for o in onnx_graph.output])
+    ctx.model = proto
     for tensor in onnx_graph.initializer:
         ctx.set_const(tensor.name, _to_array(tensor))
     for sparse in onnx_graph.sparse_initializer:
@@ -120,6 +122,7 @@ def import_model(
     nodes = patterns.fuse_gelu(_live(nodes, ctx), ctx.consts, ctx.uses)
     for n in nodes:
         _convert(ctx, n)
+    islands.merge(graph)
 
     for out in onnx_graph.output:
         if out.name in ctx.consts:
@@ -133,6 +136,7 @@ def import_model(
     except GraphError as exc:
         raise MalformedModelError(str(exc)) from exc
     removed = graph.remove_unused()
+    islands.choose_engines(graph)
     logger.info("imported '%s': %d nodes (%d unused removed), opset %d", graph.name,
                 len(graph), removed, opset)
     return graph
@@ -232,15 +236,34 @@ def _live(nodes: list[NodeView], ctx: Context) -> list[NodeView]:
 
 
 def _convert(ctx: Context, node: NodeView) -> None:
+    """Fold, convert, or (what qfuse cannot express natively) make a float island."""
     domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+    size = len(ctx.graph)
     try:
+        dynamic = islands.reads_dynamic(ctx, node)
+        if dynamic is not None:
+            islands.add(ctx, node, f"reads '{dynamic}', whose shape is known only at run time")
+            return
+        if ctx.opset < loading.MIN_OPSET:
+            islands.add(ctx, node, f"opset {ctx.opset} is below {loading.MIN_OPSET}, the "
+                                   f"first the converters read")
+            return
         if domain == "" and folding.foldable(ctx, node):
-            folding.fold(ctx, node)
+            try:
+                folding.fold(ctx, node)
+            except UnsupportedModelError as exc:
+                islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
             return
         converter = CONVERTERS.get((domain, node.op_type))
         if converter is None:
-            raise ctx.unsupported(node, _why_unsupported(ctx, node, domain))
-        converter(ctx, node)
+            islands.add(ctx, node, _why_unsupported(ctx, node, domain))
+            return
+        try:
+            converter(ctx, node)
+        except UnsupportedModelError as exc:
+            if len(ctx.graph) != size or node.proto is None:
+                raise
+            islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
     except (UnsupportedModelError, MalformedModelError) as exc:
         if str(exc).startswith(f"node {node}"):
             raise
@@ -253,15 +276,9 @@ def _convert(ctx: Context, node: NodeView) -> None:
 
 
 def _why_unsupported(ctx: Context, node: NodeView, domain: str) -> str:
-    if domain == OPENVINO_DOMAIN:
-        return f"op {node.op_type} of domain '{domain}' is not supported (only FakeQuantize)"
     if domain:
-        return f"domain '{domain}' is not supported"
-    constant = [i for i in node.inputs if i and not ctx.is_const(i)]
-    if constant and node.op_type not in folding.NOT_FOLDED:
-        return (f"op {node.op_type} is not supported (it could only be folded if all its inputs "
-                f"were constants; '{constant[0]}' is not)")
-    return f"op {node.op_type} is not supported"
+        return f"op {node.op_type} of domain '{domain}' has no native lowering"
+    return f"op {node.op_type} has no native lowering"
 
 
 __all__ = ["CONVERTERS", "MalformedModelError", "UnsupportedModelError", "import_model"]

@@ -101,6 +101,10 @@ class Context:
         self.const_quant: dict[str, QuantParams] = {}
         self.graph_outputs = list(graph_outputs)
         self.uses: Counter[str] = Counter(graph_outputs)
+        # The model (opsets, functions) island models copy; values whose shape is only known
+        # at run time (outputs of islands, see islands.py).
+        self.model = onnx.ModelProto()
+        self.dynamic: set[str] = set()
 
     # ------------------------------------------------------------------ errors
     @staticmethod

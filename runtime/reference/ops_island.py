@@ -1,0 +1,97 @@
+"""Float islands: an ONNX subgraph evaluated as written, by onnxruntime or onnx.reference.
+
+An island (ir.ops.IslandAttrs) holds a serialized ONNX model whose inputs and outputs are the
+island node's inputs and outputs in port order. Its semantics are the ONNX operator specs
+(https://onnx.ai/onnx/operators/) of the nodes inside, so the reference interpreter evaluates
+it with ``onnx.reference.ReferenceEvaluator`` — the ONNX project's own executable
+specification — and falls back to onnxruntime only when the evaluator cannot run an op (e.g.
+a com.microsoft contrib op). The compiled modes run the engine chosen at import
+(``IslandAttrs.engine``), through ``make_runner``.
+
+onnxruntime sessions are created with ``GraphOptimizationLevel.ORT_DISABLE_ALL``: an island
+computes what its nodes say one by one, without the fusions ORT would otherwise apply (its
+GELU / LayerNorm / MatMul+Add fusions round differently from the node-by-node float32
+result), so the fused and reference modes agree on islands to float32 rounding. The session
+holds no per-run state (``InferenceSession.run`` is thread-safe), and neither does the runner.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from qfuse.ir.graph import Node
+from qfuse.ir.ops import IslandAttrs, IslandEngine, Op
+from qfuse.runtime.reference.registry import Arrays, impl
+
+Runner = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+def ort_session(model: bytes, threads: int | None = None):  # noqa: ANN201 (optional import)
+    """An onnxruntime CPU session over an island model (module docstring: no optimization)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads or 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def reference_evaluator(model: bytes) -> onnx.reference.ReferenceEvaluator:
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(onnx.load_from_string(model))
+
+
+def input_names(model: bytes) -> list[str]:
+    return [i.name for i in _graph_io(model)[0]]
+
+
+@functools.lru_cache(maxsize=256)
+def _graph_io(model: bytes) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    proto = onnx.load_from_string(model)
+    return list(proto.graph.input), list(proto.graph.output)
+
+
+def make_runner(attrs: IslandAttrs, engine: IslandEngine | None = None,
+                threads: int | None = None) -> Runner:
+    """A function from the island's input arrays to its output arrays (port order)."""
+    engine = engine or attrs.engine
+    names = input_names(attrs.model)
+    outputs = [o.name for o in _graph_io(attrs.model)[1]]
+    if engine is IslandEngine.ONNXRUNTIME:
+        session = ort_session(attrs.model, threads)
+
+        def run_ort(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            feeds = dict(zip(names, arrays, strict=True))
+            return [np.asarray(r) for r in session.run(outputs, feeds)]
+
+        return run_ort
+    evaluator = reference_evaluator(attrs.model)
+
+    def run_reference(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        feeds = dict(zip(names, arrays, strict=True))
+        return [np.asarray(r) for r in evaluator.run(outputs, feeds)]
+
+    return run_reference
+
+
+@functools.lru_cache(maxsize=64)
+def _reference_runner(attrs: IslandAttrs) -> Runner:
+    """onnx.reference when it can build the island, else onnxruntime (module docstring)."""
+    try:
+        return make_runner(attrs, IslandEngine.ONNX_REFERENCE)
+    except Exception:  # noqa: BLE001 (any evaluator failure: an op it does not implement)
+        return make_runner(attrs, IslandEngine.ONNXRUNTIME)
+
+
+@impl(Op.ISLAND)
+def island(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: IslandAttrs = node.attrs
+    arrays = [np.asarray(a) for a in args if a is not None]
+    return _reference_runner(attrs)(arrays)
