@@ -102,7 +102,7 @@ def compile_model(
     work = graph.copy()
     ctx = PassContext(composer=composer or ComposerOptions())
     results = run_passes(work, mode, ctx)
-    plan = lower(work, Options(mode=mode))
+    plan = lower(work, Options(mode=mode, threads=threads))
     executor = Executor(plan, threads)
     details = {"mode": mode, **plan.inspect(), "not_fused": not_fused(work, results),
                "passes": {r.name: r.changed for r in results}}

@@ -98,6 +98,7 @@ class Executor:
             take(index)
         for name, view in self._outputs:
             found[name] = view.copy()
+        found.update((name, cell.take()) for name, cell in plan.dynamic.items())
         return found
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -109,4 +110,6 @@ class Executor:
         for run in self._runs:
             run()
         self._stream.wait()
-        return {name: view.copy() for name, view in self._outputs}
+        results = {name: view.copy() for name, view in self._outputs}
+        results.update((name, cell.take()) for name, cell in self.plan.dynamic.items())
+        return results

@@ -23,11 +23,16 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 
+from qfuse.ir.errors import QfuseError
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import IslandAttrs, IslandEngine, Op
 from qfuse.runtime.reference.registry import Arrays, impl
 
 Runner = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+class IslandError(QfuseError, RuntimeError):
+    """The engine failed while running an island; the message names the island's ops."""
 
 
 def ort_session(model: bytes, threads: int | None = None):  # noqa: ANN201 (optional import)
@@ -65,20 +70,21 @@ def make_runner(attrs: IslandAttrs, engine: IslandEngine | None = None,
     names = input_names(attrs.model)
     outputs = [o.name for o in _graph_io(attrs.model)[1]]
     if engine is IslandEngine.ONNXRUNTIME:
-        session = ort_session(attrs.model, threads)
+        run = functools.partial(ort_session(attrs.model, threads).run, outputs)
+    else:
+        run = functools.partial(reference_evaluator(attrs.model).run, outputs)
+    ops = ", ".join(sorted(set(attrs.ops)))
 
-        def run_ort(arrays: list[np.ndarray]) -> list[np.ndarray]:
-            feeds = dict(zip(names, arrays, strict=True))
-            return [np.asarray(r) for r in session.run(outputs, feeds)]
+    def run_island(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        try:
+            results = run(dict(zip(names, arrays, strict=True)))
+        except Exception as exc:  # noqa: BLE001 (the engine's own error types)
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise IslandError(f"island of {ops} ({engine.value}) failed: "
+                              f"{type(exc).__name__}: {first}") from exc
+        return [np.asarray(r) for r in results]
 
-        return run_ort
-    evaluator = reference_evaluator(attrs.model)
-
-    def run_reference(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        feeds = dict(zip(names, arrays, strict=True))
-        return [np.asarray(r) for r in evaluator.run(outputs, feeds)]
-
-    return run_reference
+    return run_island
 
 
 @functools.lru_cache(maxsize=64)
