@@ -118,11 +118,10 @@ def import_model(
 
     nodes = _views(onnx_graph)
     for n in nodes:
-        ctx.uses.update(i for i in n.inputs if i)
+        ctx.uses.update(i for i in [*n.inputs, *islands.outer_names(n)] if i)
     nodes = patterns.fuse_gelu(_live(nodes, ctx), ctx.consts, ctx.uses)
     for n in nodes:
         _convert(ctx, n)
-    islands.merge(graph)
 
     for out in onnx_graph.output:
         if out.name in ctx.consts:
@@ -130,6 +129,7 @@ def import_model(
         elif out.name not in graph.values:
             raise MalformedModelError(f"graph output '{out.name}' is produced by no node")
         graph.outputs.append(out.name)
+    islands.merge(graph)
     try:
         infer_shapes(graph)
         graph.verify()
@@ -228,7 +228,8 @@ def _live(nodes: list[NodeView], ctx: Context) -> list[NodeView]:
         n = stack.pop()
         if id(n) not in live:
             live.add(id(n))
-            stack.extend(producer[i] for i in n.inputs if i in producer)
+            stack.extend(producer[i] for i in [*n.inputs, *islands.outer_names(n)]
+                         if i in producer)
     skipped = [n.name for n in nodes if id(n) not in live]
     if skipped:
         logger.debug("skipping %d nodes no output depends on: %s", len(skipped), skipped[:10])

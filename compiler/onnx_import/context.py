@@ -39,6 +39,8 @@ ONNX_TO_DTYPE: dict[int, DType] = {
     TensorProto.UINT8: DType.U8,
     TensorProto.INT16: DType.S16,
     TensorProto.UINT16: DType.U16,
+    TensorProto.UINT32: DType.U32,
+    TensorProto.UINT64: DType.U64,
     TensorProto.BOOL: DType.BOOL,
 }
 

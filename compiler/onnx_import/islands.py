@@ -93,6 +93,11 @@ def _unshaped(info: TensorInfo) -> DType:
     return info.dtype
 
 
+def outer_names(node: NodeView) -> list[str]:
+    """The values ``node``'s subgraphs (If / Loop / Scan bodies) read from the outer scope."""
+    return sorted(_outer_names(node.proto)) if node.proto is not None else []
+
+
 def _value_info(name: str, info: TensorInfo | DType | None) -> onnx.ValueInfoProto:
     """A tensor's type: None unknown, a DType alone when its shape is only known at run time."""
     if info is None:
