@@ -60,9 +60,9 @@ def _dense_strides(md: MemoryDesc) -> tuple[int, ...]:
 
 
 def is_host(info: TensorInfo) -> bool:
-    """A value oneDNN cannot describe (int64, bool, float64, int16, ... or rank 0): it lives in
+    """A value oneDNN cannot describe (int64, bool, float64, int16, ..., rank 0, empty): it lives in
     a *host slot*, a flat u8 buffer that only numpy and island kernels read and write."""
-    return info.dtype not in DNNL_TYPES or not info.shape
+    return info.dtype not in DNNL_TYPES or not info.shape or 0 in info.shape
 
 
 def host_md(shape: Sequence[int], dtype: np.dtype) -> MemoryDesc:

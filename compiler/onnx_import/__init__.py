@@ -182,9 +182,9 @@ def _input_shape(name: str, tensor_type: onnx.TypeProto.Tensor,
                 d is not None and d != g for d, g in zip(dims, given, strict=True))):
             raise UnsupportedModelError(f"graph input '{name}': input_shapes gives {given} but "
                                         f"the model declares {_show_dims(tensor_type)}")
-        if min(given, default=1) < 1:
+        if min(given, default=1) < 0:
             raise UnsupportedModelError(f"graph input '{name}': input_shapes gives {given}; "
-                                        f"every dim must be >= 1")
+                                        f"every dim must be >= 0")
         return given
     if dims is None:
         raise UnsupportedModelError(f"graph input '{name}' has an unknown rank; pass "
@@ -194,7 +194,7 @@ def _input_shape(name: str, tensor_type: onnx.TypeProto.Tensor,
                        "to choose another)", name, _show_dims(tensor_type))
         dims[0] = 1
     for i, d in enumerate(dims):
-        if d is None or d < 1:
+        if d is None or d < 0:
             what = f"unknown dim {i}" if d is None else f"dim {i} of size {d}"
             raise UnsupportedModelError(
                 f"graph input '{name}' has {what} in {_show_dims(tensor_type)}; pass "

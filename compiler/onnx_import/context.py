@@ -207,9 +207,13 @@ class Context:
                 raise self.malformed(node, f"output '{name}' is already defined")
         ir_node = self.graph.add_node(op, ir_inputs, outputs, attrs, name=node.name,
                                       origin=node.origin)
-        for out, info in zip(ir_node.outputs, infer_node(self.graph, ir_node), strict=True):
+        infos = infer_node(self.graph, ir_node)
+        for out, info in zip(ir_node.outputs, infos, strict=True):
             if 0 in info.shape:
+                self.graph.remove_node(ir_node)  # nothing emitted: the node may be an island
                 raise self.unsupported(node, f"output '{out}' would be empty (shape "
-                                             f"{info.shape}); empty tensors are not supported")
+                                             f"{info.shape}); native kernels take no empty "
+                                             f"tensors")
+        for out, info in zip(ir_node.outputs, infos, strict=True):
             self.graph.set_info(out, info)
         return ir_node

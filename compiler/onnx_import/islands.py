@@ -141,7 +141,7 @@ def _infer(ctx: Context, node: NodeView, model: onnx.ModelProto,
                                         f"cannot hold")
         dims = ([d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
                 if tensor.HasField("shape") else None)
-        known = dims is not None and all(d is not None and d > 0 for d in dims)
+        known = dims is not None and all(d is not None and d >= 0 for d in dims)
         infos.append(TensorInfo(tuple(dims) if known else (), dtype))  # type: ignore[arg-type]
         dynamic.append(not known)
     return infos, dynamic

@@ -24,9 +24,9 @@ from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, OPENVINO_DOMAIN
 logger = logging.getLogger(__name__)
 
 # Converters read opsets from MIN_OPSET on; older models run as islands (down to
-# OLDEST_OPSET, the oldest onnxruntime runs). MAX_OPSET: the newest both the installed onnx and
+# OLDEST_OPSET). MAX_OPSET: the newest both the installed onnx and
 # onnxruntime run (max_opset()).
-OLDEST_OPSET, MIN_OPSET = 7, 11
+OLDEST_OPSET, MIN_OPSET = 1, 11
 
 
 def load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
@@ -59,7 +59,12 @@ def default_opset(proto: onnx.ModelProto) -> int:
     versions = {o.domain: o.version for o in proto.opset_import}
     opset = next((versions[d] for d in DEFAULT_DOMAINS if d in versions), None)
     if opset is None:
-        raise MalformedModelError("the model imports no opset of the default ONNX domain")
+        if not versions:
+            raise MalformedModelError("the model imports no opset")
+        # Only other domains (ai.onnx.ml, training, ...): every node is an island.
+        logger.info("model imports no opset of the default ONNX domain; its nodes run as "
+                    "islands")
+        return OLDEST_OPSET
     if not OLDEST_OPSET <= opset <= max_opset():
         raise UnsupportedModelError(
             f"opset {opset} of the default ONNX domain is not supported "

@@ -35,8 +35,12 @@ class IslandError(QfuseError, RuntimeError):
     """The engine failed while running an island; the message names the island's ops."""
 
 
+@functools.lru_cache(maxsize=32)
 def ort_session(model: bytes, threads: int | None = None):  # noqa: ANN201 (optional import)
-    """An onnxruntime CPU session over an island model (module docstring: no optimization)."""
+    """An onnxruntime CPU session over an island model (module docstring: no optimization).
+
+    Cached: the importer opens it to choose the engine and the lowering runs it; a session is
+    immutable once created and ``run`` is thread-safe, so compiled models may share one."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
