@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qfuse.ir.errors import InputError
+from qfuse.ir.errors import InputError, QfuseError
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.runtime.reference import (  # noqa: F401
@@ -54,6 +54,8 @@ def evaluate(
             dynamic = node.attrs.dynamic if node.op is Op.ISLAND else (False,) * len(outs)
             for name, array, free in zip(node.outputs, outs, dynamic, strict=True):
                 env[name] = array if free else conform(graph, name, array)
+        except QfuseError:  # the user's to act on (an island's engine refusing its inputs)
+            raise
         except Exception as exc:
             raise EvaluationError(f"node {node}: {type(exc).__name__}: {exc}") from exc
     if keep:
