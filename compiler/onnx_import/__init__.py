@@ -195,10 +195,13 @@ def _input_shape(name: str, tensor_type: onnx.TypeProto.Tensor,
         dims[0] = 1
     for i, d in enumerate(dims):
         if d is None or d < 0:
-            what = f"unknown dim {i}" if d is None else f"dim {i} of size {d}"
+            param = tensor_type.shape.dim[i].dim_param
+            what = (f"symbolic dim {i} '{param}'" if param else f"unknown dim {i}") if (
+                d is None) else f"dim {i} of size {d}"
+            example = "x".join(str(x) if x is not None and x >= 0 else "N" for x in dims)
             raise UnsupportedModelError(
-                f"graph input '{name}' has {what} in {_show_dims(tensor_type)}; pass "
-                f"input_shapes={{'{name}': (...)}} with a static shape")
+                f"graph input '{name}' has {what} in {_show_dims(tensor_type)}; fix it with "
+                f"input_shapes={{'{name}': (...)}} or --input-shape {name}={example}")
     return tuple(int(d) for d in dims)  # type: ignore[arg-type]
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import.context import ONNX_TO_DTYPE, Context, NodeView, onnx_type_name
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import IslandAttrs, IslandEngine, Op
@@ -41,9 +41,19 @@ _PENDING = IslandEngine.ONNX_REFERENCE  # until choose_engines has tried onnxrun
 
 
 def add(ctx: Context, node: NodeView, reason: str) -> None:
-    """Emit ``node`` as a one-node island (module docstring)."""
+    """Emit ``node`` as a one-node island (module docstring); when it cannot be one either,
+    UnsupportedModelError gives both reasons."""
     if node.proto is None:
         raise ctx.unsupported(node, reason)
+    try:
+        _add(ctx, node, reason)
+    except (UnsupportedModelError, MalformedModelError) as exc:
+        why = str(exc).removeprefix(f"node {node}: ")
+        error = ctx.unsupported if isinstance(exc, UnsupportedModelError) else ctx.malformed
+        raise error(node, f"{reason}; as a float island: {why}") from exc
+
+
+def _add(ctx: Context, node: NodeView, reason: str) -> None:
     names = list(dict.fromkeys([i for i in node.inputs if i] + sorted(_outer_names(node.proto))))
     inputs, initializers = [], []
     for name in names:
@@ -122,15 +132,20 @@ def _model(template: onnx.ModelProto, nodes: list[onnx.NodeProto],
 def _infer(ctx: Context, node: NodeView, model: onnx.ModelProto,
            outputs: list[str]) -> tuple[list[TensorInfo], list[bool]]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:  # the node contradicts its spec
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ctx.malformed(node, f"ONNX shape inference rejects it: {first}") from exc
     except Exception as exc:  # noqa: BLE001 (inference failing on a valid node: no shapes)
         logger.debug("shape inference failed on %s: %s", node, exc)
         inferred = model
     types = {v.name: v.type for v in [*inferred.graph.value_info, *inferred.graph.output]}
+    if any(_untyped(types.get(name)) for name in outputs):
+        types.update(_ort_types(model))
     infos, dynamic = [], []
     for name in outputs:
         kind = types.get(name)
-        if kind is None or not kind.HasField("tensor_type") or not kind.tensor_type.elem_type:
+        if _untyped(kind):
             raise ctx.unsupported(node, f"output '{name}' has a type ONNX shape inference "
                                         f"cannot tell (not a tensor, or unknown)")
         tensor = kind.tensor_type
@@ -145,6 +160,33 @@ def _infer(ctx: Context, node: NodeView, model: onnx.ModelProto,
         infos.append(TensorInfo(tuple(dims) if known else (), dtype))  # type: ignore[arg-type]
         dynamic.append(not known)
     return infos, dynamic
+
+
+def _untyped(kind: onnx.TypeProto | None) -> bool:
+    return kind is None or not kind.HasField("tensor_type") or not kind.tensor_type.elem_type
+
+
+def _ort_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Output types as onnxruntime's session reports them (it types contrib and custom-domain
+    ops ONNX shape inference does not know); {} when it cannot open the island."""
+    from qfuse.runtime.reference.ops_island import ort_session
+
+    try:
+        session = ort_session(model.SerializeToString())
+    except Exception:  # noqa: BLE001 (no session: the caller reports the untyped output)
+        return {}
+    elem = {f"tensor({helper.tensor_dtype_to_np_dtype(e).name})": e for e in DTYPE_TO_ONNX.values()
+            if e != onnx.TensorProto.BOOL}
+    elem.update({"tensor(float)": onnx.TensorProto.FLOAT, "tensor(double)":
+                 onnx.TensorProto.DOUBLE, "tensor(bool)": onnx.TensorProto.BOOL,
+                 "tensor(float16)": onnx.TensorProto.FLOAT16})
+    found = {}
+    for out in session.get_outputs():
+        if out.type in elem:
+            dims = [d if isinstance(d, int) else None for d in out.shape] if out.shape is not None \
+                else None
+            found[out.name] = helper.make_tensor_type_proto(elem[out.type], dims)
+    return found
 
 
 def reads_dynamic(ctx: Context, node: NodeView) -> str | None:

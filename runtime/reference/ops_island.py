@@ -2,11 +2,12 @@
 
 An island (ir.ops.IslandAttrs) holds a serialized ONNX model whose inputs and outputs are the
 island node's inputs and outputs in port order. Its semantics are the ONNX operator specs
-(https://onnx.ai/onnx/operators/) of the nodes inside, so the reference interpreter evaluates
-it with ``onnx.reference.ReferenceEvaluator`` — the ONNX project's own executable
-specification — and falls back to onnxruntime only when the evaluator cannot run an op (e.g.
-a com.microsoft contrib op). The compiled modes run the engine chosen at import
-(``IslandAttrs.engine``), through ``make_runner``.
+(https://onnx.ai/onnx/operators/) of the nodes inside, computed by the engine the importer chose
+for it (compiler/onnx_import/islands.py): onnxruntime when it can open the island, else
+``onnx.reference.ReferenceEvaluator``. Every mode, the reference interpreter included, runs
+the island on that engine, so the modes agree on islands. onnxruntime comes first because
+onnx.reference has gaps that silently change results (onnx 1.23 evaluates an opset-11 Softmax
+on the last axis instead of the flattened dims from ``axis``; it fails on some Scan bodies).
 
 onnxruntime sessions are created with ``GraphOptimizationLevel.ORT_DISABLE_ALL``: an island
 computes what its nodes say one by one, without the fusions ORT would otherwise apply (its
@@ -92,16 +93,12 @@ def make_runner(attrs: IslandAttrs, engine: IslandEngine | None = None,
 
 
 @functools.lru_cache(maxsize=64)
-def _reference_runner(attrs: IslandAttrs) -> Runner:
-    """onnx.reference when it can build the island, else onnxruntime (module docstring)."""
-    try:
-        return make_runner(attrs, IslandEngine.ONNX_REFERENCE)
-    except Exception:  # noqa: BLE001 (any evaluator failure: an op it does not implement)
-        return make_runner(attrs, IslandEngine.ONNXRUNTIME)
+def _runner(attrs: IslandAttrs) -> Runner:
+    return make_runner(attrs)
 
 
 @impl(Op.ISLAND)
 def island(node: Node, args: Arrays) -> list[np.ndarray]:
     attrs: IslandAttrs = node.attrs
     arrays = [np.asarray(a) for a in args if a is not None]
-    return _reference_runner(attrs)(arrays)
+    return _runner(attrs)(arrays)
