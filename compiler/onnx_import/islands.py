@@ -132,10 +132,7 @@ def _model(template: onnx.ModelProto, nodes: list[onnx.NodeProto],
 def _infer(ctx: Context, node: NodeView, model: onnx.ModelProto,
            outputs: list[str]) -> tuple[list[TensorInfo], list[bool]]:
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
-    except onnx.shape_inference.InferenceError as exc:  # the node contradicts its spec
-        first = (str(exc).strip().splitlines() or [""])[0]
-        raise ctx.malformed(node, f"ONNX shape inference rejects it: {first}") from exc
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
     except Exception as exc:  # noqa: BLE001 (inference failing on a valid node: no shapes)
         logger.debug("shape inference failed on %s: %s", node, exc)
         inferred = model

@@ -31,8 +31,8 @@ with warnings.catch_warnings():  # the suite's generators overflow casts on purp
 
 _NO_DTYPE = "element type numpy has no dtype for (float8, float4, int4, int2, bfloat16)"
 
-# (pattern, reason): cases that fail in every mode.
-EVERY_MODE = [
+# (pattern, reason): the cases that fail, in both modes.
+KNOWN = [
     (r"test_bernoulli.*", "Bernoulli draws random numbers; the expected output is one draw"),
     (r"test_cast(like)?_(no_saturate_|e8m0_)?.*(FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|BFLOAT16).*",
      _NO_DTYPE),
@@ -46,16 +46,7 @@ EVERY_MODE = [
      r"|optional_has_element_(tensor_input|optional_input|empty_optional_input)"
      r"|if_(seq|opt)|split_to_sequence.*)",
      "sequence and optional values: the IR holds tensors only"),
-    (r"test_group_normalization_(example|epsilon)",
-     "GroupNormalization-18 (removed in opset 21): ONNX shape inference gives its output no "
-     "type, so the island's output cannot be typed"),
-]
-REFERENCE = [
-    (r"test_scan_sum|test_range_(float|float16|int32)_type_(positive|negative)_delta_expanded",
-     "onnx.reference evaluates this Loop / Scan body wrongly or fails (onnxruntime, used by "
-     "the fused mode, runs it)"),
-]
-FUSED = [
+    # islands run on onnxruntime (in every mode) where it differs from the spec's outputs
     (r"test_attention_4d_(with_past_and_present_qk_matmul_bias_[34]d_mask_causal|causal_fp16.*"
      r"|diff_heads_mask4d_padded_kv)",
      "onnxruntime's Attention-23 kernel (the island's engine) differs from the spec here"),
@@ -68,12 +59,13 @@ FUSED = [
      "weight zero point"),
     (r"test_reduce_max_empty_set_bool", "onnxruntime's ReduceMax refuses an empty bool set"),
     (r"test_resize_downsample_scales_(linear|cubic)_align_corners",
-     "Resize with align_corners on a downsample: fused output differs (open)"),
+     "onnxruntime's Resize with align_corners on a downsample differs from the spec's expected "
+     "output"),
 ]
 
 
 def known_failure(name: str, mode: str) -> str | None:
-    for pattern, reason in [*EVERY_MODE, *(REFERENCE if mode == "reference" else FUSED)]:
+    for pattern, reason in KNOWN:
         if re.fullmatch(pattern, name):
             return reason
     return None
