@@ -389,9 +389,8 @@ def format_table(result: BenchResult) -> str:
 
 def main_bench(args: Any) -> int:
     """The `qfuse bench` command (called by compiler/cli.py)."""
-    from qfuse.compiler.cli_output import emit
-
     from qfuse.compiler.cli import input_shapes
+    from qfuse.compiler.cli_output import emit
 
     config = BenchConfig(Path(args.model), list(args.compare or []), args.threads, args.iters,
                          args.batch, input_shapes(args), progress=True)

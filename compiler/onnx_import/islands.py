@@ -291,7 +291,7 @@ def choose_engines(graph: Graph) -> None:
         except Exception as ort_error:  # noqa: BLE001 (ORT refuses: try the ONNX reference)
             try:
                 reference_evaluator(attrs.model)
-            except Exception as ref_error:  # noqa: BLE001
+            except Exception as ref_error:
                 raise UnsupportedModelError(
                     f"island '{node.name}' (ops {', '.join(sorted(set(attrs.ops)))}; "
                     f"{attrs.reason}): neither onnxruntime ({_first_line(ort_error)}) nor "

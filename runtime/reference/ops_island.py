@@ -37,7 +37,7 @@ class IslandError(QfuseError, RuntimeError):
 
 
 @functools.lru_cache(maxsize=32)
-def ort_session(model: bytes, threads: int | None = None):  # noqa: ANN201 (optional import)
+def ort_session(model: bytes, threads: int | None = None):
     """An onnxruntime CPU session over an island model (module docstring: no optimization).
 
     Cached: the importer opens it to choose the engine and the lowering runs it; a session is
@@ -83,7 +83,7 @@ def make_runner(attrs: IslandAttrs, engine: IslandEngine | None = None,
     def run_island(arrays: list[np.ndarray]) -> list[np.ndarray]:
         try:
             results = run(dict(zip(names, arrays, strict=True)))
-        except Exception as exc:  # noqa: BLE001 (the engine's own error types)
+        except Exception as exc:
             first = (str(exc).strip().splitlines() or [""])[0][:300]
             raise IslandError(f"island of {ops} ({engine.value}) failed: "
                               f"{type(exc).__name__}: {first}") from exc

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 from island_helpers import assert_island
+from onnx import TensorProto, helper
 from onnx_builders import infer_onnx, init, model, run_ort, run_reference, single
 
 from qfuse.compiler.errors import UnsupportedModelError

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 from island_helpers import assert_island
+from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import init, model, single
 
 from qfuse.compiler import onnx_import

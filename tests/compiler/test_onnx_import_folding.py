@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 from island_helpers import assert_island, islands
+from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort
 
 from qfuse.compiler.errors import UnsupportedModelError

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 from island_helpers import assert_island
+from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort, single
 
-from qfuse.compiler.errors import MalformedModelError, QfuseError, UnsupportedModelError
 from qfuse.compiler.api import compile_model
+from qfuse.compiler.errors import MalformedModelError, QfuseError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Graph, Node
 from qfuse.ir.ops import (

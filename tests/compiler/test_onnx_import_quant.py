@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
 from island_helpers import assert_island
+from onnx import TensorProto, helper
 from onnx_builders import init, model
 
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError

@@ -38,29 +38,29 @@ KNOWN = [
      _NO_DTYPE),
     (r"test_(de)?quantizelinear_(e4m3fn.*|e5m2|float4e2m1|u?int[24])", _NO_DTYPE),
     (r"test_.*(bfloat16|_bf16).*", _NO_DTYPE),
-    (r"test_(equal_string.*|regex_full_match.*|string_(concat|split).*|strnormalizer.*"
-     r"|ai_onnx_ml_label_encoder.*)",
+    ((r"test_(equal_string.*|regex_full_match.*|string_(concat|split).*|strnormalizer.*"
+     r"|ai_onnx_ml_label_encoder.*)"),
      "string tensors: the IR holds numeric tensors only"),
-    (r"test_(identity_(sequence|opt)|loop1[36]_seq.*|sequence_(map|insert).*"
+    ((r"test_(identity_(sequence|opt)|loop1[36]_seq.*|sequence_(map|insert).*"
      r"|optional_get_element_(optional_tensor|optional_sequence|sequence)"
      r"|optional_has_element_(tensor_input|optional_input|empty_optional_input)"
-     r"|if_(seq|opt)|split_to_sequence.*)",
+     r"|if_(seq|opt)|split_to_sequence.*)"),
      "sequence and optional values: the IR holds tensors only"),
     # islands run on onnxruntime (in every mode) where it differs from the spec's outputs
-    (r"test_attention_4d_(with_past_and_present_qk_matmul_bias_[34]d_mask_causal|causal_fp16.*"
-     r"|diff_heads_mask4d_padded_kv)",
+    ((r"test_attention_4d_(with_past_and_present_qk_matmul_bias_[34]d_mask_causal|causal_fp16.*"
+     r"|diff_heads_mask4d_padded_kv)"),
      "onnxruntime's Attention-23 kernel (the island's engine) differs from the spec here"),
-    (r"test_(dft|stft).*", "onnxruntime's DFT / STFT kernels differ from the spec's expected "
-     "outputs here"),
+    (r"test_(dft|stft).*", ("onnxruntime's DFT / STFT kernels differ from the spec's expected "
+     "outputs here")),
     (r"test_training_dropout(_default)?(_mask)?", "Dropout with training_mode draws a random mask"),
-    (r"test_maxunpool_export_with_output_shape", "onnxruntime's MaxUnpool with output_shape "
-     "differs from the spec's expected output"),
-    (r"test_convinteger_with_padding", "onnxruntime's ConvInteger refuses a per-channel "
-     "weight zero point"),
+    (r"test_maxunpool_export_with_output_shape", ("onnxruntime's MaxUnpool with output_shape "
+     "differs from the spec's expected output")),
+    (r"test_convinteger_with_padding", ("onnxruntime's ConvInteger refuses a per-channel "
+     "weight zero point")),
     (r"test_reduce_max_empty_set_bool", "onnxruntime's ReduceMax refuses an empty bool set"),
     (r"test_resize_downsample_scales_(linear|cubic)_align_corners",
-     "onnxruntime's Resize with align_corners on a downsample differs from the spec's expected "
-     "output"),
+     ("onnxruntime's Resize with align_corners on a downsample differs from the spec's expected "
+     "output")),
 ]
 
 
