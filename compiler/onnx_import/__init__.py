@@ -120,6 +120,7 @@ def import_model(
     for n in nodes:
         ctx.uses.update(i for i in [*n.inputs, *islands.outer_names(n)] if i)
     nodes = patterns.fuse_gelu(_live(nodes, ctx), ctx.consts, ctx.uses)
+    nodes = patterns.fuse_layer_norm(nodes, ctx.consts, ctx.uses)
     for n in nodes:
         _convert(ctx, n)
 
