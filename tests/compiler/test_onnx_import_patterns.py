@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort
-from test_onnx_import_folding import gelu_erf
 
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.onnx_import import import_model
@@ -16,6 +15,25 @@ from qfuse.ir import Op
 
 F = np.float32
 FLOAT = TensorProto.FLOAT
+
+
+def gelu_erf(variant: str) -> list:
+    """0.5·x·(1 + erf(x/√2)) → g: PyTorch Div(x, √2) and Mul(Mul(x, a), 0.5); Paddle
+    Mul(x, 1/√2) and Mul(a, Mul(0.5, x))."""
+    scale = 1.4142135381698608 if variant == "div" else 0.7071067690849304
+    consts = [helper.make_node("Constant", [], [name], value=helper.make_tensor(
+        name, FLOAT, [], [value])) for name, value in (("c", scale), ("one", 1.0),
+                                                        ("half", 0.5))]
+    op = "Div" if variant == "div" else "Mul"
+    nodes = [helper.make_node(op, ["x", "c"], ["u"]), helper.make_node("Erf", ["u"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"])]
+    if variant == "div":
+        nodes += [helper.make_node("Mul", ["x", "a"], ["xa"]),
+                  helper.make_node("Mul", ["xa", "half"], ["g"])]
+    else:
+        nodes += [helper.make_node("Mul", ["half", "x"], ["hx"]),
+                  helper.make_node("Mul", ["a", "hx"], ["g"])]
+    return consts + nodes
 
 
 def layer_norm_nodes(opset: int, square: str, inverse: str, affine: bool, x: str = "x",
