@@ -23,7 +23,6 @@ from quant_helpers import (
     feeds,
     finish,
     int_input,
-    lsb,
     new_graph,
     ops,
     qdq,
@@ -39,6 +38,7 @@ from qfuse.examples.zoo.quantize import quantize
 from qfuse.ir import DType, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Scale, Shift
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.reference import IMPLS
 
 RNG = np.random.default_rng(5)
@@ -67,7 +67,7 @@ def _numerics(before, after) -> None:
     shares = []
     for seed in range(4):
         f = feeds(before, seed)
-        share, most = lsb(reference(after, f)["y"], reference(before, f)["y"], S_OUT)
+        most, share = step_diff(reference(after, f)["y"], reference(before, f)["y"], S_OUT)
         assert most <= 1
         shares.append(share)
     assert float(np.mean(shares)) >= 0.999
@@ -118,6 +118,31 @@ def test_conv_transpose_group_scales_are_tiled():
     assert apply(M, g).changed == 1
     assert g.node("conv").fused.chain == [Scale.of(F32(SX) * np.tile(sw, 2))]
     _numerics(before, g)
+
+
+def test_depthwise_per_channel_activation_scales_join_the_weight_scales():
+    """NNCF quantizes depthwise inputs per channel: with one zero point, sx[c] scales only
+    output channels of group c, so it folds into their weight scales (channel multiplier 2)."""
+    sx = np.array([0.02, 0.05, 0.03, 0.04], F32)
+    g, xd = int_input((1, 4, 6, 6), sx, [7, 7, 7, 7], axis=1)
+    sw = np.linspace(0.002, 0.004, 8).astype(F32)
+    w = weights(g, "w", _w((8, 1, 3, 3)), sw)
+    add(g, Op.CONV, [xd, w], "conv", ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4))
+    _quantized_output(g, "conv")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    conv = g.node("conv")
+    assert conv.fused.chain == [Scale.of(np.repeat(sx, 2) * sw)]
+    assert conv.fused.src_zero_point == 7
+    _numerics(before, g)
+
+
+def test_per_channel_activation_with_differing_zero_points_declined():
+    g, xd = int_input((1, 4, 6, 6), np.full(4, 0.02, F32), [0, 1, 0, 0], axis=1)
+    w = weights(g, "w", _w((4, 1, 3, 3)), F32(0.01))
+    add(g, Op.CONV, [xd, w], "y", ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4))
+    result = apply(M, finish(g, "y"))
+    assert result.changed == 0 and "zero points differ per channel" in reasons(result)[0]
 
 
 def test_matmul_constant_weights_per_column_and_batched():
@@ -256,5 +281,5 @@ def test_grouped_conv_transpose_as_onnxruntime_quantizes_it():
     assert deconv.fused.chain[0] == Scale.of(F32(sx) * np.tile(sw, 2))
     s_out = float(original.constant(original.producer("y").inputs[1]))
     for f in calib:
-        share, most = lsb(reference(g, f)["y"], reference(original, f)["y"], s_out)
+        most, share = step_diff(reference(g, f)["y"], reference(original, f)["y"], s_out)
         assert most <= 1 and share >= 0.999
