@@ -162,7 +162,7 @@ def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
     counts = (ctx.reorders, ctx.io_reorders, ctx.in_place_sums, set(ctx.deferred))
     try:
         fn(ctx, node)
-    except (UnsupportedModelError, DnnlError) as exc:
+    except (UnsupportedModelError, DnnlError, ValueError) as exc:  # e.g. a rank-0 constant
         del ctx.kernels[kernels:]
         for name in set(ctx.slots) - slots:
             del ctx.slots[name]
@@ -178,8 +178,8 @@ def _numpy_instead(ctx: LowerContext, node: Node) -> str:
     it reads or writes a value oneDNN cannot describe, or a parameter arrives at run time."""
     if node.fused is not None or node.op is Op.ISLAND or node.op not in IMPLS:
         return ""
-    for value in [*node.inputs, *node.outputs]:
-        if value and is_host(ctx.info(value)):
+    for value in [*node.inputs, *node.outputs]:  # constants are parameters the lowering reads
+        if value and ctx.const(value) is None and is_host(ctx.info(value)):
             info = ctx.info(value)
             what = "rank 0" if not info.shape else f"element type {info.dtype.name}"
             return f"'{value}' has {what}, which oneDNN does not describe"
