@@ -89,10 +89,13 @@ def compile_model(
         raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     mode = Mode(mode)
     graph = import_graph(model, input_shapes=input_shapes)
+    from qfuse.compiler.onnx_import.islands import describe as islands
+
     if mode == "reference":
         from qfuse.runtime.reference import evaluate
 
-        return CompiledModel(graph, mode, lambda feeds: evaluate(graph, feeds))
+        return CompiledModel(graph, mode, lambda feeds: evaluate(graph, feeds),
+                             {"mode": mode, "islands": islands(graph)})
     from qfuse.compiler.fusion_report import not_fused
     from qfuse.compiler.lower import Options, lower
     from qfuse.compiler.modes import run_passes
@@ -102,10 +105,10 @@ def compile_model(
     work = graph.copy()
     ctx = PassContext(composer=composer or ComposerOptions())
     results = run_passes(work, mode, ctx)
-    plan = lower(work, Options(mode=mode))
+    plan = lower(work, Options(mode=mode, threads=threads))
     executor = Executor(plan, threads)
     details = {"mode": mode, **plan.inspect(), "not_fused": not_fused(work, results),
-               "passes": {r.name: r.changed for r in results}}
+               "passes": {r.name: r.changed for r in results}, "islands": islands(work)}
     for kernel in details["kernels"]:  # no VNNI: how each int8 kernel stays exact
         if kernel["name"] in details.get("exact_int8", {}):
             kernel["exact_int8"] = details["exact_int8"][kernel["name"]]

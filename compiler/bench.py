@@ -63,6 +63,7 @@ class BenchConfig:
     threads: int | None = None  # None: the CPUs this process may run on
     iters: int = 50  # timed runs per engine
     batch: int | None = None  # None: the model's own leading dimension
+    input_shapes: dict[str, tuple[int, ...]] | None = None  # --input-shape: fixed before all
     per_round: int = 5
     warmup: int = 3
     settle: int = 1
@@ -173,6 +174,26 @@ def with_batch(path: Path, batch: int, directory: Path) -> Path:
             value.type.tensor_type.shape.dim[0].dim_param = "batch"
     del model.graph.value_info[:]
     out = directory / f"{path.stem}_batch{batch}.onnx"
+    onnx.save(model, str(out))
+    return out
+
+
+def with_input_shapes(path: Path, shapes: dict[str, tuple[int, ...]], directory: Path) -> Path:
+    """A copy of the model whose named graph inputs have the given static shapes (every
+    engine then sees them; intermediate shapes are left for the engines to infer)."""
+    model = onnx.load(str(path))
+    inputs = {v.name: v for v in model.graph.input}
+    unknown = sorted(set(shapes) - set(inputs))
+    if unknown:
+        raise InputError(f"--input-shape names {unknown}, which are not graph inputs "
+                         f"(inputs: {list(inputs)})")
+    for name, shape in shapes.items():
+        tensor = inputs[name].type.tensor_type
+        del tensor.shape.dim[:]
+        for d in shape:
+            tensor.shape.dim.add().dim_value = d
+    del model.graph.value_info[:]
+    out = directory / f"{path.stem}_shaped.onnx"
     onnx.save(model, str(out))
     return out
 
@@ -303,6 +324,8 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
                          f"{', '.join(e for e in ENGINES if e != BASELINE)}")
     names = [BASELINE] + [n for n in dict.fromkeys(config.compare) if n != BASELINE]
     path = Path(config.model)
+    if config.input_shapes:
+        path = with_input_shapes(path, config.input_shapes, workdir)
     batch = config.batch or model_batch(path)
     if config.batch is not None and config.batch != model_batch(path):
         path = with_batch(path, config.batch, workdir)
@@ -368,10 +391,11 @@ def format_table(result: BenchResult) -> str:
 
 def main_bench(args: Any) -> int:
     """The `qfuse bench` command (called by compiler/cli.py)."""
+    from qfuse.compiler.cli import input_shapes
     from qfuse.compiler.cli_output import emit
 
     config = BenchConfig(Path(args.model), list(args.compare or []), args.threads, args.iters,
-                         args.batch, progress=True)
+                         args.batch, input_shapes(args), progress=True)
     if not config.model.exists():
         raise FileNotFoundError(f"model {config.model} does not exist")
     if config.iters < 1:

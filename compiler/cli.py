@@ -37,7 +37,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         model = emulated_model(args.model, args.emulate)
     else:
-        model = compile_model(args.model, mode=args.mode, threads=args.threads)
+        model = compile_model(args.model, mode=args.mode, threads=args.threads,
+                              input_shapes=input_shapes(args))
     if args.inputs:
         with np.load(args.inputs) as npz:
             feeds = {name: npz[name] for name in npz.files}
@@ -92,6 +93,34 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo()
 
 
+INPUT_SHAPE_HELP = ("fix a graph input's shape, e.g. images=1x3x224x224 (repeatable; needed "
+                    "when the model leaves dims symbolic)")
+
+
+def _shape_arg(text: str) -> tuple[str, tuple[int, ...]]:
+    """NAME=D0xD1x... → (NAME, (D0, D1, ...)); '' after '=' is a scalar."""
+    name, sep, dims = text.rpartition("=")
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
+    except ValueError:
+        shape = None
+    if not sep or not name or shape is None or any(d < 0 for d in shape):
+        raise argparse.ArgumentTypeError(f"'{text}' is not NAME=D0xD1x... (e.g. "
+                                         f"input=1x3x224x224)")
+    return name, shape
+
+
+def _shape_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input-shape", dest="input_shape", action="append", type=_shape_arg,
+                   metavar="NAME=D0xD1x...", help=INPUT_SHAPE_HELP)
+
+
+def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
+    """The --input-shape flags as compile_model's ``input_shapes`` (None when none given)."""
+    given = getattr(args, "input_shape", None)
+    return dict(given) if given else None
+
+
 def _json_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", nargs="?", const=STDOUT, default=None, metavar="PATH", help=JSON_HELP)
 
@@ -115,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", choices=EMULATED,
                    help="run the imported graph in this framework's integer arithmetic "
                         "(instead of --mode)")
+    _shape_flag(p)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("compile", help="compile a model and print a summary")
@@ -123,6 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
                    help="what to compile (default: fused)")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
+    _shape_flag(p)
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("inspect", help="show every kernel and what fused")
@@ -133,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=Path, help="with --error: .npz keyed by input name")
     p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
                    help="which compiled form to describe (default: fused)")
+    _shape_flag(p)
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("bench", help="benchmark against other engines")
@@ -148,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=Path, help="PNG: fused vs unfused time per layer")
     p.add_argument("--profile", action="store_true",
                    help="per-kernel time, implementation, MACs and TOPS of the fused plan")
+    _shape_flag(p)
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("compare", help="compare with another framework's integer arithmetic")

@@ -12,10 +12,11 @@ from qfuse.compiler.cli_output import emit
 
 def _compile(args: argparse.Namespace) -> tuple[Any, float]:
     from qfuse.compiler.api import compile_model
+    from qfuse.compiler.cli import input_shapes
 
     start = time.perf_counter()
     model = compile_model(args.model, mode=getattr(args, "mode", "fused"),
-                          threads=getattr(args, "threads", None))
+                          threads=getattr(args, "threads", None), input_shapes=input_shapes(args))
     return model, time.perf_counter() - start
 
 
@@ -42,6 +43,12 @@ def format_summary(model: object, info: dict[str, Any], seconds: float) -> str:
     print(f"  buffers: {info['buffers']['count']} ({info['buffers']['bytes'] / 1024:.0f} KiB), "
           f"constants: {info['constants']['bytes'] / 1024:.0f} KiB")
     print(f"  not fused: {len(info['not_fused'])} node(s) — `qfuse inspect` lists them")
+    islands = info.get("islands", [])
+    if islands:
+        engines = Counter(i["engine"] for i in islands)
+        print(f"  float islands: {len(islands)} ("
+              + ", ".join(f"{n} on {e}" for e, n in engines.most_common()) + ") — ops "
+              + ", ".join(sorted({op for i in islands for op in i["ops"]})))
     if not info.get("exact_int8_dot_products", True):
         split = sum("split weights (no VNNI)" in how for how in info.get("exact_int8", {}).values())
         if info.get("exact_int8"):
@@ -89,6 +96,11 @@ def format_inspect(info: dict[str, Any]) -> str:
     lines.append(f"not fused ({len(info['not_fused'])}):")
     for item in info["not_fused"]:
         lines.append(f"  {item['node']} ({item['op']}): {item['reason']}")
+    lines.append(f"float islands ({len(info.get('islands', []))}):")
+    for island in info.get("islands", []):
+        lines.append(f"  {island['name']} on {island['engine']}: {len(island['nodes'])} ONNX "
+                     f"node(s), ops {', '.join(island['ops'])}")
+        lines.append(f"    why: {island['reason']}")
     return "\n".join(lines)
 
 

@@ -192,6 +192,10 @@ class Graph:
         """Number of reads of ``value``, graph outputs included."""
         return len(self.consumers(value)) + self.outputs.count(value)
 
+    def reaches(self, source: Node, target: Node) -> bool:
+        """True when a path of data edges leads from ``source`` to ``target``."""
+        return nx.has_path(self._nx, source.name, target.name)
+
     def topo_order(self) -> list[Node]:
         try:
             order = list(nx.lexicographical_topological_sort(self._nx, key=self._order_key))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from qfuse.ir.types import DType
+from qfuse.ir.types import DType, TensorInfo
 
 
 class Op(enum.Enum):
@@ -68,6 +68,8 @@ class Op(enum.Enum):
     IDENTITY = "Identity"
     DROPOUT = "Dropout"
     CAST = "Cast"
+    # opaque float compute: an ONNX subgraph run by onnxruntime or onnx.reference
+    ISLAND = "Island"
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,31 @@ class CastAttrs:
     to: DType
 
 
+class IslandEngine(enum.Enum):
+    ONNXRUNTIME = "onnxruntime"
+    ONNX_REFERENCE = "onnx.reference"
+
+
+@dataclass(frozen=True)
+class IslandAttrs:
+    """A float island: ONNX nodes qfuse does not lower natively, kept as an ONNX model.
+
+    ``model`` is a serialized onnx.ModelProto whose graph inputs are the node's inputs and
+    whose graph outputs are the node's outputs, in port order (constants it reads are its own
+    initializers). ``infos`` are the output infos; ``dynamic`` marks outputs whose shape is known
+    only at run time (they may only be graph outputs). ``engine`` runs it in the compiled modes,
+    ``reason`` says why these nodes are not lowered natively, ``ops`` lists their op types.
+    """
+
+    model: bytes
+    ops: tuple[str, ...]
+    nodes: tuple[str, ...]
+    engine: IslandEngine
+    reason: str
+    infos: tuple[TensorInfo, ...]
+    dynamic: tuple[bool, ...]
+
+
 # The attribute class each op carries; a missing entry is a bug the verifier reports.
 ATTRS: dict[Op, type] = {
     Op.QUANTIZE_LINEAR: QuantizeAttrs,
@@ -318,6 +345,7 @@ ATTRS: dict[Op, type] = {
     Op.IDENTITY: NoAttrs,
     Op.DROPOUT: NoAttrs,
     Op.CAST: CastAttrs,
+    Op.ISLAND: IslandAttrs,
 }
 
 # (min, max) number of inputs each op takes; None = unbounded. Optional inputs are "".
@@ -338,6 +366,7 @@ ARITY: dict[Op, tuple[int, int | None]] = {
     Op.LAYER_NORM: (2, 3),
     Op.BATCH_NORM: (5, 5),
     Op.CONCAT: (1, None),
+    Op.ISLAND: (0, None),
 }
 
 

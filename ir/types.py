@@ -26,6 +26,8 @@ class DType(enum.Enum):
     U8 = "uint8"
     S16 = "int16"
     U16 = "uint16"
+    U32 = "uint32"
+    U64 = "uint64"
     BOOL = "bool"
 
     @property

@@ -107,8 +107,15 @@ class ExecutionContext:
         return bound.runner(self.stream)
 
     def view(self, slot: str) -> np.ndarray:
-        """A numpy view of a plain slot's memory in this context (writes go to the buffer)."""
-        return self.memories[slot].array
+        """A numpy view of a plain slot's memory in this context (writes go to the buffer); a
+        host slot (flat bytes oneDNN cannot describe: int64, bool, ...) as its (shape, dtype)."""
+        array = self.memories[slot].array
+        host = self.plan.slots[slot].host
+        if host is None:
+            return array
+        shape, dtype = host
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return array[:nbytes].view(dtype).reshape(shape)
 
     def run(self) -> None:
         """Execute every kernel in order on the inputs already written; wait for the end."""

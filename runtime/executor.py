@@ -117,6 +117,7 @@ class Executor:
                 take(index)
             for name, view in context.outputs:
                 found[name] = view.copy()
+            found.update((name, cell.take()) for name, cell in plan.dynamic.items())
         finally:
             self.release(context)
         return found
@@ -132,6 +133,8 @@ class Executor:
             for run in context.runs:
                 run()
             context.stream.wait()
-            return {name: view.copy() for name, view in context.outputs}
+            results = {name: view.copy() for name, view in context.outputs}
+            results.update((name, cell.take()) for name, cell in self.plan.dynamic.items())
+            return results
         finally:
             self._idle.append(context)

@@ -28,6 +28,8 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
+    host_md,
+    is_host,
     is_row_major,
     is_slow,
     md_like,
@@ -35,7 +37,7 @@ from qfuse.compiler.lower.layouts import (
     plain_md,
     strided,
 )
-from qfuse.compiler.lower.plan import Kernel, KernelInfo, NumpyFn, Plan, Slot
+from qfuse.compiler.lower.plan import DynamicOutput, Kernel, KernelInfo, NumpyFn, Plan, Slot
 from qfuse.ir import Graph, Node, Op, TensorInfo
 from qfuse.ir.mode import Mode
 from qfuse.runtime.onednn import (
@@ -58,6 +60,7 @@ class Options:
     # Without VNNI/AMX, split int8 weights so accumulators stay exact (no_vnni.py); False
     # keeps oneDNN's int16-saturating kernels (for measuring what the split fixes).
     exact_int8: bool = True
+    threads: int | None = None  # island sessions' thread count (None: one)
 
 
 class LowerContext:
@@ -82,10 +85,25 @@ class LowerContext:
         self.io_reorders = 0
         self.current: Node | None = None
         self._names: dict[str, int] = {}
+        self.dynamic: dict[str, DynamicOutput] = {}  # graph outputs of run-time shape
         for name in graph.inputs:
-            info = graph.info(name)
-            self.slots[name] = Slot(name, plain_md(info.shape, dnnl_type(info.dtype)))
+            self.slots[name] = self._plain_slot(name, graph.info(name))
             self.home[name] = name
+
+    @staticmethod
+    def _plain_slot(name: str, info: TensorInfo) -> Slot:
+        """A row-major slot for ``info``, or a host slot (layouts.is_host)."""
+        if is_host(info):
+            return Slot(name, host_md(info.shape, info.dtype.np),
+                        host=(tuple(info.shape), info.dtype.np))
+        return Slot(name, plain_md(info.shape, dnnl_type(info.dtype)))
+
+    def define_plain(self, value: str) -> str:
+        """The home slot of a value a numpy or island kernel writes (row-major or host)."""
+        name = self.fresh(value)
+        self.slots[name] = self._plain_slot(name, self.info(value))
+        self.home[value] = name
+        return name
 
     # ------------------------------------------------------------------ values
     def info(self, value: str) -> TensorInfo:
@@ -109,9 +127,17 @@ class LowerContext:
             data = self.const(value)
             if data is None:
                 raise RuntimeError(f"value '{value}' has no slot yet (lowering order broken)")
-            memory = const_memory(data)
             name = self.fresh(f"const:{value}")
-            self.slots[name] = Slot(name, memory.md, const=memory)
+            array = np.asarray(data)
+            info = self.graph.values[value].info if value in self.graph.values else None
+            if info is None or is_host(info):
+                raw = np.frombuffer(np.ascontiguousarray(array).tobytes() or b"\0", np.uint8)
+                memory = const_memory(raw)
+                self.slots[name] = Slot(name, memory.md, const=memory,
+                                        host=(tuple(array.shape), array.dtype))
+            else:
+                memory = const_memory(array)
+                self.slots[name] = Slot(name, memory.md, const=memory)
             self.home[value] = name
         return self.home[value]
 
@@ -305,12 +331,12 @@ class LowerContext:
                                   info=info)
 
     def add_numpy(self, name: str, fn: NumpyFn, reads: Sequence[str], writes: Sequence[str],
-                  info: KernelInfo) -> Kernel:
+                  info: KernelInfo, kind: str = "numpy") -> Kernel:
         for slot in (*reads, *writes):
             if not is_row_major(self.slots[slot].md):
                 raise RuntimeError(f"numpy kernel {name} needs plain slots, '{slot}' is "
                                    f"{self.slots[slot].md.describe()}")
-        kernel = Kernel(self.fresh_kernel(name), "numpy", list(reads), list(writes),
+        kernel = Kernel(self.fresh_kernel(name), kind, list(reads), list(writes),
                         numpy_fn=fn, info=info)
         self.kernels.append(kernel)
         return kernel
@@ -323,6 +349,8 @@ class LowerContext:
     def finish(self) -> Plan:
         outputs: dict[str, str] = {}
         for value in self.graph.outputs:
+            if value in self.dynamic:
+                continue
             home = self.home_slot(value)
             md = self.slots[home].md
             if is_row_major(md) or self.slots[home].const is not None:
@@ -335,5 +363,6 @@ class LowerContext:
         plan = Plan(self.graph.name, self.slots, self.kernels, inputs, outputs,
                     self.reorders, self.io_reorders,
                     notes={"in_place_sums": self.in_place_sums},
-                    homes={v: s for v, s in self.home.items() if v in self.graph.values})
+                    homes={v: s for v, s in self.home.items() if v in self.graph.values},
+                    dynamic=dict(self.dynamic))
         return plan

@@ -15,7 +15,6 @@ import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import dnnl_type, plain_md
 from qfuse.ir import Node
 from qfuse.runtime.reference import IMPLS
 
@@ -40,9 +39,8 @@ def lower_numpy(ctx: LowerContext, node: Node, note: str = "") -> None:
     writes = []
     dtypes = []
     for value in node.outputs:
-        info = ctx.info(value)
-        writes.append(ctx.define(value, plain_md(info.shape, dnnl_type(info.dtype))))
-        dtypes.append(info.dtype.np)
+        writes.append(ctx.define_plain(value))
+        dtypes.append(ctx.info(value).dtype.np)
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         args = list(constants)

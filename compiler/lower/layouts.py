@@ -11,12 +11,13 @@ other strides, not a reorder (ShuffleNet's channel shuffle splits C of an nhwc t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
-from qfuse.ir import DType, Op
+from qfuse.ir import DType, Op, TensorInfo
 from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryDesc
 
 DNNL_TYPES = {DType.F32: DataType.f32, DType.S32: DataType.s32, DType.S8: DataType.s8,
@@ -56,6 +57,17 @@ def _dense(strides: Sequence[int], dims: Sequence[int]) -> tuple[int, ...]:
 
 def _dense_strides(md: MemoryDesc) -> tuple[int, ...]:
     return _dense(md.strides or (), md.dims)
+
+
+def is_host(info: TensorInfo) -> bool:
+    """A value oneDNN cannot describe (int64, bool, float64, int16, ..., rank 0, empty): it lives in
+    a *host slot*, a flat u8 buffer that only numpy and island kernels read and write."""
+    return info.dtype not in DNNL_TYPES or not info.shape or 0 in info.shape
+
+
+def host_md(shape: Sequence[int], dtype: np.dtype) -> MemoryDesc:
+    """The flat u8 descriptor over a host value's bytes (Slot.host gives its numpy type)."""
+    return plain_md((max(1, math.prod(shape)) * np.dtype(dtype).itemsize,), DataType.u8)
 
 
 def plain_md(dims: Sequence[int], dtype: DataType) -> MemoryDesc:

@@ -24,6 +24,7 @@ and binds the primitives to them there, so one Plan runs from many threads at on
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +47,8 @@ class Slot:
     alias: str | None = None  # shares the buffer of this slot, at byte ``offset`` of its root
     offset: int = 0
     const: Memory | None = None  # a constant: its own memory, never pooled
+    # A host slot (layouts.is_host): md is flat u8 bytes; numpy sees (shape, dtype).
+    host: tuple[tuple[int, ...], np.dtype] | None = None
 
 
 @dataclass
@@ -85,6 +88,24 @@ class BufferPlan:
     buffer_of: dict[str, int]  # root slot -> buffer index
     sizes: list[int]  # bytes per buffer
     lifetimes: dict[str, tuple[int, int]]  # root slot -> (first, last) kernel index
+
+
+class DynamicOutput:
+    """A graph output of run-time shape, set by the island kernel computing it, per thread
+    (concurrent runs on one plan each see their own)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def set(self, array: np.ndarray) -> None:
+        self._local.value = np.array(array, copy=True)
+
+    def take(self) -> np.ndarray:
+        value = getattr(self._local, "value", None)
+        if value is None:
+            raise RuntimeError("dynamic output read before the kernel computing it ran")
+        self._local.value = None
+        return value
 
 
 def _root(slots: dict[str, Slot], name: str) -> tuple[str, int]:
@@ -171,6 +192,8 @@ class Plan:
     io_reorders: int = 0  # graph input / output layout conversions
     notes: dict[str, Any] = field(default_factory=dict)
     homes: dict[str, str] = field(default_factory=dict)  # graph value -> slot holding it
+    # graph outputs whose shape is known only at run time: an island kernel hands them over
+    dynamic: dict[str, DynamicOutput] = field(default_factory=dict)
     buffers: BufferPlan = field(init=False)
     scratchpad_bytes: int = field(init=False)
 
@@ -246,7 +269,8 @@ class Plan:
         return data
 
     def _dtype(self, slot: str) -> str:
-        return self.slots[slot].md.dtype.name
+        host = self.slots[slot].host
+        return host[1].name if host is not None else self.slots[slot].md.dtype.name
 
 
 def _arg(arg: int) -> str:

@@ -18,6 +18,7 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import (
     lower_compute,
+    lower_island,
     lower_matmul,
     lower_misc,
     lower_norm,
@@ -27,10 +28,11 @@ from qfuse.compiler.lower import (
 )
 from qfuse.compiler.lower.context import LowerContext, Options
 from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import is_host
 from qfuse.compiler.lower.no_vnni import isa_notes
 from qfuse.compiler.lower.plan import Plan
 from qfuse.ir import Graph, Node, Op
-from qfuse.runtime.onednn import DataType
+from qfuse.runtime.onednn import DataType, DnnlError
 from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
@@ -86,6 +88,16 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.PRELU: lower_numpy,
     Op.PAD: lower_numpy,
     Op.CAST: lower_numpy,
+    # float islands: the ONNX subgraph run by onnxruntime or onnx.reference
+    Op.ISLAND: lower_island.lower_island,
+}
+
+# Inputs from this port on are parameters the oneDNN lowerings read as constants (weights,
+# biases, scales, zero points, normalization statistics); when one arrives at run time the node
+# runs as a numpy kernel with the reference semantics instead (never read as absent).
+PARAMETER_PORTS = {
+    Op.CONV: 1, Op.CONV_TRANSPOSE: 1, Op.GEMM: 2, Op.LAYER_NORM: 1, Op.BATCH_NORM: 1,
+    Op.QUANTIZE_LINEAR: 1, Op.DEQUANTIZE_LINEAR: 1, Op.FAKE_QUANTIZE: 1, Op.PRELU: 1,
 }
 
 # Consumers that tell a reorder producing their input which layout they want.
@@ -118,8 +130,12 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
         fn = LOWERINGS.get(node.op)
         if fn is None:
             raise UnsupportedModelError(f"node {node}: no oneDNN lowering for {node.op.value}")
+        why = _numpy_instead(ctx, node)
         try:
-            fn(ctx, node)
+            if why:
+                lower_numpy(ctx, node, note=why)
+            else:
+                _lower_or_numpy(ctx, node, fn)
         except (UnsupportedModelError, LoweringError):
             raise
         except Exception as exc:
@@ -133,6 +149,48 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
     log.info("lowered %s: %d kernels, %d reorders, %d io reorders", graph.name,
              len(plan.kernels), plan.reorders, plan.io_reorders)
     return plan
+
+
+def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
+    """``fn``; when oneDNN declines the node (no implementation for these types or shapes),
+    the kernels and slots it added are dropped and the node runs as a numpy kernel."""
+    if node.fused is not None or node.op not in IMPLS:
+        fn(ctx, node)
+        return
+    kernels, slots = len(ctx.kernels), set(ctx.slots)
+    home, copies = dict(ctx.home), {k: list(v) for k, v in ctx.copies.items()}
+    counts = (ctx.reorders, ctx.io_reorders, ctx.in_place_sums, set(ctx.deferred))
+    try:
+        fn(ctx, node)
+    except (UnsupportedModelError, DnnlError, ValueError) as exc:  # e.g. a rank-0 constant
+        del ctx.kernels[kernels:]
+        for name in set(ctx.slots) - slots:
+            del ctx.slots[name]
+        ctx.home, ctx.copies = home, copies
+        ctx.reorders, ctx.io_reorders, ctx.in_place_sums = counts[:3]
+        for name in set(ctx.deferred) - counts[3]:
+            del ctx.deferred[name]
+        lower_numpy(ctx, node, note=f"oneDNN declines it ({str(exc).split(': ', 1)[-1]})")
+
+
+def _numpy_instead(ctx: LowerContext, node: Node) -> str:
+    """Why ``node`` runs as a numpy kernel rather than its oneDNN lowering ("" if it does not):
+    it reads or writes a value oneDNN cannot describe, or a parameter arrives at run time."""
+    if node.fused is not None or node.op is Op.ISLAND or node.op not in IMPLS:
+        return ""
+    for value in [*node.inputs, *node.outputs]:  # constants are parameters the lowering reads
+        if value and ctx.const(value) is None and is_host(ctx.info(value)):
+            info = ctx.info(value)
+            what = "rank 0" if not info.shape else f"element type {info.dtype.name}"
+            return f"'{value}' has {what}, which oneDNN does not describe"
+    first = PARAMETER_PORTS.get(node.op)
+    if first is not None:
+        for port, value in enumerate(node.inputs[first:], first):
+            if value and ctx.const(value) is None:
+                return f"input {port} '{value}' is a parameter computed at run time"
+    if node.op is Op.MATMUL and any(len(ctx.info(v).shape) < 2 for v in node.inputs):
+        return "a 1-D MatMul operand (oneDNN matmul takes 2-D to 12-D)"
+    return ""
 
 
 # ISAs with exact int8 dot products (VNNI / AMX): no_vnni.EXACT_INT8_ISAS; without them

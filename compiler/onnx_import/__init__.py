@@ -25,6 +25,7 @@ from qfuse.compiler.onnx_import import (
     convert_quant,
     convert_spatial,
     folding,
+    islands,
     loading,
     patterns,
 )
@@ -104,6 +105,7 @@ def import_model(
     onnx_graph = proto.graph
     graph = Graph(onnx_graph.name or "graph")
     ctx = Context(graph, opset, [o.name for o in onnx_graph.output])
+    ctx.model = proto
     for tensor in onnx_graph.initializer:
         ctx.set_const(tensor.name, _to_array(tensor))
     for sparse in onnx_graph.sparse_initializer:
@@ -116,8 +118,9 @@ def import_model(
 
     nodes = _views(onnx_graph)
     for n in nodes:
-        ctx.uses.update(i for i in n.inputs if i)
+        ctx.uses.update(i for i in [*n.inputs, *islands.outer_names(n)] if i)
     nodes = patterns.fuse_gelu(_live(nodes, ctx), ctx.consts, ctx.uses)
+    nodes = patterns.fuse_layer_norm(nodes, ctx.consts, ctx.uses)
     for n in nodes:
         _convert(ctx, n)
 
@@ -127,12 +130,14 @@ def import_model(
         elif out.name not in graph.values:
             raise MalformedModelError(f"graph output '{out.name}' is produced by no node")
         graph.outputs.append(out.name)
+    islands.merge(graph)
     try:
         infer_shapes(graph)
         graph.verify()
     except GraphError as exc:
         raise MalformedModelError(str(exc)) from exc
     removed = graph.remove_unused()
+    islands.choose_engines(graph)
     logger.info("imported '%s': %d nodes (%d unused removed), opset %d", graph.name,
                 len(graph), removed, opset)
     return graph
@@ -178,9 +183,9 @@ def _input_shape(name: str, tensor_type: onnx.TypeProto.Tensor,
                 d is not None and d != g for d, g in zip(dims, given, strict=True))):
             raise UnsupportedModelError(f"graph input '{name}': input_shapes gives {given} but "
                                         f"the model declares {_show_dims(tensor_type)}")
-        if min(given, default=1) < 1:
+        if min(given, default=1) < 0:
             raise UnsupportedModelError(f"graph input '{name}': input_shapes gives {given}; "
-                                        f"every dim must be >= 1")
+                                        f"every dim must be >= 0")
         return given
     if dims is None:
         raise UnsupportedModelError(f"graph input '{name}' has an unknown rank; pass "
@@ -190,11 +195,14 @@ def _input_shape(name: str, tensor_type: onnx.TypeProto.Tensor,
                        "to choose another)", name, _show_dims(tensor_type))
         dims[0] = 1
     for i, d in enumerate(dims):
-        if d is None or d < 1:
-            what = f"unknown dim {i}" if d is None else f"dim {i} of size {d}"
+        if d is None or d < 0:
+            param = tensor_type.shape.dim[i].dim_param
+            what = (f"symbolic dim {i} '{param}'" if param else f"unknown dim {i}") if (
+                d is None) else f"dim {i} of size {d}"
+            example = "x".join(str(x) if x is not None and x >= 0 else "N" for x in dims)
             raise UnsupportedModelError(
-                f"graph input '{name}' has {what} in {_show_dims(tensor_type)}; pass "
-                f"input_shapes={{'{name}': (...)}} with a static shape")
+                f"graph input '{name}' has {what} in {_show_dims(tensor_type)}; fix it with "
+                f"input_shapes={{'{name}': (...)}} or --input-shape {name}={example}")
     return tuple(int(d) for d in dims)  # type: ignore[arg-type]
 
 
@@ -224,7 +232,8 @@ def _live(nodes: list[NodeView], ctx: Context) -> list[NodeView]:
         n = stack.pop()
         if id(n) not in live:
             live.add(id(n))
-            stack.extend(producer[i] for i in n.inputs if i in producer)
+            stack.extend(producer[i] for i in [*n.inputs, *islands.outer_names(n)]
+                         if i in producer)
     skipped = [n.name for n in nodes if id(n) not in live]
     if skipped:
         logger.debug("skipping %d nodes no output depends on: %s", len(skipped), skipped[:10])
@@ -232,15 +241,34 @@ def _live(nodes: list[NodeView], ctx: Context) -> list[NodeView]:
 
 
 def _convert(ctx: Context, node: NodeView) -> None:
+    """Fold, convert, or (what qfuse cannot express natively) make a float island."""
     domain = "" if node.domain in DEFAULT_DOMAINS else node.domain
+    size = len(ctx.graph)
     try:
+        dynamic = islands.reads_dynamic(ctx, node)
+        if dynamic is not None:
+            islands.add(ctx, node, f"reads '{dynamic}', whose shape is known only at run time")
+            return
+        if ctx.opset < loading.MIN_OPSET:
+            islands.add(ctx, node, f"opset {ctx.opset} is below {loading.MIN_OPSET}, the "
+                                   f"first the converters read")
+            return
         if domain == "" and folding.foldable(ctx, node):
-            folding.fold(ctx, node)
+            try:
+                folding.fold(ctx, node)
+            except UnsupportedModelError as exc:
+                islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
             return
         converter = CONVERTERS.get((domain, node.op_type))
         if converter is None:
-            raise ctx.unsupported(node, _why_unsupported(ctx, node, domain))
-        converter(ctx, node)
+            islands.add(ctx, node, _why_unsupported(ctx, node, domain))
+            return
+        try:
+            converter(ctx, node)
+        except UnsupportedModelError as exc:
+            if len(ctx.graph) != size or node.proto is None:
+                raise
+            islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
     except (UnsupportedModelError, MalformedModelError) as exc:
         if str(exc).startswith(f"node {node}"):
             raise
@@ -253,15 +281,9 @@ def _convert(ctx: Context, node: NodeView) -> None:
 
 
 def _why_unsupported(ctx: Context, node: NodeView, domain: str) -> str:
-    if domain == OPENVINO_DOMAIN:
-        return f"op {node.op_type} of domain '{domain}' is not supported (only FakeQuantize)"
     if domain:
-        return f"domain '{domain}' is not supported"
-    constant = [i for i in node.inputs if i and not ctx.is_const(i)]
-    if constant and node.op_type not in folding.NOT_FOLDED:
-        return (f"op {node.op_type} is not supported (it could only be folded if all its inputs "
-                f"were constants; '{constant[0]}' is not)")
-    return f"op {node.op_type} is not supported"
+        return f"op {node.op_type} of domain '{domain}' has no native lowering"
+    return f"op {node.op_type} has no native lowering"
 
 
 __all__ = ["CONVERTERS", "MalformedModelError", "UnsupportedModelError", "import_model"]

@@ -39,6 +39,8 @@ ONNX_TO_DTYPE: dict[int, DType] = {
     TensorProto.UINT8: DType.U8,
     TensorProto.INT16: DType.S16,
     TensorProto.UINT16: DType.U16,
+    TensorProto.UINT32: DType.U32,
+    TensorProto.UINT64: DType.U64,
     TensorProto.BOOL: DType.BOOL,
 }
 
@@ -101,6 +103,10 @@ class Context:
         self.const_quant: dict[str, QuantParams] = {}
         self.graph_outputs = list(graph_outputs)
         self.uses: Counter[str] = Counter(graph_outputs)
+        # The model (opsets, functions) island models copy; values whose shape is only known
+        # at run time (outputs of islands, see islands.py).
+        self.model = onnx.ModelProto()
+        self.dynamic: set[str] = set()
 
     # ------------------------------------------------------------------ errors
     @staticmethod
@@ -201,9 +207,13 @@ class Context:
                 raise self.malformed(node, f"output '{name}' is already defined")
         ir_node = self.graph.add_node(op, ir_inputs, outputs, attrs, name=node.name,
                                       origin=node.origin)
-        for out, info in zip(ir_node.outputs, infer_node(self.graph, ir_node), strict=True):
+        infos = infer_node(self.graph, ir_node)
+        for out, info in zip(ir_node.outputs, infos, strict=True):
             if 0 in info.shape:
+                self.graph.remove_node(ir_node)  # nothing emitted: the node may be an island
                 raise self.unsupported(node, f"output '{out}' would be empty (shape "
-                                             f"{info.shape}); empty tensors are not supported")
+                                             f"{info.shape}); native kernels take no empty "
+                                             f"tensors")
+        for out, info in zip(ir_node.outputs, infos, strict=True):
             self.graph.set_info(out, info)
         return ir_node

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from qfuse.compiler.onnx_import.context import Context, NodeView
+from qfuse.ir import DType, TensorInfo
 from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
@@ -87,8 +88,14 @@ def _axis(ctx: Context, node: NodeView, axis: int, rank: int) -> int:
     return axis % rank
 
 
+def _float32(ctx: Context, node: NodeView, x: TensorInfo) -> None:
+    if x.dtype not in (DType.F32, DType.U8, DType.S8):
+        raise ctx.unsupported(node, f"the native kernel reads float32, not {x.dtype.name}")
+
+
 def softmax(ctx: Context, node: NodeView) -> None:
     x = ctx.input_info(node, 0)
+    _float32(ctx, node, x)
     if ctx.opset >= 13:
         axis = _axis(ctx, node, int(node.attr("axis", -1)), x.rank)
     else:
@@ -105,6 +112,7 @@ def softmax(ctx: Context, node: NodeView) -> None:
 def layer_norm(ctx: Context, node: NodeView) -> None:
     ctx.check_unused(node, 1, "Mean / InvStdDev")
     x = ctx.input_info(node, 0)
+    _float32(ctx, node, x)
     axis = _axis(ctx, node, int(node.attr("axis", -1)), x.rank)
     attrs = LayerNormAttrs(axis, float(node.attr("epsilon", 1e-5)))
     ctx.emit(node, Op.LAYER_NORM, node.inputs[:3], attrs)

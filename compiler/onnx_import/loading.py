@@ -8,6 +8,7 @@ locations and symlinks leading out are refused with MalformedModelError naming t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -15,14 +16,17 @@ from pathlib import Path
 
 import onnx
 from google.protobuf.message import DecodeError
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, OPENVINO_DOMAIN
 
 logger = logging.getLogger(__name__)
 
-MIN_OPSET, MAX_OPSET = 11, 21
+# Converters read opsets from MIN_OPSET on; older models run as islands (down to
+# OLDEST_OPSET). MAX_OPSET: the newest both the installed onnx and
+# onnxruntime run (max_opset()).
+OLDEST_OPSET, MIN_OPSET = 1, 11
 
 
 def load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
@@ -55,17 +59,50 @@ def default_opset(proto: onnx.ModelProto) -> int:
     versions = {o.domain: o.version for o in proto.opset_import}
     opset = next((versions[d] for d in DEFAULT_DOMAINS if d in versions), None)
     if opset is None:
-        raise MalformedModelError("the model imports no opset of the default ONNX domain")
-    if not MIN_OPSET <= opset <= MAX_OPSET:
+        if not versions:
+            raise MalformedModelError("the model imports no opset")
+        # Only other domains (ai.onnx.ml, training, ...): every node is an island.
+        logger.info("model imports no opset of the default ONNX domain; its nodes run as "
+                    "islands")
+        return OLDEST_OPSET
+    if not OLDEST_OPSET <= opset <= max_opset():
         raise UnsupportedModelError(
             f"opset {opset} of the default ONNX domain is not supported "
-            f"(supported: {MIN_OPSET} to {MAX_OPSET}); convert the model with "
+            f"(supported: {OLDEST_OPSET} to {max_opset()}, the newest both onnx "
+            f"{onnx.__version__} and the installed onnxruntime run); convert the model with "
             f"onnx.version_converter"
         )
     for domain in versions:
         if domain not in (*DEFAULT_DOMAINS, OPENVINO_DOMAIN):
             logger.debug("model imports domain '%s'; its nodes will be refused", domain)
     return opset
+
+
+@functools.cache
+def max_opset() -> int:
+    """The newest default-domain opset that onnx knows and onnxruntime runs.
+
+    onnx.defs.onnx_opset_version() bounds it from above; onnxruntime has no public query for
+    its own bound, so a one-node Cast model (Cast changes with most recent opsets) is opened
+    at decreasing opsets until a session can be created.
+    """
+    newest = onnx.defs.onnx_opset_version()
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return newest
+    for opset in range(newest, MIN_OPSET, -1):
+        graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT32)],
+                                  "probe", [helper.make_tensor_value_info("x", 1, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.INT32, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = min(model.ir_version, onnx.IR_VERSION)
+        try:
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001, S112 (any refusal: try an older opset)
+            continue
+        return opset
+    return MIN_OPSET
 
 
 def _check(proto: onnx.ModelProto) -> None:

@@ -1,8 +1,21 @@
-"""Recognizing the decomposed GELU that exporters (PyTorch before opset 20) write, so that
-it becomes one GELU node instead of Erf/Pow ops the IR does not have.
+"""Recognizing the decomposed GELU and LayerNorm that exporters write (PyTorch before opsets
+20 / 17, Paddle), so that each becomes one node instead of Erf / Pow / ReduceMean / Sqrt ops
+the IR does not have (which would otherwise run as float islands).
 
     erf form:  0.5 · x · (1 + erf(x / √2))          x/√2 written Div(x, 1.4142…) or Mul(x, 0.7071…)
     tanh form: 0.5 · x · (1 + tanh(√(2/π) · (x + 0.044715 · x³)))     x³ = Pow(x, 3) or x·x·x
+
+LayerNorm (``fuse_layer_norm``), over trailing axes -k..-1 given as negative axes::
+
+    mean = ReduceMean(x, axes, keepdims=1);  d = Sub(x, mean)
+    var = ReduceMean(Pow(d, 2) or Mul(d, d), axes, keepdims=1)
+    n = Div(d, Sqrt(Add(var, eps)))  or  Mul(d, Reciprocal(Sqrt(Add(var, eps))))
+    [y = Mul(n, gamma)]  [z = Add(y, beta)]      gamma, beta constants (absorbed when present)
+
+becomes LayerNormalization(x, gamma or 1, beta, axis=-k, epsilon=eps) (ONNX spec:
+https://onnx.ai/onnx/operators/onnx__LayerNormalization.html). Q/DQ pairs around the pattern
+stay as they are (x read from a DequantizeLinear, the result quantized after); a Q/DQ pair
+between the normalization and the Mul / Add leaves those as separate nodes.
 
 Products are matched as *sets of factors*: a tree of Mul nodes whose inner values have a
 single reader is flattened into its leaves, so every order and bracketing of the Muls
@@ -45,6 +58,10 @@ class _Matcher:
             elif "value_float" in n.attrs:
                 self.consts[n.outputs[0]] = np.asarray(n.attrs["value_float"], np.float32)
         self.uses = uses
+        self.readers: dict[str, list[NodeView]] = {}
+        for n in nodes:
+            for name in dict.fromkeys(n.inputs):
+                self.readers.setdefault(name, []).append(n)
 
     def node(self, value: str, op_type: str) -> NodeView | None:
         """The producer of ``value`` if it is an ``op_type`` read only once."""
@@ -185,4 +202,136 @@ def fuse_gelu(nodes: list[NodeView], consts: dict[str, np.ndarray], uses: Counte
         replaced[id(n)] = NodeView(n.name, "Gelu", "", [x], list(n.outputs),
                                    {"approximate": approximate}, origin)
         logger.debug("GELU (%s) recognized over %s", approximate, origin)
+    return [replaced.get(id(n), n) for n in nodes if replaced.get(id(n), n) is not None]
+
+
+def _reduce_axes(matcher: _Matcher, node: NodeView) -> tuple[int, ...] | None:
+    """Negative, trailing, contiguous axes of a keepdims ReduceMean, else None."""
+    if node.attr("keepdims", 1) != 1 or node.attr("noop_with_empty_axes", 0):
+        return None
+    axes = node.attr("axes")
+    if axes is None and len(node.inputs) > 1 and node.inputs[1]:
+        data = matcher.consts.get(node.inputs[1])
+        axes = None if data is None else [int(a) for a in np.asarray(data).ravel()]
+    if not axes:
+        return None
+    axes = sorted(int(a) for a in axes)
+    if axes != list(range(-len(axes), 0)):
+        return None
+    return tuple(axes)
+
+
+def _scalar(matcher: _Matcher, value: str) -> float | None:
+    data = matcher.consts.get(value)
+    if data is None or data.size != 1 or data.dtype.kind != "f":
+        return None
+    return float(data.reshape(()))
+
+
+def _layer_norm(m: _Matcher, norm: NodeView) -> tuple[str, float, tuple[int, ...],
+                                                      list[NodeView]] | None:
+    """(x, epsilon, axes, absorbed) when ``norm`` (a Div or Mul) ends a decomposed LayerNorm."""
+    absorbed = [norm]
+    if norm.op_type == "Div":
+        d, root = norm.inputs
+        sqrt = m.node(root, "Sqrt")
+    else:
+        found = None
+        for d, r in (norm.inputs, norm.inputs[::-1]):
+            recip = m.node(r, "Reciprocal")
+            if recip is not None and m.node(recip.inputs[0], "Sqrt") is not None:
+                found = d, recip
+        if found is None:
+            return None
+        d, recip = found
+        absorbed.append(recip)
+        sqrt = m.node(recip.inputs[0], "Sqrt")
+    if sqrt is None:
+        return None
+    add = m.node(sqrt.inputs[0], "Add")
+    if add is None:
+        return None
+    for var, eps_name in (add.inputs, add.inputs[::-1]):
+        eps = _scalar(m, eps_name)
+        var_node = m.node(var, "ReduceMean") if eps is not None else None
+        if var_node is not None:
+            break
+    else:
+        return None
+    axes = _reduce_axes(m, var_node)
+    square = m.node(var_node.inputs[0], "Pow") or m.node(var_node.inputs[0], "Mul")
+    if axes is None or square is None:
+        return None
+    if square.op_type == "Pow":
+        if square.inputs[0] != d or _scalar(m, square.inputs[1]) != 2.0:
+            return None
+        reads = 2
+    else:
+        if square.inputs != [d, d]:
+            return None
+        reads = 3
+    sub = m.producer.get(d)
+    if sub is None or sub.op_type != "Sub" or sub.domain not in DEFAULT_DOMAINS or (
+            m.uses[d] != reads):
+        return None
+    x, mean = sub.inputs
+    mean_node = m.node(mean, "ReduceMean")
+    if mean_node is None or mean_node.inputs[0] != x or _reduce_axes(m, mean_node) != axes:
+        return None
+    if x in m.consts:
+        return None
+    absorbed += [sqrt, add, var_node, square, sub, mean_node]
+    return x, eps, axes, absorbed
+
+
+def _affine(m: _Matcher, value: str, op_type: str) -> tuple[NodeView, str] | None:
+    """The single reader ``op_type`` of ``value`` with a constant other operand."""
+    readers = m.readers.get(value, [])
+    if m.uses[value] != 1 or len(readers) != 1:
+        return None
+    node = readers[0]
+    if node.op_type != op_type or node.domain not in DEFAULT_DOMAINS or len(node.inputs) != 2:
+        return None
+    other = node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+    data = m.consts.get(other)
+    if data is None or data.dtype.kind != "f" or data.ndim > 1:
+        return None
+    return node, other
+
+
+def fuse_layer_norm(nodes: list[NodeView], consts: dict[str, np.ndarray], uses: Counter[str],
+                    ) -> list[NodeView]:
+    """``nodes`` with every decomposed LayerNorm replaced by one LayerNormalization node (at
+    the position of its last node); a missing scale becomes a constant 1 added to ``consts``."""
+    m = _Matcher(nodes, consts, uses)
+    replaced: dict[int, NodeView | None] = {}
+    for n in nodes:
+        if n.op_type not in ("Div", "Mul") or n.domain not in DEFAULT_DOMAINS or (
+                id(n) in replaced):
+            continue
+        found = _layer_norm(m, n)
+        if found is None:
+            continue
+        x, eps, axes, absorbed = found
+        out, scale, bias, last = n.outputs[0], None, "", n
+        mul = _affine(m, out, "Mul")
+        if mul is not None:
+            absorbed.append(mul[0])
+            scale, out, last = mul[1], mul[0].outputs[0], mul[0]
+            add = _affine(m, out, "Add")
+            if add is not None:
+                absorbed.append(add[0])
+                bias, out, last = add[1], add[0].outputs[0], add[0]
+        if any(id(a) in replaced for a in absorbed):
+            continue
+        if scale is None:
+            scale = f"{n.name}/layer_norm_scale"
+            consts[scale] = np.ones((), np.float32)
+        for a in absorbed:
+            replaced[id(a)] = None
+        order = {id(a): i for i, a in enumerate(nodes)}
+        origin = [name for a in sorted(absorbed, key=lambda a: order[id(a)]) for name in a.origin]
+        replaced[id(last)] = NodeView(last.name, "LayerNormalization", "", [x, scale, bias],
+                                      [out], {"axis": axes[0], "epsilon": eps}, origin)
+        logger.debug("LayerNorm over axes %s recognized over %s", axes, origin)
     return [replaced.get(id(n), n) for n in nodes if replaced.get(id(n), n) is not None]

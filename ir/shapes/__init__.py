@@ -66,6 +66,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.IDENTITY: arith.preserving,
     Op.DROPOUT: arith.preserving,
     Op.CAST: arith.cast,
+    Op.ISLAND: lambda graph, node: list(node.attrs.infos),  # fixed when the island was built
 }
 
 

@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from qfuse.ir.errors import InputError
+from qfuse.ir.errors import InputError, QfuseError
 from qfuse.ir.graph import Graph, Node
-from qfuse.runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
+from qfuse.ir.ops import Op
+from qfuse.runtime.reference import (  # noqa: F401
+    ops_elementwise,
+    ops_island,
+    ops_nn,
+    ops_quant,
+    ops_shape,
+)
 from qfuse.runtime.reference.fused import evaluate_fused
 from qfuse.runtime.reference.registry import IMPLS
 
@@ -44,8 +51,11 @@ def evaluate(
         args = [_read(graph, env, name) if name else None for name in node.inputs]
         try:
             outs = run_node(node, args, graph, composed=composed)
-            for name, array in zip(node.outputs, outs, strict=True):
-                env[name] = conform(graph, name, array)
+            dynamic = node.attrs.dynamic if node.op is Op.ISLAND else (False,) * len(outs)
+            for name, array, free in zip(node.outputs, outs, dynamic, strict=True):
+                env[name] = array if free else conform(graph, name, array)
+        except QfuseError:  # the user's to act on (an island's engine refusing its inputs)
+            raise
         except Exception as exc:
             raise EvaluationError(f"node {node}: {type(exc).__name__}: {exc}") from exc
     if keep:

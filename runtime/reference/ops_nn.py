@@ -48,8 +48,8 @@ def _types(*arrays: np.ndarray) -> tuple[type, type]:
     kinds = {a.dtype.kind for a in arrays}
     if kinds <= {"i", "u"}:
         return np.int64, np.int32
-    if kinds == {"f"} and all(a.dtype == F32 for a in arrays):
-        return np.float64, F32
+    if kinds == {"f"} and len({a.dtype for a in arrays}) == 1:  # f32 (f16, f64 as ONNX allows)
+        return np.float64, arrays[0].dtype.type
     raise ValueError(f"unsupported operand types {[str(a.dtype) for a in arrays]}")
 
 

@@ -1,0 +1,104 @@
+"""Float islands: an ONNX subgraph evaluated as written, by onnxruntime or onnx.reference.
+
+An island (ir.ops.IslandAttrs) holds a serialized ONNX model whose inputs and outputs are the
+island node's inputs and outputs in port order. Its semantics are the ONNX operator specs
+(https://onnx.ai/onnx/operators/) of the nodes inside, computed by the engine the importer chose
+for it (compiler/onnx_import/islands.py): onnxruntime when it can open the island, else
+``onnx.reference.ReferenceEvaluator``. Every mode, the reference interpreter included, runs
+the island on that engine, so the modes agree on islands. onnxruntime comes first because
+onnx.reference has gaps that silently change results (onnx 1.23 evaluates an opset-11 Softmax
+on the last axis instead of the flattened dims from ``axis``; it fails on some Scan bodies).
+
+onnxruntime sessions are created with ``GraphOptimizationLevel.ORT_DISABLE_ALL``: an island
+computes what its nodes say one by one, without the fusions ORT would otherwise apply (its
+GELU / LayerNorm / MatMul+Add fusions round differently from the node-by-node float32
+result), so the fused and reference modes agree on islands to float32 rounding. The session
+holds no per-run state (``InferenceSession.run`` is thread-safe), and neither does the runner.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+
+from qfuse.ir.errors import QfuseError
+from qfuse.ir.graph import Node
+from qfuse.ir.ops import IslandAttrs, IslandEngine, Op
+from qfuse.runtime.reference.registry import Arrays, impl
+
+Runner = Callable[[list[np.ndarray]], list[np.ndarray]]
+
+
+class IslandError(QfuseError, RuntimeError):
+    """The engine failed while running an island; the message names the island's ops."""
+
+
+@functools.lru_cache(maxsize=32)
+def ort_session(model: bytes, threads: int | None = None):
+    """An onnxruntime CPU session over an island model (module docstring: no optimization).
+
+    Cached: the importer opens it to choose the engine and the lowering runs it; a session is
+    immutable once created and ``run`` is thread-safe, so compiled models may share one."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    options.intra_op_num_threads = threads or 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def reference_evaluator(model: bytes) -> onnx.reference.ReferenceEvaluator:
+    from onnx.reference import ReferenceEvaluator
+
+    return ReferenceEvaluator(onnx.load_from_string(model))
+
+
+def input_names(model: bytes) -> list[str]:
+    return [i.name for i in _graph_io(model)[0]]
+
+
+@functools.lru_cache(maxsize=256)
+def _graph_io(model: bytes) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    proto = onnx.load_from_string(model)
+    return list(proto.graph.input), list(proto.graph.output)
+
+
+def make_runner(attrs: IslandAttrs, engine: IslandEngine | None = None,
+                threads: int | None = None) -> Runner:
+    """A function from the island's input arrays to its output arrays (port order)."""
+    engine = engine or attrs.engine
+    names = input_names(attrs.model)
+    outputs = [o.name for o in _graph_io(attrs.model)[1]]
+    if engine is IslandEngine.ONNXRUNTIME:
+        run = functools.partial(ort_session(attrs.model, threads).run, outputs)
+    else:
+        run = functools.partial(reference_evaluator(attrs.model).run, outputs)
+    ops = ", ".join(sorted(set(attrs.ops)))
+
+    def run_island(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        try:
+            results = run(dict(zip(names, arrays, strict=True)))
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            raise IslandError(f"island of {ops} ({engine.value}) failed: "
+                              f"{type(exc).__name__}: {first}") from exc
+        return [np.asarray(r) for r in results]
+
+    return run_island
+
+
+@functools.lru_cache(maxsize=64)
+def _runner(attrs: IslandAttrs) -> Runner:
+    return make_runner(attrs)
+
+
+@impl(Op.ISLAND)
+def island(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: IslandAttrs = node.attrs
+    arrays = [np.asarray(a) for a in args if a is not None]
+    return _runner(attrs)(arrays)

@@ -1,0 +1,123 @@
+"""Float islands end to end: which nodes join one island, quantized values around an island,
+run-time shapes, concurrency, and what `inspect` and the CLI show."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+from island_helpers import islands
+from onnx import TensorProto, helper
+from onnx_builders import init, model, run_ort
+
+from qfuse.compiler.api import compile_model
+from qfuse.compiler.cli import main
+from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import Op
+
+F = np.float32
+FLOAT = TensorProto.FLOAT
+
+
+def _chain(ops: list[str]) -> list:
+    names = ["x", *[f"v{i}" for i in range(len(ops) - 1)], "y"]
+    return [helper.make_node(op, [names[i]], [names[i + 1]], name=f"n{i}")
+            for i, op in enumerate(ops)]
+
+
+def test_connected_islands_merge_native_nodes_split_them() -> None:
+    g = import_model(model(_chain(["Erf", "Cos", "Sin"]), {"x": ([2, 3], FLOAT)}, ["y"]))
+    assert [n.op for n in g] == [Op.ISLAND]
+    assert islands(g)[0].attrs.ops == ("Erf", "Cos", "Sin")
+    g = import_model(model(_chain(["Erf", "Relu", "Sin"]), {"x": ([2, 3], FLOAT)}, ["y"]))
+    assert [n.op for n in g] == [Op.ISLAND, Op.RELU, Op.ISLAND]
+
+
+def test_islands_joined_through_a_native_node_stay_apart() -> None:
+    # a = Erf(x); b = Relu(a); y = Add(Sin(a), b) with Add native: Erf and Sin both islands,
+    # joined directly (a → Sin) and through Relu; merging them would need Relu inside.
+    nodes = [helper.make_node("Erf", ["x"], ["a"], name="erf"),
+             helper.make_node("Relu", ["a"], ["b"], name="relu"),
+             helper.make_node("Sin", ["a"], ["c"], name="sin"),
+             helper.make_node("Mul", ["c", "b"], ["d"], name="mul"),
+             helper.make_node("Cos", ["d"], ["y"], name="cos")]
+    m = model(nodes, {"x": ([4], FLOAT)}, ["y"])
+    g = import_model(m)
+    assert sorted(n.attrs.ops for n in islands(g)) == [("Cos",), ("Erf", "Sin")]
+    x = np.linspace(-2, 2, 4, dtype=F)
+    for mode in ("reference", "fused"):
+        got = compile_model(m, mode=mode).run({"x": x})["y"]
+        np.testing.assert_allclose(got, run_ort(m, {"x": x})[0], rtol=1e-6)
+
+
+def test_quantized_values_are_dequantized_before_an_island_and_quantized_after() -> None:
+    s, zp = init("s", np.array(0.05, F)), init("zp", np.array(128, np.uint8))
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"], name="q0"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["xd"], name="dq0"),
+             helper.make_node("Erf", ["xd"], ["e"], name="erf"),
+             helper.make_node("QuantizeLinear", ["e", "s", "zp"], ["eq"], name="q1"),
+             helper.make_node("DequantizeLinear", ["eq", "s", "zp"], ["y"], name="dq1")]
+    m = model(nodes, {"x": ([1, 64], FLOAT)}, ["y"], [s, zp])
+    g = import_model(m)
+    assert [n.attrs.ops for n in islands(g)] == [("Erf",)]
+    x = np.linspace(-3, 3, 64, dtype=F).reshape(1, 64)
+    want = run_ort(m, {"x": x}, optimized=False)[0]
+    compiled = compile_model(m, mode="fused")
+    island = next(k for k in compiled.inspect()["kernels"] if k["primitive"] == "island")
+    assert island["src_dtype"] == "f32" and island["dst_dtype"] == "f32"
+    steps = np.abs(compiled.run({"x": x})["y"] - want) / 0.05
+    assert steps.max() <= 1 + 1e-4  # one quantization step at most (erf rounding at a tie)
+    assert np.mean(steps < 1e-4) > 0.95
+
+
+def test_run_time_shapes_reach_the_outputs_and_runs_are_independent_per_thread() -> None:
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nz"),
+             helper.make_node("Transpose", ["nz"], ["y"], name="t")]
+    m = model(nodes, {"x": ([6], FLOAT)}, ["y"])
+    g = import_model(m)
+    assert [n.attrs.ops for n in islands(g)] == [("NonZero", "Transpose")]
+    compiled = compile_model(m, mode="fused")
+    feeds = [np.array([0, 1, 0, 2, 3, 0], F) * (i % 2) + (i % 3 == 0) for i in range(8)]
+    want = [np.transpose(np.nonzero(f)).astype(np.int64) for f in feeds]
+    results: dict[int, np.ndarray] = {}
+
+    def work(i: int) -> None:
+        for _ in range(20):
+            results[i] = compiled.run({"x": feeds[i]})["y"]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(feeds))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, w in enumerate(want):
+        np.testing.assert_array_equal(results[i], w)
+
+
+def test_inspect_lists_islands_with_engine_and_reason(tmp_path, capsys) -> None:
+    path = tmp_path / "m.onnx"
+    import onnx
+
+    onnx.save(model(_chain(["Erf", "Relu"]), {"x": (["N", 3], FLOAT)}, ["y"]), str(path))
+    assert main(["inspect", str(path), "--json", "--input-shape", "x=2x3"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["islands"] == [{"name": "n0", "nodes": ["n0"], "ops": ["Erf"],
+                                "engine": "onnxruntime",
+                                "reason": "op Erf has no native lowering",
+                                "dynamic_outputs": []}]
+    assert main(["inspect", str(path), "--input-shape", "x=2x3"]) == 0
+    assert "float islands (1):\n  n0 on onnxruntime: 1 ONNX node(s), ops Erf" in (
+        capsys.readouterr().out)
+    assert main(["compile", str(path), "--input-shape", "x=2x3"]) == 0
+    assert "float islands: 1 (1 on onnxruntime) — ops Erf" in capsys.readouterr().out
+
+
+def test_a_symbolic_dim_left_unfixed_is_named() -> None:
+    m = model(_chain(["Relu"]), {"x": ([1, "seq", 4], FLOAT)}, ["y"])
+    with pytest.raises(UnsupportedModelError, match=r"'x' has symbolic dim 1 'seq' .*"
+                                                    r"--input-shape x=1xNx4"):
+        compile_model(m)
+    assert compile_model(m, input_shapes={"x": (1, 5, 4)}).graph.info("y").shape == (1, 5, 4)
