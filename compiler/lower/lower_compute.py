@@ -21,8 +21,9 @@ The sum post-op reads dst: dst shares the residual's buffer when nothing reads t
 later and the layouts agree, otherwise the residual is copied (reorder, same data type) into the
 dst buffer before the primitive runs.
 
-Without VNNI/AMX an int8 node may become two primitives (split weights, s8 src shifted to u8)
-so its accumulator stays exact: no_vnni.py decides and builds them; ``emit`` takes its result.
+On an implementation without VNNI/AMX an int8 node may become two primitives (split weights,
+s8 src shifted to u8) so its accumulator stays exact: no_vnni.py decides from the implementation
+of the node's unsplit primitive and builds them; ``emit`` takes its result.
 """
 
 from __future__ import annotations
@@ -187,8 +188,13 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
                                     "point")
     exact = no_vnni.for_conv(ctx, node, w, xinfo.dtype, g) if integer else None
     if exact is not None and exact.shift_src:
-        node, src_zp = no_vnni.unsigned_source(ctx, node, src_zp)
-        x = node.inputs[0]
+        def shift() -> tuple[Node, int]:  # taken only if the implementation needs it
+            nonlocal node, x
+            node, zp = no_vnni.unsigned_source(ctx, node, src_zp)
+            x = node.inputs[0]
+            return node, zp
+
+        exact.shift = shift
 
     def create(built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
                weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]:
@@ -239,7 +245,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
          weights_slot: Callable[[PrimitiveDesc], str] | None = None,
          exact: no_vnni.Exactness | None = None) -> None:
     """Create the primitive with the composed attributes, place dst, add the kernel;
-    ``exact`` (no VNNI): first the low half of split weights (no_vnni.py)."""
+    ``exact``: if the implementation oneDNN picks is not exact, the s8 src shifted and first
+    the low half of split weights (no_vnni.py)."""
     x, y = node.inputs[0], node.outputs[0]
     yinfo = ctx.info(y)
     dst_type = dnnl_type(yinfo.dtype)
@@ -265,6 +272,16 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         return built, residual_md
 
     built, residual_md = attributes(composed, wei_zp)
+    made = None
+    if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
+        made = create(built, residual_md, composed)
+        if not exact.needed(made[0].impl_name):
+            exact = None
+        elif exact.shift_src:
+            node, src_zp = exact.shift_source()
+            x = node.inputs[0]
+            built, residual_md = attributes(composed, wei_zp)
+            made = None
     if exact is not None and exact.splits:
         def unsplit() -> PrimitiveDesc:
             return create(built, residual_md, composed)[0]
@@ -279,7 +296,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             unsplit=unsplit)
         if exact.splits:
             built, residual_md = attributes(composed, wei_zp)
-    pd, wmem = create(built, residual_md, composed)
+            made = None
+    pd, wmem = made if made is not None else create(built, residual_md, composed)
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
     fixed = dict(built.fixed)
     if weights_slot is not None:

@@ -134,8 +134,8 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
     return plan
 
 
-# ISAs with exact int8 dot products (VNNI / AMX): no_vnni.EXACT_INT8_ISAS; without them
-# no_vnni.py splits the int8 weights so the accumulators stay exact (ONEDNN_NOTES.md).
+# int8 kernels whose implementation has no VNNI / AMX: no_vnni.py splits their weights so the
+# accumulators stay exact (decided per primitive from oneDNN's implementation name).
 def _int8(plan: Plan) -> bool:
     return any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
                and plan.slots[k.reads[0]].md.dtype in (DataType.u8, DataType.s8)
