@@ -1,8 +1,8 @@
 """Exact int8 convolutions, deconvolutions and matmuls on implementations without VNNI / AMX.
 
 oneDNN's int8 kernels generated for an ISA without VNNI (sse41, avx2, avx512_core) are not
-exact (oneDNN's developer guide, "Nuances of int8 Computations"; each rule measured to 0 LSB in
-tests/runtime/test_onednn_int8.py under AVX2):
+exact (oneDNN's developer guide, "Nuances of int8 Computations"; docs/onednn.md "Pitfalls";
+each rule measured to 0 LSB in tests/runtime/test_onednn_int8.py under AVX2):
 
 - u8 src: ``vpmaddubsw`` adds the products of two adjacent input channels (K positions for
   the GEMM kernels) in int16 with saturation, ``sat16(x0·w0 + x1·w1)``. No pair can leave
@@ -95,7 +95,7 @@ from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Node, Op
-from qfuse.passes.composer import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Sum
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

@@ -135,7 +135,8 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
 
 
 # int8 kernels whose implementation has no VNNI / AMX: no_vnni.py splits their weights so the
-# accumulators stay exact (decided per primitive from oneDNN's implementation name).
+# accumulators stay exact (decided per primitive from oneDNN's implementation name;
+# docs/onednn.md).
 def _int8(plan: Plan) -> bool:
     return any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
                and plan.slots[k.reads[0]].md.dtype in (DataType.u8, DataType.s8)
