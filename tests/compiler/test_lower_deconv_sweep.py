@@ -25,7 +25,7 @@ import itertools
 import numpy as np
 import pytest
 
-from qfuse.compiler.lower import Options, lower
+from qfuse.compiler.lower import Options
 from qfuse.compiler.lower.lower_compute import cover_every_output, wrong_for
 from qfuse.ir import DType, Graph
 from qfuse.runtime.executor import Executor
@@ -34,6 +34,7 @@ from tests.compiler.lower_helpers import (
     add_int8_conv,
     exact_expected,
     int_input,
+    lower_built,
     random_int,
     ref_eval,
 )
@@ -69,7 +70,7 @@ def test_deconvolutions_are_bit_exact(stride_op: tuple[int, int]) -> None:
     for seed, (_, kernel, size, group, pad) in enumerate(
             c for c in CONFIGS if c[0] == stride_op):
         graph, feeds = _deconv(stride, out_pad, kernel, size, group, pad, seed)
-        plan = lower(graph, Options())
+        plan = lower_built(graph, Options())
         out = Executor(plan).run(feeds)[graph.outputs[0]]
         node = graph.producer(graph.outputs[0])
         assert node is not None
@@ -161,7 +162,7 @@ def test_outputs_no_tap_reaches(stride: int, out_pad: int, kernel: int, pad: int
     """Shapes where oneDNN 3.2's jit_uni_int8 deconvolution was measured 212-255 LSB off (AVX2)
     before lower_compute.cover_every_output: bit-exact."""
     graph, feeds = _deconv(stride, out_pad, kernel, (3, 4), 1, pad, seed=3)
-    plan = lower(graph, Options())
+    plan = lower_built(graph, Options())
     out = Executor(plan).run(feeds)[graph.outputs[0]]
     node = graph.producer(graph.outputs[0])
     assert node is not None
