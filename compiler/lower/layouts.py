@@ -93,8 +93,10 @@ def any_md(dims: Sequence[int], dtype: DataType) -> MemoryDesc:
 
 
 def is_slow(impl: str, kind: str) -> bool:
-    """Implementations not to settle for when another layout is possible."""
-    return impl.startswith("ref") or (kind in ("convolution", "deconvolution") and "gemm" in impl)
+    """Implementations not to settle for when another layout is possible: reference ones,
+    also wrapped (a deconvolution on ``conv:any+ref:any``), and GEMM-based convolutions."""
+    return ("ref:" in impl or impl.startswith("ref")
+            or (kind in ("convolution", "deconvolution") and "gemm" in impl))
 
 
 RESHAPES = (Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE)

@@ -21,8 +21,9 @@ The sum post-op reads dst: dst shares the residual's buffer when nothing reads t
 later and the layouts agree, otherwise the residual is copied (reorder, same data type) into the
 dst buffer before the primitive runs.
 
-Without VNNI/AMX an int8 node may become two primitives (split weights, s8 src shifted to u8)
-so its accumulator stays exact: no_vnni.py decides and builds them; ``emit`` takes its result.
+On an implementation without VNNI/AMX an int8 node may become two primitives (split weights,
+s8 src shifted to u8) so its accumulator stays exact: no_vnni.py decides from the implementation
+of the node's unsplit primitive and builds them; ``emit`` takes its result.
 """
 
 from __future__ import annotations
@@ -110,11 +111,69 @@ def conv_geometry(node: Node) -> dict[str, Sequence[int]]:
             "dilation": tuple(d - 1 for d in attrs.dilations)}
 
 
+def cover_every_output(w: np.ndarray, geometry: dict[str, Sequence[int]]
+                       ) -> tuple[np.ndarray, dict[str, Sequence[int]]]:
+    """An int8 deconvolution whose every output position is reached by a kernel tap: zero taps
+    appended to the kernel's end along each spatial axis where ``padding_r < 0`` (output_padding
+    beyond the end pad: trailing outputs no tap reaches) or, undilated, ``kernel < stride``
+    (rows between taps). With ``e`` taps added, ``padding_r`` grows by ``e·(dilation)``, so the
+    output size ``(i - 1)·s + (k - 1)·d + 1 - pad_l - pad_r`` is unchanged, and the sums too
+    (zero weights: also for the src zero point's compensation). Why: oneDNN 3.2's int8 jit
+    deconvolutions compute such outputs wrong (measured under AVX2 on jit_uni_int8: the last
+    rows when padding_r <= -2, the last column with stride 3 and padding_r = -1, the rows between
+    taps with stride 4 and kernel 1; 212-255 LSB; and WRONG_WITH_NEGATIVE_PADDING_R below)."""
+    n = len(geometry["strides"])
+    pad_r = list(geometry["padding_r"])
+    widths = [(0, 0)] * (w.ndim - n)
+    for i in range(n):
+        k, s, d = w.shape[w.ndim - n + i], geometry["strides"][i], geometry["dilation"][i] + 1
+        extra = -(pad_r[i] // d) if pad_r[i] < 0 else 0  # ceil(-pad_r / d)
+        if d == 1 and k + extra < s:
+            extra = s - k
+        pad_r[i] += extra * d
+        widths.append((0, extra))
+    if all(e == 0 for _, e in widths):
+        return w, geometry
+    return np.pad(w, widths), {**geometry, "padding_r": pad_r}
+
+
+# oneDNN 3.2's jit_avx512_core_x8s8s32x_deconvolution (AVX-512 with or without VNNI; not the AMX
+# kernel, also named jit_deconvolution:...): when the whole output row fits one register block
+# (ur_w == ow, small widths) ``get_ur_w_blks_params`` computes the right overflow from the last
+# dst column including output_padding, (ow - 1 + l_pad)/stride - (iw - 1), while
+# ``get_ow_end`` also drops that negative padding_r: taps of the last stride sector are skipped
+# (simulated from the source: stride 2, output_padding 1, no pads, kernel 2 or 4; measured
+# 88-182 LSB off exact on such shapes). jit_uni_x8s8s32x_deconvolution computes the overflow
+# from the kernel and max(0, padding_r), which is right. src/cpu/x64/
+# jit_avx512_core_x8s8s32x_deconvolution.cpp, tag v3.2 (unchanged on oneDNN's main branch).
+WRONG_WITH_NEGATIVE_PADDING_R = ("jit_deconvolution:avx512_core",
+                                 "jit_deconvolution:avx512_core_vnni")
+
+
+def wrong_for(impl: str, kind: str, geometry: dict[str, Sequence[int]]) -> str | None:
+    """Why oneDNN's ``impl`` computes this (de)convolution wrong, or None."""
+    if (kind == "deconvolution" and impl in WRONG_WITH_NEGATIVE_PADDING_R
+            and any(p < 0 for p in geometry["padding_r"])):
+        return "skips taps next to output_padding (oneDNN 3.2, see WRONG_WITH_NEGATIVE_PADDING_R)"
+    return None
+
+
+def skip_wrong_impls(pd: PrimitiveDesc, kind: str,
+                     geometry: dict[str, Sequence[int]]) -> PrimitiveDesc:
+    """``pd`` advanced past the implementations known to compute this shape wrong."""
+    while (why := wrong_for(pd.impl_name, kind, geometry)) is not None:
+        log.info("%s on %s refused: %s", kind, pd.impl_name, why)
+        if not pd.next_impl():
+            raise UnsupportedModelError(f"oneDNN's only {kind} for this shape {why}")
+    return pd
+
+
 SMALL_MACS = 2_000_000  # multiply-adds
 
 
 def avoid_amx_when_small(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc], macs: int,
-                         kind: str = "convolution") -> PrimitiveDesc:
+                         kind: str = "convolution",
+                         geometry: dict[str, Sequence[int]] | None = None) -> PrimitiveDesc:
     """Below SMALL_MACS multiply-adds take the first non-AMX implementation for the same
     src/dst layouts (both accumulate exactly in int32). Measured, 2 threads: MobileNetV2's
     0.3-1.6 M-MAC 1x1 convs (src zero point → jit_1x1:avx512_core_amx) ran 2-3 us faster each
@@ -127,7 +186,7 @@ def avoid_amx_when_small(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
         return pd
     while alt.next_impl():
         name = alt.impl_name
-        if "amx" in name:
+        if "amx" in name or (geometry is not None and wrong_for(name, kind, geometry)):
             continue
         if is_slow(name, kind) or alt.src_md != pd.src_md or alt.dst_md != pd.dst_md:
             break
@@ -173,6 +232,8 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         raise UnsupportedModelError(f"node {node}: integer {node.op.value} without a fused "
                                     "output stage (the passes left it unquantized)")
     geometry = conv_geometry(node)
+    if deconv and integer:
+        w, geometry = cover_every_output(w, geometry)
     make_pd = deconvolution if deconv else convolution
     kind = "deconvolution" if deconv else "convolution"
     wei_mask = 1 if g == 1 else 3
@@ -185,8 +246,13 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
                                     "point")
     exact = no_vnni.for_conv(ctx, node, w, xinfo.dtype, g) if integer else None
     if exact is not None and exact.shift_src:
-        node, src_zp = no_vnni.unsigned_source(ctx, node, src_zp)
-        x = node.inputs[0]
+        def shift() -> tuple[Node, int]:  # taken only if the implementation needs it
+            nonlocal node, x
+            node, zp = no_vnni.unsigned_source(ctx, node, src_zp)
+            x = node.inputs[0]
+            return node, zp
+
+        exact.shift = shift
 
     def create(built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
                weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]:
@@ -207,14 +273,16 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
                       (channels_last(xinfo.shape, home.dtype), dst_any)]
 
         def make(c: tuple[MemoryDesc, MemoryDesc]) -> PrimitiveDesc:
-            return make_pd(c[0], any_md(wei.shape, wtype), c[1], bias=bias_md, attr=built.attr,
-                           **geometry)
+            pd = make_pd(c[0], any_md(wei.shape, wtype), c[1], bias=bias_md, attr=built.attr,
+                         **geometry)
+            return skip_wrong_impls(pd, kind, geometry)
 
         pd = ctx.try_layouts(kind, make, candidates)
         if integer:
             outer = xinfo.shape if deconv else yinfo.shape  # wei.size = C·(C'/G)·prod(K)
             macs = math.prod(outer[:1] + outer[2:]) * wei.size
-            pd = avoid_amx_when_small(pd, lambda: make((pd.src_md, pd.dst_md)), macs, kind)
+            pd = avoid_amx_when_small(pd, lambda: make((pd.src_md, pd.dst_md)), macs, kind,
+                                      geometry)
         return pd, ctx.weights(wei.astype(np.int8 if integer else F32), pd.weights_md)
 
     if integer and ctx.options.mode == "unfused":
@@ -237,7 +305,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
          weights_slot: Callable[[PrimitiveDesc], str] | None = None,
          exact: no_vnni.Exactness | None = None) -> None:
     """Create the primitive with the composed attributes, place dst, add the kernel;
-    ``exact`` (no VNNI): first the low half of split weights (no_vnni.py)."""
+    ``exact``: if the implementation oneDNN picks is not exact, the s8 src shifted and first
+    the low half of split weights (no_vnni.py)."""
     x, y = node.inputs[0], node.outputs[0]
     yinfo = ctx.info(y)
     dst_type = dnnl_type(yinfo.dtype)
@@ -263,6 +332,16 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         return built, residual_md
 
     built, residual_md = attributes(composed, wei_zp)
+    made = None
+    if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
+        made = create(built, residual_md, composed)
+        if not exact.needed(made[0].impl_name):
+            exact = None
+        elif exact.shift_src:
+            node, src_zp = exact.shift_source()
+            x = node.inputs[0]
+            built, residual_md = attributes(composed, wei_zp)
+            made = None
     if exact is not None and exact.splits:
         def unsplit() -> PrimitiveDesc:
             return create(built, residual_md, composed)[0]
@@ -277,7 +356,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             unsplit=unsplit)
         if exact.splits:
             built, residual_md = attributes(composed, wei_zp)
-    pd, wmem = create(built, residual_md, composed)
+            made = None
+    pd, wmem = made if made is not None else create(built, residual_md, composed)
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
     fixed = dict(built.fixed)
     if weights_slot is not None:

@@ -1,7 +1,8 @@
-"""Exact int8 convolutions, deconvolutions and matmuls on CPUs without VNNI / AMX.
+"""Exact int8 convolutions, deconvolutions and matmuls on implementations without VNNI / AMX.
 
-Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (docs/onednn.md
-"Pitfalls"; each rule measured to 0 LSB in tests/runtime/test_onednn_int8.py under AVX2):
+oneDNN's int8 kernels generated for an ISA without VNNI (sse41, avx2, avx512_core) are not
+exact (oneDNN's developer guide, "Nuances of int8 Computations"; docs/onednn.md "Pitfalls";
+each rule measured to 0 LSB in tests/runtime/test_onednn_int8.py under AVX2):
 
 - u8 src: ``vpmaddubsw`` adds the products of two adjacent input channels (K positions for
   the GEMM kernels) in int16 with saturation, ``sat16(x0·w0 + x1·w1)``. No pair can leave
@@ -48,14 +49,35 @@ full-tensor binary post-op nor a sum (it falls back to a GEMM-based kernel, 25x 
 its halves both run bare into f32 and a binary primitive adds them and applies the rest
 (``Exactness.lower_with_binary``), with the same roundings.
 
-Not split: nodes on VNNI/AMX (nothing here runs), layers whose weights all lie in [−64, 64],
-depthwise convolutions, and nodes whose unsplit primitive oneDNN implements only as
-``ref:any`` (it accumulates in int32; probed by creating that primitive first).
-Cost: each split node runs two int8 primitives (twice the MACs) and writes and reads one f32
+Per primitive, not per CPU. What decides is the implementation oneDNN picked for the node's
+unsplit primitive (created first, with its real attributes and layouts), not the CPU's ISA: a
+VNNI CPU still runs some shapes on an avx2 kernel (measured on a Xeon with AVX-512 VNNI: a
+grouped int8 ConvTranspose, groups 2, stride 2, kernel 4, on ``jit_uni_int8:avx2``, 19-30 LSB
+off on 4 % of its outputs). ``impl_is_exact`` reads oneDNN 3.2's implementation names
+(``JIT_IMPL_NAME_HELPER`` in src/cpu/x64/cpu_isa_traits.hpp: ``<kind>:<isa>``, the ISA the kernel
+was generated for, ``avx2_vnni`` / ``avx512_core_vnni`` where it uses VNNI):
+
+    <kind>:<isa>          exact iff the ISA has VNNI or AMX (avx2_vnni, avx2_vnni_2,
+                          avx512_core_vnni, _bf16, _fp16, _amx, _amx_fp16); sse41, avx,
+                          avx2, avx512_core saturate
+    ref:any, *:ref        exact (int32 scalar loops)
+    gemm:jit, x64:gemm_*  oneDNN's int8 GEMM picks vpdpbusd or vpmaddubsw at run time from the
+                          CPU (mayiuse(avx512_core_vnni / avx2_vnni)): exact iff the effective
+                          ISA has VNNI
+    a+b (composites)      exact iff every part is (``conv:any+…``: the wrapper computes nothing)
+    anything else         not exact (the split is exact on any implementation)
+
+Not split: nodes whose unsplit primitive is on an exact implementation (nothing here runs, and
+nothing is recorded), layers whose weights all lie in [−64, 64], depthwise convolutions (the
+jit kernels widen to int16 and use ``vpmaddwd``: int32 products), and nodes whose shifted (u8)
+primitive lands on an exact implementation (``ref:any``, or a VNNI kernel that takes u8 only).
+Cost: on an exact implementation, none (its primitive is the one probed). Each split node runs
+two int8 primitives (twice the MACs) and writes and reads one f32
 tensor of its output's size: measured under AVX2 on the zoo models, 1.6x to 1.9x the latency
 of the unsplit (inexact) plans (resnet 0.16 → 0.30 ms), ~1.0x where other kernels dominate.
 ``LowerContext.exact_int8`` records what was done per kernel (``inspect()["exact_int8"]``,
-and each kernel's ``exact_int8`` field in ``CompiledModel.inspect()``).
+and each kernel's ``exact_int8`` field in ``CompiledModel.inspect()``), naming the
+implementation that made it necessary.
 """
 
 from __future__ import annotations
@@ -90,10 +112,12 @@ from qfuse.runtime.onednn import (
 log = logging.getLogger(__name__)
 F32 = np.float32
 
-# ISAs with exact int8 dot products (VNNI / AMX): nothing in this module applies to them.
+# ISAs with exact int8 dot products (VNNI / AMX): a jit kernel generated for one is exact.
 EXACT_INT8_ISAS = frozenset({CpuIsa.avx2_vnni, CpuIsa.avx2_vnni_2, CpuIsa.avx512_core_vnni,
                              CpuIsa.avx512_core_bf16, CpuIsa.avx512_core_fp16,
                              CpuIsa.avx512_core_amx, CpuIsa.avx512_core_amx_fp16})
+#: ISAs whose int8 kernels sum u8·s8 pairs in int16 (vpmaddubsw) or halve s8-src weights.
+SATURATING_ISAS = frozenset({CpuIsa.sse41, CpuIsa.avx, CpuIsa.avx2, CpuIsa.avx512_core})
 #: Largest |w| for which no u8·s8 pair can saturate int16 (255·64·2 = 32640).
 SAFE_WEIGHT = 64
 SPLIT = "split weights (no VNNI)"
@@ -112,7 +136,28 @@ class Create(Protocol):
 
 
 def isa_is_exact() -> bool:
+    """Whether the CPU (as oneDNN sees it) has VNNI or AMX: its GEMM int8 kernels are exact."""
     return effective_cpu_isa() in EXACT_INT8_ISAS
+
+
+_ISA_BY_NAME = {isa.name: isa for isa in EXACT_INT8_ISAS | SATURATING_ISAS}
+
+
+def impl_is_exact(impl: str, isa: CpuIsa | None = None) -> bool:
+    """Whether oneDNN's int8 implementation named ``impl`` sums u8·s8 products exactly in
+    int32 (module docstring's table); ``isa``: the effective ISA (default: this process's),
+    which decides oneDNN's int8 GEMM kernels."""
+    parts = [p for p in impl.split("+") if p and p != "conv:any"]
+    return bool(parts) and all(_part_is_exact(p, isa) for p in parts)
+
+
+def _part_is_exact(name: str, isa: CpuIsa | None) -> bool:
+    if name.startswith("ref:") or name.endswith(":ref"):
+        return True
+    if name in ("gemm:jit", "x64:gemm_s8u8s32:jit", "x64:gemm_s8s8s32:jit"):
+        return (effective_cpu_isa() if isa is None else isa) in EXACT_INT8_ISAS
+    suffix = _ISA_BY_NAME.get(name.rsplit(":", 1)[-1])
+    return suffix is not None and suffix in EXACT_INT8_ISAS
 
 
 def split_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -139,11 +184,37 @@ class Exactness:
     shift_src: bool = False
     halves: tuple[np.ndarray, np.ndarray] | None = None  # constant weights (hi, lo)
     runtime: str | None = None  # runtime s8 weights value, split at run time
-    probed: bool = False  # the unsplit primitive was created (_runs_on_ref)
+    probed: bool = False  # the unsplit (shifted) primitive was checked (_on_exact_impl)
+    deconv: bool = False  # a ConvTranspose (see needed)
+    # lower_conv's s8 → u8 shift of the src, applied only when needed: -> (node, src zp)
+    shift: Callable[[], tuple[Node, int]] | None = None
 
     @property
     def splits(self) -> bool:
         return self.halves is not None or self.runtime is not None
+
+    def needed(self, impl: str) -> bool:
+        """Called with the implementation of the node's unsplit primitive: False when nothing
+        here applies, i.e. it is exact and not a reference kernel the plan may move to jit
+        ones (shifting an s8 src; splitting a deconvolution, whose bare halves take jit
+        kernels where the whole takes ``conv:any+ref:any``: measured under AVX2)."""
+        exact = impl_is_exact(impl)
+        if exact and not self._may_leave_ref(impl):
+            return False
+        if not exact:
+            self.how = f"{self.how}; unsplit primitive on {impl}"
+        self.probed = not exact  # known not exact: apply() need not create it again
+        return True
+
+    def _may_leave_ref(self, impl: str) -> bool:
+        return "ref:" in impl and (self.shift_src or (self.deconv and self.splits))
+
+    def shift_source(self) -> tuple[Node, int]:
+        """Apply lower_conv's s8 → u8 shift (``unsigned_source``); the shifted primitive is
+        probed again (``_on_exact_impl``)."""
+        assert self.shift is not None
+        self.shift_src, self.probed = False, False
+        return self.shift()
 
     def apply(self, ctx: LowerContext, node: Node, composed: Composed, *, create: Create,
               weights_slot: WeightsSlot | None, channel_axis: int, wei_mask: int,
@@ -151,8 +222,8 @@ class Exactness:
               ) -> tuple[Composed, Create, WeightsSlot | None, int]:
         """Add the ``lo`` primitive; return what the main primitive is created with.
         ``unsplit()`` creates the node's primitive as it would be without the split: when
-        that is ``ref:any`` (int32 accumulation, exact) nothing is split."""
-        if not self.splits or self._runs_on_ref(unsplit):
+        that is on an exact implementation (``ref:any`` after the shift) nothing is split."""
+        if not self.splits or self._on_exact_impl(unsplit):
             return composed, create, weights_slot, wei_zp
         zh, zl = split_zero_point(wei_zp)
         t_md = _lo_layout(ctx, node)
@@ -185,7 +256,7 @@ class Exactness:
         Not taken (False) when P holds a residual sum or a primitive would be slow."""
         if (node.op is not Op.CONV_TRANSPOSE or self.halves is None
                 or any(isinstance(op, Sum) for op in composed.post_ops)
-                or self._runs_on_ref(unsplit)):
+                or self._on_exact_impl(unsplit)):
             return False
         y = node.outputs[0]
         yinfo = ctx.info(y)
@@ -226,12 +297,15 @@ class Exactness:
         self.record(ctx, kernel)
         return True
 
-    def _runs_on_ref(self, unsplit: Callable[[], PrimitiveDesc]) -> bool:
-        """True (and nothing split) when oneDNN implements the unsplit primitive only as
-        ``ref:any``, which accumulates in int32: exact."""
-        if self.splits and not self.probed and unsplit().impl_name.startswith("ref"):
-            self.halves = self.runtime = None
-            self.how = "no split needed (ref:any accumulates in int32)"
+    def _on_exact_impl(self, unsplit: Callable[[], PrimitiveDesc]) -> bool:
+        """True (and nothing split) when the unsplit primitive, as created now (after the
+        shift of an s8 src), is on an exact implementation: ``ref:any`` accumulates in int32."""
+        if self.splits and not self.probed:
+            impl = unsplit().impl_name
+            if impl_is_exact(impl) and not (self.deconv and "ref:" in impl):
+                self.halves = self.runtime = None
+                shifted = f"{SHIFT}; " if self.how.startswith(SHIFT) else ""
+                self.how = f"{shifted}no split needed ({impl} accumulates in int32)"
         self.probed = True
         return not self.splits
 
@@ -315,25 +389,27 @@ def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
 # ------------------------------------------------------------------------- decisions
 def for_conv(ctx: LowerContext, node: Node, w: np.ndarray, src: DType,
              group: int) -> Exactness | None:
-    """None on VNNI/AMX (or with ``Options.exact_int8`` off); else how ``node`` stays exact.
-    ``w``: oneDNN's logical weights ([G,] O, I, k…)."""
-    if not ctx.options.exact_int8 or isa_is_exact():
+    """None with ``Options.exact_int8`` off; else how ``node`` stays exact should the
+    implementation oneDNN picks not be (``Exactness.needed``). ``w``: oneDNN's logical
+    weights ([G,] O, I, k…)."""
+    if not ctx.options.exact_int8:
         return None
     shift = src == DType.S8
     depthwise = (node.op is Op.CONV and group > 1 and w.ndim >= 3 and w.shape[1] == 1
                  and w.shape[2] == 1)
+    deconv = node.op is Op.CONV_TRANSPOSE
     if depthwise or within_safe_range(w):
         why = "depthwise: int32 products" if depthwise else "weights within [-64, 64]"
         return Exactness(f"{SHIFT}; {why}" if shift else f"no split needed ({why})",
-                         shift_src=shift)
+                         shift_src=shift, deconv=deconv)
     return Exactness(f"{SHIFT}, {SPLIT}" if shift else SPLIT, shift_src=shift,
-                     halves=split_weights(w))
+                     halves=split_weights(w), deconv=deconv)
 
 
 def for_matmul(ctx: LowerContext, node: Node, wei: np.ndarray | None,
                runtime: str | None) -> Exactness | None:
     """As ``for_conv``; runtime (s8) weights are split at run time by two small kernels."""
-    if not ctx.options.exact_int8 or isa_is_exact():
+    if not ctx.options.exact_int8:
         return None
     if wei is not None:
         if within_safe_range(wei):
@@ -385,16 +461,17 @@ def unsigned_source(ctx: LowerContext, node: Node, src_zp: int) -> tuple[Node, i
 
 
 def isa_notes(ctx: LowerContext, int8: bool) -> dict[str, Any]:
-    """The plan's notes: the ISA, whether its dot products are exact, what was done here."""
+    """The plan's notes: the ISA, whether its dot products are exact, what was done here
+    (per kernel: an int8 kernel absent from ``exact_int8`` runs on an exact implementation)."""
     isa = effective_cpu_isa()
     exact = isa in EXACT_INT8_ISAS
     if int8 and not exact and not ctx.options.exact_int8:
         log.warning("oneDNN runs on %s, which has no VNNI, and exact_int8 is off: int8 "
                     "products are summed in pairs with int16 saturation, so accumulators can "
                     "differ from the exact sum (weights within [-64, 64] avoid it)", isa.name)
-    elif int8 and not exact:
+    elif int8 and ctx.exact_int8:
         split = sum(SPLIT in how for how in ctx.exact_int8.values())
-        log.info("oneDNN runs on %s (no VNNI): %d int8 kernel(s) split for exact accumulators",
-                 isa.name, split)
+        log.info("oneDNN runs on %s: %d int8 kernel(s) split for exact accumulators (their "
+                 "implementations have no VNNI)", isa.name, split)
     return {"cpu_isa": isa.name, "exact_int8_dot_products": exact,
             "exact_int8": dict(ctx.exact_int8)}

@@ -193,8 +193,9 @@ def _numpy_instead(ctx: LowerContext, node: Node) -> str:
     return ""
 
 
-# ISAs with exact int8 dot products (VNNI / AMX): no_vnni.EXACT_INT8_ISAS; without them
-# no_vnni.py splits the int8 weights so the accumulators stay exact (docs/onednn.md).
+# int8 kernels whose implementation has no VNNI / AMX: no_vnni.py splits their weights so the
+# accumulators stay exact (decided per primitive from oneDNN's implementation name;
+# docs/onednn.md).
 def _int8(plan: Plan) -> bool:
     return any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
                and plan.slots[k.reads[0]].md.dtype in (DataType.u8, DataType.s8)

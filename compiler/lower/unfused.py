@@ -51,25 +51,38 @@ def lower_compute(ctx: LowerContext, node: Node, *, channel_axis: int, create: C
                   src_zp: int, wei_zp: int, wei_mask: int, src_value: str | None = None,
                   weights_slot: Callable[[PrimitiveDesc], str] | None = None,
                   exact: no_vnni.Exactness | None = None) -> None:
-    """The int8 primitive (zero points only, f32 dst), then the chain op by op; ``exact``
-    (no VNNI): the accumulator from split weights (no_vnni.py)."""
+    """The int8 primitive (zero points only, f32 dst), then the chain op by op; ``exact``:
+    if the implementation oneDNN picks is not exact, the accumulator from split weights
+    (no_vnni.py)."""
     y = node.outputs[0]
     shape = ctx.info(y).shape
     channels = shape[channel_axis]
     empty = Composed(channels, DType.F32)
     built = build_attr(empty, ndims=len(shape), channel_axis=channel_axis, wei_mask=wei_mask,
                        dst_type=DataType.f32, src_zp=src_zp, wei_zp=wei_zp)
+    made = None
+    if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
+        made = create(built, any_md(shape, DataType.f32), empty)
+        if not exact.needed(made[0].impl_name):
+            exact = None
+        elif exact.shift_src:
+            node, src_zp = exact.shift_source()
+            built = build_attr(empty, ndims=len(shape), channel_axis=channel_axis,
+                               wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
+                               wei_zp=wei_zp)
+            made = None
     if exact is not None and exact.splits:
-        plain = empty
+        plain, unsplit_attr = empty, built
         empty, create, weights_slot, wei_zp = exact.apply(
             ctx, node, empty, create=create, weights_slot=weights_slot,
             channel_axis=channel_axis, wei_mask=wei_mask, src_zp=src_zp, wei_zp=wei_zp,
-            unsplit=lambda: create(built, any_md(shape, DataType.f32), plain)[0])
+            unsplit=lambda: create(unsplit_attr, any_md(shape, DataType.f32), plain)[0])
         if exact.splits:
             built = build_attr(empty, ndims=len(shape), channel_axis=channel_axis,
                                wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
                                wei_zp=wei_zp)
-    pd, wmem = create(built, any_md(shape, DataType.f32), empty)
+            made = None
+    pd, wmem = made if made is not None else create(built, any_md(shape, DataType.f32), empty)
     x = src_value or node.inputs[0]
     args = {int(Arg.SRC): ctx.source(x, pd.src_md), **built.slot_args}
     fixed = dict(built.fixed)

@@ -18,7 +18,7 @@ import pytest
 
 from qfuse.compiler.api import CompiledModel, compile_model
 from qfuse.compiler.lower import Options, Plan, lower
-from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
+from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS, impl_is_exact
 from qfuse.examples import zoo
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Act, Activation, ChainOp, Fused, Quantize, Residual, Scale, Shift
@@ -250,7 +250,7 @@ def local_agreement(model: CompiledModel, feeds: dict[str, np.ndarray],
 
 def zoo_values() -> dict[str, np.ndarray]:
     """Every value of the small zoo plans (fused and unfused), keyed name|mode|value; asserts
-    that every int8 compute kernel says how it is exact where the int8 nodes are split."""
+    that every int8 compute kernel runs on an exact implementation or says how it is exact."""
     values = {}
     for name in zoo.SMALL_ARCHITECTURES:
         model = zoo.quantized_model(name)
@@ -258,10 +258,10 @@ def zoo_values() -> dict[str, np.ndarray]:
         for mode in ("fused", "unfused"):
             compiled = compile_model(model, mode=mode)
             info = compiled.inspect()
-            for kernel in info["kernels"]:  # every int8 compute kernel says how it is exact
-                if SPLITS_INT8 and kernel["primitive"] in ("convolution", "deconvolution",
-                                                           "matmul"):
-                    assert kernel.get("exact_int8"), kernel["name"]
+            for kernel in info["kernels"]:
+                if kernel["primitive"] in ("convolution", "deconvolution", "matmul") and (
+                        kernel["src_dtype"] in ("u8", "s8")):
+                    assert impl_is_exact(kernel["impl"]) or kernel.get("exact_int8"), kernel
             for value, array in compiled.run_all(feeds).items():
                 values[f"{name}|{mode}|{value}"] = array
     return values

@@ -23,12 +23,14 @@ Run with -s to print the kernel / reorder counts and agreement figures per model
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from qfuse.compiler.api import CompiledModel, compile_model
+from qfuse.compiler.lower.no_vnni import HIGH_HALF, LOW_HALF, SPLIT, impl_is_exact, isa_is_exact
 from qfuse.examples import zoo
 from qfuse.ir import Op
 from qfuse.passes import strip_quantization
@@ -102,10 +104,33 @@ def test_int8_modes_agree_per_kernel_and_end_to_end(case: dict, mode: str) -> No
     assert worst_out <= END_TO_END_LSB and cos >= 0.999
     for kernel in info["kernels"]:
         # without VNNI oneDNN has only ref:any for a few shapes (shufflenet's grouped 1x1
-        # convs, the transformer's matmuls with a sum): exact, recorded, not split
+        # convs, the transformer's matmuls with a sum): exact, not split; with VNNI none
         if kernel["primitive"] in ("convolution", "deconvolution", "matmul"):
-            assert (not kernel["impl"].startswith("ref")
-                    or "ref:any" in kernel.get("exact_int8", "")), kernel
+            assert not kernel["impl"].startswith("ref") or not isa_is_exact(), kernel
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused"])
+def test_every_int8_kernel_is_exact_or_split(case: dict, mode: str) -> None:
+    """Per primitive, from the implementation oneDNN picked (compiler/lower/no_vnni.py): an
+    int8 conv / deconv / matmul runs on an exact implementation (VNNI, AMX, ref), or its
+    record says how it stays exact — split weights (and the halves), or weights / depthwise
+    products that cannot saturate — and names the inexact implementation that required it."""
+    info = case["compiled"][mode].inspect()
+    int8 = [k for k in info["kernels"] if k["primitive"] in ("convolution", "deconvolution",
+                                                             "matmul")
+            and k["src_dtype"] in ("u8", "s8")]
+    assert int8
+    for kernel in int8:
+        how = kernel.get("exact_int8")
+        if how is None:
+            assert impl_is_exact(kernel["impl"]), kernel
+            continue
+        assert how in (LOW_HALF, HIGH_HALF) or SPLIT in how or "no split needed" in how, how
+        unsplit = re.search(r"unsplit primitive on (\S+)", how)
+        if how not in (LOW_HALF, HIGH_HALF) and "ref:any accumulates" not in how:
+            assert unsplit is not None and not impl_is_exact(unsplit.group(1)), how
+    if isa_is_exact() and case["name"] in ("resnet", "mobilenetv2", "vgg"):
+        assert not any(k.get("exact_int8") for k in int8)  # every kernel on VNNI / AMX
 
 
 @requires_exact_int8
