@@ -27,6 +27,7 @@ from qfuse.compiler.onnx_import import (
     folding,
     loading,
     patterns,
+    qoperator,
 )
 from qfuse.compiler.onnx_import.context import (
     DEFAULT_DOMAINS,
@@ -236,6 +237,11 @@ def _convert(ctx: Context, node: NodeView) -> None:
     try:
         if domain == "" and folding.foldable(ctx, node):
             folding.fold(ctx, node)
+            return
+        parts = qoperator.expand(ctx, node)  # QOperator ops → DQ → float op → Q
+        if parts is not None:
+            for part in parts:
+                _convert(ctx, part)
             return
         converter = CONVERTERS.get((domain, node.op_type))
         if converter is None:
