@@ -14,8 +14,8 @@ docs/ContribOperators.md and onnxruntime/contrib_ops/cpu/quantization/*.cc for c
 - QLinearMatMul(a, sa, za, b, sb, zb, sy, zy): ``Q(DQ(a) @ DQ(b; axis rank-1))``.
 - QGemm (com.microsoft; A, sa, za, B, sb, zb[, C, sy, zy]; alpha, transA, transB): C is int32
   added to the accumulator before ``alpha·sa·sb`` multiplies it, so C is at scale
-  ``alpha·sa·sb`` (onnxruntime's quantizer writes it at ``sa·sb·beta`` and sets alpha... only
-  1 for the models it makes). Without sy the output is float: ``alpha·DQ(A)·DQ(B) + DQ(C)``.
+  ``alpha·sa·sb`` (checked bit-exactly against onnxruntime with alpha = 0.5). Without sy the
+  output is float: ``alpha·DQ(A)·DQ(B) + DQ(C)``.
 - ConvInteger / MatMulInteger (x, w[, zx, zw]) → int32: ``Σ (x - zx)·(w - zw)``, written as
   ``Cast_int32(conv(DQ(x; 1, zx), DQ(w; 1, zw)))``. Exact when every partial sum is an
   integer below 2^24 in magnitude (float32 holds it exactly, so neither the float reference
@@ -28,6 +28,12 @@ docs/ContribOperators.md and onnxruntime/contrib_ops/cpu/quantization/*.cc for c
 - QLinearSigmoid / QLinearLeakyRelu (alpha) / QLinearSoftmax (axis, opset):
   ``Q(f(DQ(x)))`` (onnxruntime evaluates these through a 256-entry table of exactly that
   float formula, softmax through exp tables).
+
+Standard ops that QOperator models apply to u8/s8 tensors directly: MaxPool, Reshape, Flatten,
+Transpose, (Un)Squeeze, Split, Slice, Pad, Identity and nearest Resize become
+``Q(op(DQ(x)))`` with x's scale and zero point (exact, and the form the QDQ quantizer writes);
+a linear Resize of u8/s8 data is ``Cast_T(Resize(Cast_f32(x)))``: onnxruntime interpolates in
+float32 and truncates toward zero.
 
 Weights: a constant u8 (or s8) weight with zero point zw whose ``w - zw`` fits in int8 is
 stored as s8 with zero point 0 (exact: DQ gives the same ``(w - zw)·s``), the form the int8
