@@ -384,8 +384,7 @@ def _requantizable(ctx: Context, node: NodeView) -> bool:
     if node.op_type == "Resize":
         return str(node.attr("mode", "nearest")) == "nearest"
     if node.op_type == "Pad":
-        return str(node.attr("mode", "constant")) == "constant" and not (
-            node.input(2) and not ctx.is_const(node.input(2)))
+        return not (node.input(2) and not ctx.is_const(node.input(2)))
     return True
 
 
@@ -400,7 +399,7 @@ def _requantized(b: _Builder) -> None:
     scale = b.const("scale", np.asarray(quant.scale_array(), np.float32).reshape(()))
     zp = b.const("zero_point", np.asarray(quant.zero_point_array()).astype(dtype).reshape(()))
     inputs = [b.dq(n.input(0), scale, zp, "x"), *n.inputs[1:]]
-    if n.op_type == "Pad":
+    if n.op_type == "Pad" and str(n.attr("mode", "constant")) == "constant":
         c = ctx.consts[n.input(2)] if n.input(2) else np.zeros((), dtype)
         level = int(np.asarray(c).reshape(-1)[0]) - int(quant.zero_point_array().reshape(-1)[0])
         real = np.float32(level) * quant.scale_array().reshape(-1)[0]

@@ -48,11 +48,13 @@ def _qparams(prefix: str, scale: float, zp: int, elem: int) -> list[onnx.TensorP
 
 def qlinear_conv(seed: int, *, per_channel: bool = True, w_elem: int = S8, w_zp: int = 0,
                  w_span: int = 64, group: int = 1, x_elem: int = U8, stride: int = 1,
-                 bias: bool = True) -> Case:
+                 bias: bool = True, w_range: tuple[int, int] | None = None) -> Case:
     rng = np.random.default_rng(seed)
     cin, cout, k = 8, 12 if group == 1 else 8, 3
     x = _act(rng, [1, cin, 9, 9], x_elem)
     w = rng.integers(-w_span, w_span + 1, (cout, cin // group, k, k)) + w_zp
+    if w_range is not None:
+        w = rng.integers(w_range[0], w_range[1] + 1, w.shape)
     w_scale = rng.uniform(0.002, 0.01, cout if per_channel else ()).astype(np.float32)
     w_zps = np.full(w_scale.shape, w_zp)
     inits = [*_qparams("x", 0.03, 7 if x_elem == S8 else 120, x_elem),
@@ -196,7 +198,7 @@ CASES: dict[str, Callable[[int], Case]] = {
     "QLinearConv_s8_per_channel": lambda s: qlinear_conv(s),
     "QLinearConv_s8_per_tensor": lambda s: qlinear_conv(s, per_channel=False),
     "QLinearConv_u8w_zp": lambda s: qlinear_conv(s, w_elem=U8, w_zp=128),
-    "QLinearConv_u8w_zp_wide": lambda s: qlinear_conv(s, w_elem=U8, w_zp=60, w_span=55),
+    "QLinearConv_u8w_zp_wide": lambda s: qlinear_conv(s, w_elem=U8, w_zp=20, w_range=(0, 200)),
     "QLinearConv_depthwise": lambda s: qlinear_conv(s, group=8),
     "QLinearConv_strided_nobias": lambda s: qlinear_conv(s, stride=2, bias=False),
     "QLinearConv_s8_activations": lambda s: qlinear_conv(s, x_elem=S8),

@@ -76,8 +76,12 @@ def test_single_op_matches_onnxruntime(case: str, seed: int = 0) -> None:
 COMPUTE = {"QLinearConv": "convolution", "QLinearMatMul": "matmul", "QGemm": "matmul"}
 
 
+# Not fused: QGemm_float_output (no output quantization to fuse) and QLinearConv_u8w_zp_wide
+# (u8 weights whose w - zw leaves int8: oneDNN convolutions take no weight zero point, so the
+# conv runs in float32 — still bit-exact, checked above).
 @pytest.mark.parametrize("case", sorted(c for c in CASES if c.startswith(tuple(COMPUTE))
-                                        and c != "QGemm_float_output"))
+                                        and c not in ("QGemm_float_output",
+                                                      "QLinearConv_u8w_zp_wide")))
 def test_compute_ops_fuse_into_one_int8_kernel(case: str) -> None:
     model, feeds = dequantized(CASES[case](0))
     (want,) = _ort(model, feeds)
@@ -212,3 +216,31 @@ def test_zoo_qoperator_kernels_match_onnxruntime(name: str) -> None:
         assert not np.any(differ & ~allowed), f"{d.tensor} ({d.how})"
     compiled = qfuse.compile_model(_zoo(name, "qoperator"))
     assert compiled.run(feeds)[compiled.outputs[0]].size  # compiles and runs fused
+
+
+@pytest.mark.parametrize("pad_mode", ["constant", "reflect"])
+def test_u8_data_movement_keeps_the_producer_quantization(pad_mode: str) -> None:
+    """QLinearLeakyRelu → Pad → MaxPool → Transpose → Reshape, all on u8 (as QOperator models
+    write them): each becomes DQ → op → Q with the producer's scale and zero point. (ys is not
+    0.04: with xs·alpha/ys = 1/4 the LeakyRelu lands on exact .5 ties, where qfuse's standalone
+    f32→u8 reorder, ``x·f32(1/s)``, and ONNX's ``x/s`` round apart — docs/numerics.md.)"""
+    f32, u8 = np.float32, np.uint8
+    inits = [onnx.numpy_helper.from_array(np.array(v, t), n) for n, v, t in (
+        ("xs", 0.05, f32), ("xz", 128, u8), ("ys", 0.03, f32), ("yz", 100, u8),
+        ("pads", [0, 0, 1, 2, 0, 0, 2, 1], np.int64), ("c", 7, u8),
+        ("shape", [1, -1], np.int64))]
+    pad_inputs = ["a", "pads", "c"] if pad_mode == "constant" else ["a", "pads"]
+    nodes = [helper.make_node("QLinearLeakyRelu", ["x", "xs", "xz", "ys", "yz"], ["a"],
+                              domain=MS, alpha=0.2),
+             helper.make_node("Pad", pad_inputs, ["p"], mode=pad_mode),
+             helper.make_node("MaxPool", ["p"], ["m"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Transpose", ["m"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("Reshape", ["t", "shape"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", U8, [1, 3, 6, 7])],
+                              [helper.make_tensor_value_info("y", U8, [1, 60])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)], ir_version=8)
+    feeds = {"x": np.random.default_rng(2).integers(0, 256, (1, 3, 6, 7)).astype(np.uint8)}
+    (want,) = _ort(model, feeds)
+    for mode in ("fused", "reference"):
+        np.testing.assert_array_equal(_run(model, feeds, mode), want)
