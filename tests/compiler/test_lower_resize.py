@@ -25,14 +25,15 @@ from qfuse.runtime.numerics import cosine
 from qfuse.runtime.onednn import Alg, Arg, DataType, FormatTag, Memory, MemoryDesc, resampling
 from qfuse.runtime.reference import IMPLS
 from tests.compiler.lower_helpers import (
+    Agreement,
     add_int8_conv,
     int_input,
+    local_agreement,
     random_int,
     ref_eval,
     requires_exact_int8,
     run_plan,
 )
-from tests.compiler.test_lower_zoo import Agreement, local_agreement
 
 F32 = np.float32
 RNG = np.random.default_rng(5)
