@@ -17,7 +17,7 @@ QOperator model.
 - the small zoo models quantized by quantize_static in QOperator format: fused output identical
   to the QDQ model's (same calibration) where both formats quantize the same tensors, and every
   integer kernel of the imported graph equal to onnxruntime's tensor from onnxruntime's own
-  inputs (elements a saturating u8·s8 pair can touch exempt, as in test_emulate_ort).
+  inputs (elements a saturating u8·s8 pair can touch exempt: tests/ort_int8.may_saturate).
 """
 
 from __future__ import annotations
@@ -34,8 +34,7 @@ from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.examples import zoo
 from qfuse.runtime.emulate import emulate, plan
 from tests.compiler.qoperator_models import CASES, MS, U8, dequantized, qlinear_conv
-from tests.ort_int8 import ort_int8_exact
-from tests.runtime.test_emulate_ort import _may_saturate
+from tests.ort_int8 import may_saturate, ort_int8_exact
 
 # Ops onnxruntime computes with one folded float32 multiplier (module docstring).
 FOLDED_MULTIPLIER = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearMul")
@@ -108,7 +107,7 @@ def test_full_range_weights_exact(seed: int) -> None:
     else:
         (decision,) = [d for d in plan(graph, "onnxruntime") if d.integer]
         assert decision.match is not None
-        may = _may_saturate(decision.match, lambda v: graph.constant(v)
+        may = may_saturate(decision.match, lambda v: graph.constant(v)
                             if graph.constant(v) is not None else feeds[v])
         assert may is not None and not np.any((theirs != exact) & ~may)
 
@@ -211,7 +210,7 @@ def test_zoo_qoperator_kernels_match_onnxruntime(name: str) -> None:
     for d in decisions:
         assert d.prepared is not None and d.match is not None
         differ = d.prepared.run(read) != theirs[d.tensor]
-        may = None if exact_ort else _may_saturate(d.match, read)
+        may = None if exact_ort else may_saturate(d.match, read)
         allowed = np.zeros_like(differ) if may is None else np.broadcast_to(may, differ.shape)
         assert not np.any(differ & ~allowed), f"{d.tensor} ({d.how})"
     compiled = qfuse.compile_model(_zoo(name, "qoperator"))
