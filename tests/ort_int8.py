@@ -19,17 +19,23 @@ integer result:
 optimizations off (``ORT_DISABLE_ALL``): the QDQ nodes then run as written, DequantizeLinear →
 float32 op → QuantizeLinear, which is the model's ONNX meaning with exact integer inputs.
 Tests that hold qfuse to "what onnxruntime computes" use it, so their tolerances stay the same
-on every CPU.
+on every CPU. ``may_saturate(match, read)`` marks the output elements of a u8 x s8 kernel that
+a saturating pair can touch (QOperator models run those MLAS kernels whatever the session).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from qfuse.ir import DType, Op
+from qfuse.runtime.emulate.patterns import Match
+from qfuse.runtime.reference import IMPLS
 
 _K = 8
 _X, _W = 255, 127
@@ -82,3 +88,34 @@ def qdq_session(model: onnx.ModelProto | str) -> ort.InferenceSession:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     data = model if isinstance(model, str) else model.SerializeToString()
     return ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
+
+
+_BIG_PRODUCT = 1 << 14  # two products below it sum to at most 2·(2^14 - 1) = 32766
+
+
+def may_saturate(m: Match, read: Callable[[str], np.ndarray]) -> np.ndarray | None:
+    """Output elements of a u8 x s8 Conv / MatMul / Gemm whose window holds a product
+    ``|x_q·w_q| ≥ 2^14`` (the only ones a saturating pair can touch); None for other kernels.
+    Per distinct ``|w| = v``: count the taps with ``x_q ≥ ceil(2^14 / v)`` and ``|w| = v``."""
+    if m.op.op not in (Op.CONV, Op.MATMUL, Op.GEMM):
+        return None
+    x, w = m.operands[:2]
+    if x.dtype is not DType.U8 or w.dtype is not DType.S8:
+        return None
+    xq, wq = read(x.value).astype(np.int64), np.abs(read(w.value).astype(np.int64))
+    zp = int(x.zero_point)
+    count: np.ndarray | int = 0
+    for v in np.unique(wq):
+        if 255 * v < _BIG_PRODUCT:
+            continue
+        t = -(-_BIG_PRODUCT // v)
+        hot, wv = (xq >= t).astype(np.int64), (wq == v).astype(np.int64)
+        if m.op.op is Op.CONV:  # padding taps hold zp: count them through the identity
+            pad_hot = int(zp >= t)  # sum(hot·w) = sum((hot - pad_hot)·w) + pad_hot·sum(w)
+            per_oc = wv.reshape(wv.shape[0], -1).sum(1).reshape(1, -1, *[1] * (xq.ndim - 2))
+            count = count + IMPLS[Op.CONV](m.op, [hot - pad_hot, wv])[0] + pad_hot * per_oc
+        elif m.op.op is Op.GEMM:
+            count = count + hot @ (wv.T if m.op.attrs.trans_b else wv)
+        else:
+            count = count + np.matmul(hot, wv)
+    return np.asarray(count) > 0

@@ -28,6 +28,7 @@ from qfuse.compiler.onnx_import import (
     islands,
     loading,
     patterns,
+    qoperator,
 )
 from qfuse.compiler.onnx_import.context import (
     DEFAULT_DOMAINS,
@@ -258,6 +259,11 @@ def _convert(ctx: Context, node: NodeView) -> None:
                 folding.fold(ctx, node)
             except UnsupportedModelError as exc:
                 islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
+            return
+        parts = qoperator.expand(ctx, node)  # QOperator ops → DQ → float op → Q
+        if parts is not None:
+            for part in parts:
+                _convert(ctx, part)
             return
         converter = CONVERTERS.get((domain, node.op_type))
         if converter is None:

@@ -93,18 +93,23 @@ def quantized_model(
     calib_samples: int | None = None,
     seed: int = 0,
     preprocess: bool = True,
+    quant_format: str = "qdq",
     **kw: Any,
 ) -> onnx.ModelProto:
     """Build `name` with weight seed `seed` and quantize it with quantize_static (QDQ, u8
     activations, s8 weights, MinMax) on `calib_samples` generated inputs (seed `seed`).
 
     `calib_samples=None` means DEFAULT_CALIB_SAMPLES (8), or 4 for resnet50.
+    `quant_format="qoperator"` writes QuantFormat.QOperator (QLinearConv, QGemm, ...) instead.
     """
-    from .quantize import quantize  # imports onnxruntime.quantization (slow), only when needed
+    from .quantize import QuantFormat, quantize  # onnxruntime.quantization is slow to import
 
+    if quant_format not in ("qdq", "qoperator"):
+        raise ValueError(f"quant_format {quant_format!r}: want 'qdq' or 'qoperator'")
     fm = float_model(name, seed=seed, **kw)
     calib = sample_inputs(fm, _calib_samples(name, calib_samples), seed)
-    return quantize(fm, calib, per_channel=per_channel, preprocess=preprocess)
+    fmt = QuantFormat.QOperator if quant_format == "qoperator" else QuantFormat.QDQ
+    return quantize(fm, calib, per_channel=per_channel, preprocess=preprocess, quant_format=fmt)
 
 
 def _calib_samples(name: str, n: int | None) -> int:
@@ -127,10 +132,9 @@ def _source_digest() -> str:
 def _cache_key(name: str, quantized: bool, kw: dict[str, Any]) -> str:
     import onnxruntime
 
-    arch_kw = {
-        k: v for k, v in kw.items() if k not in ("per_channel", "calib_samples", "preprocess")
-    }
-    q_kw = {k: v for k, v in kw.items() if k in ("per_channel", "calib_samples", "preprocess")}
+    q_keys = ("per_channel", "calib_samples", "preprocess", "quant_format")
+    arch_kw = {k: v for k, v in kw.items() if k not in q_keys}
+    q_kw = {k: v for k, v in kw.items() if k in q_keys}
     ident = {
         "zoo": ZOO_VERSION,
         "source": _source_digest(),
@@ -145,6 +149,8 @@ def _cache_key(name: str, quantized: bool, kw: dict[str, Any]) -> str:
             "calib_samples": _calib_samples(name, q_kw.get("calib_samples")),
             "preprocess": q_kw.get("preprocess", True),
         }
+        if q_kw.get("quant_format", "qdq") != "qdq":  # QDQ keys stay as they were
+            ident["quant"]["quant_format"] = q_kw["quant_format"]
     blob = json.dumps(ident, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -161,7 +167,8 @@ def model_path(
     _arch(name)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = (
-        cache / f"{name}-{'qdq' if quantized else 'float'}-{_cache_key(name, quantized, kw)}.onnx"
+        cache / f"{name}-{kw.get('quant_format', 'qdq') if quantized else 'float'}-"
+        f"{_cache_key(name, quantized, kw)}.onnx"
     )
     if path.exists():
         return path

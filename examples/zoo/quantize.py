@@ -103,8 +103,11 @@ def quantize(
     op_types_to_quantize: list[str] | None = None,
     nodes_to_exclude: list[str] | None = None,
     extra_options: dict[str, Any] | None = None,
+    quant_format: QuantFormat = QuantFormat.QDQ,
 ) -> onnx.ModelProto:
-    """Return the QDQ model that quantize_static makes from `float_model` and `calib_inputs`."""
+    """Return the model that quantize_static makes from `float_model` and `calib_inputs` (QDQ
+    unless `quant_format` says QuantFormat.QOperator: QLinearConv, QLinearMatMul, QGemm and
+    the com.microsoft QLinear* ops)."""
     with tempfile.TemporaryDirectory(prefix="qfuse-zoo-") as tmp:
         work = Path(tmp)
         model = pre_process(float_model, work) if preprocess else float_model
@@ -114,7 +117,7 @@ def quantize(
             src,
             dst,
             ListDataReader(calib_inputs),
-            quant_format=QuantFormat.QDQ,
+            quant_format=quant_format,
             per_channel=per_channel,
             reduce_range=reduce_range,
             activation_type=activation_type,

@@ -29,7 +29,6 @@ to end check then takes the first divergence at such a kernel as well.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -39,11 +38,8 @@ import pytest
 
 from qfuse.compiler.api import import_graph
 from qfuse.examples import zoo
-from qfuse.ir import DType, Op
 from qfuse.runtime.emulate import emulate, plan
-from qfuse.runtime.emulate.patterns import Match
-from qfuse.runtime.reference import IMPLS
-from tests.ort_int8 import ort_int8_exact
+from tests.ort_int8 import may_saturate, ort_int8_exact
 from tests.runtime.emulate_models import ConvCase, qdq_add, qdq_conv
 
 CONV_CASES = {
@@ -107,35 +103,6 @@ FIRST_DIVERGENCE_OP = {
 }
 
 
-_BIG_PRODUCT = 1 << 14  # two products below it sum to at most 2·(2^14 - 1) = 32766
-
-
-def _may_saturate(m: Match, read: Callable[[str], np.ndarray]) -> np.ndarray | None:
-    """Output elements of a u8 x s8 Conv / MatMul / Gemm whose window holds a product
-    ``|x_q·w_q| ≥ 2^14`` (the only ones a saturating pair can touch); None for other kernels.
-    Per distinct ``|w| = v``: count the taps with ``x_q ≥ ceil(2^14 / v)`` and ``|w| = v``."""
-    if m.op.op not in (Op.CONV, Op.MATMUL, Op.GEMM):
-        return None
-    x, w = m.operands[:2]
-    if x.dtype is not DType.U8 or w.dtype is not DType.S8:
-        return None
-    xq, wq = read(x.value).astype(np.int64), np.abs(read(w.value).astype(np.int64))
-    zp = int(x.zero_point)
-    count: np.ndarray | int = 0
-    for v in np.unique(wq):
-        if 255 * v < _BIG_PRODUCT:
-            continue
-        t = -(-_BIG_PRODUCT // v)
-        hot, wv = (xq >= t).astype(np.int64), (wq == v).astype(np.int64)
-        if m.op.op is Op.CONV:  # padding taps hold zp: count them through the identity
-            pad_hot = int(zp >= t)  # sum(hot·w) = sum((hot - pad_hot)·w) + pad_hot·sum(w)
-            per_oc = wv.reshape(wv.shape[0], -1).sum(1).reshape(1, -1, *[1] * (xq.ndim - 2))
-            count = count + IMPLS[Op.CONV](m.op, [hot - pad_hot, wv])[0] + pad_hot * per_oc
-        elif m.op.op is Op.GEMM:
-            count = count + hot @ (wv.T if m.op.attrs.trans_b else wv)
-        else:
-            count = count + np.matmul(hot, wv)
-    return np.asarray(count) > 0
 
 
 @pytest.mark.parametrize("name", zoo.SMALL_ARCHITECTURES)
@@ -169,7 +136,7 @@ def test_zoo_quantized_tensors(name: str, tmp_path: Path) -> None:
         assert d.prepared is not None and d.match is not None
         local = d.prepared.run(read)
         differ = local != theirs[d.tensor]
-        may = None if exact_ort else _may_saturate(d.match, read)
+        may = None if exact_ort else may_saturate(d.match, read)
         allowed = np.zeros_like(differ) if may is None else np.broadcast_to(may, differ.shape)
         assert not np.any(differ & ~allowed), (
             f"{d.tensor} ({d.how}): {int((differ & ~allowed).sum())} elements differ with ORT's "
