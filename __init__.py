@@ -21,6 +21,6 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
-from qfuse.compiler.api import CompiledModel, compile_model, import_graph  # noqa: E402
+from qfuse.compiler.api import CompiledModel, compile_model, import_graph
 
 __all__ = ["CompiledModel", "__version__", "compile_model", "import_graph"]

@@ -1,4 +1,4 @@
-"""The one ordered list of passes (DESIGN.md "Passes"), and the function that runs it."""
+"""The one ordered list of passes (docs/design.md, "Passes"), and the function that runs it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from qfuse.passes import (
     fold_batchnorm,
     fold_weight_quantize,
     fuse_bias,
+    fuse_gated_activation,
     fuse_post_ops,
     fuse_quantized_norm,
     gemm_to_matmul,
@@ -40,6 +41,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("qdq_to_fake_quantize", qdq_to_fake_quantize.run),
     ("decompose_fake_quantize", decompose_fake_quantize.run),
     ("fold_weight_quantize", fold_weight_quantize.run),
+    # x·sigmoid(x), x·hardsigmoid(x), x·relu6(x + 3)/6 as one activation the producer absorbs
+    ("fuse_gated_activation", fuse_gated_activation.run),
     # 4. dequantize moved through precision-preserving ops and after compute ops
     ("propagate_dequantize", propagate_dequantize.run),
     ("move_dequantize", move_dequantize.run),

@@ -59,6 +59,7 @@ class Act(enum.Enum):
     RELU = "relu"  # alpha = negative slope (0 for ReLU, alpha for LeakyReLU)
     CLIP = "clip"  # [alpha, beta]
     SIGMOID = "logistic"
+    SWISH = "swish"  # x·sigmoid(alpha·x); alpha = 1 for SiLU
     TANH = "tanh"
     HARD_SWISH = "hardswish"  # x·max(0, min(1, alpha·x + beta)); ONNX: alpha=1/6, beta=1/2
     HARD_SIGMOID = "hardsigmoid"  # max(0, min(1, alpha·x + beta)); alpha, beta always set
@@ -96,7 +97,7 @@ class Residual:
 
 @dataclass(frozen=True)
 class Quantize:
-    """A quantize-only FakeQuantize (seed 000), into the integer domain:
+    """A quantize-only FakeQuantize (OpenVINO fake_quantize.md), into the integer domain:
 
     y = clip(x, il, ih) → (y - il)·(levels-1)/(ih-il) → round → · (oh-ol)/(levels-1) + ol
 
@@ -117,18 +118,6 @@ class Quantize:
 
 
 ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize
-
-
-def is_per_tensor(op: ChainOp) -> bool:
-    """True when every value of ``op`` is one scalar for the whole tensor."""
-    if isinstance(op, Scale | Shift):
-        return len(op.values) == 1
-    if isinstance(op, PRelu):
-        return len(op.slopes) == 1
-    if isinstance(op, Quantize):
-        return all(len(v) == 1 for v in (op.input_low, op.input_high, op.output_low,
-                                          op.output_high))
-    return True
 
 
 def describe(op: ChainOp) -> str:
@@ -175,3 +164,23 @@ class Fused:
     src_scale: float | None = None
     absorbed: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def dst_quant(item: Quantize) -> tuple[float, int] | str:
+    """(dst scale, dst zero point) that store ``item`` — ``saturate(rint(y/s) + zp)`` — or why
+    there are none. With unit output steps ``oh - ol = L - 1`` the FakeQuantize is
+    ``round((y - il)/(ih - il)·(L - 1)) + ol = round(y/s) + zp``, ``s = (ih - il)/(L - 1)``
+    (the model's own scale when known), ``zp = ol - il/s``, and [ol, oh] must cover the type
+    (the store saturates there). The standalone quantize reorder took the same (lower_quant.py);
+    near-ties may round one step apart from the FakeQuantize's division."""
+    il, ih, ol, oh = (v[0] for v in (item.input_low, item.input_high, item.output_low,
+                                     item.output_high))
+    lo, hi = item.dtype.range
+    if not ih > il or oh - ol != item.levels - 1 or ol > lo or oh < hi:
+        return (f"the quantize [{il:.6g}, {ih:.6g}] → [{ol:g}, {oh:g}] ({item.levels} levels) "
+                f"is not a dst scale and zero point onto {item.dtype.name}")
+    s = item.scale if item.scale is not None else float(np.float32((ih - il) / (oh - ol)))
+    zp = ol - il / s
+    if abs(zp - round(zp)) > 1e-3:
+        return f"the quantize's zero point {zp:.6g} is not an integer"
+    return s, round(zp)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qfuse.ir import Graph, Node, Op
-from qfuse.passes.composer import ComposerOptions
+from qfuse.ir.postops import ComposerOptions
 
 log = logging.getLogger(__name__)
 

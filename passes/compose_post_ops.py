@@ -1,11 +1,12 @@
-"""Record the composer's oneDNN mapping on every fused node (DESIGN.md pass 7).
+"""Record the composer's oneDNN mapping on every fused node (docs/design.md, pass 7).
 
 For each node with ``fused`` set: ``compose(chain, channels, dst_dtype, options=ctx.composer)``
 with the node's output channels (axis 1 for conv / deconv / pools, the last dim for matmul)
 and its output element type. The result goes to ``node.meta["composed"]`` (a
 ``passes.composer.Composed``: weight scales, bias, post-ops, dst scale / zero point) and the
 names of the optimizations that fired, in order and without repeats, to
-``node.meta["optimizations"]``, for lowering and ``inspect``.
+``node.meta["optimizations"]``, for lowering and ``inspect``; the chain's basic operations
+(``to_basic``, what the unfused mode runs one primitive each) go to ``node.meta["basic"]``.
 
 fuse_post_ops only extends a chain after compose() accepted it, so a ComposeError here means
 that pass (or a later one) is wrong: it is raised, with the node named, not declined.
@@ -17,7 +18,7 @@ import logging
 
 from qfuse.ir import Graph
 from qfuse.passes.base import PassContext
-from qfuse.passes.composer import ComposeError, compose
+from qfuse.passes.composer import ComposeError, compose, to_basic
 from qfuse.passes.post_op_match import out_channels
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
             raise AssertionError(f"{node}: fused chain does not compose ({exc}); "
                                  "fuse_post_ops should not have built it") from exc
         node.meta["composed"] = composed
+        node.meta["basic"] = to_basic(node.fused.chain, ctx.composer, [])
         node.meta["optimizations"] = list(dict.fromkeys(composed.fired))
         log.debug("%s: post-ops %s, fired %s", node, composed.describe(),
                   node.meta["optimizations"])

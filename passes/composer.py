@@ -1,6 +1,6 @@
-"""DnnlPostOpsComposer (seed 000): a post-op chain → oneDNN 3.x attributes.
+"""DnnlPostOpsComposer (OpenVINO fake_quantize.md): a post-op chain → oneDNN 3.x attributes.
 
-oneDNN 3.x computes (ONEDNN_NOTES.md)
+oneDNN 3.x computes (docs/onednn.md)
 
     x   = f32(acc)·wei_scale[oc] + bias[oc]          (bias is added after the scale)
     x   = post_op_n(… post_op_0(x))                    (eltwise / sum / binary / prelu)
@@ -18,11 +18,11 @@ rounded once instead of the product being rounded twice, which moves results by 
 quantization step, and rarely):
 
 - skip_identity:         x·1 = x, x+0 = x.
-- quantize_clip_after_round (seed 000): for ih > il, with isc = (L-1)/(ih-il), ish = -il·isc,
+- quantize_clip_after_round (OpenVINO fake_quantize.md): for ih > il, with isc = (L-1)/(ih-il), ish = -il·isc,
   round(clip(x, il, ih)·isc + ish) = clip(round(x·isc + ish), 0, L-1), because x ↦ x·isc+ish
   is increasing and maps [il, ih] onto [0, L-1] whose ends are integers. A per-channel crop
   becomes a per-tensor one.
-- fold_output_shift (seed 000): when the FakeQuantize output scale is 1 and its output shift
+- fold_output_shift (OpenVINO fake_quantize.md): when the FakeQuantize output scale is 1 and its output shift
   k = ol is an even integer, round(y) + k = round(y + k) — with round half to even this needs
   k even (rint(2.5) + 1 = 3 but rint(3.5) = 4); qmin is 0 or -128, so a quantize-only
   FakeQuantize always qualifies — and k joins the input shift and the clip bounds move by k.
@@ -42,7 +42,7 @@ quantization step, and rarely):
   per-tensor s and c.
 - per_tensor_eltwise: per-tensor multiply / add / clip as eltwise linear / clip (binary
   post-ops are slower than eltwise).
-- drop_inner_round (off by default; seed 000's "existing implementation" shortcut): a round
+- drop_inner_round (off by default; OpenVINO fake_quantize.md's "existing implementation" shortcut): a round
   that is not the last one and is followed by a residual sum is dropped — this changes results
   (it removes one quantization of the residual branch) and is measured, not assumed.
 """
@@ -50,160 +50,39 @@ quantization step, and rarely):
 from __future__ import annotations
 
 import dataclasses
-import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
-from qfuse.ir.types import DType
-
-OPTIMIZATIONS = (
-    "skip_identity",
-    "quantize_clip_after_round",
-    "fold_output_shift",
-    "drop_round_clip",
-    "dst_zero_point",
-    "dst_scale",
-    "mul_to_weight_scales",
-    "add_to_bias",
-    "relu_mul_swap",
-    "sum_scale",
-    "fold_into_linear",
-    "per_tensor_eltwise",
-    "drop_inner_round",
+from qfuse.ir.chain import Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.postops import (
+    ACT_ALG,
+    Add,
+    Basic,
+    Binary,
+    Clip,
+    Composed,
+    ComposerOptions,
+    Eltwise,
+    Mul,
+    Prelu,
+    Round,
+    Sum,
 )
-DEFAULT_OFF = frozenset({"drop_inner_round"})
+from qfuse.ir.types import DType
 
 
 class ComposeError(ValueError):
     """The chain cannot be expressed with oneDNN attributes."""
 
 
-@dataclass(frozen=True)
-class ComposerOptions:
-    enabled: frozenset[str] = frozenset(OPTIMIZATIONS) - DEFAULT_OFF
-
-    def on(self, name: str) -> bool:
-        return name in self.enabled
-
-    def without(self, *names: str) -> ComposerOptions:
-        return ComposerOptions(self.enabled - set(names))
-
-    def with_(self, *names: str) -> ComposerOptions:
-        unknown = set(names) - set(OPTIMIZATIONS)
-        if unknown:
-            raise ValueError(f"unknown composer optimizations {sorted(unknown)}")
-        return ComposerOptions(self.enabled | set(names))
-
-
-# ------------------------------------------------------------------ basic operations
-@dataclass(frozen=True)
-class Mul:
-    values: np.ndarray  # shape (1,) or (C,)
-    # Set when this multiply is 1/s of a quantization with the known scale s.
-    inverse_of: float | None = None
-
-
-@dataclass(frozen=True)
-class Add:
-    values: np.ndarray
-
-
-@dataclass(frozen=True)
-class Round:
-    pass
-
-
-@dataclass(frozen=True)
-class Clip:
-    lo: np.ndarray
-    hi: np.ndarray
-
-
-@dataclass(frozen=True)
-class Eltwise:
-    """oneDNN eltwise algorithm name without the ``eltwise_`` prefix."""
-
-    alg: str
-    alpha: float = 0.0
-    beta: float = 0.0
-
-
-@dataclass(frozen=True)
-class Sum:
-    scale: float
-    zero_point: int
-    dtype: DType
-    port: int
-
-
-@dataclass(frozen=True)
-class Prelu:
-    slopes: np.ndarray
-
-
-@dataclass(frozen=True)
-class Binary:
-    """oneDNN binary post-op with a per-channel (or per-tensor) second operand."""
-
-    alg: str  # add, mul, max, min
-    values: np.ndarray
-
-
-Basic = Mul | Add | Round | Clip | Eltwise | Sum | Prelu
-PostOp = Eltwise | Sum | Binary | Prelu
-
-ACT_ALG = {
-    Act.RELU: "relu",
-    Act.CLIP: "clip",
-    Act.SIGMOID: "logistic",
-    Act.TANH: "tanh",
-    Act.HARD_SWISH: "hardswish",
-    Act.HARD_SIGMOID: "hardsigmoid",
-    Act.GELU_ERF: "gelu_erf",
-    Act.GELU_TANH: "gelu_tanh",
-}
-
-
 def _f32(values: object) -> np.ndarray:
     return np.atleast_1d(np.asarray(values, dtype=np.float64)).astype(np.float32)
 
 
-@dataclass
-class Composed:
-    """oneDNN attributes for one int8 compute primitive."""
-
-    channels: int
-    dst_dtype: DType
-    wei_scales: np.ndarray = field(default_factory=lambda: np.ones(1, np.float32))
-    bias: np.ndarray | None = None
-    post_ops: list[PostOp] = field(default_factory=list)
-    dst_scale: float | None = None  # dequantization-style: dst_q = x / dst_scale + dst_zp
-    dst_zero_point: int = 0
-    fired: list[str] = field(default_factory=list)
-
-    @property
-    def wei_scale_mask_per_channel(self) -> bool:
-        return self.wei_scales.size > 1
-
-    def describe(self) -> list[str]:
-        names = []
-        for op in self.post_ops:
-            if isinstance(op, Eltwise):
-                names.append(f"eltwise_{op.alg}")
-            elif isinstance(op, Sum):
-                names.append("sum")
-            elif isinstance(op, Binary):
-                names.append(f"binary_{op.alg}")
-            else:
-                names.append("prelu")
-        return names
-
 
 # ---------------------------------------------------------------------- lowering
 def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -> list[Basic]:
-    """Chain items → basic operations (FakeQuantize per seed 000's decomposition)."""
+    """Chain items → basic operations (FakeQuantize per OpenVINO fake_quantize.md's decomposition)."""
     basic: list[Basic] = []
     for item in chain:
         if isinstance(item, Scale):
@@ -410,15 +289,3 @@ def _append_add(out: Composed, values: np.ndarray, options: ComposerOptions) -> 
         out.fired.append("per_tensor_eltwise")
         return
     out.post_ops.append(Binary("add", values))
-
-
-def is_finite_chain(chain: list[ChainOp]) -> bool:
-    """Every constant of the chain is finite (NaN/inf scales are refused earlier)."""
-    for item in chain:
-        for f in dataclasses.fields(item):
-            v = getattr(item, f.name)
-            if isinstance(v, tuple) and not all(math.isfinite(x) for x in v):
-                return False
-            if isinstance(v, float) and not math.isfinite(v):
-                return False
-    return True

@@ -1,10 +1,10 @@
-"""Post-op fusion (DESIGN.md pass 6): a fused compute node absorbs its single-consumer chain.
+"""Post-op fusion (docs/design.md, pass 6): a fused compute node absorbs its single-consumer chain.
 
 Walk forward from the node's output while the current value has exactly one reader and is
 not a graph output, turning each reader into chain items (ir/chain.py):
 
     Mul(x, c) / Add(x, c), c constant per tensor or per channel   → Scale(c) / Shift(c)
-    Relu, LeakyRelu(a), Clip(lo, hi), Sigmoid, Tanh, HardSigmoid(a, b), HardSwish, Gelu
+    Relu, LeakyRelu(a), Clip(lo, hi), Sigmoid, Swish, Tanh, HardSigmoid(a, b), HardSwish, Gelu
                                                                    → Activation
     PRelu(x, slopes), constant slopes per tensor or per channel    → PRelu(slopes)
     Add(x, r), r non-constant of the output's shape                → Residual(port of r)
@@ -19,7 +19,7 @@ end with an f32 dst and an 8-bit residual (or the reverse) is cut before the Add
 
 After a Quantize the walk stops, except into ``DequantizeLinear`` of that value: it continues
 as ``Shift(-zp), Scale(s)`` (exact: ``(q - zp)·s`` in float32) *only if* the walk then reaches
-a residual Add — seed 000's residual block "FQ followed by SUM and another FQ" — or another
+a residual Add — OpenVINO fake_quantize.md's residual block "FQ followed by SUM and another FQ" — or another
 quantize (a requantization, e.g. into a Concat's common scale, optionally through post-ops
 such as a Mul or GELU). When neither follows, the walk is rolled back to the Quantize: the
 DequantizeLinear is then better moved into the next compute node. The requantize case goes
@@ -61,7 +61,14 @@ from dataclasses import dataclass, field
 
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
-from qfuse.ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs
+from qfuse.ir.ops import (
+    AlphaAttrs,
+    ClipAttrs,
+    GeluApprox,
+    GeluAttrs,
+    HardSigmoidAttrs,
+    HardSwishAttrs,
+)
 from qfuse.passes import matmul_reshape
 from qfuse.passes.base import PassContext
 from qfuse.passes.composer import ComposeError, compose
@@ -328,8 +335,10 @@ def _activation(reader: Node) -> Activation | None:
         return Activation(Act.CLIP, float(attrs.min), float(attrs.max))
     if op is Op.HARD_SIGMOID and isinstance(attrs, HardSigmoidAttrs):
         return Activation(Act.HARD_SIGMOID, float(attrs.alpha), float(attrs.beta))
-    if op is Op.HARD_SWISH:
-        return Activation(Act.HARD_SWISH, 1.0 / 6.0, 0.5)
+    if op is Op.HARD_SWISH and isinstance(attrs, HardSwishAttrs):
+        return Activation(Act.HARD_SWISH, float(attrs.alpha), float(attrs.beta))
+    if op is Op.SWISH:
+        return Activation(Act.SWISH, 1.0)
     if op is Op.GELU and isinstance(attrs, GeluAttrs):
         tanh = attrs.approximate is GeluApprox.TANH
         return Activation(Act.GELU_TANH if tanh else Act.GELU_ERF)

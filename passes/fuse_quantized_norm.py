@@ -1,6 +1,6 @@
 """Softmax / LayerNormalization with an integer source and/or an integer output: one node, the
 DequantizeLinear before it and the output quantize after it folded in (oneDNN 3.2's int8
-softmax and layer normalization; DESIGN.md "Passes" 6 for ops that are not compute ops).
+softmax and layer normalization; docs/design.md, pass 6 for ops that are not compute ops).
 
 Pattern: N = Softmax(x) or LayerNormalization(x, γ, β) in float32 with
 
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qfuse.ir import Graph, Node, Op
-from qfuse.ir.chain import ChainOp, Fused, Quantize
+from qfuse.ir.chain import ChainOp, Fused, Quantize, dst_quant
 from qfuse.ir.ops import LayerNormAttrs
 from qfuse.passes.base import PassContext
 from qfuse.passes.post_op_match import retarget
@@ -159,26 +159,6 @@ def _output(graph: Graph, node: Node) -> tuple[Node, Quantize] | str | None:
         return (f"zero point {found[1]}: oneDNN's softmax takes no dst zero point (and has no "
                 "shift to fold it into)")
     return fq, item
-
-
-def dst_quant(item: Quantize) -> tuple[float, int] | str:
-    """(dst scale, dst zero point) that store ``item`` — ``saturate(rint(y/s) + zp)`` — or why
-    there are none. With unit output steps ``oh - ol = L - 1`` the FakeQuantize is
-    ``round((y - il)/(ih - il)·(L - 1)) + ol = round(y/s) + zp``, ``s = (ih - il)/(L - 1)``
-    (the model's own scale when known), ``zp = ol - il/s``, and [ol, oh] must cover the type
-    (the store saturates there). The standalone quantize reorder took the same (lower_quant.py);
-    near-ties may round one step apart from the FakeQuantize's division."""
-    il, ih, ol, oh = (v[0] for v in (item.input_low, item.input_high, item.output_low,
-                                     item.output_high))
-    lo, hi = item.dtype.range
-    if not ih > il or oh - ol != item.levels - 1 or ol > lo or oh < hi:
-        return (f"the quantize [{il:.6g}, {ih:.6g}] → [{ol:g}, {oh:g}] ({item.levels} levels) "
-                f"is not a dst scale and zero point onto {item.dtype.name}")
-    s = item.scale if item.scale is not None else float(np.float32((ih - il) / (oh - ol)))
-    zp = ol - il / s
-    if abs(zp - round(zp)) > 1e-3:
-        return f"the quantize's zero point {zp:.6g} is not an integer"
-    return s, round(zp)
 
 
 def _commit(graph: Graph, node: Node, rewrite: _Rewrite) -> None:

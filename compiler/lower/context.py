@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,7 +37,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.plan import Kernel, KernelInfo, NumpyFn, Plan, Slot
 from qfuse.ir import Graph, Node, Op, TensorInfo
-from qfuse.passes.composer import ComposerOptions
+from qfuse.ir.mode import Mode
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
@@ -54,8 +54,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Options:
-    mode: str = "fused"  # fused | unfused | fp32
-    composer: ComposerOptions = field(default_factory=ComposerOptions)
+    mode: Mode = Mode.FUSED  # one of COMPILED_MODES
     # Without VNNI/AMX, split int8 weights so accumulators stay exact (no_vnni.py); False
     # keeps oneDNN's int16-saturating kernels (for measuring what the split fixes).
     exact_int8: bool = True

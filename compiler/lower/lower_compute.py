@@ -48,7 +48,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
-from qfuse.passes.composer import Composed, Eltwise, compose
+from qfuse.ir.postops import Composed, Eltwise
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
@@ -68,14 +68,12 @@ Create = Callable[[BuiltAttr, "MemoryDesc | None", Composed],
 
 
 def composed_for(ctx: LowerContext, node: Node, channels: int, dst: DType) -> Composed:
-    """The composer's result the passes stored, or composed here; empty for plain nodes."""
+    """The composer's result the compose_post_ops pass stored; empty for plain nodes."""
     if node.fused is None:
         return Composed(channels, dst)
     stored = node.meta.get("composed")
-    if isinstance(stored, Composed):
-        return stored
-    return compose(node.fused.chain, channels=channels, dst_dtype=dst,
-                   options=ctx.options.composer)
+    assert isinstance(stored, Composed), f"{node}: no composed attributes (compose_post_ops)"
+    return stored
 
 
 def conv_weights(w: np.ndarray, group: int, deconv: bool) -> np.ndarray:
@@ -316,7 +314,7 @@ def _scale_as_post_op(composed: Composed) -> Composed:
         posts = [Eltwise("linear", s, float(bias[0]))]
         bias = None
     elif bias is not None:
-        from qfuse.passes.composer import Binary
+        from qfuse.ir.postops import Binary
 
         posts.append(Binary("add", bias))
         bias = None

@@ -33,7 +33,7 @@ from qfuse.compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md
 from qfuse.compiler.lower.lower_compute import composed_for, emit, scale_weights
 from qfuse.ir import DType, Node
 from qfuse.ir.ops import GemmAttrs
-from qfuse.passes.composer import Composed
+from qfuse.ir.postops import Composed
 from qfuse.runtime.onednn import (
     Arg,
     DataType,

@@ -6,7 +6,7 @@ and the oneDNN 3.2 measurements this relies on).
   along its axis; LayerNormalization over the last dim, dims axis..rank-1 flattened into one
   (zero copy), scale and bias as the primitive's SCALE / SHIFT.
 - Fused node, integer output (``fused.chain == [Quantize]``): the dst is u8/s8 with the
-  quantize's dst scale (mask 0, ``fuse_quantized_norm.dst_quant``): ``saturate(rint(y/s))``.
+  quantize's dst scale (mask 0, ``ir.chain.dst_quant``): ``saturate(rint(y/s))``.
   Softmax: zero point 0 (the pass guarantees it). LayerNormalization: a zero point zp is
   folded into the shift, ``β' = f32(β + zp·s_dst)``, since ``rint(y/s) + zp =
   rint((y + zp·s)/s)``.
@@ -32,9 +32,8 @@ from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
 from qfuse.ir import DType, Node
-from qfuse.ir.chain import Quantize
+from qfuse.ir.chain import Quantize, dst_quant
 from qfuse.ir.ops import AxisAttrs, LayerNormAttrs
-from qfuse.passes.fuse_quantized_norm import dst_quant
 from qfuse.runtime.onednn import (
     Arg,
     DataType,

@@ -41,7 +41,7 @@ from qfuse.compiler.lower.layouts import any_md, channels_last, dnnl_type, md_li
 from qfuse.compiler.lower.lower_compute import composed_for
 from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import PoolAttrs
-from qfuse.passes.composer import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Sum
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

@@ -1,6 +1,6 @@
 """Exact int8 convolutions, deconvolutions and matmuls on CPUs without VNNI / AMX.
 
-Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (ONEDNN_NOTES.md
+Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (docs/onednn.md
 "Pitfalls"; each rule measured to 0 LSB in tests/runtime/test_onednn_int8.py under AVX2):
 
 - u8 src: ``vpmaddubsw`` adds the products of two adjacent input channels (K positions for
@@ -73,7 +73,7 @@ from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Node, Op
-from qfuse.passes.composer import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Sum
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

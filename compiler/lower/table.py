@@ -56,6 +56,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.LEAKY_RELU: lower_misc.lower_eltwise,
     Op.CLIP: lower_misc.lower_eltwise,
     Op.SIGMOID: lower_misc.lower_eltwise,
+    Op.SWISH: lower_misc.lower_eltwise,
     Op.TANH: lower_misc.lower_eltwise,
     Op.HARD_SWISH: lower_misc.lower_eltwise,
     Op.HARD_SIGMOID: lower_misc.lower_eltwise,
@@ -135,7 +136,7 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
 
 
 # ISAs with exact int8 dot products (VNNI / AMX): no_vnni.EXACT_INT8_ISAS; without them
-# no_vnni.py splits the int8 weights so the accumulators stay exact (ONEDNN_NOTES.md).
+# no_vnni.py splits the int8 weights so the accumulators stay exact (docs/onednn.md).
 def _int8(plan: Plan) -> bool:
     return any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
                and plan.slots[k.reads[0]].md.dtype in (DataType.u8, DataType.s8)

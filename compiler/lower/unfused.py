@@ -29,7 +29,7 @@ from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, channel_array
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import any_md, const_memory, dnnl_type, md_like, plain_md
 from qfuse.ir import DType, Node
-from qfuse.passes.composer import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum, to_basic
+from qfuse.ir.postops import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -94,8 +94,8 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
     assert node.fused is not None
     y = node.outputs[0]
     yinfo = ctx.info(y)
-    fired: list[str] = []
-    basic = to_basic(node.fused.chain, ctx.options.composer, fired)
+    basic = node.meta.get("basic")
+    assert basic is not None, f"{node}: no basic operations (compose_post_ops)"
     md = ctx.slots[slot].md
     nd, channels = len(yinfo.shape), yinfo.shape[channel_axis]
     for index, op in enumerate(basic):

@@ -16,7 +16,7 @@ ref) and matmul (brg amx/vnni), with inputs built to land on rounding ties
     y   = f32(f32(x * f32(1 / s_dst)) + zp_dst)    dst zero point added in f32, BEFORE rounding
     dst = saturate(rint(y))                        round half to even (MXCSR default)
 
-Two details differ from the one-line model in ONEDNN_NOTES.md (`rint(x/s_dst) + zp_dst`):
+Two details differ from the ONNX-style one-line model `rint(x/s_dst) + zp_dst`:
 the zero point is added before rounding (y + zp loses the low bits of y when |y + zp| is large,
 so e.g. y = 2.50000024, zp = 128 gives rint(130.5) = 130, not rint(2.50000024) + 128 = 131),
 and sum with a scale is fused-multiply-added. Both matter only on values within an ulp of a
@@ -238,12 +238,6 @@ def epilogue(acc: np.ndarray, dst_dtype: np.dtype | type, *, channel_axis: int =
     lo, hi = INT_RANGES[dtype]
     y = np.where(np.isnan(y), NAN_STORE[dtype], np.clip(y, lo, hi))
     return y.astype(dtype)
-
-
-def lsb_diff(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
-    """(max |a - b| in integer steps, share of identical elements)."""
-    d = np.abs(a.astype(np.int64) - b.astype(np.int64))
-    return int(d.max(initial=0)), float(np.mean(d == 0)) if d.size else 1.0
 
 
 def resampling_coordinate(size: int, out: int) -> np.ndarray:

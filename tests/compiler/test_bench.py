@@ -27,7 +27,12 @@ from qfuse.compiler.bench import (
     run_bench,
 )
 from qfuse.compiler.bench_engines import Engine
-from qfuse.compiler.bench_profile import kernel_macs, match_unfused, plot_fused_vs_unfused, profile_model
+from qfuse.compiler.bench_profile import (
+    kernel_macs,
+    match_unfused,
+    plot_fused_vs_unfused,
+    profile_model,
+)
 from qfuse.compiler.cli import main
 from qfuse.examples import zoo
 
@@ -155,6 +160,8 @@ def test_profile_macs_match_the_onnx_conv_and_plot_is_written(model_path: Path,
     assert row["tops"] == pytest.approx(2 * macs / (row["ms"] * 1e-3) / 1e12)
     assert math.isclose(sum(r["share"] for r in profile["kernels"]), 1.0)
     assert profile["peak"]["macs_per_cycle_per_core"] > 0
+    assert profile["peak"]["peak_source"].startswith("measured")
+    assert profile["peak"]["peak_tops"] > 0
     pairs = profile["fused_vs_unfused"]
     assert [p["kernel"] for p in pairs] == [r["name"] for r in profile["kernels"]]
     assert all(p["unfused_kernels"] for p in pairs if p["kernel"] == name)

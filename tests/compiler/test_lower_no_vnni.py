@@ -25,30 +25,32 @@ import numpy as np
 import pytest
 
 from qfuse.compiler.api import compile_model
-from qfuse.compiler.lower import Options, lower
+from qfuse.compiler.lower import Options
 from qfuse.compiler.lower.no_vnni import LOW_HALF, SPLIT, split_weights, split_zero_point
 from qfuse.examples import zoo
 from qfuse.ir import DType, Graph
 from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.runtime.executor import Executor
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import accumulate
 from tests.compiler.lower_helpers import (
+    MATMUL_CASES,
     SPLITS_INT8,
     add_int8_conv,
     exact_expected,
     int_input,
-    lsb,
+    lower_built,
+    matmul_graph,
     quantize_item,
     random_int,
     ref_eval,
     run_plan,
+    zoo_values,
 )
-from tests.compiler.test_lower_compute import MATMUL_CASES, _matmul_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 U8, S8 = DType.U8, DType.S8
-DUMP = os.environ.get("QFUSE_NO_VNNI_DUMP")  # set by test_under_avx2 for its subprocess
 no_vnni = pytest.mark.skipif(not SPLITS_INT8, reason="needs a CPU without VNNI (see "
                              "test_under_avx2) and Options.exact_int8 on")
 
@@ -99,7 +101,7 @@ def _agreement(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused",
     """(max LSB, identical share) against oneDNN's model on the exact accumulator and
     against the chain's meaning, and how each kernel was made exact. f32 outputs: 0 LSB
     means bit-equal to the model / within 1e-5 relative of the chain, else 1."""
-    plan = lower(graph, Options(mode=mode, exact_int8=exact_int8))
+    plan = lower_built(graph, Options(mode=mode, exact_int8=exact_int8))
     out = Executor(plan).run(feeds)[graph.outputs[0]]
     node = graph.producer(graph.outputs[0])
     assert node is not None
@@ -111,8 +113,8 @@ def _agreement(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused",
         model_lsb, model_same = int(not np.array_equal(out, model)), 1.0
         chain_lsb, chain_same = int(not close), 1.0
     else:
-        model_lsb, model_same = lsb(out, model)
-        chain_lsb, chain_same = lsb(out, chain)
+        model_lsb, model_same = step_diff(out, model)
+        chain_lsb, chain_same = step_diff(out, chain)
     for kernel in plan.kernels:
         if kernel.kind in ("convolution", "deconvolution", "matmul"):
             assert not kernel.impl.startswith("ref"), kernel.impl
@@ -190,7 +192,7 @@ def test_other_convolutions(case: str) -> None:
 def test_matmul(name: str) -> None:
     """Constant s8 and u8 (zero point 120) weights, activation × activation (runtime weights
     split by two kernels, weight zero points split too)."""
-    graph, feeds = _matmul_graph(**MATMUL_CASES[name])
+    graph, feeds = matmul_graph(**MATMUL_CASES[name])
     model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
     assert "split weights" in how["mm"], how
     assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
@@ -219,7 +221,7 @@ def test_residual_sum_and_post_op_order() -> None:
     out, plan = run_plan(g, feeds)
     values = Executor(plan).run_all(feeds)
     inputs = [values.get(v, g.constant(v)) for v in node.inputs]
-    assert lsb(out[g.outputs[0]], exact_expected(g, node, inputs))[0] == 0
+    assert step_diff(out[g.outputs[0]], exact_expected(g, node, inputs))[0] == 0
     kernel = next(k for k in plan.inspect()["kernels"] if k["name"] == "conv")
     assert kernel["post_ops"][:3] == ["binary_add", "binary_mul", "binary_add"]
     assert "sum" in kernel["post_ops"] and plan.notes["in_place_sums"] == 1
@@ -268,39 +270,13 @@ def test_accumulators_beyond_2_24() -> None:
     assert plain_lsb >= 100 and plain_same < 0.5  # every pair saturates
 
 
-@no_vnni
-def test_zoo_values_for_the_parent() -> None:
-    """Every value of the zoo plans (fused and unfused) for test_under_avx2 to compare."""
-    if DUMP is None:
-        pytest.skip("QFUSE_NO_VNNI_DUMP unset (set by test_under_avx2)")
-    np.savez(DUMP, **_zoo_values())
-
-
-def _zoo_values() -> dict[str, np.ndarray]:
-    values = {}
-    for name in zoo.SMALL_ARCHITECTURES:
-        model = zoo.quantized_model(name)
-        feeds = zoo.sample_inputs(model, n=1, seed=11)[0]
-        for mode in ("fused", "unfused"):
-            compiled = compile_model(model, mode=mode)
-            info = compiled.inspect()
-            for kernel in info["kernels"]:  # every int8 compute kernel says how it is exact
-                if SPLITS_INT8 and kernel["primitive"] in ("convolution", "deconvolution",
-                                                           "matmul"):
-                    assert kernel.get("exact_int8"), kernel["name"]
-            for value, array in compiled.run_all(feeds).items():
-                values[f"{name}|{mode}|{value}"] = array
-    return values
-
-
 # ------------------------------------------------------------------ the subprocess
 def test_under_avx2(tmp_path: Path) -> None:
     """This module and test_lower_zoo.py's int8 checks under ONEDNN_MAX_CPU_ISA=AVX2; then
     every zoo value computed there equals this ISA's: integers bit for bit, floats (softmax,
     layer norm, gelu run on other kernels) within 1e-5 relative."""
     dump = tmp_path / "avx2.npz"
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "QFUSE_ONEDNN_ISA": "avx2",
-           "QFUSE_NO_VNNI_DUMP": str(dump)}
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "QFUSE_ONEDNN_ISA": "avx2"}
     zoo_tests = ["tests/compiler/test_lower_zoo.py::test_int8_modes_agree_per_kernel_and_end_to_end",
                  "tests/compiler/test_lower_zoo.py::test_fused_matches_onnxruntime"]
     result = subprocess.run(
@@ -312,8 +288,14 @@ def test_under_avx2(tmp_path: Path) -> None:
     summary = re.search(r"(\d+) passed", output)
     assert summary and int(summary.group(1)) >= 45, output
     assert "skipped" not in output, output
+    dumped = subprocess.run(
+        [sys.executable, "-c", ("import sys, numpy as np; from tests.compiler.lower_helpers "
+                               "import zoo_values; np.savez(sys.argv[1], **zoo_values())"),
+         str(dump)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert dumped.returncode == 0, dumped.stderr
     theirs = np.load(dump)
-    ours = _zoo_values()
+    ours = zoo_values()
     assert set(theirs.files) == set(ours)
     for key in theirs.files:
         a, b = theirs[key], ours[key]

@@ -19,16 +19,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.postops import OPTIMIZATIONS, Binary, ComposerOptions, Eltwise, Sum
 from qfuse.ir.types import DType
-from qfuse.passes.composer import (
-    OPTIMIZATIONS,
-    Binary,
-    ComposeError,
-    ComposerOptions,
-    Eltwise,
-    Sum,
-    compose,
-)
+from qfuse.passes.composer import ComposeError, compose
 from qfuse.runtime.reference.chain import apply_chain, apply_composed
 
 C = 8

@@ -8,7 +8,13 @@ import numpy as np
 from cleanup_harness import apply, assert_bit_exact, before_after, finish, op_sequence
 
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
-from qfuse.ir.ops import CastAttrs, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs, TransposeAttrs
+from qfuse.ir.ops import (
+    CastAttrs,
+    DequantizeAttrs,
+    FakeQuantizeAttrs,
+    QuantizeAttrs,
+    TransposeAttrs,
+)
 from qfuse.passes import constant_fold
 
 RNG = np.random.default_rng(0)

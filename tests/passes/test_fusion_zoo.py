@@ -39,9 +39,9 @@ from qfuse.compiler.pipeline import run_pipeline
 from qfuse.examples import zoo
 from qfuse.ir import Graph, Op
 from qfuse.ir.chain import Act, Activation, Quantize, Residual, Shift
+from qfuse.ir.postops import ComposerOptions
 from qfuse.passes import compose_post_ops
 from qfuse.passes.base import PassContext, PassResult, run_pass
-from qfuse.passes.composer import ComposerOptions
 from qfuse.passes.post_op_match import COMPUTE_OPS
 from qfuse.runtime.reference.chain import apply_composed
 from qfuse.runtime.reference.fused import accumulate, channel_axis

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qfuse.compiler.lower import lower
 from qfuse.ir import DType, Graph
 from qfuse.runtime.executor import Executor
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,
+    lower_built,
     random_int,
     ref_eval,
     requires_exact_int8,
@@ -25,7 +25,7 @@ def model() -> tuple[Graph, Executor]:
     x = int_input(g, "x", (1, 16, 6, 6), U8, 0.05, 3)
     y = add_int8_conv(g, x, 16, name="c0").outputs[0]
     g.outputs.append(add_int8_conv(g, y, 8, name="c1", seed=1).outputs[0])
-    return g, Executor(lower(g))
+    return g, Executor(lower_built(g))
 
 
 def _feeds(seed: int = 0) -> dict[str, np.ndarray]:

@@ -1,4 +1,4 @@
-"""Requantization schemes: TFLite D1/D2/F2 against plain-Python-int references, the seed-001
+"""Requantization schemes: TFLite D1/D2/F2 against plain-Python-int references, the SNPS-Caffe QUANTIZED_OP.md
 selector, oneDNN / TPU-MLIR formulas, and every scheme against the exact real result.
 
 The TFLite references are independent of runtime.numerics: Python floats for the double

@@ -1,10 +1,10 @@
 """int8 convolution, deconvolution, inner product and matmul: bit-exact (0 LSB) against
 runtime.onednn.reference, on full-range random data and on inputs built to sit on rounding ties.
 
-The reference (measured here, see runtime/onednn/reference.py) is ONEDNN_NOTES.md's model with
-two precisions added: sum with a scale (and eltwise linear) is one FMA, and the dst zero point
+The reference (measured here, see runtime/onednn/reference.py) is the int8 model of
+docs/onednn.md, with two precisions: sum with a scale (and eltwise linear) is one FMA, and the dst zero point
 is added in f32 *before* rounding, `saturate(rint(f32(x * f32(1/s_dst)) + zp_dst))`. The
-NOTES form `rint(x/s_dst) + zp_dst` is off by 1 LSB on near-ties; `test_conv_rounding_ties`
+ONNX-style form `rint(x/s_dst) + zp_dst` is off by 1 LSB on near-ties; `test_conv_rounding_ties`
 builds such inputs and checks it both ways.
 
 Tolerance is 0 LSB everywhere. What changes with the ISA is the int32 accumulator. With VNNI
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -253,7 +254,7 @@ def run_conv(case: ConvCase, seed: int = 0) -> Outcome:
 def test_conv_bit_exact(case: ConvCase) -> None:
     out = run_conv(case)
     assert any(mark in out.impl for mark in IMPL_MARKS), out.impl
-    max_lsb, identical = ref.lsb_diff(out.got, out.expected)
+    max_lsb, identical = step_diff(out.got, out.expected)
     assert max_lsb == 0, f"{case.name} on {out.impl}: max {max_lsb} LSB, {identical:.4%} same"
     if EXACT_DOT_PRODUCTS:
         assert np.array_equal(out.expected, out.exact)
@@ -267,7 +268,7 @@ def test_isa_is_the_requested_one() -> None:
 
 def test_conv_rounding_ties() -> None:
     """1x1 conv whose outputs sit within a few ulps of x.5 after the dst scale: only the exact
-    f32 model of reference.py gets all of them; the ONEDNN_NOTES form `rint(x/s) + zp` and an
+    f32 model of reference.py gets all of them; the ONNX-style form `rint(x/s) + zp` and an
     FMA for scale+bias each get some wrong. Channel o targets pixel o % 64; acc = 64*hi + lo."""
     rng = np.random.default_rng(7)
     c, o, h, w_ = 32, 256, 8, 8
@@ -302,7 +303,7 @@ def test_conv_rounding_ties() -> None:
     full = acc[None, :].astype(F32)
     model = ref.epilogue(full, np.uint8, channel_axis=0, src_scale=s_src, wei_scales=s_wei,
                          bias=bias, dst_scale=s_dst, dst_zp=zp_dst)
-    assert ref.lsb_diff(got, model)[0] == 0
+    assert step_diff(got, model)[0] == 0
     x = (full * comb[:, None]).astype(F32) + bias[:, None]
     y = (x * (F32(1) / s_dst)).astype(F32)
     notes_form = np.clip(np.rint(y) + zp_dst, 0, 255)
@@ -320,9 +321,9 @@ def test_avx2_differs_from_exact_sum() -> None:
     full = run_conv(ConvCase("u8_full", post_ops=()))
     small = run_conv(ConvCase("u8_small", post_ops=(), limit=127))
     s8_small = run_conv(ConvCase("s8_small", post_ops=(), src_dt=DataType.s8, limit=20))
-    assert ref.lsb_diff(full.got, full.exact)[0] > 0
-    assert ref.lsb_diff(small.got, small.exact)[0] == 0
-    assert ref.lsb_diff(s8_small.got, s8_small.exact)[0] > 0
+    assert step_diff(full.got, full.exact)[0] > 0
+    assert step_diff(small.got, small.exact)[0] == 0
+    assert step_diff(s8_small.got, s8_small.exact)[0] > 0
 
 
 @dataclass(frozen=True)
@@ -438,7 +439,7 @@ def test_gemm_bit_exact(case: GemmCase) -> None:
     if EXACT_DOT_PRODUCTS:
         assert out.impl.startswith("ref") == bool(case.native_ref), out.impl
         assert np.array_equal(out.expected, out.exact)
-    max_lsb, identical = ref.lsb_diff(out.got, out.expected)
+    max_lsb, identical = step_diff(out.got, out.expected)
     assert max_lsb == 0, f"{case.name} on {out.impl}: max {max_lsb} LSB, {identical:.4%} same"
 
 

@@ -1,0 +1,191 @@
+"""What the composer hands lowering: oneDNN 3.x attributes for one int8 compute primitive.
+
+oneDNN 3.x computes (https://oneapi-src.github.io/oneDNN/dev_guide_attributes_quantization.html,
+https://oneapi-src.github.io/oneDNN/dev_guide_attributes_post_ops.html)
+
+    x   = f32(acc)·wei_scale[oc] + bias[oc]          (bias is added after the scale)
+    x   = post_op_n(… post_op_0(x))                    (eltwise / sum / binary / prelu)
+    dst = saturate(rint(x·f32(1/dst_scale) + dst_zp))  (integer dst), or x (f32 dst)
+
+``Composed`` holds those slots; ``Mul``/``Add``/``Round``/``Clip`` are the basic operations a
+post-op chain is first lowered to (the unfused mode runs each as its own primitive). The
+composer (passes/composer.py) produces these; lowering and the reference interpreter read them.
+``ComposerOptions`` names the composer's optimizations, so a plan can record which fired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from qfuse.ir.chain import Act
+from qfuse.ir.types import DType
+
+OPTIMIZATIONS = (
+    "skip_identity",
+    "quantize_clip_after_round",
+    "fold_output_shift",
+    "drop_round_clip",
+    "dst_zero_point",
+    "dst_scale",
+    "mul_to_weight_scales",
+    "add_to_bias",
+    "relu_mul_swap",
+    "sum_scale",
+    "fold_into_linear",
+    "per_tensor_eltwise",
+    "drop_inner_round",
+)
+DEFAULT_OFF = frozenset({"drop_inner_round"})
+
+
+@dataclass(frozen=True)
+class ComposerOptions:
+    enabled: frozenset[str] = frozenset(OPTIMIZATIONS) - DEFAULT_OFF
+
+    def on(self, name: str) -> bool:
+        return name in self.enabled
+
+    def without(self, *names: str) -> ComposerOptions:
+        return ComposerOptions(self.enabled - set(names))
+
+    def with_(self, *names: str) -> ComposerOptions:
+        unknown = set(names) - set(OPTIMIZATIONS)
+        if unknown:
+            raise ValueError(f"unknown composer optimizations {sorted(unknown)}")
+        return ComposerOptions(self.enabled | set(names))
+
+
+# ------------------------------------------------------------------ basic operations
+@dataclass(frozen=True)
+class Mul:
+    values: np.ndarray  # shape (1,) or (C,)
+    # Set when this multiply is 1/s of a quantization with the known scale s.
+    inverse_of: float | None = None
+
+
+@dataclass(frozen=True)
+class Add:
+    values: np.ndarray
+
+
+@dataclass(frozen=True)
+class Round:
+    pass
+
+
+@dataclass(frozen=True)
+class Clip:
+    lo: np.ndarray
+    hi: np.ndarray
+
+
+class EltwiseAlg(StrEnum):
+    """oneDNN eltwise algorithms the lowering emits (``dnnl_eltwise_<value>``)."""
+
+    RELU = "relu"
+    CLIP = "clip"
+    LINEAR = "linear"
+    ROUND = "round"
+    LOGISTIC = "logistic"
+    TANH = "tanh"
+    SWISH = "swish"
+    HARDSWISH = "hardswish"
+    HARDSIGMOID = "hardsigmoid"
+    GELU_ERF = "gelu_erf"
+    GELU_TANH = "gelu_tanh"
+    ELU = "elu"
+    EXP = "exp"
+    LOG = "log"
+    ABS = "abs"
+    SQRT = "sqrt"
+    SQUARE = "square"
+    POW = "pow"
+    SOFT_RELU = "soft_relu"
+    MISH = "mish"
+
+
+class BinaryAlg(StrEnum):
+    """oneDNN binary algorithms (``dnnl_binary_<value>``)."""
+
+    ADD = "add"
+    MUL = "mul"
+    MAX = "max"
+    MIN = "min"
+    DIV = "div"
+    SUB = "sub"
+
+
+@dataclass(frozen=True)
+class Eltwise:
+    """oneDNN eltwise post-op ``alg(x; alpha, beta)``."""
+
+    alg: EltwiseAlg
+    alpha: float = 0.0
+    beta: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sum:
+    scale: float
+    zero_point: int
+    dtype: DType
+    port: int
+
+
+@dataclass(frozen=True)
+class Prelu:
+    slopes: np.ndarray
+
+
+@dataclass(frozen=True)
+class Binary:
+    """oneDNN binary post-op with a per-channel (or per-tensor) second operand."""
+
+    alg: BinaryAlg
+    values: np.ndarray
+
+
+Basic = Mul | Add | Round | Clip | Eltwise | Sum | Prelu
+PostOp = Eltwise | Sum | Binary | Prelu
+
+ACT_ALG = {
+    Act.RELU: EltwiseAlg.RELU,
+    Act.CLIP: EltwiseAlg.CLIP,
+    Act.SIGMOID: EltwiseAlg.LOGISTIC,
+    Act.SWISH: EltwiseAlg.SWISH,
+    Act.TANH: EltwiseAlg.TANH,
+    Act.HARD_SWISH: EltwiseAlg.HARDSWISH,
+    Act.HARD_SIGMOID: EltwiseAlg.HARDSIGMOID,
+    Act.GELU_ERF: EltwiseAlg.GELU_ERF,
+    Act.GELU_TANH: EltwiseAlg.GELU_TANH,
+}
+
+
+@dataclass
+class Composed:
+    """oneDNN attributes for one int8 compute primitive."""
+
+    channels: int
+    dst_dtype: DType
+    wei_scales: np.ndarray = field(default_factory=lambda: np.ones(1, np.float32))
+    bias: np.ndarray | None = None
+    post_ops: list[PostOp] = field(default_factory=list)
+    dst_scale: float | None = None  # dequantization-style: dst_q = x / dst_scale + dst_zp
+    dst_zero_point: int = 0
+    fired: list[str] = field(default_factory=list)
+
+    def describe(self) -> list[str]:
+        names = []
+        for op in self.post_ops:
+            if isinstance(op, Eltwise):
+                names.append(f"eltwise_{op.alg}")
+            elif isinstance(op, Sum):
+                names.append("sum")
+            elif isinstance(op, Binary):
+                names.append(f"binary_{op.alg}")
+            else:
+                names.append("prelu")
+        return names
