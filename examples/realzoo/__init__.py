@@ -3,8 +3,8 @@
 Five models that ship inside PyPI packages (``sources.py``), each made static-shape, fed
 realistic pictures preprocessed as its package does (``inputs.py``), and quantized by
 onnxruntime quantize_static in QDQ and in QOperator format and by nncf.quantize
-(``quantize.py``). The models themselves are described in ``specs.py``; the measurement of qfuse on them is
-``table.py``.
+(``quantize.py``). The models themselves are described in ``specs.py``; the measurement of
+qfuse on them is ``table.py``.
 
     from qfuse.examples import realzoo
     for entry in realzoo.models():                 # downloads / builds on first use, then cached
@@ -16,11 +16,13 @@ onnxruntime quantize_static in QDQ and in QOperator format and by nncf.quantize
     python -m qfuse.examples.realzoo table [--json]
 
 Cache: ``$QFUSE_CACHE/realzoo`` or ``~/.cache/qfuse/realzoo``. Every file is named by a hash of
-what it is made from (wheel SHA-256, static shape, the source file of this package that makes
-it, the names (hashes) of the files it is made from, and the versions of onnx, onnxruntime, sympy, nncf, scikit-image and Pillow), written to a temporary name and
-renamed into place; a second call only checks that the files exist. A quantizer that fails is
-cached as its error message (``*.json`` beside where the model would be), so it is reported,
-not retried, until something in its key changes.
+what it is made from (wheel SHA-256, static shape, the code of the source file of this package
+that makes it, the names (hashes) of the files it is made from, and the versions of onnx,
+onnxruntime, sympy, nncf, scikit-image and Pillow), written to a temporary name and renamed
+into place; a second call only checks that the files exist (and loads the inputs). ONNX
+Runtime's outputs on the evaluation inputs are cached too (``table.ort_outputs``). A quantizer
+that fails is cached as its error message (``*.json`` beside where the model would be), so it
+is reported, not retried, until something in its key changes.
 
 Calibration uses CALIB_SAMPLES inputs; evaluation EVAL_SAMPLES others from disjoint sources.
 """
@@ -43,7 +45,7 @@ import numpy as np
 import onnx
 
 from .quantize import QUANTIZERS
-from .sources import WHEELS, extract_member, fetch_wheel, fix_shapes
+from .sources import WHEELS, extract_member, fetch_wheel, fix_shapes, static_shapes
 from .specs import SPECS, Spec
 
 log = logging.getLogger(__name__)
@@ -69,6 +71,8 @@ class Entry:
     quantized: dict[str, Path] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
     notes: dict[str, list[str]] = field(default_factory=dict)
+    inputs_path: Path | None = None  # the .npz the inputs come from (its name is their hash)
+    cache: Path | None = None  # the cache root the files are in
 
     @property
     def name(self) -> str:
@@ -102,7 +106,7 @@ def _digest(*files: str) -> str:
     return h.hexdigest()[:16]
 
 
-def _version(dist: str) -> str:
+def dist_version(dist: str) -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -116,7 +120,7 @@ def _key(*files: str, **ident: object) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
@@ -132,47 +136,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
 def _float_model(spec: Spec, cache: Path) -> Path:
     wheel = WHEELS[spec.wheel]
     key = _key("sources.py", wheel=wheel.sha256, member=spec.member, shape=spec.shape,
-               onnx=onnx.__version__, ort=_version("onnxruntime"))
+               onnx=onnx.__version__, ort=dist_version("onnxruntime"))
     path = cache / "float" / f"{spec.name}-{key}.onnx"
     if not path.exists():
         log.info("realzoo: extracting %s from %s", spec.member, wheel.filename)
         model = onnx.load_from_string(extract_member(fetch_wheel(wheel, cache), spec.member))
         name = _input_name(model)
-        fixed = _static_outputs(fix_shapes(model, {name: spec.shape}), name, spec.shape)
+        fixed = static_shapes(fix_shapes(model, {name: spec.shape}), name, spec.shape)
         onnx.checker.check_model(fixed, full_check=True)
-        _write_atomic(path, fixed.SerializeToString(deterministic=True))
+        write_atomic(path, fixed.SerializeToString(deterministic=True))
     return path
-
-
-def _static_outputs(model: onnx.ModelProto, name: str, shape: tuple[int, ...]) -> onnx.ModelProto:
-    """Write the shape of every tensor, as ONNX Runtime computes it for the static input, into
-    the graph's outputs and value_info (ONNX shape inference leaves symbols where a Shape ->
-    Reshape chain decides a shape; quantizers and compilers then see a fully static graph)."""
-    import onnxruntime as ort
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    known = {o.name for o in probe.graph.output}
-    inner = [o for n in probe.graph.node for o in n.output if o and o not in known]
-    for o in inner:
-        probe.graph.output.add().name = o
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    sess = ort.InferenceSession(probe.SerializeToString(), opts,
-                                providers=["CPUExecutionProvider"])
-    names = [o.name for o in sess.get_outputs()]
-    values = dict(zip(names, sess.run(None, {name: np.zeros(shape, np.float32)}), strict=True))
-    g = model.graph
-    del g.value_info[:]
-    for o in inner:
-        arr = values[o]
-        g.value_info.append(onnx.helper.make_tensor_value_info(
-            o, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
-    for vi in g.output:
-        del vi.type.tensor_type.shape.dim[:]
-        for n in values[vi.name].shape:
-            vi.type.tensor_type.shape.dim.add().dim_value = n
-    return model
 
 
 def _input_name(model: onnx.ModelProto) -> str:
@@ -185,8 +158,8 @@ def _input_name(model: onnx.ModelProto) -> str:
 
 def _inputs(spec: Spec, cache: Path) -> tuple[Path, np.ndarray, np.ndarray]:
     key = _key("inputs.py", "specs.py", name=spec.name, shape=spec.shape, calib=CALIB_SAMPLES,
-               eval=EVAL_SAMPLES, skimage=_version("scikit-image"), pillow=_version("pillow"),
-               numpy=np.__version__)
+               eval=EVAL_SAMPLES, skimage=dist_version("scikit-image"),
+               pillow=dist_version("pillow"), numpy=np.__version__)
     path = cache / "inputs" / f"{spec.name}-{key}.npz"
     if not path.exists():
         log.info("realzoo: rendering inputs of %s", spec.name)
@@ -201,7 +174,7 @@ def _inputs(spec: Spec, cache: Path) -> tuple[Path, np.ndarray, np.ndarray]:
 
         buf = io.BytesIO()
         np.savez(buf, calib=calib, eval=evals)
-        _write_atomic(path, buf.getvalue())
+        write_atomic(path, buf.getvalue())
     with np.load(path) as z:
         return path, z["calib"], z["eval"]
 
@@ -211,8 +184,8 @@ def _quantized(spec: Spec, quantizer: str, float_path: Path, inputs_path: Path,
                ) -> tuple[Path | None, str | None, list[str]]:
     """(path, None, notes) of the quantized model, or (None, error, notes) if it failed."""
     key = _key("quantize.py", float=float_path.name, inputs=inputs_path.name, quantizer=quantizer,
-               ort=_version("onnxruntime"), sympy=_version("sympy"),
-               nncf=_version("nncf") if quantizer == "nncf" else "")
+               ort=dist_version("onnxruntime"), sympy=dist_version("sympy"),
+               nncf=dist_version("nncf") if quantizer == "nncf" else "")
     path = cache / "quantized" / f"{spec.name}.{quantizer}-{key}.onnx"
     meta = path.with_suffix(".json")
     if not meta.exists():
@@ -221,11 +194,11 @@ def _quantized(spec: Spec, quantizer: str, float_path: Path, inputs_path: Path,
         log.info("realzoo: quantizing %s with %s", spec.name, quantizer)
         try:
             model, notes = quantize(onnx.load(float_path), calibration, quantizer)
-            _write_atomic(path, model.SerializeToString(deterministic=True))
+            write_atomic(path, model.SerializeToString(deterministic=True))
             record = {"error": None, "notes": notes}
         except Exception as exc:  # noqa: BLE001 - a quantizer failure is a measured result
             record = {"error": f"{type(exc).__name__}: {exc}", "notes": []}
-        _write_atomic(meta, json.dumps(record, indent=1).encode())
+        write_atomic(meta, json.dumps(record, indent=1).encode())
     record = json.loads(meta.read_text())
     if record["error"] is None and not path.exists():  # the model was deleted by hand
         meta.unlink()
@@ -243,7 +216,8 @@ def build(spec: Spec, quantizers: Sequence[str] = QUANTIZERS,
     b = spec.shape[0]
     entry = Entry(spec, float_path, name,
                   [{name: calib[i:i + b]} for i in range(0, len(calib), b)],
-                  [{name: evals[i:i + b]} for i in range(0, len(evals), b)])
+                  [{name: evals[i:i + b]} for i in range(0, len(evals), b)],
+                  inputs_path=inputs_path, cache=cache)
     for q in quantizers:
         path, error, notes = _quantized(spec, q, float_path, inputs_path, entry.calibration,
                                         cache)

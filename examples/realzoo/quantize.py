@@ -123,8 +123,8 @@ def _invalid(path: Path) -> str | None:
     return None
 
 
-def quantize_nncf(float_model: onnx.ModelProto,
-                  calibration: Sequence[dict[str, np.ndarray]]) -> tuple[onnx.ModelProto, list[str]]:
+def quantize_nncf(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]]
+                  ) -> tuple[onnx.ModelProto, list[str]]:
     """nncf.quantize with NNCF's defaults on the ONNX backend."""
     import nncf
 

