@@ -149,7 +149,7 @@ def dispatch_floor_ns(reps: int = 2000) -> float:
     md = MemoryDesc.from_tag((1,), DataType.f32)
     src, dst = Memory(md), Memory(md)
     bound = reorder(md, md).create().bind({int(Arg.SRC): src, int(Arg.DST): dst})
-    run = bound.runner(default_stream())  # what Plan binds every kernel to
+    run = bound.runner(default_stream())  # what an ExecutionContext binds every kernel to
     samples = np.empty(reps)
     for i in range(reps):
         start = time.perf_counter_ns()
@@ -164,11 +164,12 @@ def time_kernels(compiled: Any, feeds: dict[str, np.ndarray], runs: int,
     output copy), and wall ns of each normal run in between."""
     from qfuse.runtime.onednn import set_num_threads
 
-    plan, executor = compiled.plan, compiled.executor
-    inputs = [(plan.view(slot), feeds[name]) for name, slot in plan.inputs.items()]
-    outputs = [plan.view(slot) for slot in plan.outputs.values()]
-    kernels = [k.run for k in plan.kernels]
-    stream = plan.stream
+    executor = compiled.executor
+    context = executor.acquire()  # the profiled runs' own buffers, memories and stream
+    inputs = [(view, feeds[name]) for name, view in context.inputs]
+    outputs = [view for _, view in context.outputs]
+    kernels = context.runs
+    stream = context.stream
     for _ in range(warmup):
         compiled.run(feeds)
     per_kernel = np.zeros((runs, len(kernels)))
@@ -192,6 +193,7 @@ def time_kernels(compiled: Any, feeds: dict[str, np.ndarray], runs: int,
         stream.wait()
         _ = [view.copy() for view in outputs]
         total[r] = clock() - begin
+    executor.release(context)
     return per_kernel, total, wall
 
 

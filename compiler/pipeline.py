@@ -10,6 +10,7 @@ from qfuse.passes import (
     canonicalize_arith,
     compose_post_ops,
     constant_fold,
+    decompose_batchnorm,
     decompose_fake_quantize,
     drop_identity,
     eliminate_requantize,
@@ -35,6 +36,7 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("drop_identity", drop_identity.run),
     ("constant_fold", constant_fold.run),
     ("fold_batchnorm", fold_batchnorm.run),
+    ("decompose_batchnorm", decompose_batchnorm.run),
     ("gemm_to_matmul", gemm_to_matmul.run),
     ("canonicalize_arith", canonicalize_arith.run),
     # 2-3. quantization into FakeQuantize, then quantize-only FakeQuantize + dequantize

@@ -179,7 +179,8 @@ def _walk(
             if state.pending and stop.reader is not None and stop.reader.op in _FLOAT_ONLY \
                     and _valid(dataclasses.replace(state, pending=False)):
                 best = state  # module docstring: the node writes the dequantized values
-            return best, state, stop
+            # without its traceback: its frames would hold the whole compile in a cycle
+            return best, state, stop.with_traceback(None)
         reader = new.absorbed[-1]
         try:
             compose(new.chain, channels=channels, dst_dtype=new.info.dtype, options=ctx.composer)

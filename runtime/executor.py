@@ -1,24 +1,31 @@
 """Run a Plan: write the inputs, execute the bound kernels in order, read the outputs.
 
-Everything is prepared when the Executor is built: numpy views of the input and output
-buffers, the list of kernel closures (each one ``dnnl_primitive_execute`` on a fixed argument
-array, or a numpy function on fixed views). ``run`` validates the feeds (names, shapes, dtypes:
-a ValueError naming the input; no implicit casts), copies them in, runs, and returns copies of
-the outputs in plain row-major layout. No allocation happens per kernel.
+``run`` validates the feeds (names, shapes, dtypes: an InputError naming the input; no implicit
+casts), takes an idle ``ExecutionContext`` (runtime/execution.py: buffers, memories, stream,
+kernels bound once to them) from the executor's pool, copies the feeds in, runs, returns
+copies of the outputs in plain row-major layout and puts the context back. No allocation
+happens per kernel, and none per run once the pool holds a context for every concurrent caller.
 
-Threads: ``threads`` sets oneDNN's OpenMP team size (``omp_set_num_threads`` of the libgomp
-oneDNN uses) on the calling thread before each run; None leaves the library default.
+Thread safety: ``run`` and ``run_all`` may be called from any number of threads at once. Each
+call has a context of its own (the pool is a list: ``pop`` and ``append`` are atomic), so no
+two calls share a buffer, a scratchpad or a stream; a new context is made only when every
+existing one is busy, so the pool grows to the largest number of concurrent calls and no more.
+The first context is made with the Executor (binding errors show at compile time).
+
+Threads of oneDNN: ``threads`` sets the OpenMP team size (``omp_set_num_threads`` of the
+libgomp oneDNN uses) on the calling thread before each run; None leaves the library default.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qfuse.ir.errors import InputError
+from qfuse.runtime.execution import ExecutionContext
 from qfuse.runtime.onednn import set_num_threads
 
 if TYPE_CHECKING:
@@ -35,42 +42,52 @@ class Executor:
         self.threads = threads
         self.input_names = list(plan.inputs)
         self.output_names = list(plan.outputs)
-        self._inputs = [(name, plan.view(slot)) for name, slot in plan.inputs.items()]
-        self._outputs = [(name, plan.view(slot)) for name, slot in plan.outputs.items()]
-        self._runs: list[Callable[[], None]] = []
-        for kernel in plan.kernels:
-            assert kernel.run is not None, f"kernel {kernel.name} is not bound"
-            self._runs.append(kernel.run)
-        assert plan.stream is not None
-        self._stream = plan.stream
+        first = ExecutionContext(plan)
+        self._specs = [(name, view.shape, view.dtype) for name, view in first.inputs]
+        self._idle: list[ExecutionContext] = [first]
+
+    def acquire(self) -> ExecutionContext:
+        """An idle context, made if none is (give it back with ``release``)."""
+        try:
+            return self._idle.pop()
+        except IndexError:
+            log.debug("plan %s: new execution context", self.plan.name)
+            return ExecutionContext(self.plan)
+
+    def release(self, context: ExecutionContext) -> None:
+        self._idle.append(context)
+
+    @property
+    def contexts(self) -> int:
+        """Idle contexts in the pool (all of them when no call is running)."""
+        return len(self._idle)
 
     def input_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        return {name: (view.shape, view.dtype) for name, view in self._inputs}
+        return {name: (shape, dtype) for name, shape, dtype in self._specs}
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
             raise InputError(f"unknown input(s) {unknown}; the model's inputs are "
                              f"{self.input_names}")
-        for name, view in self._inputs:
+        for name, shape, dtype in self._specs:
             if name not in feeds:
-                raise InputError(f"input '{name}' is missing (expected {view.dtype}"
-                                 f"{list(view.shape)})")
+                raise InputError(f"input '{name}' is missing (expected {dtype}{list(shape)})")
             array = feeds[name]
             if not isinstance(array, np.ndarray):  # InputError for every bad feed (API contract)
                 raise InputError(
                     f"input '{name}' must be a numpy array, got {type(array).__name__}")
-            if array.shape != view.shape or array.dtype != view.dtype:
+            if array.shape != shape or array.dtype != dtype:
                 raise InputError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
-                                 f"the model wants {view.dtype}{list(view.shape)}")
+                                 f"the model wants {dtype}{list(shape)}")
 
     def run_all(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Like ``run``, plus a copy of every graph value whose slot numpy can view, taken
         right after the kernel that wrote it (buffers are reused later). Slow; for compare."""
         self._check(feeds)
+        if self.threads is not None:
+            set_num_threads(self.threads)
         plan = self.plan
-        for name, view in self._inputs:
-            np.copyto(view, feeds[name])
         by_slot: dict[str, list[str]] = {}
         for value, slot in plan.homes.items():
             by_slot.setdefault(slot, []).append(value)
@@ -83,30 +100,38 @@ class Executor:
             if root in writer or slot in plan.inputs.values():
                 capture.setdefault(writer.get(root, -1), []).extend(values)
         found: dict[str, np.ndarray] = {}
+        context = self.acquire()
+        try:
+            def take(index: int) -> None:
+                for value in capture.get(index, ()):
+                    memory = context.memories[plan.homes.get(value, value)]
+                    if memory.md.is_plain:
+                        found[value] = np.array(memory.array)
 
-        def take(index: int) -> None:
-            for value in capture.get(index, ()):
-                slot = plan.homes.get(value, value)
-                memory = plan.slots[slot].memory
-                if memory is not None and memory.md.is_plain:
-                    found[value] = np.array(memory.array)
-
-        take(-1)
-        for index, run in enumerate(self._runs):
-            run()
-            self._stream.wait()
-            take(index)
-        for name, view in self._outputs:
-            found[name] = view.copy()
+            for name, view in context.inputs:
+                np.copyto(view, feeds[name])
+            take(-1)
+            for index, run in enumerate(context.runs):
+                run()
+                context.stream.wait()
+                take(index)
+            for name, view in context.outputs:
+                found[name] = view.copy()
+        finally:
+            self.release(context)
         return found
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         self._check(feeds)
         if self.threads is not None:
             set_num_threads(self.threads)
-        for name, view in self._inputs:
-            np.copyto(view, feeds[name])
-        for run in self._runs:
-            run()
-        self._stream.wait()
-        return {name: view.copy() for name, view in self._outputs}
+        context = self.acquire()
+        try:
+            for name, view in context.inputs:
+                np.copyto(view, feeds[name])
+            for run in context.runs:
+                run()
+            context.stream.wait()
+            return {name: view.copy() for name, view in context.outputs}
+        finally:
+            self._idle.append(context)

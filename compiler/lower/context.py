@@ -336,4 +336,4 @@ class LowerContext:
                     self.reorders, self.io_reorders,
                     notes={"in_place_sums": self.in_place_sums},
                     homes={v: s for v, s in self.home.items() if v in self.graph.values})
-        return plan.finalize()
+        return plan

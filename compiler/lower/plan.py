@@ -12,11 +12,13 @@ that reads any of them (graph inputs from before the first kernel, graph outputs
 Kernels are walked in order; before kernel i the groups it starts are given the smallest free
 buffer that fits (or the largest free one, grown, or a new one), after kernel i the groups whose
 last reader it was return their buffer to the pool. A kernel's outputs therefore never share a
-buffer with its inputs except through an explicit alias. All primitives share one scratchpad.
+buffer with its inputs except through an explicit alias. All primitives share one scratchpad
+of ``scratchpad_bytes`` (the largest any kernel asks for).
 
-``finalize`` allocates the buffers, creates a ``Memory`` for every slot and binds every
-primitive to its argument memories (validated once, by ``Primitive.bind``): ``run`` of a kernel
-then only calls ``dnnl_primitive_execute`` (or the numpy function on fixed views).
+A Plan, its slots and its kernels are immutable once built (frozen dataclasses): the buffer
+plan and the scratchpad size are computed when the Plan is made, and it holds no buffer,
+memory or stream. runtime/execution.py allocates those per caller (an ``ExecutionContext``)
+and binds the primitives to them there, so one Plan runs from many threads at once.
 """
 
 from __future__ import annotations
@@ -28,15 +30,14 @@ from typing import Any
 
 import numpy as np
 
-from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Primitive, Stream, default_stream
+from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Primitive
 
 log = logging.getLogger(__name__)
 
-ALIGNMENT = 64
 NumpyFn = Callable[[list[np.ndarray]], list[np.ndarray]]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Slot:
     """A memory descriptor over a planned buffer (or over a constant's own memory)."""
 
@@ -45,7 +46,6 @@ class Slot:
     alias: str | None = None  # shares the buffer of this slot, at byte ``offset`` of its root
     offset: int = 0
     const: Memory | None = None  # a constant: its own memory, never pooled
-    memory: Memory | None = None  # set by finalize
 
 
 @dataclass
@@ -62,7 +62,7 @@ class KernelInfo:
     note: str = ""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
     name: str
     kind: str  # oneDNN primitive kind ("convolution", "reorder", ...) or "numpy"
@@ -73,14 +73,13 @@ class Kernel:
     fixed: dict[int, Memory] = field(default_factory=dict)  # arg -> constant memory
     numpy_fn: NumpyFn | None = None
     info: KernelInfo = field(default_factory=KernelInfo)
-    run: Callable[[], None] | None = None  # set by finalize
 
     @property
     def impl(self) -> str:
         return "numpy" if self.primitive is None else self.primitive.impl_name
 
 
-@dataclass
+@dataclass(frozen=True)
 class BufferPlan:
     root_of: dict[str, str]  # slot -> root slot
     buffer_of: dict[str, int]  # root slot -> buffer index
@@ -156,15 +155,12 @@ def _take(free: list[int], sizes: list[int], nbytes: int) -> int:
     return chosen
 
 
-def _aligned(nbytes: int) -> np.ndarray:
-    raw = np.zeros(nbytes + ALIGNMENT, dtype=np.uint8)
-    start = (-raw.ctypes.data) % ALIGNMENT
-    return raw[start:start + nbytes]
 
-
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """Kernels in execution order over slots; ``inputs``/``outputs`` map graph names to slots."""
+    """Kernels in execution order over slots; ``inputs``/``outputs`` map graph names to slots.
+
+    ``buffers`` and ``scratchpad_bytes`` are computed from the kernels when the Plan is made."""
 
     name: str
     slots: dict[str, Slot]
@@ -175,82 +171,30 @@ class Plan:
     io_reorders: int = 0  # graph input / output layout conversions
     notes: dict[str, Any] = field(default_factory=dict)
     homes: dict[str, str] = field(default_factory=dict)  # graph value -> slot holding it
-    buffers: BufferPlan | None = None
-    stream: Stream | None = None
-    _arrays: list[np.ndarray] = field(default_factory=list)
-    _scratchpad: np.ndarray | None = None
+    buffers: BufferPlan = field(init=False)
+    scratchpad_bytes: int = field(init=False)
 
-    # ------------------------------------------------------------------ finalize
-    def finalize(self) -> Plan:
-        """Plan and allocate buffers, create the slot memories, bind every kernel."""
-        self.buffers = plan_buffers(self.slots, self.kernels, list(self.inputs.values()),
-                                    list(self.outputs.values()))
-        self._arrays = [_aligned(n) for n in self.buffers.sizes]
-        for name, slot in self.slots.items():
-            if slot.const is not None:
-                slot.memory = slot.const
-                continue
-            root, offset = _root(self.slots, name)
-            buffer = self._arrays[self.buffers.buffer_of[root]]
-            slot.memory = Memory(slot.md, buffer[offset:offset + slot.md.size])
+    def __post_init__(self) -> None:
+        buffers = plan_buffers(self.slots, self.kernels, list(self.inputs.values()),
+                               list(self.outputs.values()))
         scratch = 0
         for kernel in self.kernels:
             if kernel.primitive is not None:
                 md = kernel.primitive.pd.expected_args.get(int(Arg.SCRATCHPAD))
                 scratch = max(scratch, md.md.size if md else 0)
-        self._scratchpad = _aligned(scratch) if scratch else None
-        self.stream = default_stream()
-        for kernel in self.kernels:
-            kernel.run = self._runner(kernel)
+        object.__setattr__(self, "buffers", buffers)
+        object.__setattr__(self, "scratchpad_bytes", scratch)
         log.info("plan %s: %d kernels, %d slots, %d buffers (%d bytes), scratchpad %d bytes",
-                 self.name, len(self.kernels), len(self.slots), len(self.buffers.sizes),
-                 sum(self.buffers.sizes), scratch)
-        return self
+                 self.name, len(self.kernels), len(self.slots), len(buffers.sizes),
+                 sum(buffers.sizes), scratch)
 
-    def _runner(self, kernel: Kernel) -> Callable[[], None]:
-        if kernel.primitive is None:
-            assert kernel.numpy_fn is not None
-            fn = kernel.numpy_fn
-            ins = [self.view(n) for n in kernel.reads]
-            outs = [self.view(n) for n in kernel.writes]
-            stream = self.stream
-            assert stream is not None
-
-            def run_numpy() -> None:
-                stream.wait()
-                for out, value in zip(outs, fn(ins), strict=True):
-                    np.copyto(out, value, casting="unsafe")
-
-            return run_numpy
-        args: dict[int, Memory] = dict(kernel.fixed)
-        for arg, name in kernel.args.items():
-            memory = self.slots[name].memory
-            assert memory is not None
-            args[arg] = memory
-        expected = kernel.primitive.pd.expected_args.get(int(Arg.SCRATCHPAD))
-        if expected is not None:
-            assert self._scratchpad is not None
-            args[int(Arg.SCRATCHPAD)] = Memory(expected.md,
-                                               self._scratchpad[:expected.md.size])
-        try:
-            bound = kernel.primitive.bind(args)
-        except ValueError as exc:
-            raise RuntimeError(f"kernel '{kernel.name}': {exc}") from exc
-        assert self.stream is not None
-        # No wait per primitive: the CPU engine's execute returns when the work is done (the
-        # executor waits once at the end); the wait and the Python wrapper cost ~1 us a kernel
-        return bound.runner(self.stream)
-
-    def view(self, slot: str) -> np.ndarray:
-        """A numpy view of a plain slot's memory (writes go to the buffer)."""
-        memory = self.slots[slot].memory
-        if memory is None:
-            raise RuntimeError("plan is not finalized")
-        return memory.array
+    def root(self, slot: str) -> tuple[str, int]:
+        """The slot whose buffer ``slot`` shares, and ``slot``'s byte offset in it."""
+        return _root(self.slots, slot)
 
     # ------------------------------------------------------------------- inspect
     def distinct_buffers(self) -> int:
-        return 0 if self.buffers is None else len(self.buffers.sizes)
+        return len(self.buffers.sizes)
 
     def inspect(self) -> dict[str, Any]:
         """JSON-able description of every kernel (docs/design.md, `qfuse inspect --json`)."""
@@ -265,7 +209,7 @@ class Plan:
             "numpy_kernels": sum(k.primitive is None for k in self.kernels),
             "buffers": {
                 "count": self.distinct_buffers(),
-                "bytes": sum(self.buffers.sizes) if self.buffers else 0,
+                "bytes": sum(self.buffers.sizes),
                 "slots": len(pooled),
             },
             "constants": {"count": len(constants),

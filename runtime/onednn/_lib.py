@@ -11,6 +11,12 @@ Safety rules, enforced here:
 - Enums are `c_int`; `dnnl_dims_t` is `Dims` (`c_int64 * 12`): ctypes refuses anything else in
   that position, so a short dims array can never be read past its end.
 - Every returned `dnnl_status_t` goes through `check`, which raises `DnnlError`.
+- Every created handle is owned by one Python object (`Native`) and destroyed exactly once, by
+  a `weakref.finalize` when that object is collected: not in `__del__` (which may run during
+  interpreter shutdown after module globals are gone, or twice on resurrection), and not at
+  exit (finalizers are marked `atexit=False`; the process is ending). An object that a live
+  handle depends on is referenced by its user (a Primitive holds its PrimitiveDesc, a bound
+  primitive its Memory objects, a Memory its Engine and buffer), so it is never destroyed first.
 
 The library is located through the installed files of the `onednn-cpu-gomp` distribution (no
 hard-coded paths). Environment variables read by oneDNN at load time (`ONEDNN_MAX_CPU_ISA`,
@@ -22,6 +28,10 @@ from __future__ import annotations
 import ctypes
 import importlib.metadata
 import logging
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable
 from ctypes import (
     POINTER,
     Structure,
@@ -92,6 +102,37 @@ class DnnlError(RuntimeError):
         if detail:
             message += f": {detail}"
         super().__init__(message)
+
+
+_live: Counter[str] = Counter()  # handles created and not yet destroyed, by owner class
+_live_lock = threading.Lock()
+
+
+def live_handles() -> dict[str, int]:
+    """How many handles of each owner class exist now (for leak tests and debugging)."""
+    with _live_lock:
+        return {kind: count for kind, count in _live.items() if count}
+
+
+def _destroy(destroy: Callable[[c_void_p], Any], handle: c_void_p, kind: str) -> None:
+    destroy(handle)
+    with _live_lock:
+        _live[kind] -= 1
+
+
+class Native:
+    """Owner of one oneDNN handle (``self.handle``), destroyed when the owner is collected."""
+
+    handle: c_void_p
+
+    def _own(self, handle: c_void_p, destroy: Callable[[c_void_p], Any]) -> None:
+        """Take ``handle``; ``destroy(handle)`` runs once, when this object goes."""
+        self.handle = handle
+        kind = type(self).__name__
+        with _live_lock:
+            _live[kind] += 1
+        finalizer = weakref.finalize(self, _destroy, destroy, handle, kind)
+        finalizer.atexit = False
 
 
 def check(status: int, call: str, detail: str = "") -> None:

@@ -23,7 +23,7 @@ import logging
 from ctypes import byref, c_void_p
 from dataclasses import dataclass
 
-from qfuse.runtime.onednn._lib import C, check
+from qfuse.runtime.onednn._lib import C, Native, check
 from qfuse.runtime.onednn.enums import (
     BINARY_ALGS,
     ELTWISE_ALGS,
@@ -73,18 +73,15 @@ class PostOpRecord:
         return f"prelu(mask={self.mask})"
 
 
-class PostOps:
+class PostOps(Native):
     """A dnnl_post_ops_t chain with a Python-side record of each append."""
 
     def __init__(self) -> None:
         handle = c_void_p()
         check(C.dnnl_post_ops_create(byref(handle)), "dnnl_post_ops_create")
-        self.handle = handle
+        self._own(handle, C.dnnl_post_ops_destroy)
         self._records: list[PostOpRecord] = []
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_post_ops_destroy(self.handle)
 
     def _room(self) -> None:
         if len(self._records) >= MAX_POST_OPS:
@@ -164,14 +161,14 @@ class AttrInfo:
         return ", ".join(parts) or "default attributes"
 
 
-class PrimitiveAttr:
+class PrimitiveAttr(Native):
     """A dnnl_primitive_attr_t. Scratchpad mode is `user` by default: the scratchpad is then an
     explicit execute argument (ARG SCRATCHPAD) that the runtime can share between primitives."""
 
     def __init__(self, *, scratchpad_user: bool = True, fpmath: FpMathMode | None = None) -> None:
         handle = c_void_p()
         check(C.dnnl_primitive_attr_create(byref(handle)), "dnnl_primitive_attr_create")
-        self.handle = handle
+        self._own(handle, C.dnnl_primitive_attr_destroy)
         self._scales: dict[int, int] = {}
         self._zero_points: dict[int, int] = {}
         self._post_ops: tuple[PostOpRecord, ...] = ()
@@ -184,9 +181,6 @@ class PrimitiveAttr:
         if fpmath is not None:
             self.set_fpmath_mode(fpmath)
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_primitive_attr_destroy(self.handle)
 
     def set_scales_mask(self, arg: int, mask: int) -> PrimitiveAttr:
         """Scales of `arg` are a runtime f32 input at ATTR_SCALES | arg; mask 0 = one value."""

@@ -2,13 +2,13 @@
 
 Ownership rules (the C API leaves them to the caller):
 
-- A `MemoryDesc` always owns its handle and destroys it in `__del__`. Descriptors returned by
-  primitive-descriptor queries belong to the primitive descriptor, so `MemoryDesc.clone_of`
-  copies them with dnnl_memory_desc_clone: the copy outlives the primitive descriptor.
+- Every object here owns its handle, destroyed once when the object goes (_lib.Native).
+  Descriptors returned by primitive-descriptor queries belong to the primitive descriptor, so
+  `MemoryDesc.clone_of` copies them with dnnl_memory_desc_clone: the copy outlives it.
 - A `Memory` keeps a reference to the numpy buffer its data handle points into, so the buffer
   lives as long as the dnnl memory even when the caller drops its own reference.
 - The engine is created once per process (`default_engine()`); every Memory and primitive
-  keeps a reference to the Engine it was made on.
+  keeps a reference to the Engine it was made on. `default_stream()` is one per thread.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import threading
 from ctypes import POINTER, byref, c_int, c_int64, c_void_p
 from typing import Any
 
 import numpy as np
 
 from qfuse.runtime.onednn import _lib
-from qfuse.runtime.onednn._lib import MAX_NDIMS, C, check
+from qfuse.runtime.onednn._lib import MAX_NDIMS, C, Native, check
 from qfuse.runtime.onednn.enums import (
     DataType,
     EngineKind,
@@ -57,7 +58,7 @@ def data_type_of(dtype: np.dtype[Any] | type) -> DataType:
     raise ValueError(f"numpy dtype {dtype} has no oneDNN data type")
 
 
-class Engine:
+class Engine(Native):
     """A oneDNN engine (CPU only in qfuse)."""
 
     def __init__(self, kind: EngineKind = EngineKind.cpu, index: int = 0) -> None:
@@ -69,11 +70,8 @@ class Engine:
         handle = c_void_p()
         check(C.dnnl_engine_create(byref(handle), kind, index), "dnnl_engine_create",
               f"{kind.name} engine {index}")
-        self.handle = handle
+        self._own(handle, C.dnnl_engine_destroy)
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_engine_destroy(self.handle)
 
     def __repr__(self) -> str:
         return f"Engine({self.kind.name}, {self.index})"
@@ -85,7 +83,7 @@ def default_engine() -> Engine:
     return Engine(EngineKind.cpu, 0)
 
 
-class Stream:
+class Stream(Native):
     """An in-order oneDNN stream on an engine."""
 
     def __init__(self, engine: Engine | None = None) -> None:
@@ -93,28 +91,31 @@ class Stream:
         handle = c_void_p()
         check(C.dnnl_stream_create(byref(handle), self.engine.handle, StreamFlags.in_order),
               "dnnl_stream_create", repr(self.engine))
-        self.handle = handle
+        self._own(handle, C.dnnl_stream_destroy)
 
     def wait(self) -> None:
         check(C.dnnl_stream_wait(self.handle), "dnnl_stream_wait")
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_stream_destroy(self.handle)
 
 
-@functools.cache
+_per_thread = threading.local()
+
+
 def default_stream() -> Stream:
-    """A process-wide in-order stream on the default engine."""
-    return Stream(default_engine())
+    """The calling thread's in-order stream on the default engine (a stream is used by one
+    thread at a time, so threads compiling or executing at once get one each)."""
+    stream = getattr(_per_thread, "stream", None)
+    if stream is None:
+        stream = _per_thread.stream = Stream(default_engine())
+    return stream
 
 
-class MemoryDesc:
+class MemoryDesc(Native):
     """An owned dnnl_memory_desc_t. Build with `from_tag`, `from_strides` or `clone_of`."""
 
     def __init__(self, handle: c_void_p) -> None:
         """Take ownership of `handle` (use the class methods instead of calling this)."""
-        self.handle = handle
+        self._own(handle, C.dnnl_memory_desc_destroy)
 
     @classmethod
     def from_tag(cls, dims: tuple[int, ...] | list[int], dtype: DataType,
@@ -174,9 +175,6 @@ class MemoryDesc:
         return cls.from_strides(array.shape, data_type_of(array.dtype),
                                 tuple(s // itemsize for s in array.strides))
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_memory_desc_destroy(self.handle)
 
     # -- queries -------------------------------------------------------------------------------
     def _query_int(self, what: Query) -> int:
@@ -295,7 +293,7 @@ def _aligned_bytes(nbytes: int) -> np.ndarray:
     return raw[start:start + nbytes]
 
 
-class Memory:
+class Memory(Native):
     """A dnnl_memory_t over a numpy buffer that this object keeps alive.
 
     `Memory(md)` allocates an aligned zeroed buffer of `md.size` bytes. `Memory(md, buffer)`
@@ -316,7 +314,7 @@ class Memory:
         check(C.dnnl_memory_create(byref(handle), md.handle, self.engine.handle,
                                    c_void_p(buffer.ctypes.data)),
               "dnnl_memory_create", md.describe())
-        self.handle = handle
+        self._own(handle, C.dnnl_memory_destroy)
 
     @classmethod
     def from_array(cls, array: np.ndarray, engine: Engine | None = None) -> Memory:
@@ -336,9 +334,6 @@ class Memory:
         """s32 1-D memory (tag a) for an ATTR_ZERO_POINTS argument."""
         return cls.from_array(np.ascontiguousarray(np.atleast_1d(values), dtype=np.int32))
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_memory_destroy(self.handle)
 
     @property
     def data_ptr(self) -> int:

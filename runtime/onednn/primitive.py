@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from ctypes import Array, byref, c_char_p, c_uint, c_void_p
 from dataclasses import dataclass
 
-from qfuse.runtime.onednn._lib import C, ExecArg, check
+from qfuse.runtime.onednn._lib import C, ExecArg, Native, check
 from qfuse.runtime.onednn.attr import AttrInfo
 from qfuse.runtime.onednn.enums import (
     Arg,
@@ -74,20 +74,17 @@ def _masked_dims(dims: tuple[int, ...], mask: int) -> tuple[int, ...]:
     return tuple(d if mask >> i & 1 else 1 for i, d in enumerate(dims))
 
 
-class PrimitiveDesc:
+class PrimitiveDesc(Native):
     """An owned dnnl_primitive_desc_t plus the attribute snapshot it was created with."""
 
     def __init__(self, handle: c_void_p, kind: PrimitiveKind, attr: AttrInfo, engine: Engine,
                  detail: str = "") -> None:
-        self.handle = handle
+        self._own(handle, C.dnnl_primitive_desc_destroy)
         self.kind = kind
         self.attr = attr
         self.engine = engine
         self.detail = detail
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_primitive_desc_destroy(self.handle)
 
     @functools.cached_property
     def impl_name(self) -> str:
@@ -209,7 +206,7 @@ class PrimitiveDesc:
         return f"PrimitiveDesc({self.name}; {self.attr.describe()})"
 
 
-class Primitive:
+class Primitive(Native):
     """A created dnnl_primitive_t; keeps its PrimitiveDesc for validation and queries."""
 
     def __init__(self, pd: PrimitiveDesc) -> None:
@@ -218,11 +215,8 @@ class Primitive:
         handle = c_void_p()
         check(C.dnnl_primitive_create(byref(handle), pd.handle), "dnnl_primitive_create",
               pd.name)
-        self.handle = handle
+        self._own(handle, C.dnnl_primitive_destroy)
 
-    def __del__(self) -> None:
-        if getattr(self, "handle", None) and C is not None:
-            C.dnnl_primitive_destroy(self.handle)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,117 @@
+"""Execution contexts: the run-time state of one caller of a compiled Plan.
+
+A Plan is immutable once compiled: kernels (primitives with their constant arguments: weights,
+scales, zero points), slot descriptors, and the buffer plan (which slot lives at which byte
+offset of which buffer). Everything a run writes lives in an ``ExecutionContext``:
+
+- the activation buffers (``plan.buffers.sizes``, 64-byte aligned) and one oneDNN memory per
+  non-constant slot over them;
+- the scratchpad (``plan.scratchpad_bytes``, shared by the context's kernels, which run one
+  after the other) and one SCRATCHPAD memory per primitive over it;
+- an in-order oneDNN stream;
+- every primitive bound once to those memories (``Primitive.bind``), and the numpy views of
+  the graph inputs and outputs.
+
+Concurrency contract (oneDNN 3.2): a primitive may be executed from several threads at once as
+long as each execution has its own scratchpad (scratchpad mode ``user``: "thread-safe as long
+as the scratchpad buffers are not used concurrently by two primitive executions",
+https://oneapi-src.github.io/oneDNN/enum_dnnl_scratchpad_mode_t.html) and its own dst; a stream
+is used by one thread at a time. Constant memories are only read, so all contexts share them.
+One context is used by one call at a time; ``Executor`` keeps a pool of idle contexts.
+
+Buffers start zeroed. A context reads nothing it has not written in the same run (a test
+fills fresh buffers with garbage and compares), so its first run equals every later one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from qfuse.runtime.onednn import Arg, Memory, Stream
+
+if TYPE_CHECKING:
+    from qfuse.compiler.lower.plan import Kernel, Plan
+
+log = logging.getLogger(__name__)
+
+ALIGNMENT = 64  # bytes, what oneDNN uses for the buffers it allocates itself
+
+
+def aligned_bytes(nbytes: int, fill: int | None = None) -> np.ndarray:
+    """``nbytes`` zeroed (or ``fill``-ed) bytes starting on an ALIGNMENT boundary."""
+    raw = np.zeros(nbytes + ALIGNMENT, dtype=np.uint8)
+    if fill is not None:
+        raw.fill(fill)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start:start + nbytes]
+
+
+class ExecutionContext:
+    """Buffers, memories, stream and bound kernels for running ``plan`` from one thread.
+
+    ``fill`` (tests only) fills the activation buffers and the scratchpad with that byte
+    instead of zeros: a plan whose outputs depend on it reads memory it did not write.
+    """
+
+    def __init__(self, plan: Plan, fill: int | None = None) -> None:
+        self.plan = plan
+        buffers = plan.buffers
+        self.stream = Stream()
+        self._arrays = [aligned_bytes(n, fill) for n in buffers.sizes]
+        self.memories: dict[str, Memory] = {}
+        for name, slot in plan.slots.items():
+            if slot.const is not None:
+                self.memories[name] = slot.const
+                continue
+            root, offset = plan.root(name)
+            buffer = self._arrays[buffers.buffer_of[root]]
+            self.memories[name] = Memory(slot.md, buffer[offset:offset + slot.md.size])
+        scratch = plan.scratchpad_bytes
+        self._scratchpad = aligned_bytes(scratch, fill) if scratch else None
+        self.runs: list[Callable[[], None]] = [self._bind(k) for k in plan.kernels]
+        self.inputs = [(name, self.view(slot)) for name, slot in plan.inputs.items()]
+        self.outputs = [(name, self.view(slot)) for name, slot in plan.outputs.items()]
+
+    def _bind(self, kernel: Kernel) -> Callable[[], None]:
+        if kernel.primitive is None:
+            assert kernel.numpy_fn is not None
+            fn = kernel.numpy_fn
+            ins = [self.view(n) for n in kernel.reads]
+            outs = [self.view(n) for n in kernel.writes]
+            stream = self.stream
+
+            def run_numpy() -> None:
+                stream.wait()
+                for out, value in zip(outs, fn(ins), strict=True):
+                    np.copyto(out, value, casting="unsafe")
+
+            return run_numpy
+        args: dict[int, Memory] = dict(kernel.fixed)
+        for arg, name in kernel.args.items():
+            args[arg] = self.memories[name]
+        expected = kernel.primitive.pd.expected_args.get(int(Arg.SCRATCHPAD))
+        if expected is not None:
+            assert self._scratchpad is not None
+            args[int(Arg.SCRATCHPAD)] = Memory(expected.md,
+                                               self._scratchpad[:expected.md.size])
+        try:
+            bound = kernel.primitive.bind(args)
+        except ValueError as exc:
+            raise RuntimeError(f"kernel '{kernel.name}': {exc}") from exc
+        # No wait per primitive: the CPU engine's execute returns when the work is done (the
+        # run waits once at the end); the wait and the Python wrapper cost ~1 us a kernel
+        return bound.runner(self.stream)
+
+    def view(self, slot: str) -> np.ndarray:
+        """A numpy view of a plain slot's memory in this context (writes go to the buffer)."""
+        return self.memories[slot].array
+
+    def run(self) -> None:
+        """Execute every kernel in order on the inputs already written; wait for the end."""
+        for run in self.runs:
+            run()
+        self.stream.wait()
