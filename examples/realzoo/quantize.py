@@ -1,0 +1,143 @@
+"""The three ways users quantize a float ONNX model, as each tool's documentation shows them.
+
+- ``qdq``: ONNX Runtime's recipe: ``quant_pre_process`` (symbolic shape inference, ONNX shape
+  inference and ORT's basic graph optimizations: BatchNorm folded into Conv, constants folded),
+  then ``quantize_static`` with ``QuantFormat.QDQ``. When ``quant_pre_process`` raises with its
+  defaults (symbolic shape inference needs sympy, and fails on some graphs) it is rerun with
+  ``skip_symbolic_shape=True`` and the failure is recorded as a note. When the result does
+  not load in onnxruntime because the model's opset is below 13 (quantize_static writes
+  per-channel DequantizeLinear with an ``axis`` there anyway), the pre-processed model is
+  converted to opset 13 with ``onnx.version_converter`` and quantized again, also noted.
+- ``qoperator``: the same pre-processing, then ``quantize_static`` with ``QuantFormat.QOperator``
+  (QLinearConv, QLinearMatMul, com.microsoft QLinearAdd / QLinearSigmoid / ... ops).
+- ``nncf``: ``nncf.quantize(model, nncf.Dataset(calibration))`` on the float model, NNCF's ONNX
+  backend with its defaults (preset PERFORMANCE: symmetric 8-bit quantizers, u8 where the
+  tensor is non-negative and s8 elsewhere, MinMax ranges, Fast Bias Correction). Weights are
+  per-channel s8 initializers -> DequantizeLinear at opset >= 13; at opset 11/12 (the PP-OCR
+  models) NNCF warns and quantizes them per tensor, left float behind QuantizeLinear ->
+  DequantizeLinear.
+
+Both quantize_static calls use the options the project's other zoo uses (and ORT's x86
+guidance): u8 activations, s8 per-channel weights, MinMax calibration, ``reduce_range=False``.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+QUANTIZERS = ("qdq", "qoperator", "nncf")
+# DequantizeLinear has an `axis` (per-channel scales) from this opset on.
+PER_CHANNEL_QDQ_OPSET = 13
+
+
+def pre_process(src: Path, dst: Path) -> list[str]:
+    """onnxruntime's quant_pre_process from ``src`` to ``dst``; returns notes on fallbacks."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        quant_pre_process(str(src), str(dst))
+        return []
+    except Exception as exc:  # noqa: BLE001 - any failure of the default path is recorded
+        first = f"{type(exc).__name__}: {exc}".strip()
+    quant_pre_process(str(src), str(dst), skip_symbolic_shape=True)
+    return [f"quant_pre_process raised {first[:300]!r}; reran with skip_symbolic_shape=True"]
+
+
+class _Reader:
+    """A CalibrationDataReader over a fixed list of feeds."""
+
+    def __init__(self, feeds: Sequence[dict[str, np.ndarray]]) -> None:
+        self._feeds = list(feeds)
+        self._it = iter(self._feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._it, None)
+
+    def rewind(self) -> None:
+        self._it = iter(self._feeds)
+
+
+def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
+                 fmt: str) -> tuple[onnx.ModelProto, list[str]]:
+    """quant_pre_process + quantize_static in ``fmt`` ('qdq' or 'qoperator')."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+
+    with tempfile.TemporaryDirectory(prefix="qfuse-realzoo-") as tmp:
+        work = Path(tmp)
+        onnx.save(float_model, work / "float.onnx")
+        notes = pre_process(work / "float.onnx", work / "pre.onnx")
+        reader = type("Reader", (_Reader, CalibrationDataReader), {})(calibration)
+        kwargs = {
+            "quant_format": QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
+            "per_channel": True,
+            "reduce_range": False,
+            "activation_type": QuantType.QUInt8,
+            "weight_type": QuantType.QInt8,
+            "calibrate_method": CalibrationMethod.MinMax,
+        }
+        quantize_static(str(work / "pre.onnx"), str(work / "q.onnx"), reader, **kwargs)
+        problem = _invalid(work / "q.onnx")
+        opset = _opset(float_model)
+        if problem and opset < PER_CHANNEL_QDQ_OPSET:
+            # quantize_static keeps opsets 10..20 and writes per-channel DequantizeLinear with
+            # an `axis`, which exists from opset 13 on: the user's fix is to convert first.
+            notes.append(f"quantize_static wrote an invalid model at opset {opset} "
+                         f"({problem[:200]!r}); converted the model to opset "
+                         f"{PER_CHANNEL_QDQ_OPSET} with onnx.version_converter and reran")
+            upgraded = onnx.version_converter.convert_version(onnx.load(work / "pre.onnx"),
+                                                              PER_CHANNEL_QDQ_OPSET)
+            onnx.save(upgraded, work / "pre13.onnx")
+            reader.rewind()
+            quantize_static(str(work / "pre13.onnx"), str(work / "q.onnx"), reader, **kwargs)
+            problem = _invalid(work / "q.onnx")
+        if problem:
+            raise RuntimeError(f"quantize_static wrote a model onnxruntime cannot load: {problem}")
+        return onnx.load(work / "q.onnx"), notes
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+
+def _invalid(path: Path) -> str | None:
+    """Why onnxruntime refuses to load the model at ``path`` (None if it loads)."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    try:
+        ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - the message is the answer
+        return str(exc)
+    return None
+
+
+def quantize_nncf(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]]
+                  ) -> tuple[onnx.ModelProto, list[str]]:
+    """nncf.quantize with NNCF's defaults on the ONNX backend."""
+    import nncf
+
+    dataset = nncf.Dataset(list(calibration))
+    quantized = nncf.quantize(float_model, dataset, subset_size=len(calibration))
+    return quantized, []
+
+
+def quantize(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
+             quantizer: str) -> tuple[onnx.ModelProto, list[str]]:
+    """The model quantized by ``quantizer`` (one of QUANTIZERS) and notes on what happened."""
+    if quantizer in ("qdq", "qoperator"):
+        return quantize_ort(float_model, calibration, quantizer)
+    if quantizer == "nncf":
+        return quantize_nncf(float_model, calibration)
+    raise ValueError(f"unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}")
