@@ -118,8 +118,10 @@ def run(
                   scale, zp)
         for t in members:
             params[t] = ActParams(scale, zp, activations)
-    qdq = write(float_model, params, placement.weights, "qdq")
-    written = qdq if format == "qdq" else write(float_model, params, placement.weights, format)
+    keep = set(exclude)
+    qdq = write(float_model, params, placement.weights, "qdq", keep)
+    written = qdq if format == "qdq" else write(float_model, params, placement.weights, format,
+                                                keep)
     written.producer_name = qdq.producer_name = "qfuse quantize"
     onnx.checker.check_model(written)
     if output is not None:

@@ -24,9 +24,8 @@ After Caffe2 DNNLOWP (pytorch ``caffe2/quantization/server``), whose formulas ar
   kl_minimization.cc writes it). Src bins are split between dst bins by their exact overlap.
 
 Both searches are brute force over every (start, width) as in DNNLOWP, evaluated in closed form
-from prefix sums of the histogram (O(D) per candidate, not O(bins)): first on the histogram
-merged to ``COARSE_BINS`` bins, then on the full histogram around the coarse optimum (±1 coarse
-bin on each end). With ``symmetric`` (DNNLOWP's ``preserve_sparsity``) only ranges starting at 0
+from prefix sums of the histogram (O(D) per candidate, not O(bins)); on histograms of more than
+``COARSE_BINS`` bins, coarse to fine (``_search``). With ``symmetric`` (DNNLOWP's ``preserve_sparsity``) only ranges starting at 0
 (a histogram starting at 0) or centred on the zero bin are searched.
 
 (scale, zero point) from a range (fbgemm ``ChooseQuantizationParams``, src/QuantUtils.cc):
@@ -44,7 +43,7 @@ import numpy as np
 from qfuse.compiler.quantize.histogram import Histogram
 
 METHODS = ("minmax", "percentile", "l2", "kl")
-COARSE_BINS = 128
+COARSE_BINS = 64
 _CHUNK = 2048  # candidates evaluated at once (memory: chunk × D float64 per array)
 
 
@@ -159,24 +158,34 @@ def _best(h: np.ndarray, start: np.ndarray, width: np.ndarray, objective: Object
 
 def _search(hist: Histogram, objective: Objective, bits: int,
             symmetric: bool) -> tuple[int, int]:
-    """(start_bin, nbins_selected) on ``hist`` minimising ``objective``."""
+    """(start_bin, nbins_selected) on ``hist`` minimising ``objective``.
+
+    A histogram of at most COARSE_BINS bins is searched whole. A larger one is padded with
+    empty bins to COARSE_BINS·2^k bins and searched coarse to fine: every candidate on the
+    bins merged to COARSE_BINS, then at 4× (last 2×) finer bins only the ends within one
+    coarser bin of the best so far."""
     h = hist.counts.astype(np.float64)
     n, dst = len(h), 1 << bits
     if symmetric:
         start, width = _candidates_symmetric(hist, n)
         return _best(h, start, width, objective, dst)
-    factor = -(-n // COARSE_BINS)
+    if n <= COARSE_BINS:
+        return _best(h, *_candidates_all(n), objective, dst)
+    factor = 1 << math.ceil(math.log2(n / COARSE_BINS))
     padded = np.concatenate([h, np.zeros(factor * COARSE_BINS - n)])
-    coarse = padded.reshape(-1, factor).sum(axis=1) if factor > 1 else h
-    start, width = _candidates_all(len(coarse))
-    s, w = _best(coarse, start, width, objective, dst)
-    if factor == 1:
-        return s, w
-    begin = np.arange(max(0, (s - 1) * factor), min(n, (s + 1) * factor) + 1)
-    end = np.arange(max(1, (s + w - 1) * factor), min(n, (s + w + 1) * factor) + 1)
-    bb, ee = np.meshgrid(begin, end, indexing="ij")
-    keep = ee > bb
-    return _best(h, bb[keep], (ee - bb)[keep], objective, dst)
+    s, w = _best(padded.reshape(-1, factor).sum(axis=1), *_candidates_all(COARSE_BINS),
+                 objective, dst)
+    while factor > 1:
+        ratio = min(4, factor)
+        factor //= ratio
+        level = padded.reshape(-1, factor).sum(axis=1) if factor > 1 else padded
+        m = len(level)
+        begin = np.arange(max(0, (s - 1) * ratio), min(m - 1, (s + 1) * ratio) + 1)
+        end = np.arange(max(1, (s + w - 1) * ratio), min(m, (s + w + 1) * ratio) + 1)
+        bb, ee = np.meshgrid(begin, end, indexing="ij")
+        keep = ee > bb
+        s, w = _best(level, bb[keep], (ee - bb)[keep], objective, dst)
+    return s, w
 
 
 # ------------------------------------------------------ integrals of a piecewise-constant density

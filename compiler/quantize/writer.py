@@ -66,8 +66,10 @@ class _Names:
 
 
 def write(model: onnx.ModelProto, activations: dict[str, ActParams],
-          weights: dict[str, int | None], fmt: str = "qdq") -> onnx.ModelProto:
-    """A copy of ``model`` with the quantizers inserted (module docstring)."""
+          weights: dict[str, int | None], fmt: str = "qdq",
+          keep_float: frozenset[str] | set[str] = frozenset()) -> onnx.ModelProto:
+    """A copy of ``model`` with the quantizers inserted (module docstring); the nodes named
+    in ``keep_float`` go on reading the float values."""
     if fmt not in ("qdq", "fakequantize"):
         raise ValueError(f"unknown format {fmt!r}; choose qdq or fakequantize")
     out = onnx.ModelProto()
@@ -133,7 +135,7 @@ def write(model: onnx.ModelProto, activations: dict[str, ActParams],
     ordered = list(head)
     for node in g.node:
         for i, v in enumerate(node.input):
-            if v in rename:
+            if v in rename and node.name not in keep_float:
                 node.input[i] = rename[v]
         ordered.append(node)
         for o in node.output:
