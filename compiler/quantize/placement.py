@@ -9,20 +9,26 @@ qfuse runs these int8 (docs/how-it-works.md; passes/post_op_match.py, fusion_rep
   (Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Split, Slice, Pad, MaxPool, nearest
   Resize, Identity) moves int8 values unchanged, at its input's scale.
 
-So a quantizer is requested on the activation inputs of the compute ops, and resolved
-upwards: through data movement to the tensor that produced the value (data movement keeps
-the scale); at a pool's output (its own range) with a request on the pool's input; at a
+So a quantizer is requested on the activation inputs of the compute ops (and of
+LayerNormalization, which the compiler runs on int8 input: passes/fuse_quantized_norm.py), and
+resolved upwards: through data movement to the tensor that produced the value (data movement
+keeps the scale); at a pool's output (its own range) with a request on the pool's input; at a
 Concat's output, with requests on its inputs, all in one *scale group* (one scale and zero
-point: the concat then only copies bytes); at a residual Add's output (or its activation's),
-with requests on every input but the one branch the compiler fuses the Add into (the last
-produced input made by a compute op whose only reader is the Add); anywhere else at the
-tensor itself. A requested tensor is therefore the *output* of an activation / BatchNorm /
-bias Add chain, never between a conv and what it absorbs.
+point: the concat then only copies bytes); anywhere else at the tensor itself. When that
+tensor ends a chain of single-reader elementwise ops over a residual Add (``relu(a + b)``),
+every Add input but one is requested too: the compiler fuses the Add as a ``sum`` post-op into
+the kernel of the branch left out (the last produced input made by a compute op whose only
+reader is the Add), and the sum reads the other input as int8. A requested tensor is
+therefore the *output* of an activation / BatchNorm / bias chain, never between a conv and
+what it absorbs; activation ranges are narrowed by what the chain ends in (a ReLU's output
+starts at 0: DNNLOWP's ``followed_by``).
 
 Weights (initializers of compute ops): s8 symmetric, per output channel (Conv and Gemm with
-transB: axis 0; ConvTranspose with group 1 and MatMul / Gemm without transB: axis 1) unless
-per tensor is asked for. Biases stay float (the compiler quantizes them). Nodes named in
-``exclude`` stay float: their inputs are not requested and nothing is pushed through them.
+transB: axis 0; ConvTranspose with group 1 and Gemm without transB: axis 1; MatMul: the last
+axis) unless per tensor is asked for (and for grouped ConvTranspose, whose output channels
+are not one axis of the weights). Biases stay float (the compiler quantizes them). Nodes
+named in ``exclude`` stay float: their inputs are not requested, nothing is pushed through
+them, and they read float values (writer.py).
 """
 
 from __future__ import annotations
@@ -141,6 +147,7 @@ def _residual_add_in_chain(g: _Graph, t: str, exclude: set[str]) -> onnx.NodePro
 
 
 def _weight_axis(g: _Graph, node: onnx.NodeProto, per_channel: bool) -> int | None:
+    """The output-channel axis of the node's weights (input 1), None for per tensor."""
     if not per_channel:
         return None
     if node.op_type == "Conv":
@@ -149,7 +156,7 @@ def _weight_axis(g: _Graph, node: onnx.NodeProto, per_channel: bool) -> int | No
         return 1 if g.attr(node, "group", 1) == 1 else None
     if node.op_type == "Gemm":
         return 0 if g.attr(node, "transB", 0) else 1
-    return 1  # MatMul [K, N]
+    return len(g.inits[node.input[1]].dims) - 1  # MatMul [..., K, N]: N
 
 
 def place(model: onnx.ModelProto, *, per_channel: bool = True,

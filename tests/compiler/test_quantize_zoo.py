@@ -48,7 +48,7 @@ def measure(model: onnx.ModelProto, float_model: onnx.ModelProto,
     kernels = [k["name"] for k in info["kernels"]]
     return {"kernels": len(kernels),
             "vnni_kernels": sum(not k.endswith(":lo") for k in kernels),
-            "unmatched": unmatched, "min_cos": min(cos)}
+            "unmatched": unmatched, "min_cos": min(cos), "mean_cos": float(np.mean(cos))}
 
 
 @pytest.mark.parametrize("name", zoo.SMALL_ARCHITECTURES)
