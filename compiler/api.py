@@ -15,13 +15,16 @@ from typing import Any
 
 import numpy as np
 import onnx
+
+from qfuse.compiler.errors import InputError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Graph
+from qfuse.ir.mode import Mode
 from qfuse.ir.postops import ComposerOptions
 
 log = logging.getLogger(__name__)
 
-MODES = ("fused", "unfused", "fp32", "reference")
+MODES = tuple(Mode)
 ModelLike = onnx.ModelProto | str | os.PathLike
 
 
@@ -41,7 +44,7 @@ class CompiledModel:
     """
 
     graph: Graph
-    mode: str
+    mode: Mode
     _runner: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
     details: dict[str, Any] = field(default_factory=dict)
     compiled_graph: Graph | None = None
@@ -69,26 +72,28 @@ class CompiledModel:
         return self.executor.run_all(feeds)
 
     def inspect(self) -> dict[str, Any]:
-        """JSON-able description (DESIGN.md `qfuse inspect --json`)."""
+        """JSON-able description (docs/design.md, `qfuse inspect --json`)."""
         return dict(self.details)
 
 
 def compile_model(
     model: ModelLike,
     *,
-    mode: str = "fused",
+    mode: Mode | str = Mode.FUSED,
     threads: int | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     composer: ComposerOptions | None = None,
 ) -> CompiledModel:
     """Compile ``model`` for ``mode`` (one of MODES); ``threads``: oneDNN's thread count."""
     if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    mode = Mode(mode)
     graph = import_graph(model, input_shapes=input_shapes)
     if mode == "reference":
         from qfuse.runtime.reference import evaluate
 
         return CompiledModel(graph, mode, lambda feeds: evaluate(graph, feeds))
+    from qfuse.compiler.fusion_report import not_fused
     from qfuse.compiler.lower import Options, lower
     from qfuse.compiler.modes import run_passes
     from qfuse.passes.base import PassContext
@@ -99,22 +104,12 @@ def compile_model(
     results = run_passes(work, mode, ctx)
     plan = lower(work, Options(mode=mode))
     executor = Executor(plan, threads)
-    details = {"mode": mode, **plan.inspect(), "not_fused": _not_fused(work, results),
+    details = {"mode": mode, **plan.inspect(), "not_fused": not_fused(work, results),
                "passes": {r.name: r.changed for r in results}}
     for kernel in details["kernels"]:  # no VNNI: how each int8 kernel stays exact
         if kernel["name"] in details.get("exact_int8", {}):
             kernel["exact_int8"] = details["exact_int8"][kernel["name"]]
     return CompiledModel(graph, mode, executor.run, details, work, plan, executor)
-
-
-def _not_fused(graph: Graph, results: list[Any]) -> list[dict[str, str]]:
-    """compiler/fusion_report.not_fused when present; else every unfused node."""
-    try:
-        from qfuse.compiler.fusion_report import not_fused
-    except ImportError:
-        return [{"node": n.name, "op": n.op.value, "reason": "no pass matched"}
-                for n in graph.topo_order() if n.fused is None]
-    return not_fused(graph, results)
 
 
 def random_inputs(model: CompiledModel, seed: int = 0) -> dict[str, np.ndarray]:

@@ -25,7 +25,6 @@ Method (what makes the ratios trustworthy on a shared, drifting machine):
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+
 from qfuse.compiler.bench_engines import (
     ENGINES,
     Engine,
@@ -46,7 +46,8 @@ from qfuse.compiler.bench_engines import (
     engine_note,
     make_engine,
 )
-from qfuse.compiler.errors import MalformedModelError
+from qfuse.compiler.errors import InputError, MalformedModelError
+from qfuse.runtime.numerics.error import cosine
 
 log = logging.getLogger(__name__)
 
@@ -256,12 +257,9 @@ def agreement(reference: list[np.ndarray],
     cosines: list[float] = []
     top1: list[float] = []
     for ref, out in zip(reference, outputs, strict=True):
-        a = np.asarray(ref, np.float64).ravel()
-        b = np.asarray(out, np.float64).ravel()
-        if a.shape != b.shape:
+        if np.size(ref) != np.size(out):
             return None, None
-        norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-        cosines.append(float(a @ b) / norm if norm > 0 else float(np.array_equal(a, b)))
+        cosines.append(cosine(ref, out))
         if ref.ndim == 2 and ref.shape[-1] > 1:
             same = np.argmax(ref, axis=-1) == np.argmax(np.asarray(out), axis=-1)
             top1.append(float(np.mean(same)))
@@ -300,7 +298,7 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
     threads = config.threads or default_threads()
     unknown = [n for n in config.compare if n not in ENGINES]
     if unknown:
-        raise ValueError(f"unknown engine(s) {unknown} in --compare; choose from "
+        raise InputError(f"unknown engine(s) {unknown} in --compare; choose from "
                          f"{', '.join(e for e in ENGINES if e != BASELINE)}")
     names = [BASELINE] + [n for n in dict.fromkeys(config.compare) if n != BASELINE]
     path = Path(config.model)
@@ -316,7 +314,7 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
         except MalformedModelError as exc:
             if path == Path(config.model):
                 raise
-            raise ValueError(f"{exc} (with --batch {config.batch}: the model fixes its batch "
+            raise InputError(f"{exc} (with --batch {config.batch}: the model fixes its batch "
                              "size inside the graph, e.g. in a Reshape's shape)") from exc
         except EngineUnavailable as exc:
             skipped[name] = str(exc)
@@ -368,14 +366,17 @@ def format_table(result: BenchResult) -> str:
 
 def main_bench(args: Any) -> int:
     """The `qfuse bench` command (called by compiler/cli.py)."""
-    compare = [n.strip() for n in (args.compare or "").split(",") if n.strip()]
-    config = BenchConfig(Path(args.model), compare, args.threads, args.iters, args.batch,
-                         progress=True)
+    from qfuse.compiler.cli_output import emit
+
+    config = BenchConfig(Path(args.model), list(args.compare or []), args.threads, args.iters,
+                         args.batch, progress=True)
     if not config.model.exists():
         raise FileNotFoundError(f"model {config.model} does not exist")
+    if config.iters < 1:
+        raise InputError(f"--iters must be at least 1, got {config.iters}")
     with tempfile.TemporaryDirectory(prefix="qfuse-bench-") as tmp:
         result = run_bench(config, Path(tmp))
-        print(format_table(result))
+        text = [format_table(result)]
         if args.profile or args.plot:
             from qfuse.compiler.bench_profile import (
                 format_profile,
@@ -387,12 +388,9 @@ def main_bench(args: Any) -> int:
                                            result.threads, runs=max(config.iters, 10),
                                            with_unfused=bool(args.plot))
             if args.profile:
-                print()
-                print(format_profile(result.profile))
+                text += ["", format_profile(result.profile)]
             if args.plot:
                 plot_fused_vs_unfused(result.profile, Path(args.plot))
-                print(f"wrote {args.plot}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result.to_json(), indent=1) + "\n")
-        print(f"wrote {args.json}")
+                text.append(f"wrote {args.plot}")
+    emit(args.json, result.to_json(), "\n".join(text))
     return 0

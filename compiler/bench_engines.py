@@ -31,9 +31,12 @@ from typing import Any
 
 import numpy as np
 
+from qfuse.compiler.errors import InputError
+from qfuse.ir.mode import Mode
+
 log = logging.getLogger(__name__)
 
-QFUSE_MODES = ("fused", "unfused", "fp32", "reference")
+QFUSE_MODES = tuple(m.value for m in Mode)
 EXTERNAL = ("onnxruntime", "openvino")
 ENGINES = QFUSE_MODES + EXTERNAL
 # OpenVINO layer types that do the int8 multiply-accumulate work.
@@ -63,7 +66,7 @@ def make_engine(name: str, model: Path, threads: int, feeds: dict[str, np.ndarra
         return _onnxruntime(model, threads, feeds)
     if name == "openvino":
         return _openvino(model, threads, feeds)
-    raise ValueError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
+    raise InputError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
 
 
 def _import(package: str) -> Any:

@@ -5,9 +5,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import traceback
 from pathlib import Path
 
 import numpy as np
+
+import qfuse
+from qfuse.compiler.bench_engines import ENGINES
+from qfuse.compiler.cli_output import STDOUT
+from qfuse.compiler.errors import InputError, QfuseError
+from qfuse.ir.mode import COMPILED_MODES, Mode
+
+DESCRIPTION = "Compile quantized ONNX models into fused oneDNN int8 kernels, run, inspect and benchmark them."
+EXIT_CODES = """exit codes:
+  0  success
+  1  a problem with the model, its inputs or the arguments (one line on stderr says which)
+  2  the command line does not parse (usage)
+  3  internal error: a bug in qfuse (-v prints the traceback; please report it)"""
+MODEL_HELP = "the ONNX model file (QDQ, QOperator or FakeQuantize; a float model runs too)"
+THREADS_HELP = "oneDNN threads (default: all CPUs)"
+JSON_HELP = "print JSON instead of text; with a PATH, write the JSON there and print the text"
 
 EMULATED = ["tflite", "onnxruntime", "caffe2", "onednn", "tpu-mlir"]
 
@@ -26,7 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             feeds = {name: npz[name] for name in npz.files}
         missing = [n for n in model.inputs if n not in feeds]
         if missing:
-            raise ValueError(f"{args.inputs} lacks model inputs {missing} (has {list(feeds)})")
+            raise InputError(f"{args.inputs} lacks model inputs {missing} (has {list(feeds)})")
     else:
         feeds = random_inputs(model, seed=0)
     outputs = model.run(feeds)
@@ -75,56 +92,69 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo()
 
 
+def _json_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", nargs="?", const=STDOUT, default=None, metavar="PATH", help=JSON_HELP)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qfuse", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log what the passes do")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="qfuse", description=DESCRIPTION, epilog=EXIT_CODES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"qfuse {qfuse.__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log what the passes do; print the traceback of internal errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("run", help="run a model and print or save its outputs")
-    p.add_argument("model", type=Path)
+    p.add_argument("model", type=Path, help=MODEL_HELP)
     p.add_argument("--inputs", type=Path, help=".npz keyed by input name (default: random)")
     p.add_argument("--output", type=Path, help="write outputs to this .npz")
-    p.add_argument("--mode", default="fused", choices=["fused", "unfused", "fp32", "reference"])
-    p.add_argument("--threads", type=int)
+    p.add_argument("--mode", default="fused", choices=list(Mode),
+                   help="fused oneDNN kernels (default), one kernel per post-op, float, or the "
+                        "numpy reference interpreter")
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.add_argument("--emulate", choices=EMULATED,
                    help="run the imported graph in this framework's integer arithmetic "
                         "(instead of --mode)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("compile", help="compile a model and print a summary")
-    p.add_argument("model", type=Path)
-    p.add_argument("--json", type=Path, help="write the plan (as `inspect --json`) here")
-    p.add_argument("--mode", default="fused", choices=["fused", "unfused", "fp32"])
-    p.add_argument("--threads", type=int)
+    p.add_argument("model", type=Path, help=MODEL_HELP)
+    _json_arg(p)
+    p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
+                   help="what to compile (default: fused)")
+    p.add_argument("--threads", type=int, help=THREADS_HELP)
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("inspect", help="show every kernel and what fused")
-    p.add_argument("model", type=Path)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("model", type=Path, help=MODEL_HELP)
+    _json_arg(p)
     p.add_argument("--error", action="store_true",
                    help="per-layer quantization error against the float model (SQNR, LSB)")
     p.add_argument("--inputs", type=Path, help="with --error: .npz keyed by input name")
-    p.add_argument("--mode", default="fused", choices=["fused", "unfused", "fp32"])
+    p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
+                   help="which compiled form to describe (default: fused)")
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("bench", help="benchmark against other engines")
-    p.add_argument("model", type=Path)
-    p.add_argument("--compare", default="unfused,fp32,onnxruntime,openvino",
-                   help="engines besides qfuse fused (unfused, fp32, reference, onnxruntime, "
-                        "openvino)")
+    p.add_argument("model", type=Path, help=MODEL_HELP)
+    p.add_argument("--compare", default="unfused,fp32,onnxruntime,openvino", type=_engine_list,
+                   metavar="ENGINE[,ENGINE...]",
+                   help=f"engines besides qfuse fused, comma-separated, from: {', '.join(ENGINES)} "
+                        "(default: unfused,fp32,onnxruntime,openvino)")
     p.add_argument("--threads", type=int, help="threads for every engine (default: all CPUs)")
-    p.add_argument("--iters", type=int, default=50, help="timed runs per engine")
+    p.add_argument("--iters", type=int, default=50, help="timed runs per engine (default 50)")
     p.add_argument("--batch", type=int, help="leading input dimension (default: the model's)")
-    p.add_argument("--json", type=Path, help="write every number to this file")
+    _json_arg(p)
     p.add_argument("--plot", type=Path, help="PNG: fused vs unfused time per layer")
     p.add_argument("--profile", action="store_true",
                    help="per-kernel time, implementation, MACs and TOPS of the fused plan")
     p.set_defaults(func=_cmd_bench)
 
     p = sub.add_parser("compare", help="compare with another framework's integer arithmetic")
-    p.add_argument("model", type=Path)
-    p.add_argument("--emulate", required=True, choices=EMULATED)
-    p.add_argument("--json", action="store_true")
+    p.add_argument("model", type=Path, help=MODEL_HELP)
+    p.add_argument("--emulate", required=True, choices=EMULATED,
+                   help="the framework whose integer arithmetic to emulate")
+    _json_arg(p)
     p.add_argument("--inputs", type=Path, help=".npz keyed by input name (default: random)")
     p.add_argument("--against", choices=["reference", "fused"],
                    help="baseline (default: fused when it exposes intermediates, else reference)")
@@ -139,21 +169,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _engine_list(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ENGINES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown engine(s) {unknown}; choose from "
+                                         f"{', '.join(ENGINES)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
-
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # output piped into `head` and cut: not an error of ours
         sys.stderr.close()
         return 0
-    except (UnsupportedModelError, MalformedModelError, ValueError, FileNotFoundError,
-            NotImplementedError) as exc:
+    except KeyboardInterrupt:
+        print(f"qfuse {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except (QfuseError, OSError) as exc:  # the model, the inputs, a path: the user's to fix
         print(f"qfuse {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # noqa: BLE001  (anything else is a bug of ours)
+        if args.verbose:
+            traceback.print_exc()
+        print(f"qfuse {args.command}: internal error: {type(exc).__name__}: {exc}"
+              + ("" if args.verbose else " (-v prints the traceback)"), file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -20,15 +20,15 @@ Without ``--against``, fused is used when available, else reference; the output 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from qfuse.compiler.api import CompiledModel, compile_model, random_inputs
-from qfuse.compiler.errors import UnsupportedModelError
+from qfuse.compiler.cli_output import emit
+from qfuse.compiler.errors import InputError, UnsupportedModelError
 from qfuse.runtime.emulate import Decision, emulate, plan
 
 __all__ = ["Row", "compare", "emulated_model", "load_feeds", "main_compare"]
@@ -63,7 +63,7 @@ def load_feeds(model: CompiledModel, path: Path | None) -> dict[str, np.ndarray]
         feeds = {name: npz[name] for name in npz.files if name in model.inputs}
     missing = [n for n in model.inputs if n not in feeds]
     if missing:
-        raise ValueError(f"{path} lacks model inputs {missing}")
+        raise InputError(f"{path} lacks model inputs {missing}")
     return feeds
 
 
@@ -150,9 +150,5 @@ def format_text(result: dict[str, Any]) -> str:
 
 def main_compare(args: argparse.Namespace) -> int:
     result = compare(args.model, args.emulate, inputs=args.inputs, against=args.against)
-    if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
-    else:
-        print(format_text(result))
+    emit(args.json, result, lambda: format_text(result))
     return 0

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
+
+from qfuse.compiler.cli_output import emit
 
 
 def _compile(args: argparse.Namespace) -> tuple[Any, float]:
@@ -19,18 +19,20 @@ def _compile(args: argparse.Namespace) -> tuple[Any, float]:
     return model, time.perf_counter() - start
 
 
-def _json_default(value: object) -> object:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
-
-
 def main_compile(args: argparse.Namespace) -> int:
     model, seconds = _compile(args)
     info = model.inspect()
+    emit(args.json, info, lambda: format_summary(args.model, info, seconds))
+    return 0
+
+
+def format_summary(model: object, info: dict[str, Any], seconds: float) -> str:
+    """What ``qfuse compile`` prints."""
+    lines: list[str] = []
+    print = lines.append
     kinds = Counter(k["primitive"] for k in info["kernels"])
     fused = [k for k in info["kernels"] if k["absorbed"] and len(k["absorbed"]) > 1]
-    print(f"{args.model}: compiled in {seconds:.2f} s ({info['mode']} mode, "
+    print(f"{model}: compiled in {seconds:.2f} s ({info['mode']} mode, "
           f"cpu isa {info['cpu_isa']})")
     print(f"  kernels: {len(info['kernels'])} ("
           + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common()) + ")")
@@ -48,10 +50,7 @@ def main_compile(args: argparse.Namespace) -> int:
         else:
             print("  WARNING: this CPU has no VNNI/AMX: oneDNN's u8·s8 products saturate in "
                   "int16")
-    if args.json:
-        Path(args.json).write_text(json.dumps(info, indent=1, default=_json_default))
-        print(f"  plan written to {args.json}")
-    return 0
+    return "\n".join(lines)
 
 
 def _masks(masks: dict[str, int]) -> str:
@@ -96,8 +95,5 @@ def format_inspect(info: dict[str, Any]) -> str:
 def main_inspect(args: argparse.Namespace) -> int:
     model, _ = _compile(args)
     info = model.inspect()
-    if args.json:
-        print(json.dumps(info, indent=1, default=_json_default))
-    else:
-        print(format_inspect(info))
+    emit(args.json, info, lambda: format_inspect(info))
     return 0

@@ -1,6 +1,6 @@
 """``qfuse inspect MODEL --error``: per-layer quantization error against a float shadow.
 
-After Caffe2 DNNLOWP's ``measure_quantization_error`` (seed 003), which runs a float32 shadow of
+After Caffe2 DNNLOWP's ``measure_quantization_error`` (Caffe2 DNNLOWP), which runs a float32 shadow of
 every int8 operator: here the shadow is the whole *float model* — the imported graph with every
 QuantizeLinear -> DequantizeLinear pair removed (the DQ's readers read the Q's float input) and
 the quantized weights left as ``DequantizeLinear(w_q)``, i.e. dequantized — evaluated by the
@@ -19,17 +19,17 @@ SQNR) first. JSON has no infinity: SQNR of an exact tensor is reported as null.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.runtime.numerics import dequantize, quantization_error
 from qfuse.runtime.reference import evaluate
 
-__all__ = ["error_report", "float_shadow", "format_text", "main_error", "relu_folded", "to_json"]
+__all__ = ["error_report", "float_shadow", "format_text", "json_payload", "main_error", "relu_folded"]
 
 
 def relu_folded(graph: Graph, q: Node) -> bool:
@@ -114,11 +114,10 @@ def _finite(v: float | None) -> float | None:
     return None if v is None or math.isnan(v) or math.isinf(v) else v
 
 
-def to_json(rows: list[dict[str, Any]], inputs: str) -> str:
+def json_payload(rows: list[dict[str, Any]], inputs: str) -> dict[str, Any]:
     clean = [{k: (_finite(v) if isinstance(v, float) else v) for k, v in r.items()}
              for r in rows]
-    return json.dumps({"inputs": inputs, "sort": "sqnr_db ascending (worst first)",
-                       "layers": clean}, indent=2)
+    return {"inputs": inputs, "sort": "sqnr_db ascending (worst first)", "layers": clean}
 
 
 def format_text(rows: list[dict[str, Any]], inputs: str) -> str:
@@ -139,10 +138,11 @@ def main_error(args: Any) -> int:
     """``qfuse inspect MODEL --error [--json] [--inputs IN.npz]``."""
     from qfuse.compiler.api import compile_model
     from qfuse.compiler.cli_compare import load_feeds
+    from qfuse.compiler.cli_output import emit
 
     model = compile_model(args.model, mode="reference")
     feeds = load_feeds(model, args.inputs)
     inputs = str(args.inputs) if args.inputs else "random (seed 0)"
     rows = error_report(model.graph, feeds)
-    print(to_json(rows, inputs) if args.json else format_text(rows, inputs))
+    emit(args.json, json_payload(rows, inputs), lambda: format_text(rows, inputs))
     return 0

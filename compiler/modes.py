@@ -1,4 +1,4 @@
-"""What each compile mode runs before lowering (DESIGN.md "Modes").
+"""What each compile mode runs before lowering (docs/design.md, "Modes").
 
 - ``fused``: the full pipeline (compiler/pipeline.py), then the fused lowering.
 - ``unfused``: the same pipeline; the lowering runs every post-op of a fused node as its own
@@ -18,6 +18,7 @@ import logging
 
 from qfuse.compiler.pipeline import PIPELINE, run_pipeline
 from qfuse.ir import Graph
+from qfuse.ir.mode import Mode
 from qfuse.passes import strip_quantization
 from qfuse.passes.base import PassContext, PassResult, run_pass
 
@@ -28,12 +29,12 @@ FP32_CLEANUP = ("drop_identity", "constant_fold", "fold_batchnorm", "gemm_to_mat
 FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops")
 
 
-def run_passes(graph: Graph, mode: str, ctx: PassContext | None = None) -> list[PassResult]:
+def run_passes(graph: Graph, mode: Mode | str, ctx: PassContext | None = None) -> list[PassResult]:
     """Rewrite ``graph`` in place for ``mode``; the results of the passes that ran."""
     ctx = ctx or PassContext()
-    if mode in ("fused", "unfused"):
+    if mode in (Mode.FUSED, Mode.UNFUSED):
         return run_pipeline(graph, ctx)
-    if mode != "fp32":
+    if mode != Mode.FP32:
         raise ValueError(f"mode {mode!r} runs no passes")
     passes_by_name = dict(PIPELINE)
     results = [_run(graph, ctx, "strip_quantization", strip_quantization.run)]

@@ -1,4 +1,4 @@
-"""The one ordered list of passes (DESIGN.md "Passes"), and the function that runs it."""
+"""The one ordered list of passes (docs/design.md, "Passes"), and the function that runs it."""
 
 from __future__ import annotations
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 
 import numpy as np
+
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.cli_inspect import format_inspect
 from qfuse.examples.zoo import model_path, sample_inputs

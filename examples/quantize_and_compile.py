@@ -17,10 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.cli_inspect import format_inspect
 from qfuse.examples.zoo import ARCHITECTURES, float_model, sample_inputs
 from qfuse.examples.zoo.quantize import quantize
+from qfuse.runtime.numerics import cosine
 
 
 def build(name: str, out: Path) -> tuple[Path, Path]:
@@ -54,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     reference = compile_model(qdq_path, mode="reference").run(feeds)
     for name in model.outputs:
         a, b = fused[name].ravel(), reference[name].ravel()
-        cosine = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
-        print(f"\n{name}: fused vs reference interpreter cosine {cosine:.6f}, "
+        print(f"\n{name}: fused vs reference interpreter cosine {cosine(a, b):.6f}, "
               f"max |diff| {np.abs(a - b).max():.4g}")
     return 0
 

@@ -22,6 +22,7 @@ import enum
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.ir.types import DType
 
 
@@ -95,7 +96,7 @@ class Residual:
 
 @dataclass(frozen=True)
 class Quantize:
-    """A quantize-only FakeQuantize (seed 000), into the integer domain:
+    """A quantize-only FakeQuantize (OpenVINO fake_quantize.md), into the integer domain:
 
     y = clip(x, il, ih) → (y - il)·(levels-1)/(ih-il) → round → · (oh-ol)/(levels-1) + ol
 

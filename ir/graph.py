@@ -17,6 +17,7 @@ from typing import Any
 
 import networkx as nx
 import numpy as np
+
 from qfuse.ir.chain import Fused
 from qfuse.ir.ops import ATTRS, Op, arity
 from qfuse.ir.types import DType, TensorInfo

@@ -91,7 +91,7 @@ class DequantizeAttrs:
 
 @dataclass(frozen=True)
 class FakeQuantizeAttrs:
-    """Inputs x, input_low, input_high, output_low, output_high (seed 000 definition).
+    """Inputs x, input_low, input_high, output_low, output_high (OpenVINO fake_quantize.md definition).
 
     The output element type lives in the output TensorInfo: f32 for a full FakeQuantize, u8/s8
     for a quantize-only one (after decomposition; output_low/high are then integers).

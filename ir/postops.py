@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 import numpy as np
+
 from qfuse.ir.chain import Act
 from qfuse.ir.types import DType
 

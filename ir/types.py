@@ -1,7 +1,7 @@
 """Tensor metadata: element types, shapes and quantization parameters.
 
 An integer tensor carries its quantization next to its shape, the way LPT reads it
-(seed 000): ``real = scale * (q - zero_point)``, per tensor (``axis is None``) or per
+(OpenVINO fake_quantize.md): ``real = scale * (q - zero_point)``, per tensor (``axis is None``) or per
 channel along ``axis``. Scales and zero points are stored as tuples so that the metadata
 stays hashable and immutable; ``scale_array()``/``zero_point_array()`` give numpy views.
 """

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir import Graph, Node, Op
 from qfuse.passes.base import PassContext
 from qfuse.passes.replace import add_inferred, bypass_keeping_name, replace_nodes

@@ -1,4 +1,4 @@
-"""Record the composer's oneDNN mapping on every fused node (DESIGN.md pass 7).
+"""Record the composer's oneDNN mapping on every fused node (docs/design.md, pass 7).
 
 For each node with ``fused`` set: ``compose(chain, channels, dst_dtype, options=ctx.composer)``
 with the node's output channels (axis 1 for conv / deconv / pools, the last dim for matmul)

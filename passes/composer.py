@@ -1,6 +1,6 @@
-"""DnnlPostOpsComposer (seed 000): a post-op chain → oneDNN 3.x attributes.
+"""DnnlPostOpsComposer (OpenVINO fake_quantize.md): a post-op chain → oneDNN 3.x attributes.
 
-oneDNN 3.x computes (ONEDNN_NOTES.md)
+oneDNN 3.x computes (docs/onednn.md)
 
     x   = f32(acc)·wei_scale[oc] + bias[oc]          (bias is added after the scale)
     x   = post_op_n(… post_op_0(x))                    (eltwise / sum / binary / prelu)
@@ -18,11 +18,11 @@ rounded once instead of the product being rounded twice, which moves results by 
 quantization step, and rarely):
 
 - skip_identity:         x·1 = x, x+0 = x.
-- quantize_clip_after_round (seed 000): for ih > il, with isc = (L-1)/(ih-il), ish = -il·isc,
+- quantize_clip_after_round (OpenVINO fake_quantize.md): for ih > il, with isc = (L-1)/(ih-il), ish = -il·isc,
   round(clip(x, il, ih)·isc + ish) = clip(round(x·isc + ish), 0, L-1), because x ↦ x·isc+ish
   is increasing and maps [il, ih] onto [0, L-1] whose ends are integers. A per-channel crop
   becomes a per-tensor one.
-- fold_output_shift (seed 000): when the FakeQuantize output scale is 1 and its output shift
+- fold_output_shift (OpenVINO fake_quantize.md): when the FakeQuantize output scale is 1 and its output shift
   k = ol is an even integer, round(y) + k = round(y + k) — with round half to even this needs
   k even (rint(2.5) + 1 = 3 but rint(3.5) = 4); qmin is 0 or -128, so a quantize-only
   FakeQuantize always qualifies — and k joins the input shift and the clip bounds move by k.
@@ -42,7 +42,7 @@ quantization step, and rarely):
   per-tensor s and c.
 - per_tensor_eltwise: per-tensor multiply / add / clip as eltwise linear / clip (binary
   post-ops are slower than eltwise).
-- drop_inner_round (off by default; seed 000's "existing implementation" shortcut): a round
+- drop_inner_round (off by default; OpenVINO fake_quantize.md's "existing implementation" shortcut): a round
   that is not the last one and is followed by a residual sum is dropped — this changes results
   (it removes one quantization of the residual branch) and is measured, not assumed.
 """
@@ -52,6 +52,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+
 from qfuse.ir.chain import Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
 from qfuse.ir.postops import (
     ACT_ALG,
@@ -81,7 +82,7 @@ def _f32(values: object) -> np.ndarray:
 
 # ---------------------------------------------------------------------- lowering
 def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -> list[Basic]:
-    """Chain items → basic operations (FakeQuantize per seed 000's decomposition)."""
+    """Chain items → basic operations (FakeQuantize per OpenVINO fake_quantize.md's decomposition)."""
     basic: list[Basic] = []
     for item in chain:
         if isinstance(item, Scale):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir import Graph, Node, Op, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.replace import replace_nodes

@@ -1,19 +1,19 @@
 """A float FakeQuantize on an activation → quantize-only FakeQuantize + DequantizeLinear
-(DESIGN.md "Passes" 3, seed 000).
+(docs/design.md, pass 3, OpenVINO fake_quantize.md).
 
-FakeQuantize (seed 000), for il < x <= ih, with L levels:
+FakeQuantize (OpenVINO fake_quantize.md), for il < x <= ih, with L levels:
 
     k = round((x - il)/(ih - il)·(L-1))  in [0, L-1]
     y = k/(L-1)·(oh - ol) + ol = So·(k + T),   So = (oh - ol)/(L-1),  T = ol/So
 
 ``y`` is a dequantization ``So·(q - zp)`` of an integer ``q = k + T + zp`` exactly when T
-is an integer (seed 000: "equation (c) is traditional dequantization only if Zo is
+is an integer (OpenVINO fake_quantize.md: "equation (c) is traditional dequantization only if Zo is
 integer"); zp is then free as long as q's range [T + zp, T + zp + L - 1] fits the type.
 Choice (per tensor, or per channel with one type for all channels):
 
 1. the type and zero point the FakeQuantize was made from (``meta["qdq"]``, written by
    qdq_to_fake_quantize) when they reproduce its ranges bit for bit: u8 stays u8, s8 stays s8;
-2. s8 with zp 0 (symmetric; seed 000: "I8 is better choice for symmetric quantization");
+2. s8 with zp 0 (symmetric; OpenVINO fake_quantize.md: "I8 is better choice for symmetric quantization");
 3. u8 with zp 0 (ranges starting at 0: ReLU outputs);
 4. u8 with zp = -T (q starts at 0), 5. s8 with zp = -128 - T (q starts at -128).
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, QuantParams, TensorInfo

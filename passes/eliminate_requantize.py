@@ -1,5 +1,5 @@
 """DequantizeLinear → quantize-only FakeQuantize with the same parameters is the identity on
-the integers: the FakeQuantize's readers read the DQ's integer input (DESIGN.md "Passes" 4;
+the integers: the FakeQuantize's readers read the DQ's integer input (docs/design.md, pass 4;
 what remains of ONNX Runtime's "Reshape/Flatten/MaxPool reuse their input's scale" once the
 dequantize has been moved through those ops).
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, QuantParams

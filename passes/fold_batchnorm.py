@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.passes.base import PassContext, rewrite_each
 from qfuse.passes.replace import replace_nodes

@@ -1,8 +1,8 @@
-"""FakeQuantize on constant float weights → s8 constant + DequantizeLinear (DESIGN.md
+"""FakeQuantize on constant float weights → s8 constant + DequantizeLinear (docs/design.md
 "Passes" 3; OpenVINO-style models quantize weights with a FakeQuantize on the float
 constant, ONNX Runtime stores them already quantized — after this pass both look alike).
 
-For each channel c of the ranges (FakeQuantize formula in seed 000, L levels):
+For each channel c of the ranges (FakeQuantize formula in OpenVINO fake_quantize.md, L levels):
 
     k = round((w - il)/(ih - il)·(L-1))           (0 below il, L-1 above ih)
     FQ(w) = k/(L-1)·(oh - ol) + ol = So·(k + T),   So = (oh - ol)/(L-1),  T = ol/So
@@ -16,7 +16,7 @@ Preconditions (declined otherwise, with the reason): ranges constant; 2 <= L <= 
 per tensor or per channel along the output-channel axis of every reader (Conv weights: axis 0,
 ConvTranspose: 1, MatMul B: the last); il < ih and ol < oh; T integral; and the s8 range
 with zero point 0 — an asymmetric weight range needs a weight zero point, which oneDNN
-convolution does not have (ONEDNN_NOTES.md).
+convolution does not have (docs/onednn.md).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, QuantParams, TensorInfo

@@ -1,4 +1,4 @@
-"""FuseConvolutionMatMulDeconvAndBias (DESIGN.md pass 5; seed 000's extension to deconv).
+"""FuseConvolutionMatMulDeconvAndBias (docs/design.md, pass 5; OpenVINO fake_quantize.md's extension to deconv).
 
 Pattern: a Conv / ConvTranspose / MatMul whose output is read only by an ``Add`` with a
 constant operand ``b`` that is per output channel (or one value), e.g. ``[1, C, 1, 1]`` for a
@@ -36,6 +36,7 @@ import dataclasses
 import logging
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.chain import Fused, Shift
 from qfuse.passes.base import PassContext

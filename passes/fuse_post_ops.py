@@ -1,4 +1,4 @@
-"""Post-op fusion (DESIGN.md pass 6): a fused compute node absorbs its single-consumer chain.
+"""Post-op fusion (docs/design.md, pass 6): a fused compute node absorbs its single-consumer chain.
 
 Walk forward from the node's output while the current value has exactly one reader and is
 not a graph output, turning each reader into chain items (ir/chain.py):
@@ -19,7 +19,7 @@ end with an f32 dst and an 8-bit residual (or the reverse) is cut before the Add
 
 After a Quantize the walk stops, except into ``DequantizeLinear`` of that value: it continues
 as ``Shift(-zp), Scale(s)`` (exact: ``(q - zp)·s`` in float32) *only if* the walk then reaches
-a residual Add — seed 000's residual block "FQ followed by SUM and another FQ" — or another
+a residual Add — OpenVINO fake_quantize.md's residual block "FQ followed by SUM and another FQ" — or another
 quantize (a requantization, e.g. into a Concat's common scale, optionally through post-ops
 such as a Mul or GELU). When neither follows, the walk is rolled back to the Quantize: the
 DequantizeLinear is then better moved into the next compute node. The requantize case goes

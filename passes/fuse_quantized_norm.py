@@ -1,6 +1,6 @@
 """Softmax / LayerNormalization with an integer source and/or an integer output: one node, the
 DequantizeLinear before it and the output quantize after it folded in (oneDNN 3.2's int8
-softmax and layer normalization; DESIGN.md "Passes" 6 for ops that are not compute ops).
+softmax and layer normalization; docs/design.md, pass 6 for ops that are not compute ops).
 
 Pattern: N = Softmax(x) or LayerNormalization(x, γ, β) in float32 with
 
@@ -48,6 +48,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.chain import ChainOp, Fused, Quantize, dst_quant
 from qfuse.ir.ops import LayerNormAttrs

@@ -35,6 +35,7 @@ import dataclasses
 import logging
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.ops import DequantizeAttrs, GemmAttrs, TransposeAttrs
 from qfuse.passes.base import PassContext, rewrite_each

@@ -1,4 +1,4 @@
-"""Dequantize moved after Conv / ConvTranspose / MatMul: the int8 compute node (DESIGN.md
+"""Dequantize moved after Conv / ConvTranspose / MatMul: the int8 compute node (docs/design.md
 "Passes" 4, LPT's ConvolutionTransformation / MatMulTransformation).
 
 Pattern: ``Conv(DQ(x_q; sx, zx), DQ(w_q; sw[oc], 0)[, bias])`` (and ConvTranspose, MatMul).
@@ -17,7 +17,7 @@ accumulates, while the int8 node rounds once, in the scale. Outputs agree to a f
 ulps, so a following quantization picks the same level except within ulps of a .5 tie
 (tests/passes/test_move_dequantize.py measures: within 1 LSB, >= 99.9% identical).
 
-Preconditions (oneDNN 3.x int8, ONEDNN_NOTES.md), each declined with its reason:
+Preconditions (oneDNN 3.x int8, docs/onednn.md), each declined with its reason:
 - activation: DQ of a non-constant u8/s8 tensor, per tensor (src scale and zero point mask 0);
 - Conv / ConvTranspose weights: DQ of a constant s8 tensor, zero point 0 (no weight zero
   points), per tensor or per output channel — Conv axis 0; ConvTranspose axis 1 of
@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op

@@ -25,6 +25,7 @@ import logging
 from collections.abc import Iterable
 
 import numpy as np
+
 from qfuse.ir import Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import Fused
 from qfuse.runtime.reference import IMPLS  # constants evaluate with the reference semantics

@@ -1,5 +1,5 @@
 """Move DequantizeLinear past precision-preserving ops so int8 data flows through them
-(DESIGN.md "Passes" 4; LPT's MoveDequantizationAfter for data movement and pooling).
+(docs/design.md, pass 4; LPT's MoveDequantizationAfter for data movement and pooling).
 
 Pattern: an op whose data input is ``DQ(q)`` (q an integer activation, not a constant).
 Rewrite: the op reads q (its outputs become integers with the inferred QuantParams, see
@@ -23,7 +23,7 @@ old DQ stays when it has other readers. Each rule, and why it is exact:
   that is a DQ then reads DQ → F, a requantize pair (eliminate_requantize drops the
   identical ones; the rest are lowered as reorders with scales).
 - AveragePool / GlobalAveragePool followed by a quantize-only FakeQuantize F (its only
-  reader), seed 002: ``y = F(avg((q - zx)·sx)) = F(sx·avg(q - zx))`` → one AVG_POOL node
+  reader), TPU-MLIR quantization chapter: ``y = F(avg((q - zx)·sx)) = F(sx·avg(q - zx))`` → one AVG_POOL node
   reading q with ``Fused(chain=[Scale(sx), Quantize(F)], src_zero_point=zx)`` and F's output.
   The zero point is subtracted before the window sum, so a padding tap is the real 0, as in
   the float op, with or without count_include_pad. oneDNN's int8 pooling has no source zero
@@ -37,6 +37,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.ir.chain import Fused, Quantize, Scale
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op, PadAttrs, PadMode, PoolAttrs, ResizeMode

@@ -1,4 +1,4 @@
-"""QuantizeLinear → DequantizeLinear pairs become one FakeQuantize (DESIGN.md "Passes" 2).
+"""QuantizeLinear → DequantizeLinear pairs become one FakeQuantize (docs/design.md, pass 2).
 
 Pattern: ``QuantizeLinear(x, s, zp)`` whose output is read only by DequantizeLinear nodes
 (ONNX Runtime writes one Q → DQ pair per tensor, the DQ shared by every consumer; a Q can
@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, TensorInfo

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op
 from qfuse.ir.shapes import infer_node

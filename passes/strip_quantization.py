@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.chain import Fused, Shift
 from qfuse.ir.ops import ClipAttrs

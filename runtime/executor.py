@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from qfuse.ir.errors import InputError
 from qfuse.runtime.onednn import set_num_threads
 
 if TYPE_CHECKING:
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 class Executor:
     def __init__(self, plan: Plan, threads: int | None = None) -> None:
         if threads is not None and threads < 1:
-            raise ValueError(f"threads must be >= 1, got {threads}")
+            raise InputError(f"threads must be >= 1, got {threads}")
         self.plan = plan
         self.threads = threads
         self.input_names = list(plan.inputs)
@@ -48,18 +50,18 @@ class Executor:
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
-            raise ValueError(f"unknown input(s) {unknown}; the model's inputs are "
+            raise InputError(f"unknown input(s) {unknown}; the model's inputs are "
                              f"{self.input_names}")
         for name, view in self._inputs:
             if name not in feeds:
-                raise ValueError(f"input '{name}' is missing (expected {view.dtype}"
+                raise InputError(f"input '{name}' is missing (expected {view.dtype}"
                                  f"{list(view.shape)})")
             array = feeds[name]
-            if not isinstance(array, np.ndarray):  # ValueError for every bad feed (API contract)
-                raise ValueError(  # noqa: TRY004
+            if not isinstance(array, np.ndarray):  # InputError for every bad feed (API contract)
+                raise InputError(
                     f"input '{name}' must be a numpy array, got {type(array).__name__}")
             if array.shape != view.shape or array.dtype != view.dtype:
-                raise ValueError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
+                raise InputError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
                                  f"the model wants {view.dtype}{list(view.shape)}")
 
     def run_all(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

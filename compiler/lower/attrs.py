@@ -1,6 +1,6 @@
 """A composer result (passes/composer.py ``Composed``) → oneDNN primitive attributes.
 
-oneDNN 3.x (ONEDNN_NOTES.md), which ``runtime/reference/chain.apply_composed`` models:
+oneDNN 3.x (docs/onednn.md), which ``runtime/reference/chain.apply_composed`` models:
 
     x   = f32(acc)·wei_scale[oc] + bias[oc]
     x   = post_op_n(… post_op_0(x))
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from qfuse.compiler.lower.layouts import const_memory
 from qfuse.ir.postops import Binary, Composed, Eltwise, Prelu, Sum
 from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr

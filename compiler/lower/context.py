@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.layouts import (
     RESHAPES,
@@ -36,6 +37,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.plan import Kernel, KernelInfo, NumpyFn, Plan, Slot
 from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.ir.mode import Mode
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
@@ -52,7 +54,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Options:
-    mode: str = "fused"  # fused | unfused | fp32
+    mode: Mode = Mode.FUSED  # one of COMPILED_MODES
     # Without VNNI/AMX, split int8 weights so accumulators stay exact (no_vnni.py); False
     # keeps oneDNN's int16-saturating kernels (for measuring what the split fixes).
     exact_int8: bool = True

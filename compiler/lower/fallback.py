@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import dnnl_type, plain_md

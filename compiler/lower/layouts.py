@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.ir import DType, Op
 from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryDesc

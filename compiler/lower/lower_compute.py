@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import no_vnni, unfused
 from qfuse.compiler.lower.attrs import BuiltAttr, build_attr

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import (

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+
 from qfuse.compiler.lower import unfused
 from qfuse.compiler.lower.attrs import build_attr
 from qfuse.compiler.lower.context import LowerContext

@@ -32,6 +32,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import dnnl_type, md_like, plain_md

@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
+
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md

@@ -1,6 +1,6 @@
 """Exact int8 convolutions, deconvolutions and matmuls on CPUs without VNNI / AMX.
 
-Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (ONEDNN_NOTES.md
+Without VNNI (AVX2, AVX-512 core) oneDNN's int8 kernels are not exact (docs/onednn.md
 "Pitfalls"; each rule measured to 0 LSB in tests/runtime/test_onednn_int8.py under AVX2):
 
 - u8 src: ``vpmaddubsw`` adds the products of two adjacent input channels (K positions for
@@ -67,6 +67,7 @@ from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
+
 from qfuse.compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md

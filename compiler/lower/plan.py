@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Primitive, Stream, default_stream
 
 log = logging.getLogger(__name__)
@@ -252,7 +253,7 @@ class Plan:
         return 0 if self.buffers is None else len(self.buffers.sizes)
 
     def inspect(self) -> dict[str, Any]:
-        """JSON-able description of every kernel (DESIGN.md `qfuse inspect --json`)."""
+        """JSON-able description of every kernel (docs/design.md, `qfuse inspect --json`)."""
         kernels = [self._kernel_info(k) for k in self.kernels]
         pooled = [n for n, s in self.slots.items() if s.const is None]
         constants = {id(m): m for k in self.kernels for m in k.fixed.values()}

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import (
     lower_compute,
@@ -134,7 +135,7 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
 
 
 # ISAs with exact int8 dot products (VNNI / AMX): no_vnni.EXACT_INT8_ISAS; without them
-# no_vnni.py splits the int8 weights so the accumulators stay exact (ONEDNN_NOTES.md).
+# no_vnni.py splits the int8 weights so the accumulators stay exact (docs/onednn.md).
 def _int8(plan: Plan) -> bool:
     return any(k.kind in ("convolution", "deconvolution", "matmul") and k.reads
                and plan.slots[k.reads[0]].md.dtype in (DataType.u8, DataType.s8)

@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.compiler.lower import no_vnni
 from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, channel_array
 from qfuse.compiler.lower.context import LowerContext

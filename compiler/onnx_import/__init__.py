@@ -17,7 +17,8 @@ from collections.abc import Callable
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+
+from qfuse.compiler.errors import InputError, MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import import (
     convert_layout,
     convert_math,
@@ -150,7 +151,7 @@ def _add_inputs(ctx: Context, onnx_graph: onnx.GraphProto,
     names = [i.name for i in onnx_graph.input if i.name not in ctx.consts]
     unknown = sorted(set(shapes) - set(names))
     if unknown:
-        raise ValueError(f"input_shapes names {unknown}, which are not graph inputs "
+        raise InputError(f"input_shapes names {unknown}, which are not graph inputs "
                          f"(inputs: {names})")
     for value in onnx_graph.input:
         if value.name in ctx.consts:

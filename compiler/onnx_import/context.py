@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto
+
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op

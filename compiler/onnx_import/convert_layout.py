@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from qfuse.compiler.onnx_import.context import ONNX_TO_DTYPE, Context, NodeView, onnx_type_name
 from qfuse.ir.ops import (
     AxesAttrs,

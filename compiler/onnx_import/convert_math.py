@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from qfuse.compiler.onnx_import.context import Context, NodeView
 from qfuse.ir.ops import (
     AlphaAttrs,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import TensorProto, helper
+
 from qfuse.compiler.onnx_import.context import (
     ONNX_TO_DTYPE,
     Context,

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 from onnx.reference import ReferenceEvaluator
+
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
 
 logger = logging.getLogger(__name__)

@@ -16,6 +16,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import TensorProto
+
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, OPENVINO_DOMAIN
 

@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 from onnx import numpy_helper
+
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, NodeView
 
 logger = logging.getLogger(__name__)

@@ -5,13 +5,14 @@
   than one element; None when the scale or zero point is not a constant).
 - DequantizeLinear: x's shape in float32.
 - FakeQuantize: x's shape. Its element type is f32 unless the output already carries an
-  integer type: a quantize-only FakeQuantize (seed 000) is typed u8/s8 by the pass that makes
+  integer type: a quantize-only FakeQuantize (OpenVINO fake_quantize.md) is typed u8/s8 by the pass that makes
   it, and inference keeps that type and its QuantParams.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import DequantizeAttrs, QuantizeAttrs
 from qfuse.ir.shapes._common import broadcast_to, fail, norm_axis, optional, required

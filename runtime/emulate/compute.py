@@ -9,7 +9,7 @@ see tests/runtime/test_numerics_ort.py on int16 saturation without VNNI)::
 and differs only in how it turns ``acc`` (+ the int32 bias, at scale ``s_x·s_w[oc]``) into the
 output (``runtime.numerics.schemes`` has each formula and its source):
 
-- tflite: ``requantize(scheme=tflite_scheme(per_channel, kind))`` — seed 001's table: D1 / D2 /
+- tflite: ``requantize(scheme=tflite_scheme(per_channel, kind))`` — QUANTIZED_OP.md's table: D1 / D2 /
   F2 by per-tensor vs per-channel weights and conv kind (depthwise when group == C_in == C_out
   > 1, pointwise for 1x1 kernels with group 1, else regular; ConvTranspose, MatMul and Gemm
   (TFLite's TransposeConv / FullyConnected / BatchMatMul share the conv's multiplier code) are
@@ -17,7 +17,7 @@ output (``runtime.numerics.schemes`` has each formula and its source):
 - onnxruntime: ``MlasRequantizeOutput`` (QLinearConv, QLinearMatMul, QGemm). ORT's CPU
   provider does not fuse DQ -> ConvTranspose -> Q, nor a conv followed by a Relu / Clip it
   cannot drop (``ort_keeps_activation``): those run in float, and so does the emulation.
-- caffe2: F2 (seed 001).
+- caffe2: F2 (SNPS-Caffe QUANTIZED_OP.md).
 - onednn: ``f32(acc)·f32(s_x·s_w) + bias_f32``, the Relu / Clip as an f32 eltwise post-op, then
   ``saturate(rint(x·f32(1/s_y) + zp_y))``; ``bias_f32`` is the DequantizeLinear of the int32
   bias (``f32(b)·s_b``), as qfuse's bias fusion produces it.
@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType
 from qfuse.runtime.emulate.kernel import (

@@ -12,7 +12,7 @@ Add, ``S_y (y - Z_y) = S_a (a - Z_a) + S_b (b - Z_b)``:
       y  = clamp(MBQM(a' + b', m_y, e_y) + Z_y, act_min, act_max)
 
 - caffe2: the same arithmetic — caffe2/operators/quantized/int8_add_op.h is TFLite's kernel
-  (seed 001 pairs Caffe2 with its own EltwiseSum; both are this code).
+  (SNPS-Caffe QUANTIZED_OP.md pairs Caffe2 with its own EltwiseSum; both are this code).
 - onnxruntime: QLinearAdd on x86 runs MLAS's AVX2 kernel (qladd_avx2.cpp), float32 with FMA::
 
       r_a = f32(S_a / S_y);  r_b = f32(S_b / S_y)
@@ -22,7 +22,7 @@ Add, ``S_y (y - Z_y) = S_a (a - Z_a) + S_b (b - Z_b)``:
   than scalar / same shape run MLAS per span and are not emulated (float path).
 - onednn: a binary add with source scales, then the dst formula
   ``x = f32(S_a)·f32(a - Z_a) + f32(S_b)·f32(b - Z_b)``, post-ops, ``rint(x·f32(1/S_y) + Z_y)``.
-- tpu-mlir (seed 002): asymmetric ``requant(dequant a + dequant b)`` (= ONNX float
+- tpu-mlir (TPU-MLIR quantization chapter): asymmetric ``requant(dequant a + dequant b)`` (= ONNX float
   semantics); symmetric (all zero points 0) ``(a·m_a + b·m_b)_{i16} >> r`` with 8-bit
   multipliers (``runtime.numerics.add_int16``).
 
@@ -33,7 +33,7 @@ LeakyRelu:
       m_id = QuantizeMultiplier(f32(S_x / S_y));  m_al = QuantizeMultiplier(f32(S_x·alpha / S_y))
       d = x - Z_x;  y = Z_y + MBQM(d, d >= 0 ? m_id : m_al)
   (the ratios are float32 products widened to double, as the source writes them).
-- tpu-mlir (seed 002), precondition ``S_x == S_y``: ``y = d + Z_y`` for d >= 0, else
+- tpu-mlir (TPU-MLIR quantization chapter), precondition ``S_x == S_y``: ``y = d + Z_y`` for d >= 0, else
   ``(m·d) >> r + Z_y`` with an 8-bit ``m / 2**r ~ alpha``.
 
 PRelu (slope a quantized constant ``DQ(alpha_q)``):
@@ -42,13 +42,14 @@ PRelu (slope a quantized constant ``DQ(alpha_q)``):
 
       m_1 = QuantizeMultiplier(f32(S_x / S_y));  m_2 = QuantizeMultiplier(f32(S_x·S_al / S_y))
       y = Z_y + (d >= 0 ? MBQM(d, m_1) : MBQM(d·(alpha_q - Z_al), m_2))
-- tpu-mlir (seed 002), ``S_x == S_y`` and ``Z_al == 0``: ``(q_alpha[c]·m·d) >> r + Z_y`` with one
+- tpu-mlir (TPU-MLIR quantization chapter), ``S_x == S_y`` and ``Z_al == 0``: ``(q_alpha[c]·m·d) >> r + Z_y`` with one
   8-bit ``m / 2**r ~ S_al``.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir.types import DType
 from qfuse.runtime.emulate.kernel import (
     Prepared,
@@ -244,7 +245,7 @@ def leaky_relu_tflite(m: Match) -> Prepared | Decline:
 def _same_scale(m: Match) -> Decline | None:
     x = m.operands[0]
     if x.s != m.out.scale:
-        return Decline(f"seed 002's integer form needs S_x == S_y (got {x.s:.6g} and "
+        return Decline(f"TPU-MLIR's integer form needs S_x == S_y (got {x.s:.6g} and "
                        f"{m.out.scale:.6g})")
     return None
 
@@ -289,7 +290,7 @@ def prelu_tpu_mlir(m: Match) -> Prepared | Decline:
         return bad
     x, al = m.operands
     if al.zp != 0 or al.data is None:
-        return Decline("seed 002's PRelu needs a constant slope with zero point 0")
+        return Decline("TPU-MLIR's PRelu needs a constant slope with zero point 0")
     channels = x.shape[1] if len(x.shape) > 1 else 1
     if al.data.size not in (1, channels):
         return Decline(f"slope of {al.data.size} values is not per channel ({channels})")

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.ir.ops import Op
 from qfuse.runtime.emulate.patterns import Decline, Match
 from qfuse.runtime.numerics import round_half_away, saturate

@@ -24,6 +24,7 @@ import enum
 from dataclasses import dataclass
 
 import numpy as np
+
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType

@@ -21,7 +21,7 @@
       scale = f32(S_x / f32(S_y·f32(N)));  acc = sum - Z_x·N               int32
       y = rint(clamp(f32(acc)·scale, qmin - Z_y, qmax - Z_y)) + Z_y
 
-- tpu-mlir (seed 002): ``y = round(Scale·sum - Offset)`` in float32 with
+- tpu-mlir (TPU-MLIR quantization chapter): ``y = round(Scale·sum - Offset)`` in float32 with
   ``Scale = S_x / (S_y k)``, ``Offset = (S_x/S_y) Z_x - Z_y`` (``runtime.numerics.avgpool_*``;
   padded taps count as ``Z_x`` when ``count_include_pad``), rounding half away from zero.
 - onednn: int8 pooling has no scale attributes; it averages the raw values in f32
@@ -43,6 +43,7 @@ import itertools
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.ir.ops import Op, PoolAttrs
 from qfuse.runtime.emulate.eltwise import fma_f32
 from qfuse.runtime.emulate.kernel import Prepared, Reader, clamp_out

@@ -14,6 +14,7 @@ Two frameworks quantize a float tensor differently:
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir.types import DType
 from qfuse.runtime.emulate.kernel import Prepared, Reader
 from qfuse.runtime.emulate.patterns import Decline, Match

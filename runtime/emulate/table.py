@@ -63,7 +63,7 @@ FLOAT_REASONS: Final[dict[tuple[Framework, Pattern], str]] = {
     (F.ONNXRUNTIME, P.LEAKY_RELU): "QLinearLeakyRelu is a 256-entry table built with the float "
     "formula, which the float path reproduces",
     (F.ONNXRUNTIME, P.PRELU): "ONNX Runtime has no quantized PRelu; it runs DQ -> PRelu -> Q",
-    (F.CAFFE2, P.LEAKY_RELU): "no integer LeakyRelu known for Caffe2 (seed 001: TFLite only)",
+    (F.CAFFE2, P.LEAKY_RELU): "no integer LeakyRelu known for Caffe2 (SNPS-Caffe QUANTIZED_OP.md: TFLite only)",
     (F.CAFFE2, P.PRELU): "no integer PRelu known for Caffe2",
     (F.ONEDNN, P.LEAKY_RELU): "an f32 eltwise post-op; emulated as DQ -> op -> Q",
     (F.ONEDNN, P.PRELU): "an f32 prelu post-op; emulated as DQ -> op -> Q",

@@ -11,7 +11,13 @@ docs/numerics.md compares the schemes with measured numbers.
 
 from __future__ import annotations
 
-from qfuse.runtime.numerics.error import ErrorStats, quantization_error
+from qfuse.runtime.numerics.error import (
+    ErrorStats,
+    StepDiff,
+    cosine,
+    quantization_error,
+    step_diff,
+)
 from qfuse.runtime.numerics.gemmlowp import (
     multiply_by_quantized_multiplier,
     rounding_divide_by_pot,
@@ -61,6 +67,7 @@ __all__ = [
     "ErrorStats",
     "Rounding",
     "Scheme",
+    "StepDiff",
     "add_float",
     "add_int16",
     "add_multipliers",
@@ -70,6 +77,7 @@ __all__ = [
     "channel_broadcast",
     "check_scale",
     "check_zero_point",
+    "cosine",
     "dequantize",
     "dtype_range",
     "effective_scale",
@@ -94,6 +102,7 @@ __all__ = [
     "saturate",
     "shift_right_round",
     "srdhm",
+    "step_diff",
     "tflite_scheme",
     "tpu_multiplier_rshift",
     "wrap_int32",

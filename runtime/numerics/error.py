@@ -15,17 +15,58 @@ Added here:
   quantization step (``scale`` scalar or broadcastable per-channel array); None without a scale.
 
 ``ErrorStats.merge`` combines measurements like Caffe2's running stats (``count`` adds up).
+
+The two measures every comparison in qfuse uses (tests, bench, the zoo tables) live here once:
+
+- ``cosine(a, b) = a·b / (|a|·|b|)`` in float64 over the flattened tensors (1.0 when both are
+  zero, 0.0 when only one is);
+- ``step_diff(a, b, scale=None)``: ``StepDiff(max_steps, identical)`` — the largest distance in
+  quantization steps (integer tensors: |a − b|; float tensors: rint(|a − b| / scale)) and the
+  share of elements at distance 0.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ErrorStats", "quantization_error"]
+__all__ = ["ErrorStats", "StepDiff", "cosine", "quantization_error", "step_diff"]
+
+
+def cosine(a: npt.ArrayLike, b: npt.ArrayLike) -> float:
+    """Cosine similarity of two tensors of the same size (module docstring)."""
+    x = np.asarray(a, np.float64).ravel()
+    y = np.asarray(b, np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError(f"cosine of tensors of {x.size} and {y.size} elements")
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    if norm == 0.0:
+        return float(not np.any(x) and not np.any(y))
+    return float(x @ y) / norm
+
+
+class StepDiff(NamedTuple):
+    """How far two quantized tensors are apart, in quantization steps (LSB)."""
+
+    max_steps: int
+    identical: float  # share of elements 0 steps apart
+
+
+def step_diff(a: npt.ArrayLike, b: npt.ArrayLike, scale: float | None = None) -> StepDiff:
+    """Integer tensors: |a − b|; dequantized tensors: rint(|a − b| / scale) (module docstring)."""
+    x, y = np.asarray(a), np.asarray(b)
+    if x.shape != y.shape:
+        raise ValueError(f"step_diff of shapes {x.shape} and {y.shape}")
+    if scale is None:
+        steps = np.abs(x.astype(np.int64) - y.astype(np.int64))
+    else:
+        steps = np.rint(np.abs(x.astype(np.float64) - y.astype(np.float64)) / scale)
+    identical = float(np.mean(steps == 0)) if steps.size else 1.0
+    return StepDiff(int(steps.max(initial=0)), identical)
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ the shift convention of ``quantize_multiplier`` (positive = left):
       total = 31 - shift
       (int64(x) * m + 2**(total - 1)) >> total        floor after +half: half toward +inf
 
-  Seed 001 writes this as ``(acc*qm + (1 << (31+shift-1))) >> (31+shift-1)`` with ``shift``
+  SNPS-Caffe QUANTIZED_OP.md writes this as ``(acc*qm + (1 << (31+shift-1))) >> (31+shift-1)`` with ``shift``
   counted as a *right* shift (``-shift`` here); the rounding constant matches, but the shift
   amount must be ``31 + shift`` in that convention (``31 - shift`` here), not ``31 + shift - 1``
   — the latter doubles the result. The result is clamped to int32.

@@ -24,7 +24,7 @@ for M < 0.5); the total right shift after the 32x32 multiply is ``31 - shift``. 
 TPU-MLIR multiplier + right shift (``tpu_multiplier_rshift``), ``M ~ multiplier / 2**rshift``
 with a ``bits``-wide signed multiplier (32 or 8):
 
-- ``method="normalize"`` — the form in TPU-MLIR's quantization chapter (seed 002): normalise M
+- ``method="normalize"`` — the form in TPU-MLIR's quantization chapter (TPU-MLIR quantization chapter): normalise M
   to ``frac * 2**e`` with ``frac`` in [0.5, 1), take ``multiplier = round(frac * 2**(bits-1))``
   (half away; 2**(bits-1) folds to 2**(bits-2) with e + 1) and ``rshift = (bits - 1) - e``.
   0.1234 = 0.9872 * 2**-3 gives (2119995857, 34): ``(x * 2119995857) >> 34 ~ 0.1234 x``.
@@ -44,6 +44,7 @@ from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
+
 from qfuse.runtime.numerics.rounding import round_half_away
 
 __all__ = ["Precision", "effective_scale", "quantize_multiplier", "tpu_multiplier_rshift"]

@@ -1,10 +1,10 @@
-"""Integer forms of the other quantized ops TPU-MLIR derives (seed 002).
+"""Integer forms of the other quantized ops TPU-MLIR derives (TPU-MLIR quantization chapter).
 
 AvgPool over a window of ``k`` elements, ``y = S_x/(S_y k) * sum(x_j - Z_x) + Z_y``::
 
     y = round(Scale * sum(x_j) - Offset)      Scale = S_x / (S_y k),  Offset = (S_x/S_y) Z_x - Z_y
 
-Seed 002 prints ``Offset = Z_y - (S_x/S_y) Z_x``, which has the wrong sign: expanding step 1
+TPU-MLIR quantization chapter prints ``Offset = Z_y - (S_x/S_y) Z_x``, which has the wrong sign: expanding step 1
 gives ``- (S_x/S_y) Z_x + Z_y`` = ``- Offset`` with the definition above (checked against the
 float formula in the tests). Scale and Offset are float32 (``avgpool_params``). The integer form
 is ``((sum(x_j) - k Z_x) * m) >> r + Z_y`` with ``(m, r) = tpu_multiplier_rshift(Scale)``.
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+
 from qfuse.runtime.numerics.qdq import check_scale, check_zero_point, dequantize, quantize
 from qfuse.runtime.numerics.rounding import (
     Rounding,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import numpy.typing as npt
+
 from qfuse.runtime.numerics.rounding import dtype_range, resolve_dtype, saturate
 
 __all__ = ["check_scale", "check_zero_point", "dequantize", "quantize"]

@@ -6,7 +6,7 @@ per-output-channel (broadcast along ``axis`` of ``acc``); the output is ``(s_out
 ``dtype``. Every scheme computes ``clamp(round(acc * s_in * s_w / s_out) + zp_out)``; they differ
 in precision and rounding:
 
-TFLite D2 / F2 (two roundings; SNPS-Caffe names, seed 001)::
+TFLite D2 / F2 (two roundings; SNPS-Caffe names, SNPS-Caffe QUANTIZED_OP.md)::
 
     M = (s_in * s_w) / s_out                  double (D2) or float32 (F2)
     q, shift = quantize_multiplier(M)         M ~ q * 2**(shift - 31)
@@ -16,7 +16,7 @@ TFLite D1 (one rounding, half toward +inf)::
 
     y = ((acc32 * q + 2**(30 - shift)) >> (31 - shift)) + zp_out
 
-``acc32 = wrap_int32(acc + bias)``; the result is clamped to ``dtype``'s range. Seed 001's table
+``acc32 = wrap_int32(acc + bias)``; the result is clamped to ``dtype``'s range. QUANTIZED_OP.md's table
 of which one TFLite uses per conv kind is ``tflite_scheme``.
 
 ONNX Runtime (MLAS ``MlasRequantizeOutput`` on x86; ``QLinearConv`` and ``QLinearMatMul``)::
@@ -35,9 +35,9 @@ scale as ``X_scale * W_scale[i] / Y_scale`` in float. (ARM64 MLAS also has a fix
 requantization kernel flag, not emulated here.) Clamping before rounding equals rounding first
 because the bounds are integers.
 
-Caffe2: seed 001 matches Caffe2 models with F2 (float multiplier, two roundings).
+Caffe2: SNPS-Caffe QUANTIZED_OP.md matches Caffe2 models with F2 (float multiplier, two roundings).
 
-oneDNN 3.x (ONEDNN_NOTES.md; the order of oneDNN's ref_convolution_int8.cpp)::
+oneDNN 3.x (docs/onednn.md; the order of oneDNN's ref_convolution_int8.cpp)::
 
     x = f32(acc) * f32(f32(s_in) * f32(s_w[oc])) + bias_f32
     x = post_ops(x)                           float32
@@ -47,7 +47,7 @@ oneDNN adds the dst zero point in float32 *before* rounding; for values within ~
 tie that can round differently from ``rint(x / s_out) + zp_out``
 (``dst_zp_in_float=False`` selects the latter). An int32 ``bias`` is turned into ``bias_f32`` the
 way an s32 bias initializer is dequantized: ``f32(bias) * f32(s_in * s_w)``. NaN saturates to 0
-(u8) / 127 (s8) per ONEDNN_NOTES.md.
+(u8) / 127 (s8) per docs/onednn.md.
 
 TPU-MLIR (BM1684X ``Conv2DOp::inference``, ``RequantMode::MultiplierShift``)::
 
@@ -66,6 +66,7 @@ from typing import Final, Literal
 
 import numpy as np
 import numpy.typing as npt
+
 from qfuse.runtime.numerics.gemmlowp import multiply_by_quantized_multiplier, wrap_int32
 from qfuse.runtime.numerics.multiplier import (
     effective_scale,
@@ -109,7 +110,7 @@ class Scheme(enum.Enum):
     TPU_MLIR = "tpu_mlir"
 
 
-# Seed 001 (SNPS-Caffe, found by matching TFLite bit-exactly; pointwise by brute force).
+# SNPS-Caffe QUANTIZED_OP.md (SNPS-Caffe, found by matching TFLite bit-exactly; pointwise by brute force).
 _TFLITE_TABLE: Final[dict[tuple[bool, str], Scheme]] = {
     (False, "regular"): Scheme.TFLITE_D2,
     (False, "depthwise"): Scheme.TFLITE_F2,
@@ -119,12 +120,12 @@ _TFLITE_TABLE: Final[dict[tuple[bool, str], Scheme]] = {
     (True, "pointwise"): Scheme.TFLITE_D1,
 }
 
-# oneDNN's NaN results on store (ONEDNN_NOTES.md); other dtypes fall back to qmin.
+# oneDNN's NaN results on store (docs/onednn.md); other dtypes fall back to qmin.
 _ONEDNN_NAN: Final[dict[np.dtype, int]] = {np.dtype(np.uint8): 0, np.dtype(np.int8): 127}
 
 
 def tflite_scheme(per_channel: bool, kind: ConvKind) -> Scheme:
-    """The TFLite requantization variant for a conv (seed 001's table).
+    """The TFLite requantization variant for a conv (QUANTIZED_OP.md's table).
 
     ``kind``: "regular" (group 1), "depthwise" (group == in == out channels), "pointwise" (1x1).
     """

@@ -20,6 +20,7 @@ from ctypes import POINTER, byref, c_int, c_int64, c_void_p
 from typing import Any
 
 import numpy as np
+
 from qfuse.runtime.onednn import _lib
 from qfuse.runtime.onednn._lib import MAX_NDIMS, C, check
 from qfuse.runtime.onednn.enums import (

@@ -2,7 +2,7 @@
 
 oneDNN does not check an execute call's argument set: on the AMX 1x1 convolution path
 (brgconv_1x1:avx512_core_amx; jit_1x1 returns invalid_arguments instead) a missing scale argument
-returns success and never writes dst (ONEDNN_NOTES.md; reproduced in test_onednn_errors.py).
+returns success and never writes dst (docs/onednn.md; reproduced in test_onednn_errors.py).
 So every primitive computes, once at creation, the complete set of arguments it expects and
 the memory descriptor each must have:
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from ctypes import byref, c_float, c_void_p
 
 import numpy as np
+
 from qfuse.runtime.onednn import _lib
 from qfuse.runtime.onednn._lib import C, check
 from qfuse.runtime.onednn.attr import PrimitiveAttr

@@ -16,7 +16,7 @@ ref) and matmul (brg amx/vnni), with inputs built to land on rounding ties
     y   = f32(f32(x * f32(1 / s_dst)) + zp_dst)    dst zero point added in f32, BEFORE rounding
     dst = saturate(rint(y))                        round half to even (MXCSR default)
 
-Two details differ from the one-line model in ONEDNN_NOTES.md (`rint(x/s_dst) + zp_dst`):
+Two details differ from the ONNX-style one-line model `rint(x/s_dst) + zp_dst`:
 the zero point is added before rounding (y + zp loses the low bits of y when |y + zp| is large,
 so e.g. y = 2.50000024, zp = 128 gives rint(130.5) = 130, not rint(2.50000024) + 128 = 131),
 and sum with a scale is fused-multiply-added. Both matter only on values within an ulp of a
@@ -42,6 +42,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+
 from qfuse.runtime.onednn.attr import PostOpRecord
 from qfuse.runtime.onednn.enums import Alg
 

@@ -2,7 +2,7 @@
 
 ``apply_chain`` evaluates a chain as the graph means it (ir/chain.py): float32, item by item,
 then ``saturate(rint(x))`` on an integer store. ``apply_composed`` evaluates the composer's
-oneDNN attributes the way oneDNN 3.x computes them (ONEDNN_NOTES.md):
+oneDNN attributes the way oneDNN 3.x computes them (docs/onednn.md):
 
     x   = f32(acc)·wei_scale + bias;  x = post_ops(x);
     dst = saturate(rint(x·f32(1/dst_scale)) + dst_zp)
@@ -14,7 +14,7 @@ under the default MXCSR).
 Measured on oneDNN 3.2 (tests/runtime/test_onednn_int8.py::test_conv_rounding_ties): the dst
 zero point is added in float32 *before* rounding, ``dst = saturate(rint(f32(x·f32(1/s)) + zp))``,
 and the sum post-op with a scale and eltwise linear are fused multiply-adds (one rounding).
-``apply_composed`` follows that, not the older ``rint(x/s) + zp`` form of ONEDNN_NOTES.md.
+``apply_composed`` follows that, not the ONNX-style ``rint(x/s) + zp`` form (docs/onednn.md).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
 from qfuse.ir.chain import Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
 from qfuse.ir.postops import ACT_ALG, Binary, Composed, Eltwise, Prelu, Sum
 from qfuse.ir.types import DType
@@ -81,7 +82,7 @@ def eltwise(x: np.ndarray, alg: str, alpha: float = 0.0, beta: float = 0.0) -> n
 def fake_quantize(
     x: np.ndarray, il: np.ndarray, ih: np.ndarray, ol: np.ndarray, oh: np.ndarray, levels: int
 ) -> np.ndarray:
-    """Seed 000's FakeQuantize in float32 (il < ih; see runtime/reference for the full op)."""
+    """OpenVINO fake_quantize.md's FakeQuantize in float32 (il < ih; see runtime/reference for the full op)."""
     steps = F32(levels - 1)
     q = np.rint((x - il) / (ih - il) * steps) / steps * (oh - ol) + ol
     q = np.where(x <= np.minimum(il, ih), ol, q)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+
 from qfuse.ir.chain import Residual
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op

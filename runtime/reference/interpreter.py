@@ -12,6 +12,8 @@ declares u8/s8); anything else is an error naming the node, as is a shape mismat
 from __future__ import annotations
 
 import numpy as np
+
+from qfuse.ir.errors import InputError
 from qfuse.ir.graph import Graph, Node
 from qfuse.runtime.reference import ops_elementwise, ops_nn, ops_quant, ops_shape  # noqa: F401
 from qfuse.runtime.reference.fused import evaluate_fused
@@ -68,14 +70,14 @@ def _read(graph: Graph, env: dict[str, np.ndarray], name: str) -> np.ndarray:
 def check_feeds(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     unknown = sorted(set(feeds) - set(graph.inputs))
     if unknown:
-        raise ValueError(f"feeds name {unknown}, which are not inputs of graph '{graph.name}'")
+        raise InputError(f"feeds name {unknown}, which are not inputs of graph '{graph.name}'")
     env: dict[str, np.ndarray] = {}
     for name in graph.inputs:
         if name not in feeds:
-            raise ValueError(f"input '{name}' is not fed")
+            raise InputError(f"input '{name}' is not fed")
         array, info = np.asarray(feeds[name]), graph.info(name)
         if array.shape != info.shape or array.dtype != info.dtype.np:
-            raise ValueError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
+            raise InputError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
                              f"the graph wants {info.dtype.np}{list(info.shape)}")
         env[name] = array
     return env

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from functools import reduce
 
 import numpy as np
+
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs, Op
 from qfuse.runtime.reference.ops_mlas import gelu_erf

@@ -2,7 +2,7 @@
 
 Every step below is one float32 operation (or float64 where stated), rounded as the CPU
 rounds it; ``fma`` is a fused multiply-add (one rounding), computed exactly by ``fma32``. The
-results are the bits ONNX Runtime 1.31's CPU execution provider produces on x86-64 with AVX2
+results are the bits ONNX Runtime 1.32's CPU execution provider produces on x86-64 with AVX2
 and AVX-512F (checked element for element by tests/runtime/test_reference_ort_kernels.py).
 Where another CPU takes another kernel, that is said below.
 
@@ -19,14 +19,20 @@ the sign of the argument is then copied onto erf. Constants: MLAS's ``MlasErfCon
 (Without AVX-512, MLAS evaluates erf with ``MlasErfKernelFma3``, which clamps at 3.725.)
 
 Softmax of one row of D elements (``MlasComputeSoftmax``): ``m = max(row)``;
-``e_i = exp(x_i + (-m))`` as ``MlasComputeSumExpF32KernelAvx512F`` computes it:
-``x = max(x_i - m, -103.97...)``, ``r = fma(x, 1/ln2, 1.5·2^23) - 1.5·2^23``,
-``x = fma(r, ln2_lo, fma(r, ln2_hi, x))``, ``p = fma(fma(...fma(C0, x, C1)..., x, 1), x, 1)``,
-``e = p·2^r``; the sum adds element ``i`` into lane ``i mod 16`` (in order, from 0), then
-``a_j = lane_j + lane_{j+8}`` and ``sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))``;
-``y_i = e_i · (1 / sum)`` (a float32 reciprocal, then a product). Without AVX-512 the sum runs in
-8 lanes, which groups rows of more than 16 elements differently, and ``x`` is clamped at -88.376
-with another exponent scaling, which changes the (tiny) results where ``x_i - m < -87.3``.
+``e_i = exp(x_i + (-m))``, ``y_i = e_i · (1 / sum)`` (a float32 reciprocal, then a product).
+MLAS picks the sum-of-exponentials kernel by CPU (``MLAS_SOFTMAX_KERNEL``, read from the host):
+
+- AVX-512F (``MlasComputeSumExpF32KernelAvx512F``): ``x = max(x_i - m, -103.97...)``,
+  ``r = fma(x, 1/ln2, 1.5·2^23) - 1.5·2^23``, ``x = fma(r, ln2_lo, fma(r, ln2_hi, x))``,
+  ``p = fma(fma(...fma(C0, x, C1)..., x, 1), x, 1)``, ``e = p·2^r`` (``vscalefps``: subnormal
+  results kept); the sum adds element ``i`` into lane ``i mod 16`` (in order, from 0), then
+  ``a_j = lane_j + lane_{j+8}`` and ``sum = ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))``.
+- AVX2 + FMA (``MlasComputeSumExpF32KernelFma3``, ``mlas/lib/x86_64/TransKernelFma3.S``): the
+  same reduction and polynomial with ``x`` clamped at -88.376... (so ``r >= -127``), and
+  ``2^r`` built by integer arithmetic on the biased sum, ``bits((r << 23) + 0x3F800000)``:
+  ``2^-127`` comes out as +0.0, so ``e = 0`` where MLAS's AVX-512 kernel gives a subnormal;
+  the sum runs in 8 lanes (element ``i`` into lane ``i mod 8``), reduced by two ``vhaddps``
+  as ``((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7))``.
 
 LayerNorm of a row of n elements, n >= 8 (``MlasLayerNormKernelAvx2``,
 ``mlas/lib/layernorm_kernel_avx2.cpp``, on every AVX2 CPU): ``mean = f32(S / n)`` with S the
@@ -41,6 +47,8 @@ algorithm in float32): ``mean += (x_k - mean) / (k+1)``, ``m2 += delta·(x_k - m
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 
@@ -108,22 +116,54 @@ _EXP_POLY = [float.fromhex(h) for h in ("0x1.694000p-10", "0x1.125edcp-7", "0x1.
                                         "0x1.555450p-3", "0x1.fffff6p-2", "0x1p0", "0x1p0")]
 
 
-def softmax_last_axis(x: np.ndarray) -> np.ndarray:
-    """``MlasComputeSoftmax`` over the last axis of float32 ``x`` (module docstring)."""
-    x = np.asarray(x, dtype=F32)
-    shifted = x + (-x.max(axis=-1, keepdims=True))
+def _host_has_avx512f() -> bool:
+    """Whether MLAS takes its AVX-512F kernels here (Linux: the kernel's CPU flags, which also
+    require the OS to save the AVX-512 state; elsewhere assume the AVX-512 machines of CI)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return True
+    return "avx512f" in cpuinfo.read_text().split()
+
+
+#: The sum-of-exponentials kernel MLAS runs on this host: "avx512f" or "fma3" (docstring).
+MLAS_SOFTMAX_KERNEL = "avx512f" if _host_has_avx512f() else "fma3"
+
+
+def _exp_avx512f(shifted: np.ndarray) -> np.ndarray:
     shifted = np.maximum(shifted, F32(-103.9720840454))
     r = fma32(shifted, _LOG2E, _ROUNDING_BIAS) - _ROUNDING_BIAS
     reduced = fma32(r, _LN2_LO, fma32(r, _LN2_HI, shifted))
-    e = np.ldexp(_horner(_EXP_POLY, reduced), r.astype(np.int32)).astype(F32)
+    return np.ldexp(_horner(_EXP_POLY, reduced), r.astype(np.int32)).astype(F32)
+
+
+def _exp_fma3(shifted: np.ndarray) -> np.ndarray:
+    shifted = np.maximum(shifted, F32(-88.3762626647949))
+    biased = fma32(shifted, _LOG2E, _ROUNDING_BIAS)
+    r = biased - _ROUNDING_BIAS
+    reduced = fma32(r, _LN2_LO, fma32(r, _LN2_HI, shifted))
+    # vpslld by 23 then vpaddd of 127 << 23: the low bits of the biased sum hold r
+    scale = ((biased.view(np.uint32) << np.uint32(23)) + np.uint32(0x3F800000)).view(F32)
+    return (_horner(_EXP_POLY, reduced) * scale).astype(F32)
+
+
+def softmax_last_axis(x: np.ndarray, kernel: str | None = None) -> np.ndarray:
+    """``MlasComputeSoftmax`` over the last axis of float32 ``x`` with MLAS's ``kernel``
+    ("avx512f" or "fma3"; default: the host's, ``MLAS_SOFTMAX_KERNEL``) (module docstring)."""
+    kernel = MLAS_SOFTMAX_KERNEL if kernel is None else kernel
+    if kernel not in ("avx512f", "fma3"):
+        raise ValueError(f"unknown MLAS softmax kernel {kernel!r}")
+    x = np.asarray(x, dtype=F32)
+    shifted = x + (-x.max(axis=-1, keepdims=True))
+    e = _exp_avx512f(shifted) if kernel == "avx512f" else _exp_fma3(shifted)
+    width = 16 if kernel == "avx512f" else 8
     d = x.shape[-1]
-    padded = np.zeros(x.shape[:-1] + (-(-d // 16) * 16,), dtype=F32)
+    padded = np.zeros(x.shape[:-1] + (-(-d // width) * width,), dtype=F32)
     padded[..., :d] = e
-    chunks = padded.reshape(x.shape[:-1] + (-1, 16))
-    lanes = np.zeros(x.shape[:-1] + (16,), dtype=F32)
+    chunks = padded.reshape(x.shape[:-1] + (-1, width))
+    lanes = np.zeros(x.shape[:-1] + (width,), dtype=F32)
     for i in range(chunks.shape[-2]):
         lanes = lanes + chunks[..., i, :]
-    a = lanes[..., :8] + lanes[..., 8:]
+    a = lanes[..., :8] + lanes[..., 8:] if width == 16 else lanes
     total = ((a[..., 0] + a[..., 1]) + (a[..., 2] + a[..., 3])) + \
         ((a[..., 4] + a[..., 5]) + (a[..., 6] + a[..., 7]))
     return (e * (F32(1) / total)[..., None]).astype(F32)

@@ -24,6 +24,7 @@ import itertools
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
+
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import (
     AxisAttrs,

@@ -44,6 +44,7 @@ import itertools
 import math
 
 import numpy as np
+
 from qfuse.ir.ops import PoolAttrs
 
 F32 = np.float32

@@ -12,7 +12,7 @@ by tests/runtime/test_reference_quant.py); +inf saturates to qmax, -inf to qmin.
 DequantizeLinear: ``y = float32(x - zero_point) * scale`` (float32), per tensor or per axis;
 int32 inputs (biases) come without a zero point.
 
-FakeQuantize (seed 000, OpenVINO ``ov::reference::fake_quantize``)::
+FakeQuantize (OpenVINO fake_quantize.md, OpenVINO ``ov::reference::fake_quantize``)::
 
     x <= min(il, ih)  ->  ol
     x >  max(il, ih)  ->  oh
@@ -30,6 +30,7 @@ float32 ulps elsewhere (tests/runtime/test_reference_fakequantize.py measures an
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
 from qfuse.runtime.reference.registry import Arrays, impl, need, opt

@@ -43,6 +43,7 @@ import itertools
 import math
 
 import numpy as np
+
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import (
     AxesAttrs,

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeAlias
 
 import numpy as np
+
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import Op
 

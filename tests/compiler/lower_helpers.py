@@ -11,14 +11,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+
+from qfuse.compiler.api import CompiledModel, compile_model
 from qfuse.compiler.lower import Options, Plan, lower
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
+from qfuse.examples import zoo
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Act, Activation, ChainOp, Fused, Quantize, Residual, Scale, Shift
-from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, NoAttrs
 from qfuse.passes import compose_post_ops
 from qfuse.passes.base import PassContext
 from qfuse.passes.composer import compose
@@ -162,3 +166,108 @@ def random_int(rng: np.random.Generator, shape: Sequence[int], dtype: DType) -> 
 def lsb(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
     """(max |a - b| in integer steps, share of identical elements)."""
     return onednn_ref.lsb_diff(a, b)
+
+
+S8, U8 = DType.S8, DType.U8
+
+
+def matmul_graph(a_shape: tuple[int, ...], b_shape: tuple[int, ...], *, b_const: bool,
+                  b_dtype: DType = S8, wei_zp: int = 0, dst: DType = U8,
+                  per_column: bool = True) -> tuple[Graph, dict[str, np.ndarray]]:
+    """An int8 MatMul with a fused chain (per-column or per-tensor scale, shift, quantize)."""
+    rng = np.random.default_rng(7)
+    g = Graph("matmul")
+    feeds = {"a": random_int(rng, a_shape, U8)}
+    int_input(g, "a", a_shape, U8, 0.02, 9)
+    b = random_int(rng, b_shape, b_dtype)
+    if b_const:
+        g.add_constant("b", b)
+    else:
+        int_input(g, "b", b_shape, b_dtype, 0.03, wei_zp)
+        feeds["b"] = b
+    n = b_shape[-1]
+    out_shape = np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], n)
+    scale = rng.uniform(1e-4, 3e-4, n if per_column else 1)
+    chain = [Scale.of(scale), Shift.of(rng.uniform(-0.3, 0.3, n))]
+    if dst.is_integer:
+        chain.append(quantize_item(0.01, 60, dst))
+    node = g.add_node(Op.MATMUL, ["a", "b"], ["y"], NoAttrs(), name="mm",
+                      infos=[out_info(out_shape, dst, 0.01, 60)])
+    node.fused = Fused(chain=chain, src_zero_point=9, wei_zero_point=wei_zp)
+    g.outputs.append("y")
+    return g, feeds
+
+
+MATMUL_CASES = {
+    "2d": {"a_shape": (4, 64), "b_shape": (64, 32), "b_const": True},
+    "2d_f32_dst": {"a_shape": (4, 64), "b_shape": (64, 32), "b_const": True, "dst": DType.F32},
+    "batched_3d": {"a_shape": (2, 5, 64), "b_shape": (64, 48), "b_const": True},
+    "const_u8_weights_zp": {"a_shape": (3, 32), "b_shape": (32, 16), "b_const": True, "b_dtype": U8,
+                                "wei_zp": 120},
+    "act_x_act_s8": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
+                         "wei_zp": -4, "per_column": False},
+    "act_x_act_u8": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
+                         "b_dtype": U8, "wei_zp": 128, "per_column": False},
+}
+
+
+@dataclass
+class Agreement:
+    """Per-kernel agreement over a model: integer elements by kind of node, float error."""
+
+    worst: int = 0
+    differing: dict[str, int] = field(default_factory=lambda: {"compute": 0, "quantize": 0})
+    total: dict[str, int] = field(default_factory=lambda: {"compute": 0, "quantize": 0})
+    float_err: float = 0.0
+
+    def identical(self, kind: str) -> float:
+        return 1 - self.differing[kind] / max(self.total[kind], 1)
+
+
+def local_agreement(model: CompiledModel, feeds: dict[str, np.ndarray],
+                    into: Agreement) -> None:
+    """Every node on the plan's own inputs (a value the plan never materializes, e.g. the
+    dequantize half of a requantize reorder, is computed by the reference from its inputs)."""
+    graph = model.compiled_graph
+    assert graph is not None
+    values = model.run_all(feeds)
+    derived: dict[str, np.ndarray] = {}
+    for node in graph.topo_order():
+        args = [(values.get(v, derived.get(v, graph.constant(v)))) if v else None
+                for v in node.inputs]
+        outs = evaluate_fused(node, args, graph) if node.fused else IMPLS[node.op](node, args)
+        kind = "quantize" if node.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) else "compute"
+        for name, ref in zip(node.outputs, outs, strict=True):
+            if name not in values:
+                derived[name] = np.asarray(ref).astype(graph.info(name).dtype.np)
+                continue
+            got = values[name]
+            ref = np.asarray(ref).astype(got.dtype)
+            if got.dtype.kind in "iu":
+                d = np.abs(got.astype(np.int64) - ref.astype(np.int64))
+                into.worst = max(into.worst, int(d.max(initial=0)))
+                into.differing[kind] += int(np.count_nonzero(d))
+                into.total[kind] += d.size
+            else:
+                scale = max(1.0, float(np.abs(ref).max(initial=0)))
+                into.float_err = max(into.float_err,
+                                     float(np.abs(got - ref).max(initial=0)) / scale)
+
+
+def zoo_values() -> dict[str, np.ndarray]:
+    """Every value of the small zoo plans (fused and unfused), keyed name|mode|value; asserts
+    that every int8 compute kernel says how it is exact where the int8 nodes are split."""
+    values = {}
+    for name in zoo.SMALL_ARCHITECTURES:
+        model = zoo.quantized_model(name)
+        feeds = zoo.sample_inputs(model, n=1, seed=11)[0]
+        for mode in ("fused", "unfused"):
+            compiled = compile_model(model, mode=mode)
+            info = compiled.inspect()
+            for kernel in info["kernels"]:  # every int8 compute kernel says how it is exact
+                if SPLITS_INT8 and kernel["primitive"] in ("convolution", "deconvolution",
+                                                           "matmul"):
+                    assert kernel.get("exact_int8"), kernel["name"]
+            for value, array in compiled.run_all(feeds).items():
+                values[f"{name}|{mode}|{value}"] = array
+    return values

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.cli import main
 from qfuse.examples.zoo import model_path
-
 from tests.compiler.lower_helpers import one_primitive_per_int8_node
 
 

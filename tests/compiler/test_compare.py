@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from qfuse.compiler.cli import main
 from qfuse.examples import zoo
 from qfuse.runtime.numerics import dequantize, quantize

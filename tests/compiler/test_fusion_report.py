@@ -11,6 +11,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "passes"))  # fusion_helpers
 
 from fusion_helpers import add, dq, fq, int8_conv, new_graph, run
+
 from qfuse.compiler.fusion_report import (
     not_fused,
     quantized_region,

@@ -7,21 +7,22 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from qfuse.compiler.lower import lower_compute
 from qfuse.ir import DType, Graph, Op, TensorInfo
-from qfuse.ir.chain import Act, Activation, Fused, PRelu, Scale, Shift
-from qfuse.ir.ops import ConvTransposeAttrs, NoAttrs
+from qfuse.ir.chain import Act, Activation, PRelu, Scale, Shift
+from qfuse.ir.ops import ConvTransposeAttrs
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import evaluate_fused
-
 from tests.compiler.lower_helpers import (
+    MATMUL_CASES,
     SPLITS_INT8,
     add_int8_conv,
     exact_expected,
     int_input,
     lsb,
-    out_info,
+    matmul_graph,
     quantize_item,
     random_int,
     ref_eval,
@@ -186,49 +187,10 @@ def test_deconv_weights_are_transposed_not_flipped() -> None:
     np.testing.assert_allclose(out["y"], ref_eval(g, feeds)["y"], rtol=1e-5, atol=1e-5)
 
 
-def _matmul_graph(a_shape: tuple[int, ...], b_shape: tuple[int, ...], *, b_const: bool,
-                  b_dtype: DType = S8, wei_zp: int = 0, dst: DType = U8,
-                  per_column: bool = True) -> tuple[Graph, dict[str, np.ndarray]]:
-    rng = np.random.default_rng(7)
-    g = Graph("matmul")
-    feeds = {"a": random_int(rng, a_shape, U8)}
-    int_input(g, "a", a_shape, U8, 0.02, 9)
-    b = random_int(rng, b_shape, b_dtype)
-    if b_const:
-        g.add_constant("b", b)
-    else:
-        int_input(g, "b", b_shape, b_dtype, 0.03, wei_zp)
-        feeds["b"] = b
-    n = b_shape[-1]
-    out_shape = np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], n)
-    scale = rng.uniform(1e-4, 3e-4, n if per_column else 1)
-    chain = [Scale.of(scale), Shift.of(rng.uniform(-0.3, 0.3, n))]
-    if dst.is_integer:
-        chain.append(quantize_item(0.01, 60, dst))
-    node = g.add_node(Op.MATMUL, ["a", "b"], ["y"], NoAttrs(), name="mm",
-                      infos=[out_info(out_shape, dst, 0.01, 60)])
-    node.fused = Fused(chain=chain, src_zero_point=9, wei_zero_point=wei_zp)
-    g.outputs.append("y")
-    return g, feeds
-
-
-MATMUL_CASES = {
-    "2d": {"a_shape": (4, 64), "b_shape": (64, 32), "b_const": True},
-    "2d_f32_dst": {"a_shape": (4, 64), "b_shape": (64, 32), "b_const": True, "dst": DType.F32},
-    "batched_3d": {"a_shape": (2, 5, 64), "b_shape": (64, 48), "b_const": True},
-    "const_u8_weights_zp": {"a_shape": (3, 32), "b_shape": (32, 16), "b_const": True, "b_dtype": U8,
-                                "wei_zp": 120},
-    "act_x_act_s8": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
-                         "wei_zp": -4, "per_column": False},
-    "act_x_act_u8": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
-                         "b_dtype": U8, "wei_zp": 128, "per_column": False},
-}
-
-
 @requires_exact_int8
 @pytest.mark.parametrize("name", list(MATMUL_CASES))
 def test_int8_matmul(name: str) -> None:
-    graph, feeds = _matmul_graph(**MATMUL_CASES[name])
+    graph, feeds = matmul_graph(**MATMUL_CASES[name])
     _check(graph, feeds, "mm")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -31,7 +32,6 @@ from qfuse.ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-
 from tests.compiler.lower_helpers import int_input, random_int, ref_eval, run_plan
 
 F32 = np.float32

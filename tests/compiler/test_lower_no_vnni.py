@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower import Options
 from qfuse.compiler.lower.no_vnni import LOW_HALF, SPLIT, split_weights, split_zero_point
@@ -32,24 +33,24 @@ from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import accumulate
-
 from tests.compiler.lower_helpers import (
+    MATMUL_CASES,
     SPLITS_INT8,
     add_int8_conv,
     exact_expected,
     int_input,
     lower_built,
     lsb,
+    matmul_graph,
     quantize_item,
     random_int,
     ref_eval,
     run_plan,
+    zoo_values,
 )
-from tests.compiler.test_lower_compute import MATMUL_CASES, _matmul_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 U8, S8 = DType.U8, DType.S8
-DUMP = os.environ.get("QFUSE_NO_VNNI_DUMP")  # set by test_under_avx2 for its subprocess
 no_vnni = pytest.mark.skipif(not SPLITS_INT8, reason="needs a CPU without VNNI (see "
                              "test_under_avx2) and Options.exact_int8 on")
 
@@ -191,7 +192,7 @@ def test_other_convolutions(case: str) -> None:
 def test_matmul(name: str) -> None:
     """Constant s8 and u8 (zero point 120) weights, activation × activation (runtime weights
     split by two kernels, weight zero points split too)."""
-    graph, feeds = _matmul_graph(**MATMUL_CASES[name])
+    graph, feeds = matmul_graph(**MATMUL_CASES[name])
     model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
     assert "split weights" in how["mm"], how
     assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
@@ -269,39 +270,13 @@ def test_accumulators_beyond_2_24() -> None:
     assert plain_lsb >= 100 and plain_same < 0.5  # every pair saturates
 
 
-@no_vnni
-def test_zoo_values_for_the_parent() -> None:
-    """Every value of the zoo plans (fused and unfused) for test_under_avx2 to compare."""
-    if DUMP is None:
-        pytest.skip("QFUSE_NO_VNNI_DUMP unset (set by test_under_avx2)")
-    np.savez(DUMP, **_zoo_values())
-
-
-def _zoo_values() -> dict[str, np.ndarray]:
-    values = {}
-    for name in zoo.SMALL_ARCHITECTURES:
-        model = zoo.quantized_model(name)
-        feeds = zoo.sample_inputs(model, n=1, seed=11)[0]
-        for mode in ("fused", "unfused"):
-            compiled = compile_model(model, mode=mode)
-            info = compiled.inspect()
-            for kernel in info["kernels"]:  # every int8 compute kernel says how it is exact
-                if SPLITS_INT8 and kernel["primitive"] in ("convolution", "deconvolution",
-                                                           "matmul"):
-                    assert kernel.get("exact_int8"), kernel["name"]
-            for value, array in compiled.run_all(feeds).items():
-                values[f"{name}|{mode}|{value}"] = array
-    return values
-
-
 # ------------------------------------------------------------------ the subprocess
 def test_under_avx2(tmp_path: Path) -> None:
     """This module and test_lower_zoo.py's int8 checks under ONEDNN_MAX_CPU_ISA=AVX2; then
     every zoo value computed there equals this ISA's: integers bit for bit, floats (softmax,
     layer norm, gelu run on other kernels) within 1e-5 relative."""
     dump = tmp_path / "avx2.npz"
-    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "QFUSE_ONEDNN_ISA": "avx2",
-           "QFUSE_NO_VNNI_DUMP": str(dump)}
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "QFUSE_ONEDNN_ISA": "avx2"}
     zoo_tests = ["tests/compiler/test_lower_zoo.py::test_int8_modes_agree_per_kernel_and_end_to_end",
                  "tests/compiler/test_lower_zoo.py::test_fused_matches_onnxruntime"]
     result = subprocess.run(
@@ -313,8 +288,14 @@ def test_under_avx2(tmp_path: Path) -> None:
     summary = re.search(r"(\d+) passed", output)
     assert summary and int(summary.group(1)) >= 45, output
     assert "skipped" not in output, output
+    dumped = subprocess.run(
+        [sys.executable, "-c", ("import sys, numpy as np; from tests.compiler.lower_helpers "
+                               "import zoo_values; np.savez(sys.argv[1], **zoo_values())"),
+         str(dump)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert dumped.returncode == 0, dumped.stderr
     theirs = np.load(dump)
-    ours = _zoo_values()
+    ours = zoo_values()
     assert set(theirs.files) == set(ours)
     for key in theirs.files:
         a, b = theirs[key], ours[key]

@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import LOWERINGS, Kernel, Slot, plan_buffers
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.ops import NoAttrs, ReshapeAttrs
 from qfuse.runtime.onednn import DataType, MemoryDesc
-
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,

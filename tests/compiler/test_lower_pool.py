@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.chain import Fused, Scale
 from qfuse.ir.ops import NoAttrs, PoolAttrs
-
 from tests.compiler.lower_helpers import (
     int_input,
     lsb,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from qfuse.runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr, reorder
-
 from tests.compiler.lower_helpers import lsb, random_int, ref_eval, run_plan
 
 F32 = np.float32

@@ -14,7 +14,8 @@ Agreement is checked at two levels:
   on a rounding near-tie (oneDNN rounds x·f32(1/s) + zp, the FakeQuantize formula divides)
   propagates and grows through the following layers, so the outputs are held to a cosine
   ≥ 0.999 and a bounded number of output quantization steps (measured: ≤ 4, on unet), and
-  the classifiers to the same top-1 as ONNX Runtime's default session.
+  the classifiers to the same top-1 as ONNX Runtime's default session (its unoptimized
+  session, DQ → float op → Q, on a CPU where ORT's own int8 kernels saturate: tests/ort_int8.py).
 
 Run with -s to print the kernel / reorder counts and agreement figures per model.
 """
@@ -22,20 +23,20 @@ Run with -s to print the kernel / reorder counts and agreement figures per model
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import CompiledModel, compile_model
 from qfuse.examples import zoo
 from qfuse.ir import Op
 from qfuse.passes import strip_quantization
 from qfuse.passes.base import PassContext, run_pass
-from qfuse.runtime.reference import IMPLS, evaluate
-from qfuse.runtime.reference.fused import evaluate_fused
-
-from tests.compiler.lower_helpers import requires_exact_int8
+from qfuse.runtime.numerics import cosine
+from qfuse.runtime.reference import evaluate
+from tests.compiler.lower_helpers import Agreement, local_agreement, requires_exact_int8
+from tests.ort_int8 import qdq_session
 
 MODELS = zoo.SMALL_ARCHITECTURES
 END_TO_END_LSB = 8
@@ -47,11 +48,6 @@ MAX_REORDERS = {"resnet": 0, "mobilenetv2": 0, "inception": 0, "unet": 0, "vgg":
                 "shufflenet": 0, "transformer": 0}
 
 
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-30))
-
-
 def _output_step(model: CompiledModel, name: str) -> float:
     producer = model.graph.producer(name)
     if producer is not None and producer.op is Op.DEQUANTIZE_LINEAR:
@@ -59,62 +55,17 @@ def _output_step(model: CompiledModel, name: str) -> float:
     return 1.0
 
 
-@dataclass
-class Agreement:
-    """Per-kernel agreement over a model: integer elements by kind of node, float error."""
-
-    worst: int = 0
-    differing: dict[str, int] = field(default_factory=lambda: {"compute": 0, "quantize": 0})
-    total: dict[str, int] = field(default_factory=lambda: {"compute": 0, "quantize": 0})
-    float_err: float = 0.0
-
-    def identical(self, kind: str) -> float:
-        return 1 - self.differing[kind] / max(self.total[kind], 1)
-
-
-def local_agreement(model: CompiledModel, feeds: dict[str, np.ndarray],
-                    into: Agreement) -> None:
-    """Every node on the plan's own inputs (a value the plan never materializes, e.g. the
-    dequantize half of a requantize reorder, is computed by the reference from its inputs)."""
-    graph = model.compiled_graph
-    assert graph is not None
-    values = model.run_all(feeds)
-    derived: dict[str, np.ndarray] = {}
-    for node in graph.topo_order():
-        args = [(values.get(v, derived.get(v, graph.constant(v)))) if v else None
-                for v in node.inputs]
-        outs = evaluate_fused(node, args, graph) if node.fused else IMPLS[node.op](node, args)
-        kind = "quantize" if node.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) else "compute"
-        for name, ref in zip(node.outputs, outs, strict=True):
-            if name not in values:
-                derived[name] = np.asarray(ref).astype(graph.info(name).dtype.np)
-                continue
-            got = values[name]
-            ref = np.asarray(ref).astype(got.dtype)
-            if got.dtype.kind in "iu":
-                d = np.abs(got.astype(np.int64) - ref.astype(np.int64))
-                into.worst = max(into.worst, int(d.max(initial=0)))
-                into.differing[kind] += int(np.count_nonzero(d))
-                into.total[kind] += d.size
-            else:
-                scale = max(1.0, float(np.abs(ref).max(initial=0)))
-                into.float_err = max(into.float_err,
-                                     float(np.abs(got - ref).max(initial=0)) / scale)
-
-
 @pytest.fixture(scope="module", params=MODELS)
 def case(request: pytest.FixtureRequest) -> dict:
     name = request.param
     model = zoo.quantized_model(name)
     feeds = zoo.sample_inputs(model, n=2, seed=11)
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
     return {
         "name": name,
         "model": model,
         "feeds": feeds,
         "reference": compile_model(model, mode="reference"),
-        "ort": session,
+        "ort": qdq_session(model),
         "compiled": {m: compile_model(model, mode=m) for m in ("fused", "unfused", "fp32")},
     }
 
@@ -134,7 +85,7 @@ def test_int8_modes_agree_per_kernel_and_end_to_end(case: dict, mode: str) -> No
                 ref, name)
             worst_out = max(worst_out, float(steps.max()))
             same_out.append(float(np.mean(steps < 1e-3)))
-            cos = min(cos, _cos(got[name], expected[name]))
+            cos = min(cos, cosine(got[name], expected[name]))
     info = compiled.inspect()
     print(f"\n{case['name']:12s} {mode:8s} kernels={len(info['kernels'])} "
           f"reorders={info['reorders']} io_reorders={info['io_reorders']} "
@@ -166,7 +117,7 @@ def test_fused_matches_onnxruntime(case: dict) -> None:
         got = compiled.run(feeds)
         theirs = dict(zip(names, session.run(None, feeds), strict=True))
         for name in compiled.outputs:
-            assert _cos(got[name], theirs[name]) >= 0.999, name
+            assert cosine(got[name], theirs[name]) >= 0.999, name
             if got[name].ndim == 2:  # classifier logits
                 np.testing.assert_array_equal(got[name].argmax(1), theirs[name].argmax(1))
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from onnx_builders import infer_onnx, init, model, run_ort, run_reference, single
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import DType, Graph, Node, Op

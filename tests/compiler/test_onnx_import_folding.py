@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort
+
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Op

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from onnx_builders import init, model
+
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import DType, Op, QuantParams

@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
+
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import import import_model
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from onnx_builders import run_ort
+
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import DType, Op
 

@@ -27,13 +27,13 @@ output). q's *segment* is the float ops between the quantized tensors it reads a
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import import_graph
 from qfuse.examples.zoo import SMALL_ARCHITECTURES, float_model, quantized_model, sample_inputs
 from qfuse.runtime.reference import evaluate
@@ -102,8 +102,7 @@ def _diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a.astype(np.int32) - b.astype(np.int32))
 
 
-SLOW = pytest.mark.skipif(os.environ.get("QFUSE_SLOW") != "1", reason="slow: set QFUSE_SLOW=1")
-ALL = [*SMALL_ARCHITECTURES, pytest.param("resnet50", marks=SLOW)]
+ALL = [*SMALL_ARCHITECTURES, pytest.param("resnet50", marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("name", ALL)

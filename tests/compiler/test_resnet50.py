@@ -16,10 +16,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower.no_vnni import LOW_HALF
 from qfuse.examples.zoo import model_path, sample_inputs
 from qfuse.ir.chain import Quantize
+from qfuse.runtime.numerics import cosine
 from qfuse.runtime.reference.interpreter import run_node
 
 
@@ -29,11 +31,6 @@ def resnet50():
     return path, compile_model(path, threads=2)
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
 def test_fused_matches_onnxruntime(resnet50) -> None:
     path, model = resnet50
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -41,7 +38,7 @@ def test_fused_matches_onnxruntime(resnet50) -> None:
         ours = model.run(feeds)[model.outputs[0]]
         theirs = session.run(None, feeds)[0]
         assert ours.argmax() == theirs.argmax()
-        assert _cosine(ours, theirs) >= 0.999
+        assert cosine(ours, theirs) >= 0.999
 
 
 def test_no_reference_kernels_and_no_reorders(resnet50) -> None:

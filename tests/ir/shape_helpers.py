@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.shapes import infer_node
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.ir import DType, Graph, GraphError, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import ClipAttrs
 

@@ -8,6 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
+from shape_helpers import f32, onnx_shapes, rule
+
 from qfuse.ir import DType, GraphError, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -21,7 +23,6 @@ from qfuse.ir.ops import (
     PoolAttrs,
 )
 from qfuse.ir.shapes import SHAPE_RULES
-from shape_helpers import f32, onnx_shapes, rule
 
 F32 = DType.F32
 

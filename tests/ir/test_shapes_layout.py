@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from shape_helpers import f32, onnx_shapes, rule
+
 from qfuse.ir import DType, GraphError, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import (
     AxesAttrs,
@@ -17,7 +19,6 @@ from qfuse.ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
-from shape_helpers import f32, onnx_shapes, rule
 
 U8 = DType.U8
 PER_T = QuantParams.make(0.25, 128)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from shape_helpers import f32, rule
+
 from qfuse.ir import DType, Graph, GraphError, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import CastAttrs, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from qfuse.ir.shapes import infer_shapes
-from shape_helpers import f32, rule
 
 S = np.float32
 

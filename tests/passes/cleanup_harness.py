@@ -11,11 +11,11 @@ from __future__ import annotations
 from types import ModuleType
 
 import numpy as np
+
 from qfuse.ir import Graph
 from qfuse.ir.shapes import infer_shapes
 from qfuse.passes.base import PassResult
 from qfuse.runtime.reference import evaluate
-
 from tests.passes.quant_helpers import apply, reasons, ulps
 from tests.passes.quant_helpers import feeds as random_feeds
 

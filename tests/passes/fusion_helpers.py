@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.ir.ops import ConvAttrs
 from qfuse.runtime.reference import evaluate
-
 from tests.passes.quant_helpers import add, const
 from tests.passes.quant_helpers import apply as run
 from tests.passes.quant_helpers import feeds as feeds_for

@@ -5,9 +5,9 @@ lowering tests)."""
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import AxisAttrs, LayerNormAttrs
-
 from tests.passes.fusion_helpers import add, const, dq, fq
 
 F32 = np.float32

@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import ATTRS, DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from qfuse.ir.shapes import infer_node
@@ -147,7 +148,7 @@ def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def quantize_only(graph: Graph, x: str, out: str, scale: float, zp: int,
                   dtype: DType = DType.U8) -> Node:
-    """The quantize-only FakeQuantize a QuantizeLinear(scale, zp) becomes (seed 000)."""
+    """The quantize-only FakeQuantize a QuantizeLinear(scale, zp) becomes (OpenVINO fake_quantize.md)."""
     lo, hi = dtype.range
     il, ih = F32(scale) * F32(lo - zp), F32(scale) * F32(hi - zp)
     ins = [x] + [const(graph, f"{out}_{k}", v) for k, v in

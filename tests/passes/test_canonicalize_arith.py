@@ -22,6 +22,7 @@ from cleanup_harness import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import DequantizeAttrs
 from qfuse.passes import canonicalize_arith

@@ -16,6 +16,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.onnx_import import import_model
 from qfuse.compiler.pipeline import PIPELINE
 from qfuse.examples import zoo

@@ -26,6 +26,7 @@ from fusion_helpers import (
     residual_block,
     run,
 )
+
 from qfuse.ir import Graph, Op
 from qfuse.ir.chain import Fused, Residual, Scale, Shift
 from qfuse.ir.postops import Composed, ComposerOptions, Eltwise, Sum

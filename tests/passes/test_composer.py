@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
 from qfuse.ir.postops import OPTIMIZATIONS, Binary, ComposerOptions, Eltwise, Sum
 from qfuse.ir.types import DType

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 from cleanup_harness import apply, assert_bit_exact, before_after, finish, op_sequence
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import (
     CastAttrs,

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import qfuse.passes.decompose_fake_quantize as D
-import qfuse.passes.qdq_to_fake_quantize as P
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from qfuse.ir import DType, Op
 from quant_helpers import (
     F32,
     add,
@@ -30,6 +27,10 @@ from quant_helpers import (
     reasons,
     reference,
 )
+
+import qfuse.passes.decompose_fake_quantize as D
+import qfuse.passes.qdq_to_fake_quantize as P
+from qfuse.ir import DType, Op
 
 
 def _decomposed(g):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from cleanup_harness import apply, assert_bit_exact, before_after, finish, op_sequence, reasons
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.ops import SplitAttrs
 from qfuse.passes import drop_identity

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import qfuse.passes.eliminate_requantize as E
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from qfuse.ir import DType, Op, QuantParams, TensorInfo
-from qfuse.ir.ops import AxisAttrs
-from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
-from qfuse.passes.quant_utils import DqParams
 from quant_helpers import (
     F32,
     add,
@@ -30,6 +25,12 @@ from quant_helpers import (
     reasons,
     reference,
 )
+
+import qfuse.passes.eliminate_requantize as E
+from qfuse.ir import DType, Op, QuantParams, TensorInfo
+from qfuse.ir.ops import AxisAttrs
+from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
+from qfuse.passes.quant_utils import DqParams
 
 S, ZP = 0.05, 7
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cleanup_harness import apply, before_after, finish, op_sequence, random_feeds, reasons
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import BatchNormAttrs, ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
 from qfuse.passes import fold_batchnorm

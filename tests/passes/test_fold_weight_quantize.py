@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from quant_helpers import F32, add, apply, fake_quantize, finish, new_graph, ops, reasons, reference
+
 import qfuse.passes.decompose_fake_quantize as D
 import qfuse.passes.fold_weight_quantize as W
 import qfuse.passes.move_dequantize as M
 from qfuse.ir import DType, Op
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
-from quant_helpers import F32, add, apply, fake_quantize, finish, new_graph, ops, reasons, reference
 
 RNG = np.random.default_rng(11)
 

@@ -23,6 +23,7 @@ from fusion_helpers import (
     reference,
     run,
 )
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.chain import Scale, Shift
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs

@@ -30,6 +30,7 @@ from fusion_helpers import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Act, Activation, PRelu, Quantize, Residual, Scale, Shift
 from qfuse.ir.ops import (

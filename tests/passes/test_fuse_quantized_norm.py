@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from fusion_helpers import add, const, dq, reference, run
 from norm_helpers import norm_graph, random_feeds
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Quantize
 from qfuse.ir.ops import AxisAttrs, DequantizeAttrs, FakeQuantizeAttrs, LayerNormAttrs

@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 import pytest
 from fusion_helpers import reference, reference_composed
+
 from qfuse.compiler.fusion_report import not_fused, quantized_region, standalone, summary
 from qfuse.compiler.onnx_import import import_model
 from qfuse.compiler.pipeline import run_pipeline

@@ -25,6 +25,7 @@ from cleanup_harness import (
     random_feeds,
     reasons,
 )
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import DequantizeAttrs, GemmAttrs
 from qfuse.passes import gemm_to_matmul

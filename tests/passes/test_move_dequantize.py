@@ -11,17 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import qfuse.passes.move_dequantize as M
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from qfuse.compiler.onnx_import import import_model
-from qfuse.compiler.pipeline import run_pipeline
-from qfuse.examples.zoo.quantize import quantize
-from qfuse.ir import DType, Op, QuantParams, TensorInfo
-from qfuse.ir.chain import Scale, Shift
-from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
-from qfuse.runtime.reference import IMPLS
 from quant_helpers import (
     F32,
     add,
@@ -39,6 +31,15 @@ from quant_helpers import (
     reference,
     weights,
 )
+
+import qfuse.passes.move_dequantize as M
+from qfuse.compiler.onnx_import import import_model
+from qfuse.compiler.pipeline import run_pipeline
+from qfuse.examples.zoo.quantize import quantize
+from qfuse.ir import DType, Op, QuantParams, TensorInfo
+from qfuse.ir.chain import Scale, Shift
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
+from qfuse.runtime.reference import IMPLS
 
 RNG = np.random.default_rng(5)
 SX, ZX = 0.04, 9

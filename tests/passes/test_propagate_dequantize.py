@@ -12,6 +12,21 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from quant_helpers import (
+    F32,
+    add,
+    apply,
+    dequantize,
+    feeds,
+    finish,
+    int_input,
+    int_lsb,
+    ops,
+    quantize_only,
+    reasons,
+    reference,
+)
+
 import qfuse.passes.propagate_dequantize as M
 from qfuse.ir import DType, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Quantize, Scale
@@ -29,20 +44,6 @@ from qfuse.ir.ops import (
     TransposeAttrs,
 )
 from qfuse.ir.shapes import infer_shapes
-from quant_helpers import (
-    F32,
-    add,
-    apply,
-    dequantize,
-    feeds,
-    finish,
-    int_input,
-    int_lsb,
-    ops,
-    quantize_only,
-    reasons,
-    reference,
-)
 
 S, ZP = 0.05, 7
 POOL = PoolAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1))

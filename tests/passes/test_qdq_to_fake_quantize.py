@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import qfuse.passes.qdq_to_fake_quantize as P
-from qfuse.ir import DType, Op
-from qfuse.ir.ops import ConvAttrs
 from quant_helpers import (
     F32,
     add,
@@ -34,6 +31,10 @@ from quant_helpers import (
     reference,
     weights,
 )
+
+import qfuse.passes.qdq_to_fake_quantize as P
+from qfuse.ir import DType, Op
+from qfuse.ir.ops import ConvAttrs
 
 
 def _fq_ranges(graph, node):

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from quant_helpers import forced, lsb, reference
+
 from qfuse.compiler.onnx_import import import_model
 from qfuse.compiler.pipeline import run_pipeline
 from qfuse.examples.zoo import SMALL_ARCHITECTURES, float_model, quantized_model, sample_inputs
 from qfuse.ir import Graph, Op
 from qfuse.passes.base import PassResult
-from quant_helpers import forced, lsb, reference
 
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)
 EXPECTED_FLOAT: dict[str, set[str]] = {}  # model -> compute nodes allowed to stay float

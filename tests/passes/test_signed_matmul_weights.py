@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 from fusion_helpers import S_X, ZP_X, add, feeds_for, int8_matmul, new_graph, reference, run
+
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Fused, Quantize, Scale
 from qfuse.ir.ops import TransposeAttrs

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Op
 from qfuse.ir.ops import ConvAttrs, NoAttrs
 from qfuse.passes import strip_quantization
 from qfuse.passes.base import PassContext, run_pass
 from qfuse.runtime.reference import evaluate
-
 from tests.passes.quant_helpers import add, const, dequantize, new_graph, quantize
 
 F32 = np.float32

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 from onnx import helper, numpy_helper
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.runtime.reference import evaluate
 

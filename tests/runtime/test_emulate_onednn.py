@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.api import compile_model
 from qfuse.examples import zoo
 from qfuse.runtime.emulate import emulate, plan

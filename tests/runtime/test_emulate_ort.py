@@ -18,20 +18,32 @@ a fused node writes the Q's output name). Two checks:
   and what follows differs because its inputs do; the test pins where the first divergence
   is. (unet's Resize stays float in ORT too; the reference's linear Resize follows ORT's float32
   kernel bit for bit, so unet is identical end to end.)
+
+Where ORT's u8 x s8 kernels saturate pairs of products in int16 (no VNNI / AMX, measured by
+tests/ort_int8.py) its accumulators are not the exact sums the emulation computes. There the
+local check still asks for 0 LSB on every output element whose window holds no product with
+``|x_q·w_q| ≥ 2^14`` (no pair can leave int16 without one; ``x_q`` the raw u8, as MLAS feeds
+it, padding taps holding the zero point), and allows differences only on the others; the end
+to end check then takes the first divergence at such a kernel as well.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from qfuse.compiler.api import import_graph
 from qfuse.examples import zoo
+from qfuse.ir import DType, Op
 from qfuse.runtime.emulate import emulate, plan
-
+from qfuse.runtime.emulate.patterns import Match
+from qfuse.runtime.reference import IMPLS
+from tests.ort_int8 import ort_int8_exact
 from tests.runtime.emulate_models import ConvCase, qdq_add, qdq_conv
 
 CONV_CASES = {
@@ -95,6 +107,37 @@ FIRST_DIVERGENCE_OP = {
 }
 
 
+_BIG_PRODUCT = 1 << 14  # two products below it sum to at most 2·(2^14 - 1) = 32766
+
+
+def _may_saturate(m: Match, read: Callable[[str], np.ndarray]) -> np.ndarray | None:
+    """Output elements of a u8 x s8 Conv / MatMul / Gemm whose window holds a product
+    ``|x_q·w_q| ≥ 2^14`` (the only ones a saturating pair can touch); None for other kernels.
+    Per distinct ``|w| = v``: count the taps with ``x_q ≥ ceil(2^14 / v)`` and ``|w| = v``."""
+    if m.op.op not in (Op.CONV, Op.MATMUL, Op.GEMM):
+        return None
+    x, w = m.operands[:2]
+    if x.dtype is not DType.U8 or w.dtype is not DType.S8:
+        return None
+    xq, wq = read(x.value).astype(np.int64), np.abs(read(w.value).astype(np.int64))
+    zp = int(x.zero_point)
+    count: np.ndarray | int = 0
+    for v in np.unique(wq):
+        if 255 * v < _BIG_PRODUCT:
+            continue
+        t = -(-_BIG_PRODUCT // v)
+        hot, wv = (xq >= t).astype(np.int64), (wq == v).astype(np.int64)
+        if m.op.op is Op.CONV:  # padding taps hold zp: count them through the identity
+            pad_hot = int(zp >= t)  # sum(hot·w) = sum((hot - pad_hot)·w) + pad_hot·sum(w)
+            per_oc = wv.reshape(wv.shape[0], -1).sum(1).reshape(1, -1, *[1] * (xq.ndim - 2))
+            count = count + IMPLS[Op.CONV](m.op, [hot - pad_hot, wv])[0] + pad_hot * per_oc
+        elif m.op.op is Op.GEMM:
+            count = count + hot @ (wv.T if m.op.attrs.trans_b else wv)
+        else:
+            count = count + np.matmul(hot, wv)
+    return np.asarray(count) > 0
+
+
 @pytest.mark.parametrize("name", zoo.SMALL_ARCHITECTURES)
 def test_zoo_quantized_tensors(name: str, tmp_path: Path) -> None:
     path = zoo.model_path(name, quantized=True)
@@ -119,15 +162,32 @@ def test_zoo_quantized_tensors(name: str, tmp_path: Path) -> None:
 
     integer = [d for d in decisions if d.integer]
     assert integer, "no pattern was emulated in integers"
+    exact_ort = ort_int8_exact()
+    saturated: set[str] = set()  # tensors where ORT's int16 pair sums changed the result
+    exempt = total = 0  # elements allowed to differ / elements checked
     for d in integer:
-        assert d.prepared is not None
+        assert d.prepared is not None and d.match is not None
         local = d.prepared.run(read)
-        assert np.array_equal(local, theirs[d.tensor]), (
-            f"{d.tensor} ({d.how}): {int((local != theirs[d.tensor]).sum())} elements differ "
-            f"with ORT's own inputs")
+        differ = local != theirs[d.tensor]
+        may = None if exact_ort else _may_saturate(d.match, read)
+        allowed = np.zeros_like(differ) if may is None else np.broadcast_to(may, differ.shape)
+        assert not np.any(differ & ~allowed), (
+            f"{d.tensor} ({d.how}): {int((differ & ~allowed).sum())} elements differ with ORT's "
+            f"own inputs" + ("" if exact_ort else " where no u8·s8 pair can saturate"))
+        exempt, total = exempt + int(allowed.sum()), total + differ.size
+        if differ.any():
+            saturated.add(d.tensor)
+    if not exact_ort:
+        print(f"\n{name}: {len(saturated)} kernel(s) changed by ORT's int16 pair saturation; "
+              f"{exempt} of {total} elements exempt from the 0-LSB check")
+        # the check still covers most of each model (measured exempt: resnet 4 %, vgg 10 %,
+        # mobilenetv2 14 %, transformer 50 %: its activation × activation matmuls)
+        assert exempt <= 0.6 * total
 
     ours = emulate(graph, feeds, "onnxruntime", decisions=decisions)
     diverging = [d for d in decisions if not np.array_equal(ours[d.tensor], theirs[d.tensor])]
+    if diverging and diverging[0].tensor in saturated:
+        return  # downstream of a saturated accumulator (module docstring)
     expected_op = FIRST_DIVERGENCE_OP[name]
     if expected_op is None:
         assert not diverging, [d.tensor for d in diverging]

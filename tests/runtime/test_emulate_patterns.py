@@ -12,11 +12,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from qfuse.compiler.api import import_graph
 from qfuse.examples import zoo
 from qfuse.runtime.emulate import FRAMEWORKS, Decline, Pattern, emulate, match, plan
 from qfuse.runtime.reference import evaluate
-
 from tests.runtime.emulate_models import ConvCase, qdq_conv
 
 

@@ -4,7 +4,7 @@ The implementation here follows TFLite's C++ line by line with Python's unbounde
 division and shifts spelled out), not runtime.numerics: QuantizeMultiplier (frexp, std::round),
 SaturatingRoundingDoublingHighMul, RoundingDivideByPOT, the single-rounding multiply of
 TFLITE_SINGLE_ROUNDING, the conv accumulator by nested loops, the add of kernels/add.cc and the
-MEAN of reference_ops. Seed 001's table picks D1 / D2 / F2 per conv kind and weight
+MEAN of reference_ops. QUANTIZED_OP.md's table picks D1 / D2 / F2 per conv kind and weight
 quantization. Tolerance: 0 LSB.
 """
 
@@ -14,14 +14,14 @@ import math
 
 import numpy as np
 import pytest
+
 from qfuse.compiler.api import import_graph
 from qfuse.runtime.emulate import emulate, plan
-
 from tests.runtime.emulate_models import ConvCase, qdq_add, qdq_conv
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
-# Seed 001: (per_channel, kind) -> variant.
+# SNPS-Caffe QUANTIZED_OP.md: (per_channel, kind) -> variant.
 SEED_001 = {
     (False, "regular"): "D2", (False, "depthwise"): "F2", (False, "pointwise"): "F2",
     (True, "regular"): "D1", (True, "depthwise"): "D2", (True, "pointwise"): "D1",

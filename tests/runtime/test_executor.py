@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.ir import DType, Graph
 from qfuse.runtime.executor import Executor
-
 from tests.compiler.lower_helpers import (
     add_int8_conv,
     int_input,

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
+
 from qfuse.runtime.numerics import (
     Rounding,
     dequantize,

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.numerics import ErrorStats, dequantize, quantization_error, quantize
 
 

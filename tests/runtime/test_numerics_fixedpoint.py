@@ -22,6 +22,7 @@ from numerics_refs import (
     ref_rdbpot,
     ref_srdhm,
 )
+
 from qfuse.runtime.numerics import (
     effective_scale,
     multiply_by_quantized_multiplier,
@@ -47,7 +48,7 @@ def test_quantize_multiplier_known_values() -> None:
     assert quantize_multiplier(0.75) == (3 << 29, 0)
     assert quantize_multiplier(2.0) == (1 << 30, 2)
     assert quantize_multiplier(0.0) == (0, 0)
-    assert quantize_multiplier(0.1234) == (2119995857, -3)  # seed 002's multiplier, TFLite shift
+    assert quantize_multiplier(0.1234) == (2119995857, -3)  # TPU-MLIR's multiplier, TFLite shift
     assert quantize_multiplier(2.0**-40) == (0, 0)  # shift < -31 flushes to zero
 
 
@@ -112,7 +113,7 @@ def test_effective_scale_precision() -> None:
 
 
 def test_tpu_seed_example() -> None:
-    """Seed 002: y = x * 0.1234 = (x * 2119995857) >> 34."""
+    """TPU-MLIR quantization chapter: y = x * 0.1234 = (x * 2119995857) >> 34."""
     m, r = tpu_multiplier_rshift(0.1234)
     assert (int(m), int(r)) == (2119995857, 34)
     x = np.arange(-100000, 100001, 7, dtype=np.int64)

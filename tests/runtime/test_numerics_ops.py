@@ -1,9 +1,10 @@
-"""Integer forms of AvgPool, Add, LeakyReLU, PReLU and Pad (seed 002) against float math."""
+"""Integer forms of AvgPool, Add, LeakyReLU, PReLU and Pad (TPU-MLIR quantization chapter) against float math."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.numerics import (
     Rounding,
     add_float,
@@ -34,7 +35,7 @@ def test_avgpool_float_form_matches_float_math(zp_x: int, zp_y: int, dtype: type
     x = _windows(rng, k, 2000, lo, hi)
     scale, offset = avgpool_params(s_x, zp_x, s_y, zp_y, k)
     assert scale == np.float32(s_x / (s_y * k))
-    assert offset == np.float32(s_x / s_y * zp_x - zp_y)  # seed 002 prints the opposite sign
+    assert offset == np.float32(s_x / s_y * zp_x - zp_y)  # TPU-MLIR quantization chapter prints the opposite sign
     got = avgpool_float(x.sum(axis=1), scale, offset, dtype)
     real = s_x * (x - zp_x).mean(axis=1)  # the float AvgPool of the dequantized input
     want = quantize(real, s_y, zp_y, dtype)

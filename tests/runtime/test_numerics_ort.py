@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+
 from qfuse.runtime.numerics import Scheme, requantize
 
 _NP_TO_ONNX = {

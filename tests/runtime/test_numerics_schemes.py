@@ -1,4 +1,4 @@
-"""Requantization schemes: TFLite D1/D2/F2 against plain-Python-int references, the seed-001
+"""Requantization schemes: TFLite D1/D2/F2 against plain-Python-int references, the SNPS-Caffe QUANTIZED_OP.md
 selector, oneDNN / TPU-MLIR formulas, and every scheme against the exact real result.
 
 The TFLite references are independent of runtime.numerics: Python floats for the double
@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numerics_refs import I32_MAX, I32_MIN, half_away
 from numerics_refs import ref_quantize_multiplier as ref_multiplier
+
 from qfuse.runtime.numerics import (
     Rounding,
     Scheme,

@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+
 from qfuse.runtime.onednn import _lib
 from qfuse.runtime.onednn.enums import (
     Alg,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -227,7 +228,7 @@ def test_nasty_cases_do_not_crash_the_process() -> None:
 
 
 def test_why_execute_validates_scales() -> None:
-    """ONEDNN_NOTES' pitfall, reproduced under the binding: calling dnnl_primitive_execute
+    """The silent no-op of docs/onednn.md, reproduced under the binding: calling dnnl_primitive_execute
     directly without the weight scales returns success on brgconv_1x1:avx512_core_amx and
     leaves dst untouched (jit_1x1 returns invalid_arguments instead)."""
     from qfuse.runtime.onednn import default_stream, filled

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.onednn import (
     ELTWISE_ALGS,
     Alg,

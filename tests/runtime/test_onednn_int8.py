@@ -1,10 +1,10 @@
 """int8 convolution, deconvolution, inner product and matmul: bit-exact (0 LSB) against
 runtime.onednn.reference, on full-range random data and on inputs built to sit on rounding ties.
 
-The reference (measured here, see runtime/onednn/reference.py) is ONEDNN_NOTES.md's model with
-two precisions added: sum with a scale (and eltwise linear) is one FMA, and the dst zero point
+The reference (measured here, see runtime/onednn/reference.py) is the int8 model of
+docs/onednn.md, with two precisions: sum with a scale (and eltwise linear) is one FMA, and the dst zero point
 is added in f32 *before* rounding, `saturate(rint(f32(x * f32(1/s_dst)) + zp_dst))`. The
-NOTES form `rint(x/s_dst) + zp_dst` is off by 1 LSB on near-ties; `test_conv_rounding_ties`
+ONNX-style form `rint(x/s_dst) + zp_dst` is off by 1 LSB on near-ties; `test_conv_rounding_ties`
 builds such inputs and checks it both ways.
 
 Tolerance is 0 LSB everywhere. What changes with the ISA is the int32 accumulator. With VNNI
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -266,7 +267,7 @@ def test_isa_is_the_requested_one() -> None:
 
 def test_conv_rounding_ties() -> None:
     """1x1 conv whose outputs sit within a few ulps of x.5 after the dst scale: only the exact
-    f32 model of reference.py gets all of them; the ONEDNN_NOTES form `rint(x/s) + zp` and an
+    f32 model of reference.py gets all of them; the ONNX-style form `rint(x/s) + zp` and an
     FMA for scale+bias each get some wrong. Channel o targets pixel o % 64; acc = 64*hi + lo."""
     rng = np.random.default_rng(7)
     c, o, h, w_ = 32, 256, 8, 8

@@ -7,6 +7,7 @@ import gc
 import weakref
 
 import numpy as np
+
 from qfuse.runtime.onednn import (
     Alg,
     Arg,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from qfuse.runtime.onednn import (
     RESAMPLING_ALGS,
     Alg,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference_harness import Case, compare, randn, run_ort, run_ours
+
 from qfuse.ir.ops import (
     AlphaAttrs,
     ClipAttrs,
@@ -17,7 +19,6 @@ from qfuse.ir.ops import (
     NoAttrs,
     Op,
 )
-from reference_harness import Case, compare, randn, run_ort, run_ours
 
 BROADCASTS = [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((2, 1, 4), (3, 1)), ((1,), (2, 3)),
               ((2, 3, 4, 5), (1, 3, 1, 1)), ((), (2, 2))]

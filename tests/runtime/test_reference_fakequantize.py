@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.ops import FakeQuantizeAttrs
 from qfuse.runtime.reference import evaluate

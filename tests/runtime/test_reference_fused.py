@@ -8,6 +8,7 @@ accumulator is exact, the chain follows, integer outputs saturate, residuals rea
 from __future__ import annotations
 
 import numpy as np
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.chain import Fused, Residual, Scale, Shift
 from qfuse.ir.ops import ConvAttrs, NoAttrs, PoolAttrs

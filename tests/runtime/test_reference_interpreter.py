@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.ops import ClipAttrs, ConvAttrs, FakeQuantizeAttrs, GemmAttrs, NoAttrs
 from qfuse.runtime.reference import IMPLS, EvaluationError, MissingImplError, evaluate

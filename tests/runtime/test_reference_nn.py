@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference_harness import Case, compare, randn, run_ort, run_ours
+
 from qfuse.ir.ops import (
     AxisAttrs,
     BatchNormAttrs,
@@ -18,7 +20,6 @@ from qfuse.ir.ops import (
     Op,
     PoolAttrs,
 )
-from reference_harness import Case, compare, randn, run_ort, run_ours
 
 
 def same_upper(size: int, k: int, s: int, d: int) -> tuple[int, int]:

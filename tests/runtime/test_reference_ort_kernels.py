@@ -2,8 +2,9 @@
 
 AveragePool / GlobalAveragePool (ops_pool.py), linear Resize (ops_shape.py), Gelu, Softmax and
 LayerNormalization (ops_mlas.py): every output element equal, no tolerance. MLAS picks some
-kernels by CPU: LayerNorm's needs AVX2 and FMA, Gelu's and (for rows longer than 16) Softmax's
-AVX-512F; those checks are skipped on a host without them. ``fma32`` is checked against exact
+kernels by CPU: LayerNorm's needs AVX2 and FMA, Gelu's AVX-512F; those checks are skipped on a
+host without them. Softmax follows the host's MLAS kernel (AVX-512F or AVX2 + FMA), and both are
+checked wherever they run. ``fma32`` is checked against exact
 rational arithmetic.
 """
 
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from reference_harness import Case, randn, run_ort, run_ours
+
 from qfuse.ir.ops import (
     AxisAttrs,
     GeluAttrs,
@@ -25,8 +28,7 @@ from qfuse.ir.ops import (
     ResizeAttrs,
     ResizeMode,
 )
-from qfuse.runtime.reference.ops_mlas import fma32
-from reference_harness import Case, randn, run_ort, run_ours
+from qfuse.runtime.reference.ops_mlas import MLAS_SOFTMAX_KERNEL, fma32, softmax_last_axis
 
 F32 = np.float32
 _CPUINFO = Path("/proc/cpuinfo")
@@ -149,8 +151,10 @@ def test_gelu() -> None:
                                          ((4, 4, 16, 16), -1), ((3, 17), 1), ((2, 3, 100), 2),
                                          ((2, 1000), -1)])
 def test_softmax(shape: tuple[int, ...], axis: int) -> None:
-    if shape[axis] > 16 and "avx512f" not in FLAGS:
-        pytest.skip("rows longer than 16: MLAS's AVX-512F sum")
+    """x.flat[0] = 80 sends the rest of its row below exp's range, where the two MLAS kernels
+    part (subnormal against 0)."""
+    if MLAS_SOFTMAX_KERNEL == "fma3" and not {"avx2", "fma"} <= FLAGS:
+        pytest.skip("MLAS's SSE softmax kernel is not mirrored")
     x = randn(np.random.default_rng(len(shape) + axis), *shape, scale=4.0)
     x.flat[0] = 80.0
     assert_bit_exact(Case("Softmax", {"axis": axis}, Op.SOFTMAX, AxisAttrs(axis), {"x": x},
@@ -178,3 +182,13 @@ def test_layer_norm_over_two_axes() -> None:
     x = randn(rng, 2, 4, 5, 6, scale=2.0)
     assert_bit_exact(Case("LayerNormalization", {"axis": 2, "epsilon": 1e-3}, Op.LAYER_NORM,
                           LayerNormAttrs(2, 1e-3), {"x": x}, constants, n_outputs=3, opset=17))
+
+
+def test_softmax_kernels_part_below_exp_range() -> None:
+    """The AVX-512F kernel scales by 2^r with vscalefps (subnormals kept), the FMA3 kernel builds
+    2^r from integer bits, and 2^-127 comes out as 0: the same row, two results."""
+    x = np.array([[0.0, -87.5, -88.0, -90.0, -1.0]], F32)
+    wide, narrow = softmax_last_axis(x, "avx512f"), softmax_last_axis(x, "fma3")
+    assert np.all((wide[0, 1:4] > 0) & (wide[0, 1:4] < np.finfo(F32).tiny))
+    np.testing.assert_array_equal(narrow[0, 2:4], 0)  # r = round(x / ln2) = -127
+    np.testing.assert_array_equal(wide[0, [0, 1, 4]], narrow[0, [0, 1, 4]])

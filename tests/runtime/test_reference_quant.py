@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from reference_harness import Case, run_ort, run_ours
+
 from qfuse.ir.ops import DequantizeAttrs, Op, QuantizeAttrs
 from qfuse.ir.types import DType
 from qfuse.runtime.reference.ops_quant import fake_quantize_f32
-from reference_harness import Case, run_ort, run_ours
 
 F32 = np.float32
 QTYPES = {DType.U8: np.uint8, DType.S8: np.int8}

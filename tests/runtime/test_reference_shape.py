@@ -7,6 +7,8 @@ import math
 
 import numpy as np
 import pytest
+from reference_harness import Case, compare, randn
+
 from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
@@ -23,7 +25,6 @@ from qfuse.ir.ops import (
     TransposeAttrs,
 )
 from qfuse.ir.types import DType
-from reference_harness import Case, compare, randn
 
 I64 = np.int64
 INT64_MIN, INT64_MAX = np.iinfo(I64).min, np.iinfo(I64).max
