@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
+from qfuse.compiler.cli_output import STDOUT, emit
 from qfuse.compiler.quantize.methods import METHODS
+
+JSON_HELP = "print JSON instead of text; with a PATH, write the JSON there and print the text"
 
 
 def add_parser(sub: Any) -> None:
@@ -38,7 +40,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", action="store_true",
                    help="per-layer SQNR against the float model on the calibration data, "
                         "worst first")
-    p.add_argument("--json", type=Path, help="with --report: write the rows to this file")
+    p.add_argument("--json", nargs="?", const=STDOUT, default=None, metavar="PATH",
+                   help=JSON_HELP + " (what was written, and the --report rows)")
     p.set_defaults(func=main)
 
 
@@ -52,12 +55,13 @@ def main(args: argparse.Namespace) -> int:
                  percentile=args.percentile / 100, progress=True)
     nodes = result.model.graph.node
     quantizers = sum(n.op_type in ("QuantizeLinear", "FakeQuantize") for n in nodes)
-    print(f"wrote {args.output}: {args.format}, {args.method}, {quantizers} quantizers")
+    payload: dict[str, Any] = {"output": str(args.output), "format": args.format,
+                               "method": args.method, "quantizers": quantizers}
+    lines = [f"wrote {args.output}: {args.format}, {args.method}, {quantizers} quantizers"]
     if args.report:
         rows = sqnr_report(result.float_model, result.qdq, result.calibration, progress=True)
-        print(format_report(rows))
-        if args.json:
-            clean = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                      for k, v in r.items()} for r in rows]
-            args.json.write_text(json.dumps({"layers": clean}, indent=1))
+        lines.append(format_report(rows))
+        payload["layers"] = [{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                              for k, v in r.items()} for r in rows]
+    emit(args.json, payload, "\n".join(lines))
     return 0

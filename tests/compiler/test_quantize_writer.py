@@ -3,22 +3,22 @@ ONNX Runtime, OpenVINO and qfuse; placement, scale groups, options, data forms, 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import qfuse
 from onnx import numpy_helper
+
+import qfuse
 from qfuse.compiler.cli import main as cli_main
 from qfuse.compiler.quantize import quantize
 from qfuse.examples import zoo
+from qfuse.runtime.numerics.error import cosine
 
 ACTIVATIONS = {"Relu", "Clip", "BatchNormalization", "Sigmoid", "HardSwish"}
 
-
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +54,13 @@ def test_written_model_is_valid_and_runs_everywhere(resnet, tmp_path, fmt: str) 
     exact = qfuse.compile_model(q, mode="reference").run(x)["logits"]
     core = ov.Core()
     openvino = core.compile_model(core.read_model(str(path)), "CPU")(x)[0]
-    assert _cos(ours, ref) > 0.999
+    assert cosine(ours, ref) > 0.999
     assert np.abs(ours - exact).max() <= 1e-5 * np.abs(exact).max()  # fused == reference
-    assert _cos(openvino, ours) > 0.9999
+    assert cosine(openvino, ours) > 0.9999
     if fmt == "qdq":
         onnxrt = ort.InferenceSession(q.SerializeToString(),
                                       providers=["CPUExecutionProvider"]).run(None, x)[0]
-        assert _cos(onnxrt, ours) > 0.9999
+        assert cosine(onnxrt, ours) > 0.9999
         n_q = sum(n.op_type == "QuantizeLinear" for n in q.graph.node)
     else:
         assert {n.op_type for n in q.graph.node if n.domain == "org.openvinotoolkit"} == {
@@ -146,7 +146,7 @@ def test_options_per_tensor_s8_symmetric(resnet) -> None:
     x = zoo.sample_inputs(fm, 1, seed=5)[0]
     ref = ort.InferenceSession(fm.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, x)[0]
-    assert _cos(qfuse.compile_model(q).run(x)["logits"], ref) > 0.995
+    assert cosine(qfuse.compile_model(q).run(x)["logits"], ref) > 0.995
 
 
 def test_calibration_data_forms(resnet, tmp_path) -> None:
@@ -182,3 +182,10 @@ def test_cli_quantize_with_report(resnet, tmp_path, capsys) -> None:
     sqnr = [float(line.split()[2]) for line in rows]
     assert len(rows) >= 10 and sqnr == sorted(sqnr)
     onnx.checker.check_model(onnx.load(str(tmp_path / "q.onnx")))
+    code = cli_main(["quantize", str(tmp_path / "f.onnx"), str(tmp_path / "q2.onnx"),
+                     "--calibration", str(tmp_path / "c.npz"), "--method", "minmax",
+                     "--format", "fakequantize", "--report", "--json"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0 and payload["format"] == "fakequantize" and payload["quantizers"] > 0
+    assert [r["sqnr_db"] for r in payload["layers"]] == sorted(
+        r["sqnr_db"] for r in payload["layers"])

@@ -19,17 +19,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 import qfuse
 from qfuse.compiler.fusion_report import quantized_region
 from qfuse.compiler.quantize import quantize
 from qfuse.examples import zoo
+from qfuse.runtime.numerics.error import cosine
 
 COSINE_SLACK = 0.002
 
-
-def _cos(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
-    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
 def measure(model: onnx.ModelProto, float_model: onnx.ModelProto,
@@ -44,7 +42,7 @@ def measure(model: onnx.ModelProto, float_model: onnx.ModelProto,
     unmatched = [d for d in info["not_fused"]
                  if d["node"] in region and d["reason"] == "no pass matched"]
     out = compiled.outputs[0]
-    cos = [_cos(ref.run([out], x)[0], compiled.run(x)[out]) for x in inputs]
+    cos = [cosine(ref.run([out], x)[0], compiled.run(x)[out]) for x in inputs]
     kernels = [k["name"] for k in info["kernels"]]
     return {"kernels": len(kernels),
             "vnni_kernels": sum(not k.endswith(":lo") for k in kernels),
