@@ -188,11 +188,9 @@ def place(model: onnx.ModelProto, *, per_channel: bool = True,
         resolved[t] = t  # cycles cannot occur in a DAG; this guards re-entry
         p = g.producer.get(t)
         if p is not None and p.name not in exclude:
-            if _moves_data(g, p):
-                src = next((i for i in p.input if g.activation(i)), None)
-                if src is not None:
-                    resolved[t] = request(src)
-                    return resolved[t]
+            if _moves_data(g, p) and g.activation(p.input[0]):  # input 0: the data
+                resolved[t] = request(p.input[0])
+                return resolved[t]
             if p.op_type in POOLS:
                 request(p.input[0])
             elif p.op_type == "Concat":

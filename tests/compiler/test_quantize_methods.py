@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 from onnxruntime.quantization.quant_utils import compute_scale_zp
+
 from qfuse.compiler.quantize.histogram import Histogram
 from qfuse.compiler.quantize.methods import (
     _candidates_all,
@@ -70,7 +71,7 @@ def test_l2_search_finds_the_brute_force_minimum(seed: int) -> None:
     rng = np.random.default_rng(seed)
     h = _random_counts(rng, 16)
     best = min((l2_numeric(h, s, w, 4, 200), s, w)
-               for w in range(1, 17) for s in range(0, 17 - w))
+               for w in range(1, 17) for s in range(17 - w))
     s, w = _search(_hist(h, -1.0, 3.0), l2_error, 2, symmetric=False)
     assert l2_numeric(h, s, w, 4, 200) <= best[0] * (1 + 1e-6) + 1e-9
 
@@ -140,7 +141,7 @@ def test_kl_divergence_matches_the_loops(seed: int, dst: int) -> None:
 
 def test_kl_search_returns_the_loops_minimum() -> None:
     h = _random_counts(np.random.default_rng(7), 24)
-    best = min((kl_loops(h, s, w, 8), s, w) for w in range(1, 25) for s in range(0, 25 - w))
+    best = min((kl_loops(h, s, w, 8), s, w) for w in range(1, 25) for s in range(25 - w))
     assert _search(_hist(h, -1.0, 5.0), kl_divergence, 3, symmetric=False) == best[1:]
 
 

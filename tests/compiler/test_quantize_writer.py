@@ -189,3 +189,21 @@ def test_cli_quantize_with_report(resnet, tmp_path, capsys) -> None:
     assert code == 0 and payload["format"] == "fakequantize" and payload["quantizers"] > 0
     assert [r["sqnr_db"] for r in payload["layers"]] == sorted(
         r["sqnr_db"] for r in payload["layers"])
+
+
+def test_older_opset_and_symbolic_batch() -> None:
+    """Opset 11 is converted to 13 (per-axis DequantizeLinear); a symbolic batch axis is fed
+    the calibration samples 16 at a time."""
+    fm = zoo.float_model("resnet", opset=11)
+    q = quantize(fm, zoo.sample_inputs(fm, 2, seed=0), method="minmax")
+    assert next(o.version for o in q.opset_import if o.domain == "") == 13
+    assert len(qfuse.compile_model(q).inspect()["kernels"]) > 0
+    fm = zoo.float_model("vgg")
+    for vi in (fm.graph.input[0], fm.graph.output[0]):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"
+    x = np.concatenate([d["input"] for d in zoo.sample_inputs(fm, 20, seed=0)])
+    q = quantize(fm, {"input": x}, method="minmax")
+    compiled = qfuse.compile_model(q, input_shapes={"input": (1, 3, 32, 32)})
+    ref = ort.InferenceSession(fm.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert cosine(compiled.run({"input": x[:1]})["logits"], ref.run(None, {"input": x[:1]})[0]) \
+        > 0.999
