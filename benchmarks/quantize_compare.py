@@ -35,6 +35,7 @@ def quantize_static(fm: onnx.ModelProto, calib: list[dict[str, np.ndarray]],
     from onnxruntime.quantization import (
         quantize_static as ort_quantize,
     )
+
     from qfuse.examples.zoo.quantize import ListDataReader, pre_process
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -49,9 +50,10 @@ def quantize_static(fm: onnx.ModelProto, calib: list[dict[str, np.ndarray]],
 
 
 def main(argv: list[str] | None = None) -> int:
+    from test_quantize_zoo import measure
+
     from qfuse.compiler.quantize import quantize
     from qfuse.examples import zoo
-    from test_quantize_zoo import measure
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--models", default=",".join(zoo.SMALL_ARCHITECTURES))

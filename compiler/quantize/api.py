@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+
 from qfuse.compiler.quantize import data as calib
 from qfuse.compiler.quantize.collect import collect, graph_inputs
 from qfuse.compiler.quantize.histogram import DEFAULT_BINS

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+
 from qfuse.compiler.quantize import data as calib
 from qfuse.compiler.quantize.histogram import DEFAULT_BINS, Histogram
 

@@ -40,6 +40,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
+
 from qfuse.compiler.quantize.histogram import Histogram
 
 METHODS = ("minmax", "percentile", "l2", "kl")

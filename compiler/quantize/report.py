@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+
 from qfuse.compiler.quantize.collect import feeds, session
 
 
