@@ -18,6 +18,7 @@ import sys
 
 import numpy as np
 
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -75,7 +76,7 @@ def main() -> int:
     expected = ref.epilogue(acc, np.uint8, src_scale=s_src, wei_scales=s_wei, bias=bias,
                             post_ops=post_ops.records, dst_prev=residual, dst_scale=s_dst,
                             dst_zp=zp_dst)
-    max_lsb, identical = ref.lsb_diff(dst.read(), expected)
+    max_lsb, identical = step_diff(dst.read(), expected)
     print(f"oneDNN {version()}, cpu isa {effective_cpu_isa().name}")
     print(f"int8 convolution {src.shape} x {weights.shape} -> {expected.shape}, "
           f"post-ops {post_ops.names()}")

@@ -240,12 +240,6 @@ def epilogue(acc: np.ndarray, dst_dtype: np.dtype | type, *, channel_axis: int =
     return y.astype(dtype)
 
 
-def lsb_diff(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
-    """(max |a - b| in integer steps, share of identical elements)."""
-    d = np.abs(a.astype(np.int64) - b.astype(np.int64))
-    return int(d.max(initial=0)), float(np.mean(d == 0)) if d.size else 1.0
-
-
 def resampling_coordinate(size: int, out: int) -> np.ndarray:
     """The float32 source coordinate of each output index (module docstring)."""
     o = np.arange(out, dtype=F32)

@@ -28,7 +28,6 @@ from qfuse.passes.base import PassContext
 from qfuse.passes.composer import compose
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import effective_cpu_isa
-from qfuse.runtime.onednn import reference as onednn_ref
 from qfuse.runtime.reference import IMPLS
 from qfuse.runtime.reference.chain import apply_composed
 from qfuse.runtime.reference.fused import accumulate, evaluate_fused
@@ -161,11 +160,6 @@ def exact_expected(graph: Graph, node: Node, inputs: list[np.ndarray]) -> np.nda
 def random_int(rng: np.random.Generator, shape: Sequence[int], dtype: DType) -> np.ndarray:
     lo, hi = dtype.range
     return rng.integers(lo, hi + 1, tuple(shape)).astype(dtype.np)
-
-
-def lsb(a: np.ndarray, b: np.ndarray) -> tuple[int, float]:
-    """(max |a - b| in integer steps, share of identical elements)."""
-    return onednn_ref.lsb_diff(a, b)
 
 
 S8, U8 = DType.S8, DType.U8

@@ -13,6 +13,7 @@ from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.chain import Act, Activation, PRelu, Scale, Shift
 from qfuse.ir.ops import ConvTransposeAttrs
 from qfuse.runtime.executor import Executor
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import evaluate_fused
 from tests.compiler.lower_helpers import (
@@ -21,7 +22,6 @@ from tests.compiler.lower_helpers import (
     add_int8_conv,
     exact_expected,
     int_input,
-    lsb,
     matmul_graph,
     quantize_item,
     random_int,
@@ -70,7 +70,7 @@ def _check(graph: Graph, feeds: dict[str, np.ndarray], node_name: str) -> None:
         np.testing.assert_allclose(got, reference, rtol=1e-5, atol=1e-5)
     else:
         np.testing.assert_array_equal(got, expected)  # oneDNN's model, bit for bit
-        worst, same = lsb(got, reference)
+        worst, same = step_diff(got, reference)
         assert worst <= 1 and same >= 0.999, (worst, same)
     for kernel in plan.kernels:
         if kernel.kind in ("convolution", "deconvolution", "matmul"):
@@ -199,7 +199,7 @@ def test_unfused_mode_matches_reference() -> None:
     """Unfused: the int8 primitive then one primitive per basic op; ≤ 1 LSB of the chain."""
     graph, feeds = _residual_graph(True)
     out, plan = run_plan(graph, feeds, mode="unfused")
-    worst, same = lsb(out[graph.outputs[0]], ref_eval(graph, feeds)[graph.outputs[0]])
+    worst, same = step_diff(out[graph.outputs[0]], ref_eval(graph, feeds)[graph.outputs[0]])
     assert worst <= 1 and same >= 0.999
     kinds = [k.kind for k in plan.kernels]
     convs = 4 if SPLITS_INT8 else 2  # no VNNI: each split in two (no_vnni.py)

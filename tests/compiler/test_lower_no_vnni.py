@@ -31,6 +31,7 @@ from qfuse.examples import zoo
 from qfuse.ir import DType, Graph
 from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.runtime.executor import Executor
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference.fused import accumulate
 from tests.compiler.lower_helpers import (
@@ -40,7 +41,6 @@ from tests.compiler.lower_helpers import (
     exact_expected,
     int_input,
     lower_built,
-    lsb,
     matmul_graph,
     quantize_item,
     random_int,
@@ -113,8 +113,8 @@ def _agreement(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused",
         model_lsb, model_same = int(not np.array_equal(out, model)), 1.0
         chain_lsb, chain_same = int(not close), 1.0
     else:
-        model_lsb, model_same = lsb(out, model)
-        chain_lsb, chain_same = lsb(out, chain)
+        model_lsb, model_same = step_diff(out, model)
+        chain_lsb, chain_same = step_diff(out, chain)
     for kernel in plan.kernels:
         if kernel.kind in ("convolution", "deconvolution", "matmul"):
             assert not kernel.impl.startswith("ref"), kernel.impl
@@ -221,7 +221,7 @@ def test_residual_sum_and_post_op_order() -> None:
     out, plan = run_plan(g, feeds)
     values = Executor(plan).run_all(feeds)
     inputs = [values.get(v, g.constant(v)) for v in node.inputs]
-    assert lsb(out[g.outputs[0]], exact_expected(g, node, inputs))[0] == 0
+    assert step_diff(out[g.outputs[0]], exact_expected(g, node, inputs))[0] == 0
     kernel = next(k for k in plan.inspect()["kernels"] if k["name"] == "conv")
     assert kernel["post_ops"][:3] == ["binary_add", "binary_mul", "binary_add"]
     assert "sum" in kernel["post_ops"] and plan.notes["in_place_sums"] == 1

@@ -7,8 +7,9 @@ import pytest
 
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr, reorder
-from tests.compiler.lower_helpers import lsb, random_int, ref_eval, run_plan
+from tests.compiler.lower_helpers import random_int, ref_eval, run_plan
 
 F32 = np.float32
 U8, S8 = DType.U8, DType.S8
@@ -41,7 +42,7 @@ def test_quantize_only_fake_quantize(dtype: DType, zp: int) -> None:
     x = (np.random.default_rng(0).standard_normal((2, 8, 7, 7)) * 4).astype(F32)
     out, plan = run_plan(g, {"x": x})
     assert [k.kind for k in plan.kernels] == ["reorder"]
-    worst, same = lsb(out["q"], ref_eval(g, {"x": x})["q"])
+    worst, same = step_diff(out["q"], ref_eval(g, {"x": x})["q"])
     assert worst <= 1 and same >= 0.999
     saturated = np.clip(np.rint(x * (F32(1) / F32(0.037)) + F32(zp)), *dtype.range)
     np.testing.assert_array_equal(out["q"], saturated.astype(dtype.np))
@@ -96,7 +97,7 @@ def test_requantize_pair_is_one_reorder() -> None:
     info = plan.inspect()["kernels"][0]
     assert (info["src_dtype"], info["dst_dtype"]) == ("u8", "s8")
     assert "dq_f" in info["absorbed"] and "fq_r" in info["absorbed"]
-    worst, same = lsb(out["r"], ref_eval(g, {"q": q})["r"])
+    worst, same = step_diff(out["r"], ref_eval(g, {"q": q})["r"])
     assert worst <= 1 and same >= 0.999
 
 
@@ -110,7 +111,7 @@ def test_quantize_linear_matches_onnx_within_one_step() -> None:
     g.outputs.append("y")
     x = np.random.default_rng(4).uniform(-1, 4, (4, 100)).astype(F32)
     out, _ = run_plan(g, {"x": x})
-    worst, same = lsb(out["y"], ref_eval(g, {"x": x})["y"])
+    worst, same = step_diff(out["y"], ref_eval(g, {"x": x})["y"])
     assert worst <= 1 and same >= 0.999
 
 

@@ -2,7 +2,7 @@
 (as move_dequantize leaves them), quantize-only FakeQuantize, DequantizeLinear, and a
 reference run that evaluates fused nodes with runtime/reference/fused.py.
 
-LSB comparison: integer outputs are compared as integers (``lsb_stats``: share of identical
+LSB comparison: integer outputs are compared as integers (``step_diff``: share of identical
 elements and the largest difference in quantization steps).
 """
 
@@ -19,10 +19,9 @@ from qfuse.runtime.reference import evaluate
 from tests.passes.quant_helpers import add, const
 from tests.passes.quant_helpers import apply as run
 from tests.passes.quant_helpers import feeds as feeds_for
-from tests.passes.quant_helpers import int_lsb as lsb_stats
 from tests.passes.quant_helpers import quantize_only as fq
 
-__all__ = ["add", "const", "feeds_for", "fq", "lsb_stats", "run"]
+__all__ = ["add", "const", "feeds_for", "fq", "run"]
 
 F32 = np.float32
 RNG = np.random.default_rng(7)

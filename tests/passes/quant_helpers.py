@@ -123,20 +123,6 @@ def reference(graph: Graph, inputs: dict[str, np.ndarray],
     return evaluate(graph, inputs, keep=keep)
 
 
-def lsb(a: np.ndarray, b: np.ndarray, scale: float) -> tuple[float, int]:
-    """(share of identical quantization levels, largest distance in levels) of two tensors
-    of dequantized values with step ``scale``."""
-    steps = np.rint(np.abs(a.astype(np.float64) - b.astype(np.float64)) / scale)
-    return float(np.mean(steps == 0)), int(steps.max(initial=0))
-
-
-def int_lsb(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
-    """(share of identical elements, largest |a - b|) of two integer tensors."""
-    assert a.shape == b.shape and a.dtype == b.dtype
-    diff = np.abs(a.astype(np.int64) - b.astype(np.int64))
-    return float(np.mean(diff == 0)), int(diff.max(initial=0))
-
-
 def ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Float32 steps between a and b (0 = same bits; +0 and -0 are 0 apart)."""
     def line(x: np.ndarray) -> np.ndarray:

@@ -20,7 +20,6 @@ from quant_helpers import (
     apply,
     fake_quantize,
     finish,
-    lsb,
     new_graph,
     ops,
     qdq,
@@ -31,6 +30,7 @@ from quant_helpers import (
 import qfuse.passes.decompose_fake_quantize as D
 import qfuse.passes.qdq_to_fake_quantize as P
 from qfuse.ir import DType, Op
+from qfuse.runtime.numerics import step_diff
 
 
 def _decomposed(g):
@@ -47,7 +47,7 @@ def _check_numerics(before, after, step: float, seed: int = 0, spread: float = 3
     shape = before.info("x").shape
     x = (rng.standard_normal(shape) * spread).astype(F32)
     b, a = reference(before, {"x": x})["y"], reference(after, {"x": x})["y"]
-    same, most = lsb(a, b, step)
+    most, same = step_diff(a, b, step)
     assert same == 1.0 and most == 0
     assert float(np.max(np.abs(a - b))) <= 1e-4 * step
 
@@ -184,5 +184,5 @@ def test_roundtrip_through_both_passes(scale, zp, signed, seed):
     rng = np.random.default_rng(seed)
     x = (rng.uniform(lo - zp - 2, hi - zp + 2, (1, 64)) * F32(scale)).astype(F32)
     b, a = reference(before, {"x": x})["y"], reference(g, {"x": x})["y"]
-    same, _ = lsb(a, b, float(F32(scale)))
+    same = step_diff(a, b, float(F32(scale))).identical
     assert same == 1.0 and float(np.max(np.abs(a - b))) <= 1e-4 * float(F32(scale))

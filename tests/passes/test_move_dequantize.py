@@ -23,7 +23,6 @@ from quant_helpers import (
     feeds,
     finish,
     int_input,
-    lsb,
     new_graph,
     ops,
     qdq,
@@ -39,6 +38,7 @@ from qfuse.examples.zoo.quantize import quantize
 from qfuse.ir import DType, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Scale, Shift
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.reference import IMPLS
 
 RNG = np.random.default_rng(5)
@@ -67,7 +67,7 @@ def _numerics(before, after) -> None:
     shares = []
     for seed in range(4):
         f = feeds(before, seed)
-        share, most = lsb(reference(after, f)["y"], reference(before, f)["y"], S_OUT)
+        most, share = step_diff(reference(after, f)["y"], reference(before, f)["y"], S_OUT)
         assert most <= 1
         shares.append(share)
     assert float(np.mean(shares)) >= 0.999
@@ -256,5 +256,5 @@ def test_grouped_conv_transpose_as_onnxruntime_quantizes_it():
     assert deconv.fused.chain[0] == Scale.of(F32(sx) * np.tile(sw, 2))
     s_out = float(original.constant(original.producer("y").inputs[1]))
     for f in calib:
-        share, most = lsb(reference(g, f)["y"], reference(original, f)["y"], s_out)
+        most, share = step_diff(reference(g, f)["y"], reference(original, f)["y"], s_out)
         assert most <= 1 and share >= 0.999

@@ -22,7 +22,6 @@ from quant_helpers import (
     apply,
     dequantize,
     finish,
-    lsb,
     new_graph,
     ops,
     qdq,
@@ -35,6 +34,7 @@ from quant_helpers import (
 import qfuse.passes.qdq_to_fake_quantize as P
 from qfuse.ir import DType, Op
 from qfuse.ir.ops import ConvAttrs
+from qfuse.runtime.numerics import step_diff
 
 
 def _fq_ranges(graph, node):
@@ -138,7 +138,7 @@ def test_numerics_off_ties_same_level():
         before, after = _pair(scale, zp, dtype, 4096)
         x = (rng.uniform(lo - zp - 3, hi - zp + 3, (1, 4096)) * scale).astype(F32)
         b, a = reference(before, {"x": x})["y"], reference(after, {"x": x})["y"]
-        same, most = lsb(a, b, scale)
+        most, same = step_diff(a, b, scale)
         assert most <= 1 and same >= 0.999
         eq = np.rint(np.abs(a - b) / scale) == 0
         worst = max(worst, float((np.abs(a[eq] - b[eq]) / scale).max()))
@@ -152,7 +152,7 @@ def test_exact_ties_follow_parity_of_the_level_index(zp):
     m = np.arange(-zp, 255 - zp, dtype=F32)
     x = ((m + F32(0.5)) * F32(scale)).reshape(1, -1)
     b, a = reference(before, {"x": x})["y"], reference(after, {"x": x})["y"]
-    same, most = lsb(a, b, scale)
+    most, same = step_diff(a, b, scale)
     assert most <= 1
     assert same == (1.0 if zp % 2 == 0 else 0.0)
 

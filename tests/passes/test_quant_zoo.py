@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from quant_helpers import forced, lsb, reference
+from quant_helpers import forced, reference
 
 from qfuse.compiler.onnx_import import import_model
 from qfuse.compiler.pipeline import run_pipeline
 from qfuse.examples.zoo import SMALL_ARCHITECTURES, float_model, quantized_model, sample_inputs
 from qfuse.ir import Graph, Op
 from qfuse.passes.base import PassResult
+from qfuse.runtime.numerics import step_diff
 
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)
 EXPECTED_FLOAT: dict[str, set[str]] = {}  # model -> compute nodes allowed to stay float
@@ -99,5 +100,5 @@ def test_end_to_end(compiled):
         for name in original.outputs:
             dq = original.producer(name)
             assert dq.op is Op.DEQUANTIZE_LINEAR
-            _, most = lsb(after[name], before[name], float(original.constant(dq.inputs[1])))
+            most = step_diff(after[name], before[name], float(original.constant(dq.inputs[1]))).max_steps
             assert most <= END_TO_END_MAX_LSB, name

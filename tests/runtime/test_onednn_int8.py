@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
+from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -253,7 +254,7 @@ def run_conv(case: ConvCase, seed: int = 0) -> Outcome:
 def test_conv_bit_exact(case: ConvCase) -> None:
     out = run_conv(case)
     assert any(mark in out.impl for mark in IMPL_MARKS), out.impl
-    max_lsb, identical = ref.lsb_diff(out.got, out.expected)
+    max_lsb, identical = step_diff(out.got, out.expected)
     assert max_lsb == 0, f"{case.name} on {out.impl}: max {max_lsb} LSB, {identical:.4%} same"
     if EXACT_DOT_PRODUCTS:
         assert np.array_equal(out.expected, out.exact)
@@ -302,7 +303,7 @@ def test_conv_rounding_ties() -> None:
     full = acc[None, :].astype(F32)
     model = ref.epilogue(full, np.uint8, channel_axis=0, src_scale=s_src, wei_scales=s_wei,
                          bias=bias, dst_scale=s_dst, dst_zp=zp_dst)
-    assert ref.lsb_diff(got, model)[0] == 0
+    assert step_diff(got, model)[0] == 0
     x = (full * comb[:, None]).astype(F32) + bias[:, None]
     y = (x * (F32(1) / s_dst)).astype(F32)
     notes_form = np.clip(np.rint(y) + zp_dst, 0, 255)
@@ -320,9 +321,9 @@ def test_avx2_differs_from_exact_sum() -> None:
     full = run_conv(ConvCase("u8_full", post_ops=()))
     small = run_conv(ConvCase("u8_small", post_ops=(), limit=127))
     s8_small = run_conv(ConvCase("s8_small", post_ops=(), src_dt=DataType.s8, limit=20))
-    assert ref.lsb_diff(full.got, full.exact)[0] > 0
-    assert ref.lsb_diff(small.got, small.exact)[0] == 0
-    assert ref.lsb_diff(s8_small.got, s8_small.exact)[0] > 0
+    assert step_diff(full.got, full.exact)[0] > 0
+    assert step_diff(small.got, small.exact)[0] == 0
+    assert step_diff(s8_small.got, s8_small.exact)[0] > 0
 
 
 @dataclass(frozen=True)
@@ -438,7 +439,7 @@ def test_gemm_bit_exact(case: GemmCase) -> None:
     if EXACT_DOT_PRODUCTS:
         assert out.impl.startswith("ref") == bool(case.native_ref), out.impl
         assert np.array_equal(out.expected, out.exact)
-    max_lsb, identical = ref.lsb_diff(out.got, out.expected)
+    max_lsb, identical = step_diff(out.got, out.expected)
     assert max_lsb == 0, f"{case.name} on {out.impl}: max {max_lsb} LSB, {identical:.4%} same"
 
 
