@@ -4,25 +4,21 @@
                                           [--calib 8] [--held-out 16] [--json OUT]
 
 Every tool gets the same calibration inputs (zoo.sample_inputs, seed 0) and is measured on
-held-out inputs (seed 99): kernels of the fused qfuse plan (all, and without the low halves
-that compiler/lower/no_vnni.py adds on CPUs without VNNI), "no pass matched" nodes in the
-quantized region, min / mean cosine of qfuse fused against the float model in ONNX Runtime,
-and the tool's own time. quantize_static runs as examples/zoo/quantize.py calls it.
+held-out inputs (seed 99) with compiler/quantize/evaluate.measure (kernels, kernels a VNNI CPU
+runs, "no pass matched" nodes in the quantized region, min / mean cosine of qfuse fused against
+the float model in ONNX Runtime), plus the tool's own time. quantize_static runs as examples/zoo/quantize.py calls it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import onnx
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "compiler"))
 
 
 def quantize_static(fm: onnx.ModelProto, calib: list[dict[str, np.ndarray]],
@@ -50,9 +46,9 @@ def quantize_static(fm: onnx.ModelProto, calib: list[dict[str, np.ndarray]],
 
 
 def main(argv: list[str] | None = None) -> int:
-    from test_quantize_zoo import measure
 
     from qfuse.compiler.quantize import quantize
+    from qfuse.compiler.quantize.evaluate import measure
     from qfuse.examples import zoo
 
     p = argparse.ArgumentParser(description=__doc__)
