@@ -25,7 +25,7 @@ from qfuse.compiler.quantize.collect import collect, graph_inputs
 from qfuse.compiler.quantize.histogram import DEFAULT_BINS
 from qfuse.compiler.quantize.methods import METHODS, choose_qparams, select_range
 from qfuse.compiler.quantize.placement import place
-from qfuse.compiler.quantize.prepare import fold_batchnorm
+from qfuse.compiler.quantize.prepare import constants_to_initializers, fold_batchnorm
 from qfuse.compiler.quantize.writer import ActParams, ensure_opset, write
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def run(
         raise ValueError(f"activations must be u8 or s8, got {activations!r}")
     if format not in ("qdq", "fakequantize"):
         raise ValueError(f"format must be qdq or fakequantize, got {format!r}")
-    float_model = fold_batchnorm(ensure_opset(load_model(model)))
+    float_model = fold_batchnorm(constants_to_initializers(ensure_opset(load_model(model))))
     names = {n.name for n in float_model.graph.node}
     unknown = sorted(set(exclude) - names)
     if unknown:

@@ -1,4 +1,10 @@
-"""Float-model preparation before placement: fold BatchNormalization into the conv before it.
+"""Float-model preparation before placement: constants as initializers, BatchNorm folded.
+
+Exporters such as paddle2onnx write weights as ``Constant`` nodes; ``constants_to_initializers``
+moves every Constant of the default domain (``value`` or ``value_float(s)`` / ``value_int(s)``)
+into the initializers, so weights, biases and BN parameters are found as initializers.
+
+BatchNormalization is folded into the conv before it.
 
 The compiler folds BN only into float weights (passes/fold_batchnorm.py: quantized weights are
 not rescaled), so the quantizer folds first and quantizes the folded weights — the order ONNX
@@ -18,6 +24,30 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+
+def constants_to_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    moved = []
+    for node in g.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.attribute:
+            continue
+        attr = node.attribute[0]
+        if attr.name == "value":
+            value = numpy_helper.to_array(attr.t)
+        elif attr.name in ("value_float", "value_floats"):
+            value = np.asarray(onnx.helper.get_attribute_value(attr), np.float32)
+        elif attr.name in ("value_int", "value_ints"):
+            value = np.asarray(onnx.helper.get_attribute_value(attr), np.int64)
+        else:  # sparse tensors, strings: left as they are
+            continue
+        g.initializer.append(numpy_helper.from_array(value, node.output[0]))
+        moved.append(node)
+    for node in moved:
+        g.node.remove(node)
+    return out
 
 
 def fold_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -74,4 +104,4 @@ def fold_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-__all__ = ["fold_batchnorm"]
+__all__ = ["constants_to_initializers", "fold_batchnorm"]

@@ -207,3 +207,21 @@ def test_older_opset_and_symbolic_batch() -> None:
     ref = ort.InferenceSession(fm.SerializeToString(), providers=["CPUExecutionProvider"])
     assert cosine(compiled.run({"input": x[:1]})["logits"], ref.run(None, {"input": x[:1]})[0]) \
         > 0.999
+
+
+def test_weights_in_constant_nodes_are_quantized(resnet) -> None:
+    """paddle2onnx writes weights and BN parameters as Constant nodes: they are found too."""
+    fm, calib = resnet
+    as_constants = onnx.ModelProto()
+    as_constants.CopyFrom(fm)
+    g = as_constants.graph
+    nodes = [onnx.helper.make_node("Constant", [], [t.name], value=t) for t in g.initializer]
+    del g.initializer[:]
+    kept = list(g.node)
+    del g.node[:]
+    g.node.extend(nodes + kept)
+    a, b = (quantize(m, calib, method="minmax") for m in (fm, as_constants))
+    int8 = [sorted(t.name for t in m.graph.initializer if t.data_type == onnx.TensorProto.INT8
+                   and t.dims) for m in (a, b)]
+    assert int8[0] and int8[0] == int8[1]
+    assert not any(n.op_type == "BatchNormalization" for n in b.graph.node)
