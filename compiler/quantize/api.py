@@ -1,13 +1,16 @@
 """``qfuse.quantize``: float ONNX model + calibration data → int8 model placed for the compiler.
 
     import qfuse
-    q = qfuse.quantize("model.onnx", "calib.npz", "model.int8.onnx", method="l2")
+    q = qfuse.quantize("model.onnx", "calib.npz", "model.int8.onnx", method="percentile")
 
 Steps: placement.py decides which tensors get a quantizer (and which share a scale);
 collect.py runs the float model once over the calibration batches and fills one histogram per
 scale group; methods.py turns each histogram into a range and (scale, zero point); writer.py
-writes QDQ or FakeQuantize. Activations: u8 asymmetric by default (``activations="s8"``,
-``symmetric=True`` for the others); weights: s8 symmetric per output channel.
+writes QDQ or FakeQuantize. The default method, percentile (99.99 % of the values kept), was the
+most accurate of the four on the trained models measured (YOLOv8n, PP-LCNet) and within 0.002
+of the best on the example zoo (README). Activations: u8 asymmetric by default
+(``activations="s8"``, ``symmetric=True`` for the others); weights: s8 symmetric per output
+channel.
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ def quantize(
     calibration: calib.CalibrationData,
     output: str | os.PathLike | None = None,
     *,
-    method: str = "l2",
+    method: str = "percentile",
     per_channel: bool = True,
     activations: str = "u8",
     symmetric: bool = False,
@@ -84,7 +87,7 @@ def run(
     calibration: calib.CalibrationData,
     output: str | os.PathLike | None = None,
     *,
-    method: str = "l2",
+    method: str = "percentile",
     per_channel: bool = True,
     activations: str = "u8",
     symmetric: bool = False,

@@ -21,9 +21,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--calibration", required=True, type=Path,
                    help=".npz keyed by input name (batched on the first axis) or a folder "
                         "of .npz / .npy files")
-    p.add_argument("--method", default="l2", choices=METHODS,
-                   help="activation range: minmax, percentile, l2 (DNNLOWP's L2 error "
-                        "minimisation, default) or kl")
+    p.add_argument("--method", default="percentile", choices=METHODS,
+                   help="activation range: minmax, percentile (default), l2 (DNNLOWP's L2 "
+                        "error minimisation) or kl")
     p.add_argument("--percentile", type=float, default=99.99,
                    help="with --method percentile: percent of values kept (default 99.99)")
     group = p.add_mutually_exclusive_group()
@@ -31,10 +31,13 @@ def add_parser(sub: Any) -> None:
                        help="weights per output channel (default)")
     group.add_argument("--per-tensor", dest="per_channel", action="store_false",
                        help="one weight scale per tensor")
-    p.add_argument("--activations", default="u8", choices=["u8", "s8"])
+    p.add_argument("--activations", default="u8", choices=["u8", "s8"],
+                   help="activation type (default u8; weights are always s8)")
     p.add_argument("--symmetric", action="store_true",
                    help="symmetric activations (s8: zero point 0; u8: 128 around 0)")
-    p.add_argument("--format", default="qdq", choices=["qdq", "fakequantize"])
+    p.add_argument("--format", default="qdq", choices=["qdq", "fakequantize"],
+                   help="QuantizeLinear/DequantizeLinear pairs (default) or OpenVINO "
+                        "FakeQuantize")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE",
                    help="node names to leave in float")
     p.add_argument("--report", action="store_true",
