@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/run_all.py                  # 2 threads, batch 1, about a minute
     .venv/bin/python benchmarks/run_all.py --json all.json --profile
+    .venv/bin/python benchmarks/run_all.py --real           # the real-model zoo (examples/realzoo)
 
 Builds (or reads from the zoo cache) the quantized QDQ version of every small zoo model and of
 resnet50, runs `qfuse bench`'s method on each (compiler/bench.py: same inputs, same threads,
@@ -10,6 +11,11 @@ table: fused median latency and every other engine's latency as a multiple of fu
 slower than fused), the lowest cosine similarity of any engine's outputs to fused's, and the
 fused compile time, and `busy`: the share of CPU time other processes took while that model was
 timed (a shared machine: rerun when it is not ~0). `--profile` adds the per-kernel profile of resnet50's fused plan.
+
+`--real` benchmarks the real-model zoo instead: every model of examples/realzoo quantized by
+quantize_static (QDQ) and by NNCF (`--quantizers` to choose), against unfused, ONNX Runtime and
+OpenVINO with its default precision and with INFERENCE_PRECISION_HINT f32, the inputs being the
+zoo's held-out pictures.
 """
 
 from __future__ import annotations
@@ -28,14 +34,16 @@ from qfuse.compiler.bench import BenchConfig, BenchResult, run_bench
 from qfuse.examples import zoo
 
 OTHERS = ["unfused", "fp32", "onnxruntime", "openvino"]
-SHORT = {"unfused": "unfused/f", "fp32": "fp32/f", "onnxruntime": "ort/f", "openvino": "ov/f"}
+REAL_OTHERS = ["unfused", "onnxruntime", "openvino", "openvino-f32"]
+SHORT = {"unfused": "unfused/f", "fp32": "fp32/f", "onnxruntime": "ort/f", "openvino": "ov/f",
+         "openvino-f32": "ovf32/f"}
 
 
-def _row(name: str, result: BenchResult) -> dict[str, Any]:
+def _row(name: str, result: BenchResult, others: list[str] = OTHERS) -> dict[str, Any]:
     fused = result.engines["fused"]
     row: dict[str, Any] = {"model": name, "fused_ms": fused.median_ms,
                            "compile_s": fused.compile_s}
-    for other in OTHERS:
+    for other in others:
         stats = result.engines.get(other)
         row[other] = stats.ratio if stats else None
     cosines = {n: s.cosine for n, s in result.engines.items()
@@ -56,21 +64,24 @@ def _percent(share: float | None) -> str:
     return "-" if share is None else f"{100 * share:.0f}%"
 
 
-def format_rows(rows: list[dict[str, Any]], threads: int, batch: int) -> str:
+def format_rows(rows: list[dict[str, Any]], threads: int, batch: int,
+                others: list[str] = OTHERS) -> str:
+    width = max([12, *(len(r["model"]) for r in rows)])
     lines = [(f"qfuse benchmark: {threads} threads, batch {batch}; ratios are engine latency"
               " / qfuse fused latency (median; > 1: slower than fused)"),
-             f"{'model':<12} {'fused ms':>9} " + " ".join(f"{SHORT[o]:>9}" for o in OTHERS)
+             f"{'model':<{width}} {'fused ms':>9} " + " ".join(f"{SHORT[o]:>9}" for o in others)
              + f" {'compile s':>9} {'min cos':>8} {'ov int8':>8} {'busy':>5}"]
     for row in rows:
-        lines.append(f"{row['model']:<12} {row['fused_ms']:>9.3f} "
-                     + " ".join(f"{_fmt(row[o], '.2f'):>9}" for o in OTHERS)
+        lines.append(f"{row['model']:<{width}} {row['fused_ms']:>9.3f} "
+                     + " ".join(f"{_fmt(row[o], '.2f'):>9}" for o in others)
                      + f" {row['compile_s']:>9.2f} {_fmt(row['min_cosine'], '.5f'):>8}"
                      + f" {row['openvino_int8'] or '-':>8} {_percent(row['others_cpu']):>5}")
     means = []
-    for other in OTHERS:
+    for other in others:
         values = [r[other] for r in rows if r[other]]
         means.append(math.exp(sum(map(math.log, values)) / len(values)) if values else None)
-    lines.append(f"{'geomean':<12} {'':>9} " + " ".join(f"{_fmt(m, '.2f'):>9}" for m in means))
+    lines.append(f"{'geomean':<{width}} {'':>9} "
+                 + " ".join(f"{_fmt(m, '.2f'):>9}" for m in means))
     return "\n".join(lines)
 
 
@@ -83,7 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every number (per model, per engine)")
     parser.add_argument("--profile", action="store_true",
                         help="also print the per-kernel profile of resnet50's fused plan")
+    parser.add_argument("--real", action="store_true",
+                        help="benchmark the real-model zoo (examples/realzoo) instead")
+    parser.add_argument("--quantizers", default="qdq,nncf",
+                        help="with --real: which quantized versions (qdq, qoperator, nncf)")
     args = parser.parse_args(argv)
+    if args.real:
+        return _main_real(args)
     start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     results: dict[str, Any] = {}
@@ -108,6 +125,43 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(format_profile(results["resnet50"]["profile"]))
     print(f"(total {time.perf_counter() - start:.0f} s)")
+    if args.json:
+        args.json.write_text(json.dumps({"threads": args.threads, "batch": args.batch,
+                                         "rows": rows, "results": results}, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _main_real(args: argparse.Namespace) -> int:
+    from qfuse.examples import realzoo
+
+    start = time.perf_counter()
+    rows: list[dict[str, Any]] = []
+    results: dict[str, Any] = {}
+    quantizers = [q.strip() for q in args.quantizers.split(",") if q.strip()]
+    for entry in realzoo.models():
+        for quantizer in quantizers:
+            name = f"{entry.name}.{quantizer}"
+            path = entry.quantized.get(quantizer)
+            if path is None:
+                print(f"{name}: not built ({entry.errors.get(quantizer, 'unknown')})",
+                      file=sys.stderr)
+                continue
+            print(f"{name}: benchmarking ...", file=sys.stderr, flush=True)
+            config = BenchConfig(path, REAL_OTHERS, args.threads, args.iters, args.batch,
+                                 progress=True, inputs=entry.evaluation[0])
+            try:
+                result = run_bench(config)
+            except Exception as exc:  # noqa: BLE001 - a model qfuse cannot run yet: say so
+                print(f"  {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+                continue
+            rows.append(_row(name, result, REAL_OTHERS))
+            for engine, reason in result.skipped.items():
+                print(f"  {name}: skipped {engine}: {reason}", file=sys.stderr)
+            results[name] = result.to_json()
+    print(format_rows(rows, args.threads, args.batch, REAL_OTHERS))
+    print(f"(inputs: each model's first held-out zoo picture; total "
+          f"{time.perf_counter() - start:.0f} s)")
     if args.json:
         args.json.write_text(json.dumps({"threads": args.threads, "batch": args.batch,
                                          "rows": rows, "results": results}, indent=1) + "\n")

@@ -68,6 +68,7 @@ class BenchConfig:
     settle: int = 1
     settle_ms: float = 20.0
     progress: bool = False
+    inputs: dict[str, np.ndarray] | None = None  # None: random of the model's shapes, seed 0
 
 
 @dataclass
@@ -321,7 +322,8 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
             log.warning("skipping %s: %s", name, exc)
             continue
         if name == BASELINE:  # the feeds dict is shared: fill it once, from the model
-            feeds.update(random_inputs(engine.compiled, seed=0))
+            feeds.update(config.inputs if config.inputs is not None
+                         else random_inputs(engine.compiled, seed=0))
         engines.append(engine)
     reference = engines[0].outputs()
     agree = {e.name: agreement(reference, e.outputs()) for e in engines}

@@ -37,7 +37,7 @@ from qfuse.ir.mode import Mode
 log = logging.getLogger(__name__)
 
 QFUSE_MODES = tuple(m.value for m in Mode)
-EXTERNAL = ("onnxruntime", "openvino")
+EXTERNAL = ("onnxruntime", "openvino", "openvino-f32")
 ENGINES = QFUSE_MODES + EXTERNAL
 # OpenVINO layer types that do the int8 multiply-accumulate work.
 _OV_COMPUTE = ("Convolution", "Deconvolution", "FullyConnected", "MatMul", "GroupConvolution")
@@ -66,6 +66,8 @@ def make_engine(name: str, model: Path, threads: int, feeds: dict[str, np.ndarra
         return _onnxruntime(model, threads, feeds)
     if name == "openvino":
         return _openvino(model, threads, feeds)
+    if name == "openvino-f32":
+        return _openvino(model, threads, feeds, precision="f32")
     raise InputError(f"unknown engine {name!r}; choose from {', '.join(ENGINES)}")
 
 
@@ -124,14 +126,19 @@ def _onnxruntime(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Eng
     return Engine("onnxruntime", run, run, seconds, info)
 
 
-def _openvino(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:
+def _openvino(model: Path, threads: int, feeds: dict[str, np.ndarray],
+              precision: str | None = None) -> Engine:
+    """OpenVINO's CPU plugin; ``precision="f32"`` sets INFERENCE_PRECISION_HINT (the plugin
+    otherwise picks bf16/f16 for float layers on CPUs that have them)."""
     ov = _import("openvino")
     core = ov.Core()
     start = time.perf_counter()
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
     try:
         network = core.read_model(str(model))
-        compiled = core.compile_model(network, "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                                       "PERFORMANCE_HINT": "LATENCY"})
+        compiled = core.compile_model(network, "CPU", config)
     except Exception as exc:  # noqa: BLE001 - OpenVINO's own exception types; report them
         raise EngineUnavailable(f"openvino refused the model: {exc}") from None
     seconds = time.perf_counter() - start
@@ -158,7 +165,8 @@ def _openvino(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine
     if info["compute_layers"] and info["compute_int8"] < info["compute_layers"]:
         log.warning("openvino ran %d of %d compute layers outside int8",
                     info["compute_layers"] - info["compute_int8"], info["compute_layers"])
-    return Engine("openvino", run, outputs, seconds, info)
+    return Engine("openvino" if precision is None else f"openvino-{precision}", run, outputs,
+                  seconds, info)
 
 
 def _ov_name(port: Any, feeds: dict[str, np.ndarray], index: int) -> str:

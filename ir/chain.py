@@ -59,6 +59,7 @@ class Act(enum.Enum):
     RELU = "relu"  # alpha = negative slope (0 for ReLU, alpha for LeakyReLU)
     CLIP = "clip"  # [alpha, beta]
     SIGMOID = "logistic"
+    SWISH = "swish"  # x·sigmoid(alpha·x); alpha = 1 for SiLU
     TANH = "tanh"
     HARD_SWISH = "hardswish"  # x·max(0, min(1, alpha·x + beta)); ONNX: alpha=1/6, beta=1/2
     HARD_SIGMOID = "hardsigmoid"  # max(0, min(1, alpha·x + beta)); alpha, beta always set

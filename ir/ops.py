@@ -41,6 +41,7 @@ class Op(enum.Enum):
     LEAKY_RELU = "LeakyRelu"
     PRELU = "PRelu"
     SIGMOID = "Sigmoid"
+    SWISH = "Swish"  # x·sigmoid(x) (SiLU); made by passes/fuse_gated_activation.py, not imported
     TANH = "Tanh"
     HARD_SIGMOID = "HardSigmoid"
     HARD_SWISH = "HardSwish"
@@ -145,6 +146,15 @@ class AlphaAttrs:
 @dataclass(frozen=True)
 class HardSigmoidAttrs:
     alpha: float = 0.2
+    beta: float = 0.5
+
+
+@dataclass(frozen=True)
+class HardSwishAttrs:
+    """x·max(0, min(1, alpha·x + beta)); ONNX's HardSwish is alpha = 1/6, beta = 1/2 (the
+    defaults). Other values come from gated activations (passes/fuse_gated_activation.py)."""
+
+    alpha: float = 1.0 / 6.0
     beta: float = 0.5
 
 
@@ -284,9 +294,10 @@ ATTRS: dict[Op, type] = {
     Op.LEAKY_RELU: AlphaAttrs,
     Op.PRELU: NoAttrs,
     Op.SIGMOID: NoAttrs,
+    Op.SWISH: NoAttrs,
     Op.TANH: NoAttrs,
     Op.HARD_SIGMOID: HardSigmoidAttrs,
-    Op.HARD_SWISH: NoAttrs,
+    Op.HARD_SWISH: HardSwishAttrs,
     Op.GELU: GeluAttrs,
     Op.SOFTMAX: AxisAttrs,
     Op.LAYER_NORM: LayerNormAttrs,

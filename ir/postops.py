@@ -155,6 +155,7 @@ ACT_ALG = {
     Act.RELU: EltwiseAlg.RELU,
     Act.CLIP: EltwiseAlg.CLIP,
     Act.SIGMOID: EltwiseAlg.LOGISTIC,
+    Act.SWISH: EltwiseAlg.SWISH,
     Act.TANH: EltwiseAlg.TANH,
     Act.HARD_SWISH: EltwiseAlg.HARDSWISH,
     Act.HARD_SIGMOID: EltwiseAlg.HARDSIGMOID,

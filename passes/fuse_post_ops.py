@@ -4,7 +4,7 @@ Walk forward from the node's output while the current value has exactly one read
 not a graph output, turning each reader into chain items (ir/chain.py):
 
     Mul(x, c) / Add(x, c), c constant per tensor or per channel   → Scale(c) / Shift(c)
-    Relu, LeakyRelu(a), Clip(lo, hi), Sigmoid, Tanh, HardSigmoid(a, b), HardSwish, Gelu
+    Relu, LeakyRelu(a), Clip(lo, hi), Sigmoid, Swish, Tanh, HardSigmoid(a, b), HardSwish, Gelu
                                                                    → Activation
     PRelu(x, slopes), constant slopes per tensor or per channel    → PRelu(slopes)
     Add(x, r), r non-constant of the output's shape                → Residual(port of r)
@@ -61,7 +61,14 @@ from dataclasses import dataclass, field
 
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
-from qfuse.ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs
+from qfuse.ir.ops import (
+    AlphaAttrs,
+    ClipAttrs,
+    GeluApprox,
+    GeluAttrs,
+    HardSigmoidAttrs,
+    HardSwishAttrs,
+)
 from qfuse.passes import matmul_reshape
 from qfuse.passes.base import PassContext
 from qfuse.passes.composer import ComposeError, compose
@@ -328,8 +335,10 @@ def _activation(reader: Node) -> Activation | None:
         return Activation(Act.CLIP, float(attrs.min), float(attrs.max))
     if op is Op.HARD_SIGMOID and isinstance(attrs, HardSigmoidAttrs):
         return Activation(Act.HARD_SIGMOID, float(attrs.alpha), float(attrs.beta))
-    if op is Op.HARD_SWISH:
-        return Activation(Act.HARD_SWISH, 1.0 / 6.0, 0.5)
+    if op is Op.HARD_SWISH and isinstance(attrs, HardSwishAttrs):
+        return Activation(Act.HARD_SWISH, float(attrs.alpha), float(attrs.beta))
+    if op is Op.SWISH:
+        return Activation(Act.SWISH, 1.0)
     if op is Op.GELU and isinstance(attrs, GeluAttrs):
         tanh = attrs.approximate is GeluApprox.TANH
         return Activation(Act.GELU_TANH if tanh else Act.GELU_ERF)

@@ -19,6 +19,10 @@ ulps, so a following quantization picks the same level except within ulps of a .
 
 Preconditions (oneDNN 3.x int8, docs/onednn.md), each declined with its reason:
 - activation: DQ of a non-constant u8/s8 tensor, per tensor (src scale and zero point mask 0);
+  or per channel (NNCF quantizes depthwise inputs so) into a Conv / ConvTranspose whose every
+  group reads one input channel, with one zero point: input channel c then reaches only the
+  output channels of group c, so ``sx[c]`` joins their weight scales exactly as a per-tensor
+  sx does — ``Scale(f32(sx[g(oc)])·f32(sw[oc]))``;
 - Conv / ConvTranspose weights: DQ of a constant s8 tensor, zero point 0 (no weight zero
   points), per tensor or per output channel — Conv axis 0; ConvTranspose axis 1 of
   [Cin, Cout/g, k..], whose Cout/g scales repeat per group (output channel g·(Cout/g) + j
@@ -60,7 +64,8 @@ class Plan:
         self.dqs: list[Node] = []
 
 
-def _activation(graph: Graph, value: str, what: str) -> tuple[Node, DqParams] | str:
+def _activation(graph: Graph, value: str, what: str, per_channel: bool = False
+                ) -> tuple[Node, DqParams] | str:
     dq = graph.producer(value)
     if not is_op(dq, Op.DEQUANTIZE_LINEAR) or graph.constant(dq.inputs[0]) is not None:
         return f"{what} is not dequantized int8"
@@ -69,10 +74,27 @@ def _activation(graph: Graph, value: str, what: str) -> tuple[Node, DqParams] | 
         return f"{what} dequantize has a non-constant scale or zero point"
     if not p.dtype.is_quantized:
         return f"{what} is {p.dtype.name.lower()} (want u8/s8)"
-    if not p.per_tensor:
+    if not p.per_tensor and not (per_channel and p.axis == 1):
         return (f"{what} dequantize is per channel (axis {p.axis}); oneDNN takes one source "
                 "scale and zero point")
     return dq, p
+
+
+def _source_scales(graph: Graph, node: Node, px: DqParams, out_channels: int) -> np.ndarray | str:
+    """The source scale of each output channel: one value when per tensor; per channel only
+    when every group reads one input channel (depthwise, channel multipliers), which then
+    scales exactly the output channels of its group, and every zero point is the same."""
+    if px.per_tensor:
+        return px.scale.astype(F32)
+    group = node.attrs.group
+    if px.scale.size != group:
+        return (f"activation dequantize is per channel ({px.scale.size} scales) and the conv's "
+                f"{group} group(s) read {px.scale.size // max(group, 1)} channels each: a "
+                "per-channel source scale folds into the weight scales only when each group "
+                "reads one channel; oneDNN takes one source scale")
+    if len(set(px.zero_point.tolist())) != 1:
+        return "activation zero points differ per channel (oneDNN takes one source zero point)"
+    return np.repeat(px.scale.astype(F32), out_channels // group)
 
 
 def _weights(graph: Graph, node: Node) -> tuple[Node, DqParams] | str:
@@ -106,7 +128,7 @@ def _bias(graph: Graph, node: Node) -> tuple[np.ndarray | None, Node | None] | s
 
 
 def plan_conv(graph: Graph, node: Node) -> Plan | str:
-    act = _activation(graph, node.inputs[0], "activation")
+    act = _activation(graph, node.inputs[0], "activation", per_channel=True)
     if isinstance(act, str):
         return act
     wei = _weights(graph, node)
@@ -127,12 +149,15 @@ def plan_conv(graph: Graph, node: Node) -> Plan | str:
         if scales.size != w_shape[1]:
             return f"{scales.size} weight scales for {w_shape[1]} channels per group"
         scales = np.tile(scales, group)
+    src_scales = _source_scales(graph, node, px, graph.info(node.outputs[0]).shape[1])
+    if isinstance(src_scales, str):
+        return src_scales
     bias = _bias(graph, node)
     if isinstance(bias, str):
         return bias
     plan = Plan()
     plan.src, plan.wei = x_dq.inputs[0], w_dq.inputs[0]
-    plan.fused.chain.append(Scale.of(F32(px.scale[0]) * scales.astype(F32)))
+    plan.fused.chain.append(Scale.of(src_scales * scales.astype(F32)))
     if bias[0] is not None:
         plan.fused.chain.append(Shift.of(bias[0]))
     plan.fused.src_zero_point = int(px.zero_point[0])

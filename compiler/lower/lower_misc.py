@@ -42,6 +42,7 @@ from qfuse.ir.ops import (
     GeluApprox,
     GeluAttrs,
     HardSigmoidAttrs,
+    HardSwishAttrs,
     SliceAttrs,
     SplitAttrs,
     TransposeAttrs,
@@ -82,8 +83,11 @@ def _activation(node: Node) -> tuple[Alg, float, float]:
         return Alg.eltwise_logistic, 0.0, 0.0
     if op is Op.TANH:
         return Alg.eltwise_tanh, 0.0, 0.0
+    if op is Op.SWISH:
+        return Alg.eltwise_swish, 1.0, 0.0
     if op is Op.HARD_SWISH:
-        return Alg.eltwise_hardswish, 1.0 / 6.0, 0.5
+        swish: HardSwishAttrs = node.attrs
+        return Alg.eltwise_hardswish, swish.alpha, swish.beta
     if op is Op.HARD_SIGMOID:
         hs: HardSigmoidAttrs = node.attrs
         return Alg.eltwise_hardsigmoid, hs.alpha, hs.beta

@@ -56,6 +56,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.LEAKY_RELU: lower_misc.lower_eltwise,
     Op.CLIP: lower_misc.lower_eltwise,
     Op.SIGMOID: lower_misc.lower_eltwise,
+    Op.SWISH: lower_misc.lower_eltwise,
     Op.TANH: lower_misc.lower_eltwise,
     Op.HARD_SWISH: lower_misc.lower_eltwise,
     Op.HARD_SIGMOID: lower_misc.lower_eltwise,

@@ -42,6 +42,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.LEAKY_RELU: arith.unary,
     Op.PRELU: arith.prelu,
     Op.SIGMOID: arith.unary,
+    Op.SWISH: arith.unary,
     Op.TANH: arith.unary,
     Op.HARD_SIGMOID: arith.unary,
     Op.HARD_SWISH: arith.unary,

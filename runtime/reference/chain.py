@@ -63,6 +63,8 @@ def eltwise(x: np.ndarray, alg: str, alpha: float = 0.0, beta: float = 0.0) -> n
         return np.rint(x).astype(F32)
     if alg == "logistic":
         return (F32(1) / (F32(1) + np.exp(-x))).astype(F32)
+    if alg == "swish":
+        return (x / (F32(1) + np.exp(-(x * a)))).astype(F32)
     if alg == "tanh":
         return np.tanh(x).astype(F32)
     if alg == "hardswish":

@@ -21,7 +21,15 @@ from functools import reduce
 import numpy as np
 
 from qfuse.ir.graph import Node
-from qfuse.ir.ops import AlphaAttrs, ClipAttrs, GeluApprox, GeluAttrs, HardSigmoidAttrs, Op
+from qfuse.ir.ops import (
+    AlphaAttrs,
+    ClipAttrs,
+    GeluApprox,
+    GeluAttrs,
+    HardSigmoidAttrs,
+    HardSwishAttrs,
+    Op,
+)
 from qfuse.runtime.reference.ops_mlas import gelu_erf
 from qfuse.runtime.reference.registry import Arrays, impl, need
 
@@ -119,8 +127,9 @@ def hard_sigmoid(node: Node, args: Arrays) -> list[np.ndarray]:
 @impl(Op.HARD_SWISH)
 def hard_swish(node: Node, args: Arrays) -> list[np.ndarray]:
     # ONNX defines HardSwish as x * HardSigmoid<alpha=1/6, beta=0.5>(x).
+    attrs: HardSwishAttrs = node.attrs
     x = _float32(need(args, 0))
-    return [x * _hard_sigmoid(x, F32(1 / 6), F32(0.5))]
+    return [x * _hard_sigmoid(x, F32(attrs.alpha), F32(attrs.beta))]
 
 
 def _float32(x: np.ndarray) -> np.ndarray:
@@ -134,6 +143,14 @@ def sigmoid(node: Node, args: Arrays) -> list[np.ndarray]:
     x = _float32(need(args, 0)).astype(np.float64)
     with np.errstate(over="ignore"):
         return [(1.0 / (1.0 + np.exp(-x))).astype(F32)]
+
+
+@impl(Op.SWISH)
+def swish(node: Node, args: Arrays) -> list[np.ndarray]:
+    """x·sigmoid(x) (SiLU), in float64 and rounded once, like Sigmoid."""
+    x = _float32(need(args, 0)).astype(np.float64)
+    with np.errstate(over="ignore"):
+        return [(x / (1.0 + np.exp(-x))).astype(F32)]
 
 
 @impl(Op.TANH)

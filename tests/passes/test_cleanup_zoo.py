@@ -24,7 +24,7 @@ from qfuse.ir import Graph, Op
 from qfuse.passes.base import PassContext, run_pass
 from qfuse.runtime.reference import evaluate
 
-CLEANUP = ["drop_identity", "constant_fold", "fold_batchnorm", "gemm_to_matmul",
+CLEANUP = ["drop_identity", "constant_fold", "fold_batchnorm", "decompose_batchnorm", "gemm_to_matmul",
            "canonicalize_arith"]
 GONE = {Op.BATCH_NORM, Op.GEMM, Op.IDENTITY, Op.DROPOUT, Op.SUM}
 TOLERANCE = 1e-5

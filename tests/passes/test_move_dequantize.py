@@ -120,6 +120,31 @@ def test_conv_transpose_group_scales_are_tiled():
     _numerics(before, g)
 
 
+def test_depthwise_per_channel_activation_scales_join_the_weight_scales():
+    """NNCF quantizes depthwise inputs per channel: with one zero point, sx[c] scales only
+    output channels of group c, so it folds into their weight scales (channel multiplier 2)."""
+    sx = np.array([0.02, 0.05, 0.03, 0.04], F32)
+    g, xd = int_input((1, 4, 6, 6), sx, [7, 7, 7, 7], axis=1)
+    sw = np.linspace(0.002, 0.004, 8).astype(F32)
+    w = weights(g, "w", _w((8, 1, 3, 3)), sw)
+    add(g, Op.CONV, [xd, w], "conv", ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4))
+    _quantized_output(g, "conv")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    conv = g.node("conv")
+    assert conv.fused.chain == [Scale.of(np.repeat(sx, 2) * sw)]
+    assert conv.fused.src_zero_point == 7
+    _numerics(before, g)
+
+
+def test_per_channel_activation_with_differing_zero_points_declined():
+    g, xd = int_input((1, 4, 6, 6), np.full(4, 0.02, F32), [0, 1, 0, 0], axis=1)
+    w = weights(g, "w", _w((4, 1, 3, 3)), F32(0.01))
+    add(g, Op.CONV, [xd, w], "y", ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4))
+    result = apply(M, finish(g, "y"))
+    assert result.changed == 0 and "zero points differ per channel" in reasons(result)[0]
+
+
 def test_matmul_constant_weights_per_column_and_batched():
     g, xd = int_input((2, 5, 12), SX, ZX)
     sw = np.linspace(0.002, 0.004, 7).astype(F32)

@@ -16,6 +16,7 @@ from qfuse.ir.ops import (
     GeluApprox,
     GeluAttrs,
     HardSigmoidAttrs,
+    HardSwishAttrs,
     NoAttrs,
     Op,
 )
@@ -62,7 +63,7 @@ def _x(seed: int = 0) -> np.ndarray:
     (Op.LEAKY_RELU, {}, AlphaAttrs()),
     (Op.HARD_SIGMOID, {}, HardSigmoidAttrs()),
     (Op.HARD_SIGMOID, {"alpha": 0.3, "beta": 0.4}, HardSigmoidAttrs(0.3, 0.4)),
-    (Op.HARD_SWISH, {}, NoAttrs()),
+    (Op.HARD_SWISH, {}, HardSwishAttrs()),
 ])
 def test_float32_activations_bit_exact(op: Op, onnx_attrs: dict[str, float], attrs: object) -> None:
     case = Case(op.value, onnx_attrs, op, attrs, {"x": _x()})

@@ -1,0 +1,73 @@
+"""A BatchNormalization that could not fold into a float conv becomes Mul + Add per channel,
+when a Conv / ConvTranspose / MatMul / Gemm produces its input: the compute node then takes it
+into its post-op chain (weight scales and bias, or per-channel post-ops) instead of it running
+as a kernel of its own (OpenVINO's BatchNormDecomposition does the same before its fusions).
+
+Identity, per channel c (dim 1), with ``a[c] = γ[c] / √(var[c] + ε)`` and
+``b[c] = β[c] − mean[c]·a[c]`` (computed in float64, stored as float32):
+
+    BN(x)[c] = (x − mean[c])·a[c] + β[c] = x·a[c] + b[c]
+
+Where this happens: NNCF leaves a BatchNormalization after an int8 convolution (its quantizer
+sits after the BN), and fold_batchnorm does not rescale quantized weights.
+
+Not bit-exact: the reference BatchNormalization computes in float64 and rounds once; x·a then
++ b round twice in float32 — a few ulps apart, which a following quantize turns into at most
+one step at near-ties (tests/passes/test_decompose_batchnorm.py measures it).
+
+Precondition (else the BN stays, reason recorded): scale, bias, mean and var are constants;
+the input is produced by a Conv, ConvTranspose, MatMul or Gemm (a standalone BatchNorm, e.g. a
+pre-activation one after an Add, stays one oneDNN batch normalization kernel rather than two
+binary kernels). The Add writes the BN's output value (names survive).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from qfuse.ir import Graph, Node, Op
+from qfuse.passes.base import PassContext, rewrite_each
+from qfuse.passes.replace import replace_nodes
+
+log = logging.getLogger(__name__)
+
+COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL, Op.GEMM)
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    return rewrite_each(graph, ctx, Op.BATCH_NORM, _check, _decompose)
+
+
+def _check(graph: Graph, bn: Node) -> str | None:
+    for port, what in enumerate(("scale", "bias", "mean", "var"), 1):
+        if graph.constant(bn.inputs[port]) is None:
+            return f"BatchNorm {what} '{bn.inputs[port]}' is not a constant"
+    producer = graph.producer(bn.inputs[0])
+    if producer is None or producer.op not in COMPUTE:
+        return ("a standalone BatchNorm (its input is not a Conv / MatMul output) stays one "
+                "batch normalization kernel")
+    return None
+
+
+def _decompose(graph: Graph, bn: Node) -> None:
+    gamma, beta, mean, var = (graph.constant(name).astype(np.float64) for name in bn.inputs[1:5])
+    a = gamma / np.sqrt(var + bn.attrs.epsilon)
+    b = beta - mean * a
+    x, y = bn.inputs[0], bn.outputs[0]
+    info = graph.info(y)
+    shape = (-1,) + (1,) * (info.rank - 2)
+    a_name = graph.add_constant(graph.unique_name(f"{bn.name}/scale"),
+                                a.reshape(shape).astype(np.float32)).name
+    b_name = graph.add_constant(graph.unique_name(f"{bn.name}/shift"),
+                                b.reshape(shape).astype(np.float32)).name
+
+    def build() -> None:
+        t = graph.unique_name(f"{y}/scaled")
+        graph.add_node(Op.MUL, [x, a_name], [t], name=f"{bn.name}/mul", infos=[info],
+                       origin=bn.origin)
+        graph.add_node(Op.ADD, [t, b_name], [y], name=bn.name, infos=[info], origin=bn.origin)
+
+    replace_nodes(graph, [bn], build)
+    log.debug("decomposed %s into Mul + Add per channel", bn)

@@ -1,0 +1,86 @@
+"""BatchNormalization after a quantized conv → Mul + Add per channel, absorbed by the conv's
+post-op chain (passes/decompose_batchnorm.py); a standalone BatchNorm stays."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from qfuse.compiler.api import compile_model, import_graph
+from qfuse.compiler.pipeline import run_pipeline
+from qfuse.ir import Op
+from qfuse.passes.base import PassContext
+from qfuse.runtime.numerics import step_diff
+from qfuse.runtime.reference import evaluate
+
+C, S_Y, ZP_Y = 8, 0.04, 0
+
+
+def _model(after_conv: bool) -> onnx.ModelProto:
+    """input → Q/DQ → [int8-weight Conv →] BatchNorm → Relu → Q/DQ → out (NNCF's layout)."""
+    rng = np.random.default_rng(3)
+    inits = [nh.from_array(rng.integers(-100, 100, (C, C, 3, 3)).astype(np.int8), "w"),
+             nh.from_array(rng.uniform(1e-3, 3e-3, C).astype(np.float32), "ws"),
+             nh.from_array(np.zeros(C, np.int8), "wz"),
+             nh.from_array(rng.uniform(0.5, 2, C).astype(np.float32), "gamma"),
+             nh.from_array(rng.uniform(-1, 1, C).astype(np.float32), "beta"),
+             nh.from_array(rng.uniform(-1, 1, C).astype(np.float32), "mean"),
+             nh.from_array(rng.uniform(0.2, 3, C).astype(np.float32), "var"),
+             nh.from_array(np.array(0.05, np.float32), "sx"),
+             nh.from_array(np.array(128, np.uint8), "zx"),
+             nh.from_array(np.array(S_Y, np.float32), "sy"),
+             nh.from_array(np.array(ZP_Y, np.uint8), "zy")]
+    bn_in = "c" if after_conv else "x"
+    nodes = [h.make_node("QuantizeLinear", ["input", "sx", "zx"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
+             h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
+             h.make_node("Conv", ["x", "wf"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("BatchNormalization", [bn_in, "gamma", "beta", "mean", "var"], ["b"]),
+             h.make_node("Relu", ["b"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
+             h.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["out"])]
+    outputs = [h.make_tensor_value_info("out", TensorProto.FLOAT, [1, C, 6, 6])]
+    if not after_conv:
+        outputs.append(h.make_tensor_value_info("c", TensorProto.FLOAT, [1, C, 6, 6]))
+    graph = h.make_graph(nodes, "bn", [h.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                [1, C, 6, 6])], outputs, inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _feeds(seed: int) -> dict[str, np.ndarray]:
+    return {"input": np.random.default_rng(seed).standard_normal((1, C, 6, 6)).astype(np.float32)}
+
+
+def test_batchnorm_after_a_quantized_conv_joins_its_kernel() -> None:
+    model = _model(after_conv=True)
+    before = import_graph(model)
+    after = before.copy()
+    results = {r.name: r for r in run_pipeline(after, PassContext(), until="decompose_batchnorm")}
+    assert results["fold_batchnorm"].changed == 0  # int8 weights are not rescaled
+    assert results["decompose_batchnorm"].changed == 1
+    assert Op.BATCH_NORM not in [n.op for n in after.topo_order()]
+    for seed in range(3):  # float32 re-association only: at most one step, at near-ties
+        diff = step_diff(evaluate(before, _feeds(seed))["out"],
+                         evaluate(after, _feeds(seed))["out"], S_Y)
+        assert diff.max_steps <= 1 and diff.identical >= 0.99
+    compiled = compile_model(model)
+    info = compiled.inspect()
+    assert not [n for n in info["not_fused"] if n["op"] in ("BatchNormalization", "Mul", "Add")]
+    assert [k["primitive"] for k in info["kernels"]].count("binary") == 0
+    reference = compile_model(model, mode="reference")
+    for seed in range(3):
+        assert step_diff(compiled.run(_feeds(seed))["out"],
+                         reference.run(_feeds(seed))["out"], S_Y).max_steps <= 1
+
+
+def test_standalone_batchnorm_stays() -> None:
+    graph = import_graph(_model(after_conv=False))
+    results = {r.name: r for r in run_pipeline(graph, PassContext(), until="decompose_batchnorm")}
+    assert results["decompose_batchnorm"].changed == 0
+    assert any("standalone BatchNorm" in d.reason for d in results["decompose_batchnorm"].declined)
+    assert Op.BATCH_NORM in [n.op for n in graph.topo_order()]
