@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test realzoo venv clean
+.PHONY: demo test realzoo quantize-compare venv clean
 
 $(VENV)/.created:
 	$(shell command -v $(PYTHON) >/dev/null 2>&1 && echo $(PYTHON) || echo python3) -m venv $(VENV)
@@ -29,6 +29,10 @@ realzoo: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
+
+# qfuse quantize vs onnxruntime quantize_static on the example zoo (a few minutes)
+quantize-compare: $(VENV)/.installed-test
+	$(PY) benchmarks/quantize_compare.py
 
 clean:
 	rm -rf $(VENV)

@@ -6,6 +6,7 @@ The public Python surface::
     model = qfuse.compile_model("model.qdq.onnx")          # mode="fused" by default
     outputs = model.run({"input": x})                        # dict of numpy arrays
     model.inspect()                                          # what fused, what did not, and why
+    qfuse.quantize("model.onnx", "calib.npz", "model.int8.onnx")  # float → int8 QDQ
 
 The repository's folders are this package's subpackages: ``qfuse.ir`` (the graph), ``qfuse.compiler``
 (importer, pipeline, lowering, API, CLI), ``qfuse.passes`` (one rewrite a module) and
@@ -22,5 +23,6 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 from qfuse.compiler.api import CompiledModel, compile_model, import_graph
+from qfuse.compiler.quantize import quantize
 
-__all__ = ["CompiledModel", "__version__", "compile_model", "import_graph"]
+__all__ = ["CompiledModel", "__version__", "compile_model", "import_graph", "quantize"]

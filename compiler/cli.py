@@ -193,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="baseline (default: fused when it exposes intermediates, else reference)")
     p.set_defaults(func=_cmd_compare)
 
+    from qfuse.compiler.quantize.cli import add_parser as add_quantize_parser
+
+    add_quantize_parser(sub)
+
     p = sub.add_parser("demo", help="a small end-to-end example")
     p.set_defaults(func=_cmd_demo)
     return parser

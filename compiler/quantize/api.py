@@ -1,0 +1,133 @@
+"""``qfuse.quantize``: float ONNX model + calibration data → int8 model placed for the compiler.
+
+    import qfuse
+    q = qfuse.quantize("model.onnx", "calib.npz", "model.int8.onnx", method="percentile")
+
+Steps: placement.py decides which tensors get a quantizer (and which share a scale);
+collect.py runs the float model once over the calibration batches and fills one histogram per
+scale group; methods.py turns each histogram into a range and (scale, zero point); writer.py
+writes QDQ or FakeQuantize. The default method, percentile (99.99 % of the values kept), was the
+most accurate of the four on the trained models measured (YOLOv8n, PP-LCNet) and within 0.002
+of the best on the example zoo (README). Activations: u8 asymmetric by default
+(``activations="s8"``, ``symmetric=True`` for the others); weights: s8 symmetric per output
+channel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qfuse.compiler.quantize import data as calib
+from qfuse.compiler.quantize.collect import collect, graph_inputs
+from qfuse.compiler.quantize.histogram import DEFAULT_BINS
+from qfuse.compiler.quantize.methods import METHODS, choose_qparams, select_range
+from qfuse.compiler.quantize.placement import place
+from qfuse.compiler.quantize.prepare import constants_to_initializers, fold_batchnorm
+from qfuse.compiler.quantize.writer import ActParams, ensure_opset, write
+
+log = logging.getLogger(__name__)
+ModelLike = onnx.ModelProto | str | os.PathLike
+
+
+def load_model(model: ModelLike) -> onnx.ModelProto:
+    if isinstance(model, onnx.ModelProto):
+        return model
+    path = Path(model)
+    if not path.exists():
+        raise FileNotFoundError(f"model {path} does not exist")
+    return onnx.load(str(path))
+
+
+@dataclass
+class Quantized:
+    """What a quantization run made: the written model, its QDQ twin (for the report; the
+    same model when the format is QDQ), the prepared float model and the calibration data."""
+
+    model: onnx.ModelProto
+    qdq: onnx.ModelProto
+    float_model: onnx.ModelProto
+    calibration: list[dict[str, np.ndarray]]
+
+
+def quantize(
+    model: ModelLike,
+    calibration: calib.CalibrationData,
+    output: str | os.PathLike | None = None,
+    *,
+    method: str = "percentile",
+    per_channel: bool = True,
+    activations: str = "u8",
+    symmetric: bool = False,
+    format: str = "qdq",
+    exclude: list[str] | tuple[str, ...] = (),
+    percentile: float = 0.9999,
+    bins: int = DEFAULT_BINS,
+    progress: bool = False,
+) -> onnx.ModelProto:
+    """Quantize the float ``model`` on ``calibration`` data; write it to ``output`` if given.
+
+    ``calibration``: an .npz (arrays keyed by input name, batched on the first axis), a folder
+    of .npz / .npy files, a mapping or a list of mappings. ``method``: minmax | percentile |
+    l2 | kl (methods.py). ``percentile``: the fraction of values the percentile method keeps.
+    ``format``: qdq | fakequantize. ``exclude``: node names left in float.
+    """
+    return run(model, calibration, output, method=method, per_channel=per_channel,
+               activations=activations, symmetric=symmetric, format=format, exclude=exclude,
+               percentile=percentile, bins=bins, progress=progress).model
+
+
+def run(
+    model: ModelLike,
+    calibration: calib.CalibrationData,
+    output: str | os.PathLike | None = None,
+    *,
+    method: str = "percentile",
+    per_channel: bool = True,
+    activations: str = "u8",
+    symmetric: bool = False,
+    format: str = "qdq",
+    exclude: list[str] | tuple[str, ...] = (),
+    percentile: float = 0.9999,
+    bins: int = DEFAULT_BINS,
+    progress: bool = False,
+) -> Quantized:
+    """``quantize`` returning everything it made (the CLI's --report needs it)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if activations not in ("u8", "s8"):
+        raise ValueError(f"activations must be u8 or s8, got {activations!r}")
+    if format not in ("qdq", "fakequantize"):
+        raise ValueError(f"format must be qdq or fakequantize, got {format!r}")
+    float_model = fold_batchnorm(constants_to_initializers(ensure_opset(load_model(model))))
+    names = {n.name for n in float_model.graph.node}
+    unknown = sorted(set(exclude) - names)
+    if unknown:
+        raise ValueError(f"exclude names no node of the model: {unknown}")
+    placement = place(float_model, per_channel=per_channel, exclude=set(exclude))
+    groups = placement.groups()
+    chunks = calib.load(calibration, [vi.name for vi in graph_inputs(float_model)])
+    hists = collect(float_model, groups, chunks, bins=bins, progress=progress)
+    qmin, qmax = (0, 255) if activations == "u8" else (-128, 127)
+    params = {}
+    for gid, members in groups.items():
+        lo, hi = select_range(hists[gid], method, symmetric=symmetric, percentile=percentile)
+        scale, zp = choose_qparams(lo, hi, qmin, qmax, symmetric)
+        log.debug("group %d %s: range [%g, %g] -> scale %g zp %d", gid, members, lo, hi,
+                  scale, zp)
+        for t in members:
+            params[t] = ActParams(scale, zp, activations)
+    keep = set(exclude)
+    qdq = write(float_model, params, placement.weights, "qdq", keep)
+    written = qdq if format == "qdq" else write(float_model, params, placement.weights, format,
+                                                keep)
+    written.producer_name = qdq.producer_name = "qfuse quantize"
+    onnx.checker.check_model(written)
+    if output is not None:
+        onnx.save(written, str(output))
+    return Quantized(written, qdq, float_model, chunks)

@@ -1,0 +1,164 @@
+"""Write the quantized model: QDQ (QuantizeLinear → DequantizeLinear) or OpenVINO FakeQuantize.
+
+QDQ, as ONNX Runtime's quantize_static writes it (ONNX spec, QuantizeLinear /
+DequantizeLinear, opset >= 13): a quantized activation ``t`` gets ``Q(t) → DQ`` right after its
+producer, and every reader of ``t`` reads the DQ's output (graph outputs keep the float
+``t``); a weight becomes an s8 initializer → ``DequantizeLinear(axis)`` with zero point 0.
+
+FakeQuantize (domain ``org.openvinotoolkit``, as NNCF exports it and
+compiler/onnx_import/convert_quant.py reads it): activations ``FQ(t, il, ih, ol, oh,
+levels=256)`` with ``il = ol = s·(qmin - zp)`` and ``ih = oh = s·(qmax - zp)`` — the same grid
+as the Q/DQ pair; weights ``FQ(w, -127·s, 127·s, -127·s, 127·s, levels=255)`` on the float
+weight, bounds shaped to broadcast along the channel axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+OPENVINO_DOMAIN = "org.openvinotoolkit"
+WEIGHT_QMAX = 127  # s8 symmetric, narrow range [-127, 127] (as quantize_static's weights)
+
+
+@dataclass(frozen=True)
+class ActParams:
+    scale: float
+    zero_point: int
+    dtype: str  # "u8" | "s8"
+
+    @property
+    def qrange(self) -> tuple[int, int]:
+        return (0, 255) if self.dtype == "u8" else (-128, 127)
+
+
+def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """(s8 values, float32 scales): ``q = round_half_even(w / s)``, ``s = max|w| / 127`` per
+    channel along ``axis`` (per tensor when None); an all-zero channel gets scale 1."""
+    w = w.astype(np.float32)
+    if axis is None:
+        amax = np.asarray(np.abs(w).max(), np.float32).reshape(1)
+    else:
+        amax = np.abs(np.moveaxis(w, axis, 0)).reshape(w.shape[axis], -1).max(axis=1)
+    scale = np.where(amax > 0, amax / np.float32(WEIGHT_QMAX), 1.0).astype(np.float32)
+    shape = [1] * w.ndim
+    if axis is not None:
+        shape[axis] = -1
+    q = np.clip(np.rint(w / scale.reshape(shape)), -WEIGHT_QMAX, WEIGHT_QMAX).astype(np.int8)
+    return q, scale
+
+
+class _Names:
+    def __init__(self, model: onnx.ModelProto) -> None:
+        g = model.graph
+        self.used = {t.name for t in g.initializer} | {v.name for v in g.input} | {
+            o for n in g.node for o in n.output} | {n.name for n in g.node}
+
+    def __call__(self, base: str) -> str:
+        name, i = base, 1
+        while name in self.used:
+            name, i = f"{base}_{i}", i + 1
+        self.used.add(name)
+        return name
+
+
+def write(model: onnx.ModelProto, activations: dict[str, ActParams],
+          weights: dict[str, int | None], fmt: str = "qdq",
+          keep_float: frozenset[str] | set[str] = frozenset()) -> onnx.ModelProto:
+    """A copy of ``model`` with the quantizers inserted (module docstring); the nodes named
+    in ``keep_float`` go on reading the float values."""
+    if fmt not in ("qdq", "fakequantize"):
+        raise ValueError(f"unknown format {fmt!r}; choose qdq or fakequantize")
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    g = out.graph
+    names = _Names(out)
+    inits = {t.name: t for t in g.initializer}
+    new_inits: list[onnx.TensorProto] = []
+    rename: dict[str, str] = {}  # original value → what its readers read now
+    head: list[onnx.NodeProto] = []  # weight dequantizers, graph-input quantizers
+    after: dict[str, list[onnx.NodeProto]] = {}  # value → quantizer nodes after its producer
+
+    def const(base: str, value: np.ndarray) -> str:
+        name = names(base)
+        new_inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    for w_name, axis in weights.items():
+        w = numpy_helper.to_array(inits[w_name])
+        q, scale = quantize_weight(w, axis)
+        deq = names(f"{w_name}_dequantized")
+        if fmt == "qdq":
+            args = [const(f"{w_name}_quantized", q), const(f"{w_name}_scale",
+                    scale if axis is not None else scale.reshape(())),
+                    const(f"{w_name}_zero_point", np.zeros(scale.shape if axis is not None
+                                                            else (), np.int8))]
+            attrs = {"axis": axis} if axis is not None else {}
+            head.append(helper.make_node("DequantizeLinear", args, [deq],
+                                         names(f"{w_name}_DequantizeLinear"), **attrs))
+        else:
+            shape = [1] * w.ndim
+            if axis is not None:
+                shape[axis] = -1
+            bound = (scale * WEIGHT_QMAX).reshape(shape).astype(np.float32)
+            lo, hi = const(f"{w_name}_low", -bound), const(f"{w_name}_high", bound)
+            head.append(helper.make_node("FakeQuantize", [w_name, lo, hi, lo, hi], [deq],
+                                         names(f"{w_name}_FakeQuantize"), levels=255,
+                                         domain=OPENVINO_DOMAIN))
+        rename[w_name] = deq
+
+    graph_inputs = {v.name for v in g.input}
+    for t, p in activations.items():
+        deq = names(f"{t}_dequantized")
+        if fmt == "qdq":
+            scale = const(f"{t}_scale", np.array(p.scale, np.float32))
+            zp = const(f"{t}_zero_point",
+                       np.array(p.zero_point, np.uint8 if p.dtype == "u8" else np.int8))
+            qv = names(f"{t}_quantized")
+            nodes = [helper.make_node("QuantizeLinear", [t, scale, zp], [qv],
+                                      names(f"{t}_QuantizeLinear")),
+                     helper.make_node("DequantizeLinear", [qv, scale, zp], [deq],
+                                      names(f"{t}_DequantizeLinear"))]
+        else:
+            qmin, qmax = p.qrange
+            lo = const(f"{t}_low", np.array(p.scale * (qmin - p.zero_point), np.float32))
+            hi = const(f"{t}_high", np.array(p.scale * (qmax - p.zero_point), np.float32))
+            nodes = [helper.make_node("FakeQuantize", [t, lo, hi, lo, hi], [deq],
+                                      names(f"{t}_FakeQuantize"), levels=256,
+                                      domain=OPENVINO_DOMAIN)]
+        (head if t in graph_inputs else after.setdefault(t, [])).extend(nodes)
+        rename[t] = deq
+
+    ordered = list(head)
+    for node in g.node:
+        for i, v in enumerate(node.input):
+            if v in rename and node.name not in keep_float:
+                node.input[i] = rename[v]
+        ordered.append(node)
+        for o in node.output:
+            ordered.extend(after.get(o, []))
+    del g.node[:]
+    g.node.extend(ordered)
+    used = {v for n in g.node for v in n.input}
+    keep = [t for t in g.initializer if t.name in used or t.name in graph_inputs]
+    del g.initializer[:]
+    g.initializer.extend(keep + new_inits)
+    if fmt == "fakequantize" and not any(o.domain == OPENVINO_DOMAIN for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid(OPENVINO_DOMAIN, 1))
+    return out
+
+
+def ensure_opset(model: onnx.ModelProto, minimum: int = 13) -> onnx.ModelProto:
+    """Per-axis QuantizeLinear / DequantizeLinear need opset 13: convert older models."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None or opset >= minimum:
+        return model
+    from onnx import version_converter
+
+    return version_converter.convert_version(model, minimum)
+
+
+__all__ = ["ActParams", "ensure_opset", "quantize_weight", "write"]
