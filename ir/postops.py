@@ -37,8 +37,9 @@ OPTIMIZATIONS = (
     "fold_into_linear",
     "per_tensor_eltwise",
     "drop_inner_round",
+    "drop_gate_quantize",
 )
-DEFAULT_OFF = frozenset({"drop_inner_round"})
+DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize"})
 
 
 @dataclass(frozen=True)

@@ -260,7 +260,13 @@ def _convert(ctx: Context, node: NodeView) -> None:
             except UnsupportedModelError as exc:
                 islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
             return
-        parts = qoperator.expand(ctx, node)  # QOperator ops → DQ → float op → Q
+        try:
+            parts = qoperator.expand(ctx, node)  # QOperator ops → DQ → float op → Q
+        except UnsupportedModelError as exc:  # a QOperator form it refuses: a float island
+            if len(ctx.graph) != size or node.proto is None:
+                raise
+            islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
+            return
         if parts is not None:
             for part in parts:
                 _convert(ctx, part)

@@ -39,8 +39,9 @@ Weights: a constant u8 (or s8) weight with zero point zw whose ``w - zw`` fits i
 stored as s8 with zero point 0 (exact: DQ gives the same ``(w - zw)·s``), the form the int8
 kernels take. An absent zero point is 0 of the input's type.
 
-Refused with a reason: DynamicQuantizeLinear (its scale and zero point are computed at run
-time; the IR's quantization parameters are constants), QLinearWhere. QLinearReduceMean has
+Not rewritten, and so run as float islands (compiler/onnx_import/islands.py) with the reason:
+DynamicQuantizeLinear (its scale and zero point are computed at run time; the IR's
+quantization parameters are constants), QLinearWhere. QLinearReduceMean has
 a schema but no CPU kernel in onnxruntime 1.32, so no model runs it; it is left unsupported.
 """
 

@@ -12,6 +12,7 @@ from onnx import helper as h
 from qfuse.compiler.api import compile_model, import_graph
 from qfuse.compiler.pipeline import run_pipeline
 from qfuse.ir import Op
+from qfuse.ir.postops import ComposerOptions
 from qfuse.passes.base import PassContext
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.reference import evaluate
@@ -79,10 +80,13 @@ CASES = {
 CASES["x_qdq_add3"][2]["six"] = 6.0
 
 
-def _before_after(model: onnx.ModelProto) -> tuple:
+DROP_GATES = ComposerOptions().with_("drop_gate_quantize")
+
+
+def _before_after(model: onnx.ModelProto, composer: ComposerOptions = DROP_GATES) -> tuple:
     before = import_graph(model)
     after = before.copy()
-    results = run_pipeline(after, PassContext(), until="fuse_gated_activation")
+    results = run_pipeline(after, PassContext(composer=composer), until="fuse_gated_activation")
     return before, after, {r.name: r for r in results}
 
 
@@ -119,6 +123,20 @@ def test_exact_when_the_gate_has_no_quantizer() -> None:
     assert np.all(near_tie[a != b])
 
 
+def test_a_quantized_gate_is_kept_by_default() -> None:
+    """Dropping the gate's quantizer is opt-in (it compounds over layers)."""
+    gate, gate_out, consts, after_nodes, y, _, _ = CASES["silu_gate_qdq"]
+    _, after, results = _before_after(_model(gate, gate_out, consts, after_nodes, y),
+                                      ComposerOptions())
+    assert results["fuse_gated_activation"].changed == 0
+    assert any("drop_gate_quantize" in d.reason
+               for d in results["fuse_gated_activation"].declined)
+    assert Op.SIGMOID in [n.op for n in after.topo_order()]
+    # an unquantized gate fuses by default
+    assert _before_after(_model(SIGMOID, "g", {}), ComposerOptions())[2][
+        "fuse_gated_activation"].changed == 1
+
+
 def test_declines_a_gate_that_caps_where_x_reaches() -> None:
     """A sigmoid quantizer capped at 0.5 binds for every x > 0: not a SiLU."""
     gate = [h.make_node("Sigmoid", ["x"], ["s"]), *_qdq("gs", 0.5 / 255, 0, "s", "g")]
@@ -149,7 +167,7 @@ def test_silu_fuses_into_the_conv_kernel() -> None:
             *_qdq("cq", 0.02, 128, "c", "cd"),
             h.make_node("Sigmoid", ["cd"], ["s"]), *_qdq("gs", 1 / 255, 0, "s", "g")]
     model = _model(conv, "g", {}, extra=[w, ws, wz], mul_reads="cd")
-    compiled = compile_model(model)
+    compiled = compile_model(model, composer=DROP_GATES)
     info = compiled.inspect()
     convs = [k for k in info["kernels"] if k["primitive"] == "convolution"]
     assert convs and all("eltwise_swish" in k["post_ops"] for k in convs)
