@@ -30,7 +30,6 @@ from onnx import TensorProto, helper
 
 import qfuse
 from qfuse.compiler.api import import_graph
-from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.examples import zoo
 from qfuse.runtime.emulate import emulate, plan
 from tests.compiler.qoperator_models import CASES, MS, U8, dequantized, qlinear_conv
@@ -141,7 +140,7 @@ def test_softmax_opset_12_attribute() -> None:
     np.testing.assert_array_equal(_run(model, feeds, "fused"), want)
 
 
-def test_dynamic_quantize_linear_is_refused_with_its_reason() -> None:
+def test_dynamic_quantize_linear_runs_as_an_island_with_its_reason() -> None:
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"], name="dql"),
              helper.make_node("MatMulInteger", ["q", "w", "z"], ["y"])]
     graph = helper.make_graph(
@@ -149,20 +148,28 @@ def test_dynamic_quantize_linear_is_refused_with_its_reason() -> None:
         [helper.make_tensor_value_info("y", TensorProto.INT32, [2, 3])],
         [onnx.numpy_helper.from_array(np.ones((4, 3), np.uint8), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    with pytest.raises(UnsupportedModelError, match="'dql'.*computed at run time"):
-        qfuse.compile_model(model)
+    compiled = qfuse.compile_model(model)
+    islands = compiled.inspect()["islands"]
+    assert any("computed at run time" in island["reason"] for island in islands), islands
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
 
 
-def test_conv_integer_beyond_float32_exactness_is_refused() -> None:
-    """576 taps of |w - zw| = 127 against u8 inputs with zero point 0: sums up to 18.65 M."""
+def test_conv_integer_beyond_float32_exactness_runs_as_an_island() -> None:
+    """576 taps of |w - zw| = 127 against u8 inputs with zero point 0: sums up to 18.65 M, past
+    float32's exact integers, so not the float QDQ form: onnxruntime runs it, exactly."""
     node = helper.make_node("ConvInteger", ["x", "w"], ["y"], name="ci")
     graph = helper.make_graph(
         [node], "g", [helper.make_tensor_value_info("x", U8, [1, 64, 3, 3])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, [1, 2, 1, 1])],
         [onnx.numpy_helper.from_array(np.full((2, 64, 3, 3), 127, np.int8), "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    with pytest.raises(UnsupportedModelError, match=r"'ci'.*18653760 > 2\^24"):
-        qfuse.compile_model(model)
+    compiled = qfuse.compile_model(model)
+    assert any("18653760 > 2^24" in i["reason"] for i in compiled.inspect()["islands"])
+    x = np.full((1, 64, 3, 3), 255, np.uint8)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], np.full((1, 2, 1, 1), 18653760))
 
 
 def _zoo(name: str, fmt: str) -> str:
