@@ -100,6 +100,7 @@ def is_slow(impl: str, kind: str) -> bool:
 
 
 RESHAPES = (Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE)
+QUANTIZERS = (Op.QUANTIZE_LINEAR, Op.DEQUANTIZE_LINEAR, Op.FAKE_QUANTIZE)
 
 
 def nocopy_strides(dims: Sequence[int], strides: Sequence[int],
@@ -157,4 +158,19 @@ def dense_in_order(md: MemoryDesc, dims: Sequence[int]) -> MemoryDesc:
         step *= dims[i]
     return MemoryDesc.from_strides(tuple(dims), md.dtype, out)
 
+
+def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:
+    """``md``'s dims densely laid out with ``axis`` innermost (stride 1) and the other dims in
+    ``md``'s order (row-major order when ``md`` is blocked): oneDNN's jit softmax needs the
+    softmax axis innermost in memory and runs ``ref:any`` otherwise."""
+    dims = md.dims
+    axis = axis + len(dims) if axis < 0 else axis
+    strides = md.strides if md.is_plain and md.strides else row_major(dims)
+    order = sorted((i for i in range(len(dims)) if i != axis), key=lambda i: (-strides[i], i))
+    out = [0] * len(dims)
+    step = 1
+    for i in [axis, *reversed(order)]:
+        out[i] = step
+        step *= dims[i]
+    return MemoryDesc.from_strides(tuple(dims), md.dtype, out)
 

@@ -111,6 +111,7 @@ PROBES = {
     Op.RESIZE: lower_resize.probe_resize,
     Op.PAD: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,
+    Op.SOFTMAX: lower_norm.probe_softmax,
 }
 
 
