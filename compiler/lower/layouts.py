@@ -59,6 +59,13 @@ def _dense_strides(md: MemoryDesc) -> tuple[int, ...]:
     return _dense(md.strides or (), md.dims)
 
 
+def same_bytes(a: MemoryDesc, b: MemoryDesc) -> bool:
+    """Two plain descriptors of one memory layout: they differ at most in the strides of
+    size-1 dims (oneDNN compares those too, e.g. nchw and nhwc of a 1x1 image)."""
+    return (a.is_plain and b.is_plain and a.dims == b.dims and a.dtype == b.dtype
+            and _dense_strides(a) == _dense_strides(b))
+
+
 def is_host(info: TensorInfo) -> bool:
     """A value oneDNN cannot describe (int64, bool, float64, int16, ..., rank 0, empty): it lives in
     a *host slot*, a flat u8 buffer that only numpy and island kernels read and write."""

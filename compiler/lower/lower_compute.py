@@ -346,9 +346,15 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         def unsplit() -> PrimitiveDesc:
             return create(built, residual_md, composed)[0]
 
+        def main_is_slow(main: Composed) -> bool:
+            assert exact is not None and exact.halves is not None
+            zh = no_vnni.split_zero_point(wei_zp)[0]
+            pd = create(attributes(main, zh)[0], None, main, weights=exact.halves[0])[0]
+            return is_slow(pd.impl_name, kind)
+
         if exact.lower_with_binary(ctx, node, composed, create=create,
                                    channel_axis=channel_axis, wei_mask=wei_mask,
-                                   src_zp=src_zp, unsplit=unsplit):
+                                   src_zp=src_zp, unsplit=unsplit, main_is_slow=main_is_slow):
             return
         composed, create, weights_slot, wei_zp = exact.apply(
             ctx, node, composed, create=create, weights_slot=weights_slot,
