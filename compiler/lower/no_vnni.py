@@ -91,7 +91,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from qfuse.compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
+from qfuse.compiler.lower.attrs import (
+    BuiltAttr,
+    TensorAdd,
+    build_attr,
+    scale_bias_post_ops,
+    store_post_ops,
+)
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
     channels_last,
@@ -103,7 +109,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Node, Op
-from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.ir.postops import Composed, Sum, TensorBinary
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -256,7 +262,7 @@ class Exactness:
         t_md = _lo_layout(ctx, node)
         return replace(composed, wei_scales=np.full(1, 2, F32), bias=None,
                        post_ops=[TensorAdd(t, t_md, f"low half '{t}'"),  # type: ignore[list-item]
-                                 *_scale_and_bias(composed), *composed.post_ops])
+                                 *scale_bias_post_ops(composed), *composed.post_ops])
 
     def lower_with_binary(self, ctx: LowerContext, node: Node, composed: Composed, *,
                           create: Create, channel_axis: int, wei_mask: int, src_zp: int,
@@ -277,7 +283,8 @@ class Exactness:
         per-channel binary post-ops wrongly when N > 1 and every spatial dim is 1
         (docs/onednn.md; tests/runtime/test_onednn_f32.py)."""
         shape = ctx.info(node.outputs[0]).shape
-        if (self.halves is None or any(isinstance(op, Sum) for op in composed.post_ops)
+        if (self.halves is None
+                or any(isinstance(op, Sum | TensorBinary) for op in composed.post_ops)
                 or self._on_exact_impl(unsplit)):
             return False
         if node.op is not Op.CONV_TRANSPOSE and (
@@ -294,8 +301,8 @@ class Exactness:
                              wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp)
         hi_pd, hi_wmem = create(hi_attr, t_md, hi_comp, weights=self.halves[0])
         finish = Composed(composed.channels, DType.F32,
-                          post_ops=[*_scale_and_bias(composed), *composed.post_ops,
-                                    *_dst_attributes(composed)])
+                          post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
+                                    *store_post_ops(composed)])
         flat = yinfo.shape[0] > 1 and ndims > 2 and math.prod(yinfo.shape[2:]) == 1
         b_md = plain_md(yinfo.shape[:2], DataType.f32) if flat else t_md
         built = build_attr(finish, ndims=2 if flat else ndims,
@@ -388,33 +395,6 @@ class Exactness:
         ctx.exact_int8[kernel.name] = self.how
         note = f"exact_int8: {self.how}"
         kernel.info.note = f"{kernel.info.note}; {note}" if kernel.info.note else note
-
-
-def _dst_attributes(composed: Composed) -> list[PostOp]:
-    """oneDNN's int8 store before rounding, ``f32(f32(x·f32(1/s)) + zp)``, as post-ops."""
-    if not composed.dst_dtype.is_integer:
-        return []
-    ops: list[PostOp] = []
-    if composed.dst_scale is not None and composed.dst_scale != 1.0:
-        ops.append(Eltwise("linear", float(F32(1) / F32(composed.dst_scale)), 0.0))
-    if composed.dst_zero_point:
-        ops.append(Eltwise("linear", 1.0, float(composed.dst_zero_point)))
-    return ops
-
-
-def _scale_and_bias(composed: Composed) -> list[PostOp]:
-    """oneDNN's ``x = f32(x·ws)`` then ``x = f32(x + b)`` as post-ops (module docstring)."""
-    ops: list[PostOp] = []
-    ws = np.asarray(composed.wei_scales, F32).ravel()
-    if ws.size == 1 and float(ws[0]) != 1.0:
-        ops.append(Eltwise("linear", float(ws[0]), 0.0))
-    elif ws.size > 1:
-        ops.append(Binary("mul", ws))
-    if composed.bias is not None:
-        bias = np.asarray(composed.bias, F32).ravel()
-        ops.append(Eltwise("linear", 1.0, float(bias[0])) if bias.size == 1
-                   else Binary("add", bias))
-    return ops
 
 
 def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
