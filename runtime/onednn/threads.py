@@ -24,6 +24,10 @@ from qfuse.runtime.onednn.enums import CpuIsa
 
 log = logging.getLogger(__name__)
 
+# Above any CPU qfuse runs on; GNU OpenMP would try to start every thread asked for (a team
+# of 10^9 hangs the process), so larger counts are refused.
+MAX_THREADS = 1024
+
 
 @dataclass(frozen=True)
 class Version:
@@ -46,8 +50,8 @@ def version() -> Version:
 
 def set_num_threads(count: int) -> None:
     """Number of OpenMP threads oneDNN primitives use from now on (calling thread)."""
-    if count < 1:
-        raise ValueError(f"thread count must be >= 1, got {count}")
+    if not 1 <= count <= MAX_THREADS:
+        raise ValueError(f"thread count must be 1..{MAX_THREADS}, got {count}")
     C.omp_set_num_threads(int(count))
     log.debug("oneDNN threads set to %d", count)
 
