@@ -17,6 +17,7 @@ returns invalid_arguments and this raises DnnlError.
 from __future__ import annotations
 
 import logging
+from ctypes import byref, c_int
 from dataclasses import dataclass
 
 from qfuse.runtime.onednn._lib import C, check
@@ -54,6 +55,20 @@ def set_num_threads(count: int) -> None:
         raise ValueError(f"thread count must be 1..{MAX_THREADS}, got {count}")
     C.omp_set_num_threads(int(count))
     log.debug("oneDNN threads set to %d", count)
+
+
+def primitive_cache_capacity() -> int:
+    """Entries oneDNN's primitive cache keeps (ONEDNN_PRIMITIVE_CACHE_CAPACITY, default 1024)."""
+    capacity = c_int()
+    check(C.dnnl_get_primitive_cache_capacity(byref(capacity)),
+          "dnnl_get_primitive_cache_capacity")
+    return int(capacity.value)
+
+
+def set_primitive_cache_capacity(capacity: int) -> None:
+    """Resize oneDNN's primitive cache (0 turns it off; shrinking evicts entries)."""
+    check(C.dnnl_set_primitive_cache_capacity(int(capacity)),
+          "dnnl_set_primitive_cache_capacity", f"capacity={capacity}")
 
 
 def get_num_threads() -> int:
