@@ -48,8 +48,8 @@ from qfuse.compiler.bench_engines import (
 )
 from qfuse.compiler.errors import InputError, MalformedModelError
 from qfuse.compiler.files import regular_file, writable
-from qfuse.runtime.onednn.threads import MAX_THREADS
 from qfuse.runtime.numerics.error import cosine
+from qfuse.runtime.onednn.threads import MAX_THREADS
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx

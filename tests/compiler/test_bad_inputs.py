@@ -941,7 +941,7 @@ def _(tmp: Path) -> list[str]:
     return ["run", _model(tmp), "--output", str(tmp)]
 
 
-@cli_case("run_output_missing_folder", "error", r"No such|director")
+@cli_case("run_output_missing_folder", "error", r"folder does not exist")
 def _(tmp: Path) -> list[str]:
     return ["run", _model(tmp), "--output", str(tmp / "a" / "b" / "out.npz")]
 
