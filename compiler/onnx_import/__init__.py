@@ -164,7 +164,7 @@ def _check_sizes(graph: Graph) -> None:
         total += nbytes
         if nbytes > limits().max_tensor_bytes:
             producer = graph.producer(name)
-            what = (f"node '{producer.name}' ({producer.op.name}): output '{name}'"
+            what = (f"node {producer}: output '{name}'"
                     if producer is not None else f"value '{name}'")
             check_shape(what, value.info.shape, value.info.dtype.np.itemsize)
     check_total(f"the {len(graph.values)} values of graph '{graph.name}'", total)

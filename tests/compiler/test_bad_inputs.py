@@ -1262,7 +1262,7 @@ def test_the_tensor_limit_is_configurable(limit: str, monkeypatch: pytest.Monkey
 
     compile_model(base())  # 1x3x8x8 float: 768 bytes, the conv output 1 KiB
     monkeypatch.setenv("QFUSE_MAX_TENSOR_BYTES", limit)
-    with pytest.raises(SizeLimitError, match=r"node 'conv' \(CONV\): output 'c' .* needs 1 KiB"):
+    with pytest.raises(SizeLimitError, match=r"node 'conv' \(Conv\): output 'c' .* needs 1 KiB"):
         compile_model(base())
     monkeypatch.setenv("QFUSE_MAX_TENSOR_BYTES", "-1")
     with pytest.raises(SizeLimitError, match="QFUSE_MAX_TENSOR_BYTES"):
