@@ -30,7 +30,7 @@ from qfuse.compiler.onnx_import.folding import evaluate
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
 from qfuse.ir.types import DType, QuantParams, TensorInfo
 
-# Scales qfuse accepts. Below the smallest normal float32, 1/scale overflows and oneDNN's
+# Scales of u8/s8 tensors qfuse's kernels accept (an INT32 bias may have any). Below the smallest normal float32, 1/scale overflows and oneDNN's
 # kernels flush the scale to zero; above 1e30 the products of scales (and with accumulators)
 # that the int8 kernels compute in float32 overflow where the QDQ arithmetic does not (a
 # scale of 3e38 gives inf where the reference gives 0).
@@ -70,8 +70,10 @@ def _check_zero_point(ctx: Context, node: NodeView, qtype: int) -> None:
                                   f"quantized type {onnx_type_name(qtype)}")
 
 
-def _params(ctx: Context, node: NodeView, x: TensorInfo) -> tuple[QuantParams, int]:
-    """Validated QuantParams and the (non-negative) axis attribute."""
+def _params(ctx: Context, node: NodeView, x: TensorInfo, *, kernel_scale: bool = True
+            ) -> tuple[QuantParams, int]:
+    """Validated QuantParams and the (non-negative) axis attribute. ``kernel_scale``: the
+    scale reaches the int8 kernels (an INT32 bias is dequantized once, in numpy, instead)."""
     if node.attr("block_size", 0):
         raise ctx.unsupported(node, f"blocked quantization (block_size="
                                     f"{node.attr('block_size')}) is not supported")
@@ -89,7 +91,7 @@ def _params(ctx: Context, node: NodeView, x: TensorInfo) -> tuple[QuantParams, i
         raise ctx.malformed(node, f"scale must be finite, got {_show(scale)}")
     if np.any(scale <= 0):
         raise ctx.malformed(node, f"scale must be > 0, got {_show(scale)}")
-    if np.any(scale < MIN_SCALE) or np.any(scale > MAX_SCALE):
+    if kernel_scale and (np.any(scale < MIN_SCALE) or np.any(scale > MAX_SCALE)):
         bad = float(scale.min()) if np.any(scale < MIN_SCALE) else float(scale.max())
         raise ctx.unsupported(node, f"scale {bad:.3g} is outside the range qfuse computes "
                                     f"exactly, [{MIN_SCALE:.3g}, {MAX_SCALE:.3g}]")
@@ -149,7 +151,8 @@ def dequantize_linear(ctx: Context, node: NodeView) -> None:
                                     f"supported (only UINT8, INT8 and INT32)")
     x = ctx.input_info(node, 0)
     _check_zero_point(ctx, node, qtype)
-    quant, axis = _params(ctx, node, x)
+    # ONNX Runtime's int32 bias has scale s_x·s_w, often below the smallest normal float32
+    quant, axis = _params(ctx, node, x, kernel_scale=qtype != TensorProto.INT32)
     if qtype == TensorProto.INT32 and any(quant.zero_point):
         raise ctx.malformed(node, "an INT32 input must have zero point 0")
     inputs = list(node.inputs[:3])

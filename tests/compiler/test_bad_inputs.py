@@ -375,6 +375,23 @@ for _id, _value in [("3e38", 3e38), ("denormal", 1e-45), ("1e31", 1e31)]:
     model_case(f"scale_{_id}_island", _with_init(init("x_s", _value, np.float32)), "",
                expect="ok")
 model_case("scale_1e-30_accepted", _with_init(init("x_s", 1e-30, np.float32)), "", expect="ok")
+
+
+def _int32_bias(scale: float) -> Callable[[], onnx.ModelProto]:
+    def build() -> onnx.ModelProto:
+        m = base()
+        m.graph.initializer.extend([init("b", [5, -3, 0, 7], np.int32),
+                                    init("b_s", [scale] * 4, np.float32)])
+        m.graph.node.insert(3, helper.make_node("DequantizeLinear", ["b", "b_s"], ["bd"],
+                                                name="bdq", axis=0))
+        node(m, "conv").input.append("bd")
+        return m
+    return build
+
+
+# quantize_static's int32 bias has scale s_x * s_w: subnormal ones occur in real models
+model_case("bias_int32_subnormal_scale_ok", _int32_bias(1.59e-39), "", expect="ok")
+model_case("bias_int32_scale_zero", _int32_bias(0.0), r"'bdq'.*scale")
 model_case("scale_float64", _with_init(init("x_s", 0.05, np.float64)), r"scale|type")
 model_case("scale_int", _with_init(init("x_s", 1, np.int32)), r"scale|type")
 model_case("scale_2d", _with_init(init("x_s", [[0.05]], np.float32)), r"scale")
