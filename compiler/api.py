@@ -88,6 +88,10 @@ def compile_model(
     if mode not in MODES:
         raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     mode = Mode(mode)
+    from qfuse.runtime.onednn.threads import MAX_THREADS
+
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"threads must be 1..{MAX_THREADS}, got {threads}")
     graph = import_graph(model, input_shapes=input_shapes)
     from qfuse.compiler.onnx_import.islands import describe as islands
 

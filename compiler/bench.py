@@ -47,7 +47,9 @@ from qfuse.compiler.bench_engines import (
     make_engine,
 )
 from qfuse.compiler.errors import InputError, MalformedModelError
+from qfuse.compiler.files import regular_file, writable
 from qfuse.runtime.numerics.error import cosine
+from qfuse.runtime.onednn.threads import MAX_THREADS
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +319,12 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
     from qfuse.compiler.api import random_inputs
     from qfuse.runtime.onednn import effective_cpu_isa
 
+    for flag, value in (("iters", config.iters), ("batch", config.batch),
+                        ("threads", config.threads)):
+        if value is not None and value < 1:
+            raise InputError(f"--{flag} must be at least 1, got {value}")
+    if config.threads is not None and config.threads > MAX_THREADS:
+        raise InputError(f"--threads must be at most {MAX_THREADS}, got {config.threads}")
     threads = config.threads or default_threads()
     unknown = [n for n in config.compare if n not in ENGINES]
     if unknown:
@@ -396,10 +404,11 @@ def main_bench(args: Any) -> int:
 
     config = BenchConfig(Path(args.model), list(args.compare or []), args.threads, args.iters,
                          args.batch, input_shapes(args), progress=True)
-    if not config.model.exists():
-        raise FileNotFoundError(f"model {config.model} does not exist")
-    if config.iters < 1:
-        raise InputError(f"--iters must be at least 1, got {config.iters}")
+    regular_file(config.model, "model")
+    if args.plot:
+        writable(args.plot, "plot")
+    if args.json and args.json != "-":
+        writable(args.json, "JSON")
     with tempfile.TemporaryDirectory(prefix="qfuse-bench-") as tmp:
         result = run_bench(config, Path(tmp))
         text = [format_table(result)]

@@ -9,6 +9,7 @@ stays hashable and immutable; ``scale_array()``/``zero_point_array()`` give nump
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,7 +112,7 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # Python ints: no int64 wrap-around on absurd shapes
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorInfo:
         return TensorInfo(tuple(int(d) for d in shape), self.dtype, self.quant)
