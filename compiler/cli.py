@@ -176,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="threads for every engine (default: all CPUs)")
     p.add_argument("--iters", type=int, default=50, help="timed runs per engine (default 50)")
     p.add_argument("--batch", type=int, help="leading input dimension (default: the model's)")
+    p.add_argument("--inputs", type=Path,
+                   help="run every engine on these inputs: .npz keyed by input name, or .npy "
+                        "for a single-input model (default: random N(0,1), seed 0)")
     _json_arg(p)
     p.add_argument("--plot", type=Path, help="PNG: fused vs unfused time per layer")
     p.add_argument("--profile", action="store_true",
