@@ -66,6 +66,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    if not args.error and (args.float_model or args.inputs or args.int8_engine):
+        raise InputError("--float, --int8-engine and --inputs go with --error")
     if not args.error:
         from qfuse.compiler.cli_inspect import main_inspect
 
@@ -161,7 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     _json_arg(p)
     p.add_argument("--error", action="store_true",
                    help="per-layer quantization error against the float model (SQNR, LSB)")
-    p.add_argument("--inputs", type=Path, help="with --error: .npz keyed by input name")
+    p.add_argument("--float", type=Path, dest="float_model", metavar="FP32.onnx",
+                   help="with --error: compare with this float model (run by onnxruntime, "
+                        "tensors matched by name) instead of one rebuilt from the quantized "
+                        "model")
+    p.add_argument("--int8-engine", dest="int8_engine", choices=["reference", "onnxruntime"],
+                   help="with --error: what runs the quantized model (default: qfuse's "
+                        "reference interpreter; onnxruntime: exact QDQ, optimizations off)")
+    p.add_argument("--inputs", type=Path,
+                   help="with --error: .npz keyed by input name, or .npy for a single-input "
+                        "model (default: random N(0,1), seed 0)")
     p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
                    help="which compiled form to describe (default: fused)")
     _shape_flag(p)
