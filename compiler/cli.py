@@ -168,8 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "tensors matched by name) instead of one rebuilt from the quantized "
                         "model")
     p.add_argument("--int8-engine", dest="int8_engine", choices=["reference", "onnxruntime"],
-                   help="with --error: what runs the quantized model (default: qfuse's "
-                        "reference interpreter; onnxruntime: exact QDQ, optimizations off)")
+                   help="with --error: what runs the quantized model (default: the engine of "
+                        "the float side: onnxruntime with --float (exact QDQ, optimizations "
+                        "off), else qfuse's reference interpreter)")
     p.add_argument("--inputs", type=Path,
                    help="with --error: .npz keyed by input name, or .npy for a single-input "
                         "model (default: random N(0,1), seed 0)")

@@ -7,9 +7,11 @@ for NaN: its f32 -> s8 conversion saturates with max/min instructions that let N
 the upper bound, so an s8 input quantizer gave +127 where ONNX gives -128 (u8 happened to
 give 0); ±inf saturate correctly.
 
-So, once per run, every float graph input is checked (``all_finite``: one BLAS dot product of
-the input with itself, finite exactly when every element is, unless it overflows; a
-non-finite result is confirmed element by element). When one holds NaN or inf:
+So, once per run, every float graph input is checked (``all_finite``: ``np.isfinite(x).all()``,
+single-threaded: 36–41 µs for a 1x3x224x224 input on this project's 2-core test machine, under
+load; a BLAS dot product of x with itself is finite exactly when x is, unless it overflows,
+and took 29–33 µs, but OpenBLAS may run it on threads that then spin next to oneDNN's). When
+one holds NaN or inf:
 
 - a ``NonFiniteInputWarning`` is issued, once per CompiledModel;
 - fused / unfused, an input whose every reader is a QuantizeLinear: its NaN are replaced by
@@ -29,7 +31,6 @@ non-finite result is confirmed element by element). When one holds NaN or inf:
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from collections.abc import Callable
 
@@ -51,13 +52,7 @@ class NonFiniteInputWarning(RuntimeWarning):
 
 def all_finite(x: np.ndarray) -> bool:
     """True when no element of the float array ``x`` is NaN or ±inf (module docstring)."""
-    flat = x.reshape(-1)
-    if flat.size == 0:
-        return True
-    with np.errstate(over="ignore", invalid="ignore"):
-        if math.isfinite(float(np.dot(flat, flat))):
-            return True
-    return bool(np.isfinite(flat).all())  # NaN / inf, or only an overflow of the sum
+    return bool(np.isfinite(x).all())
 
 
 class NonFiniteGuard:

@@ -152,5 +152,6 @@ def test_unmatched_quantizers_are_listed(tmp_path: Path, capsys: pytest.CaptureF
                  str(tmp_path / "renamed.onnx")])
     data = json.loads(capsys.readouterr().out)
     assert code == 0 and data["unmatched"] == ["c_QuantizeLinear_Output"]
+    assert data["reference"].endswith("int8 values by onnxruntime")  # QDQ: exact in ORT
     assert "c_QuantizeLinear_Output" not in {r["tensor"] for r in data["layers"]}
     assert main(["inspect", str(qdq_path), "--float", str(float_path)]) == 1

@@ -19,7 +19,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import qfuse
-from qfuse.compiler.nonfinite import NonFiniteInputWarning, all_finite
+from qfuse import NonFiniteInputWarning
+from qfuse.compiler.nonfinite import all_finite
 
 QUANTIZED_MODES = ["fused", "unfused", "reference"]
 SHAPE = [1, 3, 5, 5]
@@ -97,8 +98,8 @@ def test_non_finite_inputs_give_onnxruntimes_result(dtype: type, body: str, mode
 @pytest.mark.parametrize("mode", ["fused", "unfused", "fp32", "reference"])
 def test_finite_inputs_do_not_warn(mode: str) -> None:
     model = qfuse.compile_model(_model(np.int8, "conv"), mode=mode)
-    x = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32) * 1e20  # overflows
-    with warnings.catch_warnings():                                            # x·x, finite
+    x = np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32) * 1e20  # large,
+    with warnings.catch_warnings():                                            # finite
         warnings.simplefilter("error")
         model.run({"x": x})
 
