@@ -12,9 +12,11 @@ model. Its tensors are matched to the quantized model's quantizers by name:
   output name, so ``X`` is the activation's output; a graph output ``Y`` is quantized as
   ``Y_QuantizeLinear_Input -> ... -> Y``. NNCF's QuantizeLinear reads ``X`` too
   (``X -> q_output_X_1``). QOperator models (``QLinearConv`` writing ``X_quantized``) come
-  through qfuse's importer as QuantizeLinear nodes whose output is ``X_quantized``.
+  through qfuse's importer as QuantizeLinear nodes whose output is ``X_quantized`` (its
+  QSplit writes ``Xquantized``).
 - so the candidates for quantizer ``q`` are its input's name, that name without the
-  ``_QuantizeLinear_Input`` suffix, and its output's name without ``_quantized``;
+  ``_QuantizeLinear_Input`` suffix, and its output's name without ``_quantized`` or
+  ``quantized``;
 - QOperator quantize_static folds a Relu / Clip into the quantizer without renaming (the
   quantizer reads the Conv's output name ``X`` with the activation's range): when the float
   tensor ``X``'s only reader is a Relu or Clip and the quantizer's range starts at real 0
@@ -38,8 +40,10 @@ ACTIVATIONS = ("Relu", "Clip")
 def candidates(q_input: str, q_output: str) -> list[str]:
     """Float tensor names that may hold the value quantizer (q_input -> q_output) quantizes."""
     names = [q_input]
-    for name, suffix in ((q_input, "_QuantizeLinear_Input"), (q_output, "_quantized")):
-        if name.endswith(suffix) and len(name) > len(suffix):
+    for name, suffixes in ((q_input, ("_QuantizeLinear_Input",)),
+                           (q_output, ("_quantized", "quantized"))):
+        suffix = next((x for x in suffixes if name.endswith(x) and len(name) > len(x)), None)
+        if suffix is not None:
             names.append(name[: -len(suffix)])
     return list(dict.fromkeys(names))
 

@@ -155,3 +155,12 @@ def test_unmatched_quantizers_are_listed(tmp_path: Path, capsys: pytest.CaptureF
     assert data["reference"].endswith("int8 values by onnxruntime")  # QDQ: exact in ORT
     assert "c_QuantizeLinear_Output" not in {r["tensor"] for r in data["layers"]}
     assert main(["inspect", str(qdq_path), "--float", str(float_path)]) == 1
+
+
+def test_float_name_candidates_follow_the_quantizers_naming() -> None:
+    from qfuse.compiler.float_model import candidates
+
+    assert candidates("relu_0", "relu_0_QuantizeLinear_Output") == ["relu_0"]
+    assert candidates("y_QuantizeLinear_Input", "yq") == ["y_QuantizeLinear_Input", "y"]
+    assert candidates("Conv@1_quant/Conv_out", "bn_1_quantized")[1:] == ["bn_1"]
+    assert candidates("/m/Split_out", "/m/Split_output_0quantized")[1:] == ["/m/Split_output_0"]
