@@ -28,11 +28,16 @@ def _arr(name: str, value: object, dtype: type = np.float32) -> onnx.TensorProto
     return numpy_helper.from_array(np.asarray(value, dtype), name)
 
 
+def _int8_exact(values: np.ndarray) -> np.ndarray:
+    """Weights int8 holds exactly at scale 0.05: the rebuilt model's dequantized weights are the
+    float model's."""
+    return np.clip(np.rint(values * 40), -127, 127).astype(np.float32) * np.float32(0.05)
+
+
 def _models(tmp_path: Path) -> tuple[Path, Path, dict[str, np.ndarray]]:
     """(float model, its QDQ form without the Clip, feeds): y = conv(x)·clip(conv(x)+3, 0, 6)/6."""
     rng = np.random.default_rng(0)
-    # weights that int8 holds exactly: the rebuilt model's dequantized weights are the float ones
-    w = np.rint(rng.standard_normal((4, 4, 1, 1)) * 40).astype(np.float32) * np.float32(0.05)
+    w = _int8_exact(rng.standard_normal((4, 4, 1, 1)))
     x = (rng.standard_normal(SHAPE) * 2).astype(np.float32)
     consts = [_arr("w", w), _arr("three", 3.0), _arr("six", 6.0), _arr("lo", 0.0),
               _arr("hi", 6.0)]
@@ -164,3 +169,37 @@ def test_float_name_candidates_follow_the_quantizers_naming() -> None:
     assert candidates("y_QuantizeLinear_Input", "yq") == ["y_QuantizeLinear_Input", "y"]
     assert candidates("Conv@1_quant/Conv_out", "bn_1_quantized")[1:] == ["bn_1"]
     assert candidates("/m/Split_out", "/m/Split_output_0quantized")[1:] == ["/m/Split_output_0"]
+
+
+def test_rebuilt_float_model_reports_what_the_quantizer_clips(tmp_path: Path) -> None:
+    """A Relu folded into a quantizer whose range stops at half the data's maximum: the rebuild
+    puts the ReLU back without the calibrated top as a cap, so the clipping is error, as
+    against the real float model (a cap there reported the tensor as nearly exact)."""
+    rng = np.random.default_rng(3)
+    w = _int8_exact(rng.standard_normal((4, 4, 1, 1)))
+    x = rng.standard_normal(SHAPE).astype(np.float32)
+    c = np.einsum("oi,nihw->nohw", w[:, :, 0, 0], x)
+    top = float(c.max()) / 2
+    io = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, SHAPE)])
+    float_graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"]),
+                                     helper.make_node("Relu", ["c"], ["r"]),
+                                     helper.make_node("Identity", ["r"], ["y"])],
+                                    "relu", *io, [_arr("w", w)])
+    wq = np.rint(w / np.float32(0.05)).astype(np.int8)
+    quant_graph = helper.make_graph([
+        helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"]),
+        helper.make_node("Conv", ["x", "wd"], ["r"]),  # quantize_static's rename: Relu gone
+        helper.make_node("QuantizeLinear", ["r", "rs", "rz"], ["rq"]),
+        helper.make_node("DequantizeLinear", ["rq", "rs", "rz"], ["y"])], "relu_qdq", *io,
+        [numpy_helper.from_array(wq, "wq"), _arr("ws", 0.05), _arr("wz", 0, np.int8),
+         _arr("rs", top / 255), _arr("rz", 0, np.uint8)])
+    for graph, name in ((float_graph, "f.onnx"), (quant_graph, "q.onnx")):
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]),
+                  tmp_path / name)
+    graph = import_graph(tmp_path / "q.onnx")
+    (rebuilt,), reference = error_report(graph, {"x": x})
+    (given,), _ = error_report(graph, {"x": x}, tmp_path / "f.onnx")
+    assert given["float_tensor"] == "r" and given["sqnr_db"] < 20
+    assert rebuilt["sqnr_db"] == pytest.approx(given["sqnr_db"], abs=0.01)
+    assert "1 activation(s)" in reference.notes[0] and "0 of them capped" in reference.notes[0]
