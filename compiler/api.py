@@ -119,7 +119,7 @@ def compile_model(
     for kernel in details["kernels"]:  # no VNNI: how each int8 kernel stays exact
         if kernel["name"] in details.get("exact_int8", {}):
             kernel["exact_int8"] = details["exact_int8"][kernel["name"]]
-    guard = NonFiniteGuard(graph, mode, _onnx_fallback(graph, mode), work)
+    guard = NonFiniteGuard(graph, mode, _onnx_fallback(graph, mode), work, executor.validate)
     return CompiledModel(graph, mode, executor.run, details, work, plan, executor, guard)
 
 

@@ -59,8 +59,11 @@ class NonFiniteGuard:
     """Checks a CompiledModel's float inputs before each run (module docstring)."""
 
     def __init__(self, graph: Graph, mode: Mode, fallback: Callable[[Feeds], Feeds] | None,
-                 compiled: Graph | None = None) -> None:
-        """``graph``: the imported graph; ``compiled``: the graph the fp32 mode lowered."""
+                 compiled: Graph | None = None,
+                 validate: Callable[[Feeds], None] | None = None) -> None:
+        """``graph``: the imported graph; ``compiled``: the graph the fp32 mode lowered;
+        ``validate``: the executor's check of the feeds (an InputError for a bad one), run
+        before a rerouted run as before a compiled one."""
         self.name = graph.name or "model"
         self.mode = mode
         self.float_inputs = [n for n in graph.inputs if graph.info(n).dtype.np.kind == "f"]
@@ -69,6 +72,7 @@ class NonFiniteGuard:
                                if readers.consumers(n) and all(
                                    r.op is Op.QUANTIZE_LINEAR for r, _ in readers.consumers(n))}
         self.fallback = fallback
+        self.validate = validate
         self.warned = False
 
     def __call__(self, feeds: Feeds, run: Callable[[Feeds], Feeds]) -> Feeds:
@@ -81,6 +85,8 @@ class NonFiniteGuard:
         reroute = compiled and any(n not in self.quantized_only for n in bad)
         self._warn(bad, reroute)
         if reroute and self.fallback is not None:
+            if self.validate is not None:
+                self.validate(feeds)
             with np.errstate(invalid="ignore", over="ignore"):
                 return self.fallback(feeds)
         replace = [n for n in bad if n in self.quantized_only and self.mode is not Mode.REFERENCE]

@@ -130,3 +130,14 @@ def test_all_finite() -> None:
             y = x.copy()
             y[i] = bad
             assert not all_finite(y)
+
+
+def test_a_rerouted_run_still_refuses_a_bad_feed() -> None:
+    from qfuse.compiler.errors import InputError
+
+    model = qfuse.compile_model(_model(np.int8, "negate"))
+    x = np.full([1, 3, 5, 6], np.nan, np.float32)  # wrong shape
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonFiniteInputWarning)
+        with pytest.raises(InputError, match="input 'x'"):
+            model.run({"x": x})
