@@ -31,7 +31,7 @@ from qfuse.ir.chain import (
     Residual,
     Scale,
     Shift,
-    TensorMul,
+    TensorOperand,
 )
 from qfuse.ir.postops import ACT_ALG, Binary, Composed, Eltwise, Prelu, Sum, TensorBinary
 from qfuse.ir.types import DType
@@ -128,8 +128,9 @@ def apply_chain(
         elif isinstance(item, Residual):
             r = residuals[item.port].astype(F32)
             x = (x + F32(item.scale) * (r - F32(item.zero_point))).astype(F32)
-        elif isinstance(item, TensorMul):
-            x = (x * residuals[item.port].astype(F32)).astype(F32)
+        elif isinstance(item, TensorOperand):
+            fn = np.multiply if item.alg == "mul" else np.add
+            x = fn(x, residuals[item.port].astype(F32)).astype(F32)
         elif isinstance(item, Quantize):
             x = fake_quantize(x, *(_per_channel(v, nd, ax) for v in (
                 item.input_low, item.input_high, item.output_low, item.output_high)),
