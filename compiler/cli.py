@@ -68,6 +68,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    if not args.error and (args.float_model or args.inputs or args.int8_engine):
+        raise InputError("--float, --int8-engine and --inputs go with --error")
     if not args.error:
         from qfuse.compiler.cli_inspect import main_inspect
 
@@ -163,7 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     _json_arg(p)
     p.add_argument("--error", action="store_true",
                    help="per-layer quantization error against the float model (SQNR, LSB)")
-    p.add_argument("--inputs", type=Path, help="with --error: .npz keyed by input name")
+    p.add_argument("--float", type=Path, dest="float_model", metavar="FP32.onnx",
+                   help="with --error: compare with this float model (run by onnxruntime, "
+                        "tensors matched by name) instead of one rebuilt from the quantized "
+                        "model")
+    p.add_argument("--int8-engine", dest="int8_engine", choices=["reference", "onnxruntime"],
+                   help="with --error: what runs the quantized model (default: the engine of "
+                        "the float side: onnxruntime with --float (exact QDQ, optimizations "
+                        "off), else qfuse's reference interpreter)")
+    p.add_argument("--inputs", type=Path,
+                   help="with --error: .npz keyed by input name, or .npy for a single-input "
+                        "model (default: random N(0,1), seed 0)")
     p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
                    help="which compiled form to describe (default: fused)")
     _shape_flag(p)
@@ -178,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="threads for every engine (default: all CPUs)")
     p.add_argument("--iters", type=int, default=50, help="timed runs per engine (default 50)")
     p.add_argument("--batch", type=int, help="leading input dimension (default: the model's)")
+    p.add_argument("--inputs", type=Path,
+                   help="run every engine on these inputs: .npz keyed by input name, or .npy "
+                        "for a single-input model (default: random N(0,1), seed 0)")
     _json_arg(p)
     p.add_argument("--plot", type=Path, help="PNG: fused vs unfused time per layer")
     p.add_argument("--profile", action="store_true",

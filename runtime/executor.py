@@ -66,6 +66,10 @@ class Executor:
     def input_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {name: (shape, dtype) for name, shape, dtype in self._specs}
 
+    def validate(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """An InputError naming the first bad feed (names, shapes, dtypes), else nothing."""
+        self._check(feeds)
+
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
         unknown = sorted(set(feeds) - set(self.input_names))
         if unknown:
