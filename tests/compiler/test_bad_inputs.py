@@ -1046,7 +1046,7 @@ def _(tmp: Path) -> list[str]:
     return ["inspect", _model(tmp), "--json", "/proc/version"]
 
 
-@cli_case("inspect_error_inputs_npy", "error", r"\.npy|npz")
+@cli_case("inspect_error_inputs_npy", "ok")  # a .npy feeds a single-input model
 def _(tmp: Path) -> list[str]:
     np.save(tmp / "x.npy", good_x())
     return ["inspect", _model(tmp), "--error", "--inputs", str(tmp / "x.npy")]
