@@ -38,8 +38,9 @@ OPTIMIZATIONS = (
     "per_tensor_eltwise",
     "drop_inner_round",
     "drop_gate_quantize",
+    "zero_point_before_round",
 )
-DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize"})
+DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
 
 
 @dataclass(frozen=True)
