@@ -289,7 +289,7 @@ class Exactness:
                                    {**hi_attr.fixed, int(Arg.WEIGHTS): hi_wmem}, info=info)
         ctx.exact_int8[kernel.name] = HIGH_HALF
         info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
-                            post_op_details=built.details)
+                            post_op_details=built.details, rounding=composed.rounding())
         kernel = ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): h, int(Arg.SRC_1): t,
                                                    int(Arg.DST): ctx.define(y, dst_md)},
                                    dict(built.fixed), info=info)
