@@ -25,7 +25,9 @@ exact. Bit-exact with onnxruntime on the image inputs and on a sweep of near-tie
 layout (nchw f32 → nhwc u8 falls to ``ref:any``, 100× slower), so when the consumer wants
 another layout an int → int reorder follows.
 
-The other quantizations stay reorders:
+The composer option ``zero_point_before_round`` (passes/composer.py) keeps oneDNN's reorder
+here too, for measuring what the ONNX form costs and for ``--emulate onednn``. The other
+quantizations stay reorders:
 
 - quantize-only FakeQuantize [x, il, ih, ol, oh] (f32 → u8/s8), with unit output steps
   (oh - ol = L - 1): ``q = round((x - il)/s) + ol`` with ``s = (ih - il)/(L - 1)``, i.e. a
@@ -250,7 +252,7 @@ def lower_quantize(ctx: LowerContext, node: Node) -> None:
         lower_numpy(ctx, node, note="not expressible as a reorder")
         return
     src_value, src_side, absorbed = _take_deferred(ctx, node.inputs[0])
-    if _onnx_rounding(node):
+    if ctx.options.onnx_rounding and _onnx_rounding(node):
         _onnx_quantize(ctx, node, src_value, src_side, side, absorbed)
         return
     _reorder(ctx, node, src_value, src_side, side, absorbed)
