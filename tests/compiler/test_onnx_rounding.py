@@ -26,7 +26,8 @@ F32 = np.float32
 MODES = ("fused", "unfused", "reference")
 
 
-def _qdq(scales: list[float], zps: list[int], dtype: int, shape: tuple[int, ...]) -> onnx.ModelProto:
+def _qdq(scales: list[float], zps: list[int], dtype: int,
+         shape: tuple[int, ...]) -> onnx.ModelProto:
     """x -> (Q -> DQ) per (scale, zero point), chained: one quantize, then requantizes."""
     nodes, inits, value = [], [], "x"
     np_type = np.uint8 if dtype == TensorProto.UINT8 else np.int8
