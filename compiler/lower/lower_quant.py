@@ -61,7 +61,7 @@ from qfuse.ir import Node, Op
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from qfuse.compiler.lower.attrs import per_channel_dims
 from qfuse.compiler.lower.layouts import const_memory
-from qfuse.ir.chain import LEVEL_FORM, ONNX_FORM
+from qfuse.ir.chain import ONNX_FORM
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -107,7 +107,9 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     scale_dims = one if dst.axis is None else per_channel_dims(ndims, dst.axis, dst.scale.size)
     scale_md = MemoryDesc.from_tag(scale_dims, DataType.f32)
     scales = const_memory(dst.scale.astype(F32).reshape(scale_dims))
-    posts, fixed, names = PostOps(), {}, []
+    posts, fixed, names, details = PostOps(), {}, [], []
+    s_text = (f"{float(dst.scale[0]):.6g}" if dst.scale.size == 1
+              else f"[{dst.scale.size} scales, axis {dst.axis}]")
     if src is None:
         alg, src1_md = Alg.binary_div, scale_md
         fixed[int(Arg.SRC_1)] = scales
@@ -119,11 +121,15 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
         posts.append_binary(Alg.binary_div, scale_md)
         fixed[Arg.post_op(1, Arg.SRC_1)] = scales
         names += ["eltwise_linear", "binary_div"]
+        details += [f"eltwise_linear(alpha={float(src.scale[0]):.6g}, beta=0)",
+                    f"binary_div({s_text})"]
     posts.append_eltwise(Alg.eltwise_round)
     names.append("eltwise_round")
+    details.append("eltwise_round")
     if dst.zero_point:
         posts.append_eltwise(Alg.eltwise_linear, 1.0, float(dst.zero_point))
         names.append("eltwise_linear")
+        details.append(f"eltwise_linear(alpha=1, beta={dst.zero_point})")
     attr = PrimitiveAttr()
     attr.set_post_ops(posts)
     same = md_like(src_md, dtype) or plain_md(src_md.dims, dtype)
@@ -131,7 +137,10 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     out = ctx.define(y, want)
     target = out if want == same else ctx.temp(f"{y}@{same.dtype.name}", same)
     pd = binary(alg, src_md, src1_md, same, attr=attr)
-    info = ctx.info_for(node, role="op", post_ops=names, rounding=ONNX_FORM)
+    what = (f"x / {s_text}" if src is None
+            else f"x - {src.zero_point} (then the post-ops)")
+    info = ctx.info_for(node, role="op", post_ops=names, post_op_details=details,
+                        rounding=ONNX_FORM, note=f"binary_{alg.name.split('_')[-1]}: {what}")
     info.absorbed += [a for a in absorbed if a not in info.absorbed]
     ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): home, int(Arg.DST): target}, fixed,
                       info=info)
@@ -162,7 +171,7 @@ def _reorder(ctx: LowerContext, node: Node, src_value: str, src: QuantSide | Non
     kernel = ctx.add_reorder(home, out, attr=attr, fixed=fixed, role="op", node=node)
     kernel.info.absorbed += [a for a in absorbed if a not in kernel.info.absorbed]
     if dst is not None:
-        kernel.info.rounding = LEVEL_FORM if dst.zero_point else "round(x/s)"
+        kernel.info.rounding = "round(x·(1/s)+zp)" if dst.zero_point else "round(x·(1/s))"
 
 
 def _uniform_zp(zp: np.ndarray | None) -> int | None:
