@@ -40,9 +40,11 @@ def _qdq(scales: list[float], zps: list[int], dtype: int,
     return model(nodes, {"x": (shape, TensorProto.FLOAT)}, ["y"], inits, opset=13)
 
 
-def _image_inputs() -> np.ndarray:
-    p = np.arange(256, dtype=F32)
-    x = (p / F32(255) - F32(0.5)) / F32(0.5)
+def _image_inputs(in_float64: bool) -> np.ndarray:
+    """(p/255 - 0.5)/0.5 for p = 0..255, three channels: in float32 arithmetic, or in float64
+    and then rounded to float32 (the issue's 141 of 768; float32 arithmetic gives 189)."""
+    p = np.arange(256, dtype=np.float64 if in_float64 else F32)
+    x = (p / 255 - 0.5) / 0.5 if in_float64 else (p / F32(255) - F32(0.5)) / F32(0.5)
     return np.stack([x, x, x]).reshape(1, 3, 16, 16).astype(F32)
 
 
@@ -68,9 +70,10 @@ def _check_every_mode(m: onnx.ModelProto, x: np.ndarray) -> dict[str, int]:
             for mode in MODES}
 
 
-def test_image_normalisation_repro_is_bit_exact_in_every_mode() -> None:
+@pytest.mark.parametrize("in_float64", [False, True])
+def test_image_normalisation_repro_is_bit_exact_in_every_mode(in_float64: bool) -> None:
     m = _qdq([float(F32(2 / 255))], [128], TensorProto.UINT8, (1, 3, 16, 16))
-    x = _image_inputs()
+    x = _image_inputs(in_float64)
     assert _check_every_mode(m, x) == {mode: 0 for mode in MODES}
     # the level form the reorder computed is not ONNX's on these inputs (the issue's repro)
     s = F32(2 / 255)
