@@ -133,7 +133,16 @@ class Quantize:
         return ONNX_FORM if self.onnx is not None else LEVEL_FORM
 
 
-ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize
+@dataclass(frozen=True)
+class TensorMul:
+    """x · r, r = the node's input ``port``: a float32 tensor of the output's shape or one
+    that broadcasts to it (a gate: x·Q(sigmoid(x)) when the node is the Sigmoid, or a
+    squeeze-excitation's per-channel gate). oneDNN: a binary_mul post-op reading r."""
+
+    port: int
+
+
+ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize | TensorMul
 
 
 def describe(op: ChainOp) -> str:
@@ -155,6 +164,8 @@ def describe(op: ChainOp) -> str:
         return f"prelu {summary(op.slopes)}"
     if isinstance(op, Residual):
         return f"sum input{op.port} (s={op.scale:.6g}, zp={op.zero_point}, {op.dtype.name})"
+    if isinstance(op, TensorMul):
+        return f"mul input{op.port}"
     return (f"quantize L={op.levels} [{summary(op.input_low)}, {summary(op.input_high)}] → "
             f"[{summary(op.output_low)}, {summary(op.output_high)}] {op.dtype.name} "
             f"{op.rounding}")
