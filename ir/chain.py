@@ -134,15 +134,17 @@ class Quantize:
 
 
 @dataclass(frozen=True)
-class TensorMul:
-    """x · r, r = the node's input ``port``: a float32 tensor of the output's shape or one
-    that broadcasts to it (a gate: x·Q(sigmoid(x)) when the node is the Sigmoid, or a
-    squeeze-excitation's per-channel gate). oneDNN: a binary_mul post-op reading r."""
+class TensorOperand:
+    """x · r or x + r (``alg`` "mul" / "add"), r = the node's input ``port``: a float32
+    tensor of the output's shape or one that broadcasts to it (a gate: x·Q(sigmoid(x)) when
+    the node is the Sigmoid; a squeeze-excitation's per-channel gate; the float residual of
+    an elementwise chain). oneDNN: a binary post-op reading r."""
 
     port: int
+    alg: str = "mul"
 
 
-ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize | TensorMul
+ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize | TensorOperand
 
 
 def describe(op: ChainOp) -> str:
@@ -164,8 +166,8 @@ def describe(op: ChainOp) -> str:
         return f"prelu {summary(op.slopes)}"
     if isinstance(op, Residual):
         return f"sum input{op.port} (s={op.scale:.6g}, zp={op.zero_point}, {op.dtype.name})"
-    if isinstance(op, TensorMul):
-        return f"mul input{op.port}"
+    if isinstance(op, TensorOperand):
+        return f"{op.alg} input{op.port}"
     return (f"quantize L={op.levels} [{summary(op.input_low)}, {summary(op.input_high)}] → "
             f"[{summary(op.output_low)}, {summary(op.output_high)}] {op.dtype.name} "
             f"{op.rounding}")

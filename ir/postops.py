@@ -153,7 +153,7 @@ class Binary:
 @dataclass(frozen=True)
 class TensorBinary:
     """oneDNN binary post-op whose second operand is the node's input ``port`` (float32, full
-    size or broadcast), read at run time (chain item TensorMul)."""
+    size or broadcast), read at run time (chain item TensorOperand)."""
 
     alg: BinaryAlg
     port: int

@@ -72,7 +72,7 @@ from qfuse.ir.chain import (
     Residual,
     Scale,
     Shift,
-    TensorMul,
+    TensorOperand,
 )
 from qfuse.ir.postops import (
     ACT_ALG,
@@ -120,8 +120,8 @@ def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -
             basic.extend(_onnx_quantize_to_basic(item, options, fired))
         elif isinstance(item, Quantize):
             basic.extend(_quantize_to_basic(item, options, fired))
-        elif isinstance(item, TensorMul):
-            basic.append(TensorBinary("mul", item.port))
+        elif isinstance(item, TensorOperand):
+            basic.append(TensorBinary(item.alg, item.port))
         else:  # pragma: no cover - the chain type is closed
             raise ComposeError(f"unknown chain item {item!r}")
     return basic

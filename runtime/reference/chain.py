@@ -33,7 +33,7 @@ from qfuse.ir.chain import (
     Residual,
     Scale,
     Shift,
-    TensorMul,
+    TensorOperand,
 )
 from qfuse.ir.postops import ACT_ALG, Binary, Composed, Eltwise, Prelu, Sum, TensorBinary
 from qfuse.ir.types import DType
@@ -130,8 +130,9 @@ def apply_chain(
         elif isinstance(item, Residual):
             r = residuals[item.port].astype(F32)
             x = (x + F32(item.scale) * (r - F32(item.zero_point))).astype(F32)
-        elif isinstance(item, TensorMul):
-            x = (x * residuals[item.port].astype(F32)).astype(F32)
+        elif isinstance(item, TensorOperand):
+            fn = np.multiply if item.alg == "mul" else np.add
+            x = fn(x, residuals[item.port].astype(F32)).astype(F32)
         elif isinstance(item, Quantize) and item.onnx is not None:
             quant, (lo, hi) = item.onnx.quant, item.onnx.dtype.range
             s = _per_channel(quant.scale, nd, ax)
