@@ -116,7 +116,8 @@ def compile_model(
     work = graph.copy()
     ctx = PassContext(composer=composer or ComposerOptions())
     results = run_passes(work, mode, ctx)
-    plan = lower(work, Options(mode=mode, threads=threads))
+    onnx_rounding = not ctx.composer.on("zero_point_before_round")
+    plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding))
     executor = Executor(plan, threads)
     details = {"mode": mode, **plan.inspect(), "not_fused": not_fused(work, results),
                "passes": {r.name: r.changed for r in results}, "islands": islands(work)}

@@ -99,6 +99,26 @@ class QuantParams:
 
 
 @dataclass(frozen=True)
+class OnnxQuantize:
+    """The quantization a FakeQuantize stands for when it was made from an ONNX Q/DQ pair.
+
+    ONNX QuantizeLinear rounds first and adds the zero point after:
+    ``q = saturate(rint(x / scale) + zero_point)``, ``x / scale`` a float32 *division* (as
+    onnxruntime's MLAS computes it), round half to even. OpenVINO's FakeQuantize rounds the
+    level index instead, ``rint((x - il)/(ih - il)·(L - 1))``, i.e. ``rint(x/s + zp)`` for a
+    Q/DQ's ranges: the two part on values within float32 rounding of a tie, and on exact ties
+    when the zero point is odd (docs/numerics.md). Carrying the pair's own type and parameters
+    (not ranges rebuilt from them) keeps ONNX's result bit for bit. ``dequantize``: the
+    FakeQuantize outputs ``(q - zero_point)·scale`` (the pair); False: the levels ``q`` (a
+    quantize-only FakeQuantize, passes/decompose_fake_quantize.py).
+    """
+
+    dtype: DType
+    quant: QuantParams
+    dequantize: bool = True
+
+
+@dataclass(frozen=True)
 class TensorInfo:
     """Shape (static; every dim known) and element type, plus quantization of int tensors."""
 

@@ -468,7 +468,8 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
             raise _Stop(fq, f"post-op: {fq}: range input {port} {why}")
         ranges.append(tuple(float(v) for v in values))
     known = out_info.quant.scale[0] if out_info.quant and out_info.quant.per_tensor else None
-    item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known)
+    item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known,
+                    onnx=fq.attrs.onnx)
     return state.extended([item], fq, info=out_info, pending=False)
 
 

@@ -71,7 +71,7 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     assert dst_md is not None
     pd = binary(Alg.binary_max, f32, f32, dst_md, attr=built.attr)
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
-                        post_op_details=built.details)
+                        post_op_details=built.details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): src,
                                       int(Arg.DST): ctx.define(y, dst_md),
                                       **built.slot_args},
