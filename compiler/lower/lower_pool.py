@@ -3,7 +3,8 @@
 Geometry: ONNX dilation d is oneDNN's d - 1; ceil_mode adds the extra end padding its last
 window needs to ``padding_r`` (max pooling never selects a padded tap; average pooling excluding
 padding counts only real taps; average pooling *including* padding with a ceil_mode extra would
-count taps ONNX does not, so that one case runs in numpy).
+count taps ONNX does not, so that one case runs in numpy: the float op's reference, or for an
+int8 pooling with a fused chain its fused semantics, fallback.py).
 
 int8 max pooling: u8 → u8 / s8 → s8 (jit_int, channels-last; plain nchw int8 is ``ref:any``).
 
@@ -91,7 +92,8 @@ def lower_pool(ctx: LowerContext, node: Node) -> None:
     geometry, extra = _geometry(node, xinfo.shape)  # type: ignore[misc]
     alg = _alg(node)
     if extra and alg == Alg.pooling_avg_include_padding:
-        lower_numpy(ctx, node, note="ceil_mode with count_include_pad")
+        lower_numpy(ctx, node, note="ceil_mode with count_include_pad: oneDNN would count the "
+                                    "ceil_mode end taps, ONNX does not")
         return
     integer = xinfo.dtype.is_integer
     if node.fused is None or not integer:
