@@ -1,7 +1,7 @@
 """The long fuzzing campaign: ``make fuzz N=10000`` (tests/fuzz/README.md).
 
     python -m tests.fuzz.campaign --n 10000 [--start 0] [--jobs 2] [--threads T]
-        [--timeout 120] [--json results.json] [--minimize DIR]
+        [--timeout 120] [--json results.json] [--ties ties.md] [--minimize DIR]
 
 Seeds run in ``--jobs`` worker processes (spawned, so a crash kills one worker, not the
 campaign): a worker that dies while a seed runs records that seed as ``crash``, one that
@@ -157,6 +157,17 @@ def report(results: list[Result]) -> str:
     return "\n".join(lines)
 
 
+def tie_table(results: list[Result]) -> str:
+    """The documented tie cases (tests/fuzz/ties.md): every seed whose difference is a tie."""
+    ties = [r for r in results if r.tie]
+    lines = ["| seed | max LSB | first differing quantizer | distance from the tie (steps) | model |",
+             "|---|---|---|---|---|"]
+    for r in sorted(ties, key=lambda r: (-r.lsb, r.seed)):
+        lines.append(f"| {r.seed} | {r.lsb:g} | `{r.first}` | {r.tie_distance:.1e} | "
+                     f"{r.summary} |")
+    return "\n".join(lines)
+
+
 def _op_of(tensor: str) -> str:
     parts = tensor.split("_")
     return parts[1] if len(parts) > 1 and parts[0].startswith("t") else tensor
@@ -194,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="oneDNN threads per run")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a hang")
     ap.add_argument("--json", type=Path, default=None, help="write every result here")
+    ap.add_argument("--ties", type=Path, default=None,
+                    help="write the tie cases as a markdown table here")
     ap.add_argument("--minimize", type=Path, default=None,
                     help="minimise each distinct failure and save it in this folder")
     args = ap.parse_args(argv)
@@ -204,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{time.time() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps([r.to_dict() for r in results], indent=1))
+    if args.ties:
+        args.ties.write_text(tie_table(results) + "\n")
     if args.minimize:
         save_minimized(results, args.minimize)
     return 1 if any(r.failed for r in results) else 0
