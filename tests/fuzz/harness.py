@@ -17,11 +17,14 @@ DequantizeLinear that produces it; an output without one is measured in steps of
     reference  the reference interpreter raised (a bug in it, or an invalid model)
     exact · le1 · le3 · worse   max |fused − reference| in LSB: 0, ≤ 1, ≤ 3, more
 
-A difference is a *tie* when the first quantized tensor (in topological order) that differs
-differs only by one step and only where the reference's ``x / s`` lies within ``TIE_EPS`` of
-a half-integer: there the two roundings of the same real value may part (oneDNN computes
-``x·f32(1/s) + zp`` in float from sums taken in another order; docs/numerics.md), and
-everything downstream inherits it.
+A difference is a *tie* when, at the first quantized tensor (in topological order) that
+differs, every differing element either differs by one step where the reference's ``x / s``
+lies within ``TIE_EPS`` of a half-integer, or lies (at the same position, or on a line along
+one axis: Softmax mixes one) on such a near tie of a quantizer upstream that the fused plan
+absorbed into a kernel and does not materialize (its step then grows by the scales between).
+There the two roundings of the same real value may part (oneDNN computes ``x·f32(1/s) + zp``
+in float from sums taken in another order; docs/numerics.md), and everything downstream
+inherits it.
 """
 
 from __future__ import annotations
@@ -144,17 +147,24 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         differ = ref != ours
         distance = steps(node)
         near = distance < TIE_EPS
+        near_up = np.zeros_like(near)
         for up in quantizers:  # absorbed quantizers upstream
             if up.outputs[0] in got or not graph.reaches(up, node):
                 continue
             d_up = steps(up)
             if d_up.shape == distance.shape:
-                near |= d_up < TIE_EPS
+                hot = d_up < TIE_EPS
+                near_up |= hot
+                for axis in range(hot.ndim):  # an op that mixes one axis (Softmax, ...)
+                    near_up |= np.any(hot, axis=axis, keepdims=True)
                 distance = np.minimum(distance, d_up)
             elif np.any(d_up < TIE_EPS):
-                near |= True
+                near_up |= True
                 distance = np.minimum(distance, float(d_up.min()))
-        tie = bool(np.max(np.abs(ref - ours)) == 1 and np.all(near[differ]))
+        # one step here, or any number of steps grown inside the fused chain from a tie of
+        # an absorbed quantizer (its step times the scales between)
+        one_step = np.abs(ref - ours) <= 1
+        tie = bool(np.all((near & one_step | near_up)[differ]))
         return node.outputs[0], tie, float(np.max(distance[differ]))
     return "", False, -1.0
 
