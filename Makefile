@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test realzoo quantize-compare venv clean
+.PHONY: demo test fuzz realzoo quantize-compare venv clean
 
 $(VENV)/.created:
 	$(shell command -v $(PYTHON) >/dev/null 2>&1 && echo $(PYTHON) || echo python3) -m venv $(VENV)
@@ -29,6 +29,14 @@ realzoo: $(VENV)/.installed-test
 
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q
+
+# The fuzzing campaign (tests/fuzz/README.md): N random QDQ models from seed START, JOBS
+# worker processes; prints a progress line, the count per class and the worst cases.
+N ?= 1000
+START ?= 0
+JOBS ?= 2
+fuzz: $(VENV)/.installed-test
+	$(PY) -m tests.fuzz.campaign --n $(N) --start $(START) --jobs $(JOBS)
 
 # qfuse quantize vs onnxruntime quantize_static on the example zoo (a few minutes)
 quantize-compare: $(VENV)/.installed-test

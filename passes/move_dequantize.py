@@ -26,12 +26,17 @@ Preconditions (oneDNN 3.x int8, docs/onednn.md), each declined with its reason:
 - Conv / ConvTranspose weights: DQ of a constant s8 tensor, zero point 0 (no weight zero
   points), per tensor or per output channel — Conv axis 0; ConvTranspose axis 1 of
   [Cin, Cout/g, k..], whose Cout/g scales repeat per group (output channel g·(Cout/g) + j
-  gets scale j, so they are tiled g times);
+  gets scale j, so they are tiled g times). u8 weights, or a non-zero weight zero point
+  (ONNX Runtime's ``weight_type=QUInt8``, ``WeightSymmetric`` off), are rewritten exactly
+  when every ``w_q − zw`` fits in s8: ``(w_q − zw)·sw`` is the same real weight, as a new s8
+  constant with zero point 0 (symmetric u8 weights, zw = 128, always fit); otherwise declined;
 - bias: absent, a float constant, or DQ of a constant (ONNX Runtime: int32 with scale
   sx·sw) — evaluated once to float32 (oneDNN adds the bias after the scales, unscaled);
-- MatMul B: a constant s8 with zero point 0 per tensor or per column (the last axis: oneDNN's
-  weight scale mask 1 << (ndims - 1)); a per-tensor zero point is allowed (matmul weight zero
-  point mask 0); or a non-constant per-tensor u8/s8 DQ (activation × activation, attention).
+- MatMul B: a constant s8 or u8 per tensor or per column (the last axis: oneDNN's
+  weight scale mask 1 << (ndims - 1)) with one zero point (matmul weight zero point mask 0;
+  lowering shifts u8 weights to s8: ``w − 128`` with zero point ``zw − 128``); per-column
+  zero points are rewritten to zero point 0 as for Conv when ``w_q − zw`` fits in s8; or a
+  non-constant per-tensor u8/s8 DQ (activation × activation, attention).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ class Plan:
         self.wei = ""
         self.fused = Fused()
         self.dqs: list[Node] = []
+        self.wei_data: np.ndarray | None = None  # weights rewritten to s8 (zero point 0)
 
 
 def _activation(graph: Graph, value: str, what: str, per_channel: bool = False
@@ -97,16 +103,39 @@ def _source_scales(graph: Graph, node: Node, px: DqParams, out_channels: int) ->
     return np.repeat(px.scale.astype(F32), out_channels // group)
 
 
-def _weights(graph: Graph, node: Node) -> tuple[Node, DqParams] | str:
+Weights = tuple[Node, DqParams, np.ndarray | None]  # (dq, params, new s8 data or None)
+
+
+def _weights(graph: Graph, node: Node, *, u8: bool = False) -> Weights | str:
     dq = graph.producer(node.inputs[1])
     if not is_op(dq, Op.DEQUANTIZE_LINEAR) or graph.constant(dq.inputs[0]) is None:
         return "weights are not a dequantized int8 constant"
     p = dq_params(graph, dq)
     if p is None:
         return "weights dequantize has a non-constant scale or zero point"
-    if p.dtype is not DType.S8:
-        return f"weights are {p.dtype.name.lower()} (oneDNN int8 kernels take s8 weights)"
-    return dq, p
+    if not p.dtype.is_quantized:
+        return f"weights are {p.dtype.name.lower()} (want s8 or u8)"
+    if p.dtype is DType.S8 and not np.any(p.zero_point != 0) or (
+            u8 and len(set(p.zero_point.tolist())) == 1):
+        return dq, p, None
+    return _zero_point_free(graph, dq, p)
+
+
+def _zero_point_free(graph: Graph, dq: Node, p: DqParams) -> Weights | str:
+    """The weights as s8 with zero point 0, exactly: ``w_q − zw`` when all of it fits in s8
+    (the same real weights ``(w_q − zw)·sw``); ``rewrite`` stores it as a new constant."""
+    w = graph.constant(dq.inputs[0]).astype(np.int64)
+    zp = p.zero_point
+    if p.axis is not None:
+        zp = zp.reshape([-1 if i == p.axis % w.ndim else 1 for i in range(w.ndim)])
+    shifted = w - zp
+    if shifted.min() < -128 or shifted.max() > 127:
+        return (f"weights are {p.dtype.name.lower()} with zero point(s) "
+                f"{sorted(set(p.zero_point.tolist()))[:4]}: w − zw spans "
+                f"[{shifted.min()}, {shifted.max()}], beyond s8 (oneDNN int8 kernels take s8 "
+                "weights without zero points)")
+    return dq, DqParams(p.scale, np.zeros_like(p.zero_point), p.axis, DType.S8), \
+        shifted.astype(np.int8)
 
 
 def _bias(graph: Graph, node: Node) -> tuple[np.ndarray | None, Node | None] | str:
@@ -134,7 +163,7 @@ def plan_conv(graph: Graph, node: Node) -> Plan | str:
     wei = _weights(graph, node)
     if isinstance(wei, str):
         return wei
-    (x_dq, px), (w_dq, pw) = act, wei
+    (x_dq, px), (w_dq, pw, w_data) = act, wei
     if np.any(pw.zero_point != 0):
         return "weight zero point != 0: oneDNN convolution has no weight zero points"
     w_shape = graph.info(w_dq.inputs[0]).shape
@@ -156,7 +185,7 @@ def plan_conv(graph: Graph, node: Node) -> Plan | str:
     if isinstance(bias, str):
         return bias
     plan = Plan()
-    plan.src, plan.wei = x_dq.inputs[0], w_dq.inputs[0]
+    plan.src, plan.wei, plan.wei_data = x_dq.inputs[0], w_dq.inputs[0], w_data
     plan.fused.chain.append(Scale.of(src_scales * scales.astype(F32)))
     if bias[0] is not None:
         plan.fused.chain.append(Shift.of(bias[0]))
@@ -172,23 +201,22 @@ def plan_matmul(graph: Graph, node: Node) -> Plan | str:
     a_dq, pa = act
     b_const = graph.producer(node.inputs[1])
     if is_op(b_const, Op.DEQUANTIZE_LINEAR) and graph.constant(b_const.inputs[0]) is not None:
-        wei = _weights(graph, node)
+        wei = _weights(graph, node, u8=True)
         if isinstance(wei, str):
             return wei
-        b_dq, pb = wei
+        b_dq, pb, b_data = wei
         rank = graph.info(b_dq.inputs[0]).rank
         if not pb.per_tensor and pb.axis != rank - 1:
             return (f"weights are per channel along axis {pb.axis}; oneDNN matmul weight "
                     f"scales are per tensor or along the last axis {rank - 1}")
-        if len(set(pb.zero_point.tolist())) != 1:
-            return "per-column weight zero points (oneDNN matmul takes one, mask 0)"
     else:
         other = _activation(graph, node.inputs[1], "B operand")
         if isinstance(other, str):
             return other
         b_dq, pb = other
+        b_data = None
     plan = Plan()
-    plan.src, plan.wei = a_dq.inputs[0], b_dq.inputs[0]
+    plan.src, plan.wei, plan.wei_data = a_dq.inputs[0], b_dq.inputs[0], b_data
     plan.fused.chain.append(Scale.of(F32(pa.scale[0]) * pb.scale.astype(F32)))
     plan.fused.src_zero_point = int(pa.zero_point[0])
     plan.fused.wei_zero_point = int(pb.zero_point[0])
@@ -199,6 +227,8 @@ def plan_matmul(graph: Graph, node: Node) -> Plan | str:
 def rewrite(graph: Graph, node: Node, plan: Plan) -> None:
     """Make ``node`` the int8 compute node of ``plan`` (in place: name and output kept)."""
     graph.set_input(node, 0, plan.src)
+    if plan.wei_data is not None:
+        plan.wei = graph.add_constant(graph.unique_name(f"{plan.wei}@s8"), plan.wei_data).name
     graph.set_input(node, 1, plan.wei)
     while len(node.inputs) > 2:
         graph.set_input(node, len(node.inputs) - 1, "")

@@ -4,7 +4,10 @@ A numpy kernel reads plain row-major arrays and writes plain row-major arrays: i
 reordered to plain first when their producer chose another layout. It calls the reference
 interpreter's implementation of the op (``IMPLS``), so it computes exactly what `reference`
 mode computes. `inspect` shows these kernels with impl "numpy". Used for Resize, Pad, Cast,
-and the cases the oneDNN lowerings decline (each passes a note saying why).
+and the cases the oneDNN lowerings decline (each passes a note saying why). A fused node (an
+int8 average pooling with its chain) evaluates its fused semantics: the oneDNN attributes the
+composer chose (``evaluate_fused(..., composed=True)``, runtime/reference/fused.py), what a
+oneDNN kernel would have computed.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.ir import Node
 from qfuse.runtime.reference import IMPLS
+from qfuse.runtime.reference.interpreter import run_node
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +46,14 @@ def lower_numpy(ctx: LowerContext, node: Node, note: str = "") -> None:
         writes.append(ctx.define_plain(value))
         dtypes.append(ctx.info(value).dtype.np)
 
+    graph, composed = ctx.graph, "composed" in node.meta
+
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         args = list(constants)
         for port, array in zip(ports, arrays, strict=True):
             args[port] = array
-        return [np.asarray(out, dtype=dt) for out, dt in zip(impl(node, args), dtypes,
-                                                             strict=True)]
+        outs = run_node(node, args, graph, composed=composed) if node.fused else impl(node, args)
+        return [np.asarray(out, dtype=dt) for out, dt in zip(outs, dtypes, strict=True)]
 
     why = note or f"oneDNN has no {node.op.value} primitive"
     log.info("node %s runs in numpy: %s", node, why)

@@ -150,18 +150,35 @@ WRONG_WITH_NEGATIVE_PADDING_R = ("jit_deconvolution:avx512_core",
                                  "jit_deconvolution:avx512_core_vnni")
 
 
-def wrong_for(impl: str, kind: str, geometry: dict[str, Sequence[int]]) -> str | None:
-    """Why oneDNN's ``impl`` computes this (de)convolution wrong, or None."""
+# oneDNN 3.2's int8 depthwise convolution on AVX2 / SSE4.1 (jit_uni_int8:avx2 and :sse41, the
+# jit_uni_x8s8s32x depthwise kernel: 8 / 4 channels a block) applies a per-channel binary
+# post-op wrong when the channel count is not a multiple of the block: measured 39-75 LSB off
+# exact QDQ with C = 2, 4, 5, 6, 7, 10, 12, 20 on avx2 and 2, 6, 7, 10 on sse41 (found by
+# tests/fuzz, seed 727: a depthwise conv + a per-channel Add; per-tensor post-ops, grouped and
+# regular convs on the same kernels are exact). ref:any, next in line, is exact.
+WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY = {"jit_uni_int8:avx2": 8, "jit_uni_int8:sse41": 4}
+
+
+def wrong_for(impl: str, kind: str, geometry: dict[str, Sequence[int]], *,
+              depthwise_binary: int = 0) -> str | None:
+    """Why oneDNN's ``impl`` computes this (de)convolution wrong, or None.
+    ``depthwise_binary``: the channel count of a depthwise conv with a per-channel binary (or
+    prelu) post-op, else 0."""
     if (kind == "deconvolution" and impl in WRONG_WITH_NEGATIVE_PADDING_R
             and any(p < 0 for p in geometry["padding_r"])):
         return "skips taps next to output_padding (oneDNN 3.2, see WRONG_WITH_NEGATIVE_PADDING_R)"
+    block = WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY.get(impl, 0)
+    if kind == "convolution" and block and depthwise_binary % block:
+        return ("applies a per-channel binary post-op wrong on a depthwise conv whose channels "
+                "are not a multiple of 8 (oneDNN 3.2, see WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY)")
     return None
 
 
-def skip_wrong_impls(pd: PrimitiveDesc, kind: str,
-                     geometry: dict[str, Sequence[int]]) -> PrimitiveDesc:
+def skip_wrong_impls(pd: PrimitiveDesc, kind: str, geometry: dict[str, Sequence[int]], *,
+                     depthwise_binary: int = 0) -> PrimitiveDesc:
     """``pd`` advanced past the implementations known to compute this shape wrong."""
-    while (why := wrong_for(pd.impl_name, kind, geometry)) is not None:
+    while (why := wrong_for(pd.impl_name, kind, geometry,
+                            depthwise_binary=depthwise_binary)) is not None:
         log.info("%s on %s refused: %s", kind, pd.impl_name, why)
         if not pd.next_impl():
             raise UnsupportedModelError(f"oneDNN's only {kind} for this shape {why}")
@@ -173,7 +190,8 @@ SMALL_MACS = 2_000_000  # multiply-adds
 
 def avoid_amx_when_small(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc], macs: int,
                          kind: str = "convolution",
-                         geometry: dict[str, Sequence[int]] | None = None) -> PrimitiveDesc:
+                         geometry: dict[str, Sequence[int]] | None = None, *,
+                         depthwise_binary: int = 0) -> PrimitiveDesc:
     """Below SMALL_MACS multiply-adds take the first non-AMX implementation for the same
     src/dst layouts (both accumulate exactly in int32). Measured, 2 threads: MobileNetV2's
     0.3-1.6 M-MAC 1x1 convs (src zero point → jit_1x1:avx512_core_amx) ran 2-3 us faster each
@@ -186,7 +204,8 @@ def avoid_amx_when_small(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
         return pd
     while alt.next_impl():
         name = alt.impl_name
-        if "amx" in name or (geometry is not None and wrong_for(name, kind, geometry)):
+        if "amx" in name or (geometry is not None and wrong_for(
+                name, kind, geometry, depthwise_binary=depthwise_binary)):
             continue
         if is_slow(name, kind) or alt.src_md != pd.src_md or alt.dst_md != pd.dst_md:
             break
@@ -272,17 +291,20 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
                       (home, dst_any), (src_any, dst_any),
                       (channels_last(xinfo.shape, home.dtype), dst_any)]
 
+        dw_binary = channels if (g > 1 and g == xinfo.shape[1] == channels and any(
+            n.startswith(("binary", "prelu")) for n in built.names)) else 0
+
         def make(c: tuple[MemoryDesc, MemoryDesc]) -> PrimitiveDesc:
             pd = make_pd(c[0], any_md(wei.shape, wtype), c[1], bias=bias_md, attr=built.attr,
                          **geometry)
-            return skip_wrong_impls(pd, kind, geometry)
+            return skip_wrong_impls(pd, kind, geometry, depthwise_binary=dw_binary)
 
         pd = ctx.try_layouts(kind, make, candidates)
         if integer:
             outer = xinfo.shape if deconv else yinfo.shape  # wei.size = C·(C'/G)·prod(K)
             macs = math.prod(outer[:1] + outer[2:]) * wei.size
             pd = avoid_amx_when_small(pd, lambda: make((pd.src_md, pd.dst_md)), macs, kind,
-                                      geometry)
+                                      geometry, depthwise_binary=dw_binary)
         return pd, ctx.weights(wei.astype(np.int8 if integer else F32), pd.weights_md)
 
     if integer and ctx.options.mode == "unfused":

@@ -14,6 +14,10 @@ weights are expanded to src's rank with leading 1s ({.., K, N}); per-column scal
   runtime weights by two small kernels).
 - Float MatMul folds the composer's weight scales into constant weights; Gemm with a constant
   B (alpha folded in, ``beta·C`` as the bias) is a float matmul, anything else runs in numpy.
+- oneDNN 3.2 has no f32 matmul that writes u8 / s8 with a bias (``dnnl_unimplemented``; a
+  float MatMul whose int8 quantization declined, reading a quantized output): such a node
+  runs as the f32 matmul with an f32 dst, then its chain op by op (unfused.py), and
+  ``inspect`` says so on the kernel.
 """
 
 from __future__ import annotations
@@ -119,12 +123,24 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
                               weights_slot=wslot, exact=exact)
         return
     composed = composed_for(ctx, node, channels, yinfo.dtype)
+    plain = wei
     if not integer and wei is not None:
         wei = scale_weights(wei, composed.wei_scales, (nd - 1,))
         composed = replace(composed, wei_scales=np.ones(1, F32))
-    emit(ctx, renamed, "matmul", composed, channel_axis=nd - 1, wei_mask=wei_mask,
-         src_zp=src_zp, wei_zp=wei_zp, scales=integer, create=create, weights_slot=wslot,
-         exact=exact)
+    try:
+        emit(ctx, renamed, "matmul", composed, channel_axis=nd - 1, wei_mask=wei_mask,
+             src_zp=src_zp, wei_zp=wei_zp, scales=integer, create=create, weights_slot=wslot,
+             exact=exact)
+    except UnsupportedModelError as exc:
+        if integer or node.fused is None or not yinfo.dtype.is_integer:
+            raise
+        log.info("node %s: %s; f32 dst, then the chain op by op", node, exc)
+        wei = plain  # the chain's own multiply applies the weight scales
+        unfused.lower_compute(
+            ctx, renamed, channel_axis=nd - 1, src_value=src_value, create=create, src_zp=0,
+            wei_zp=0, wei_mask=wei_mask, weights_slot=wslot,
+            note=f"f32 matmul, then its chain op by op: oneDNN 3.2 has no f32 matmul "
+                 f"writing {yinfo.dtype.name.lower()} with these attributes")
 
 
 def _weights_source(ctx: LowerContext, value: str) -> Callable[[PrimitiveDesc], str]:

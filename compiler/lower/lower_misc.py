@@ -148,9 +148,8 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
     fixed: dict[int, Memory] = {}
     bconst = ctx.const(b)
     if bconst is not None:
-        operand = const_memory(bconst.astype(F32).reshape(b_dims))
-        fixed[int(Arg.SRC_1)] = operand
-        b_md = operand.md
+        b_array = bconst.astype(F32).reshape(b_dims)
+        b_md = plain_md(b_dims, DataType.f32)
         b_value = None
     else:
         b_value = b if len(ctx.info(b).shape) == nd else f"{b}@rank{nd}"
@@ -169,10 +168,12 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
     src0_md = pd.arg_md(Arg.SRC_0)
     assert src0_md is not None
     args = {int(Arg.SRC_0): ctx.source(a, src0_md)}
+    src1_md = pd.arg_md(Arg.SRC_1)
+    assert src1_md is not None
     if b_value is not None:
-        src1_md = pd.arg_md(Arg.SRC_1)
-        assert src1_md is not None
         args[int(Arg.SRC_1)] = ctx.source(b_value, src1_md)
+    else:  # a constant operand, in the layout the primitive chose (blocked like src0 or plain)
+        fixed[int(Arg.SRC_1)] = ctx.weights(b_array, src1_md)
     args[int(Arg.DST)] = _in_place_or_new(ctx, node, args[int(Arg.SRC_0)], src0_md)
     ctx.add_primitive(node.name, pd, args, fixed, info=ctx.info_for(node))
 

@@ -3,7 +3,8 @@
 Geometry: ONNX dilation d is oneDNN's d - 1; ceil_mode adds the extra end padding its last
 window needs to ``padding_r`` (max pooling never selects a padded tap; average pooling excluding
 padding counts only real taps; average pooling *including* padding with a ceil_mode extra would
-count taps ONNX does not, so that one case runs in numpy).
+count taps ONNX does not, so that one case runs in numpy: the float op's reference, or for an
+int8 pooling with a fused chain its fused semantics, fallback.py).
 
 int8 max pooling: u8 → u8 / s8 → s8 (jit_int, channels-last; plain nchw int8 is ``ref:any``).
 
@@ -24,7 +25,10 @@ pooled values differ by 1 LSB (tests/compiler/test_lower_zoo.py).
 This keeps one jit_int kernel (u8 → u8 with post-ops picks ``jit_int:avx512_core``; pooling
 u8 → f32 is not implemented at all). When the output type differs from the input's, when
 padding is counted with a non-zero zero point, or in `unfused` mode, the pooling runs in f32 on
-the dequantized input instead: reorder (src zero point) → f32 pooling → chain → reorder.
+the dequantized input instead: reorder (src zero point) → f32 pooling → chain → reorder. A
+chain with a residual add runs op by op after the f32 pooling (unfused.finish_chain): a sum
+post-op adds what the dst held before, and the pooling's dst is a fresh buffer (found by
+tests/fuzz, seed 5396: the residual was dropped, up to 133 LSB).
 """
 
 from __future__ import annotations
@@ -91,7 +95,8 @@ def lower_pool(ctx: LowerContext, node: Node) -> None:
     geometry, extra = _geometry(node, xinfo.shape)  # type: ignore[misc]
     alg = _alg(node)
     if extra and alg == Alg.pooling_avg_include_padding:
-        lower_numpy(ctx, node, note="ceil_mode with count_include_pad")
+        lower_numpy(ctx, node, note="ceil_mode with count_include_pad: oneDNN would count the "
+                                    "ceil_mode end taps, ONNX does not")
         return
     integer = xinfo.dtype.is_integer
     if node.fused is None or not integer:
@@ -169,7 +174,9 @@ def _pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict,
     deq, _ = unfused.dequantized(ctx, x, 1.0, zp)
     name = f"{x}@dq{zp}"
     ctx.home[name] = deq
-    if ctx.options.mode == "unfused":
+    if ctx.options.mode == "unfused" or any(isinstance(p, Sum) for p in composed.post_ops):
+        # a residual add: oneDNN's sum post-op adds what dst held, and this f32 dst is a
+        # temporary; the chain runs op by op instead (the residual dequantized, then added)
         slot = _pool(ctx, node, name, alg, geometry, PrimitiveAttr(), {}, DataType.f32,
                      define_as=f"{y}@pooled")
         unfused.finish_chain(ctx, node, slot, 1)

@@ -50,10 +50,11 @@ Create = Callable[[BuiltAttr, MemoryDesc | None, Composed], tuple[PrimitiveDesc,
 def lower_compute(ctx: LowerContext, node: Node, *, channel_axis: int, create: Create,
                   src_zp: int, wei_zp: int, wei_mask: int, src_value: str | None = None,
                   weights_slot: Callable[[PrimitiveDesc], str] | None = None,
-                  exact: no_vnni.Exactness | None = None) -> None:
+                  exact: no_vnni.Exactness | None = None,
+                  note: str = "unfused: int8 accumulator as f32") -> None:
     """The int8 primitive (zero points only, f32 dst), then the chain op by op; ``exact``:
     if the implementation oneDNN picks is not exact, the accumulator from split weights
-    (no_vnni.py)."""
+    (no_vnni.py). A float primitive (f32 src and weights) works the same way."""
     y = node.outputs[0]
     shape = ctx.info(y).shape
     channels = shape[channel_axis]
@@ -96,7 +97,7 @@ def lower_compute(ctx: LowerContext, node: Node, *, channel_axis: int, create: C
     acc = ctx.temp(f"{y}@acc", dst_md)
     args[int(Arg.DST)] = acc
     kernel = ctx.add_primitive(node.name, pd, args, fixed,
-                               info=ctx.info_for(node, note="unfused: int8 accumulator as f32"))
+                               info=ctx.info_for(node, note=note))
     if exact is not None:
         exact.record(ctx, kernel)
     finish_chain(ctx, node, acc, channel_axis)

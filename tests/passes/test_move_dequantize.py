@@ -174,9 +174,9 @@ def test_matmul_activation_times_activation():
 
 @pytest.mark.parametrize("case,want", [
     ("float_activation", "activation is not dequantized int8"),
-    ("weight_zero_point", "no weight zero points"),
+    ("weight_zero_point", "w − zw spans [-130, 124], beyond s8"),
     ("per_channel_activation", "activation dequantize is per channel"),
-    ("u8_weights", "s8 weights"),
+    ("u8_weights", "weights are u8 with zero point(s) [0]: w − zw spans [1, 255]"),
     ("conv_wrong_axis", "not the output-channel axis"),
     ("float_weights", "weights are not a dequantized int8 constant"),
 ])
@@ -190,11 +190,12 @@ def test_conv_declined_with_reason(case, want):
     else:
         g, xd = int_input((1, 4, 5, 5), SX, ZX)
     w_q = _w((6, 4, 3, 3))
+    w_q.flat[:2] = [-127, 127]
     if case == "weight_zero_point":
         g.add_constant("wq", w_q)
         w = dequantize(g, "wq", "w", F32(0.01), np.int8(3)).outputs[0]
     elif case == "u8_weights":
-        g.add_constant("wq", w_q.astype(np.uint8))
+        g.add_constant("wq", (w_q.astype(np.int16) + 128).astype(np.uint8))
         w = dequantize(g, "wq", "w", F32(0.01), np.uint8(0)).outputs[0]
     elif case == "conv_wrong_axis":
         w = weights(g, "w", w_q, np.linspace(0.01, 0.02, 4).astype(F32), axis=1)
@@ -208,6 +209,47 @@ def test_conv_declined_with_reason(case, want):
     result = apply(M, g)
     assert result.changed == 0 and ops(g) == before and g.node("y").fused is None
     assert len(result.declined) == 1 and want in reasons(result)[0], reasons(result)
+
+
+@pytest.mark.parametrize("dtype,zero_point", [(np.uint8, 128), (np.uint8, 100),
+                                              (np.int8, -20)])
+def test_conv_weights_with_a_zero_point_become_s8_when_they_fit(dtype, zero_point):
+    """ONNX Runtime's u8 weights (or any weight zero point): ``w_q − zw`` as an s8 constant
+    with zero point 0 when it fits, the same real weights; numerics as for s8 weights."""
+    g, xd = int_input((1, 4, 6, 6), SX, ZX)
+    w_s8 = RNG.integers(-100, 100, (6, 4, 3, 3))
+    w_s8.flat[:2] = [-100, 99]
+    g.add_constant("wq", (w_s8 + zero_point).astype(dtype))
+    w = dequantize(g, "wq", "w", F32(0.01), dtype(zero_point)).outputs[0]
+    add(g, Op.CONV, [xd, w], "conv", CONV)
+    _quantized_output(g, "conv")
+    before = g.copy()
+    result = apply(M, g)
+    assert result.changed == 1 and not result.declined
+    conv = g.node("conv")
+    assert conv.fused.wei_zero_point == 0 and conv.fused.chain == [Scale.of(F32(SX) * F32(0.01))]
+    assert np.array_equal(g.constant(conv.inputs[1]), w_s8.astype(np.int8))
+    assert g.constant(conv.inputs[1]).dtype == np.int8
+    _numerics(before, g)
+
+
+def test_matmul_u8_weights_per_column_zero_points_become_s8():
+    g, xd = int_input((3, 6), SX, ZX)
+    zps = np.array([120, 128, 131, 127], np.uint8)
+    w_s8 = RNG.integers(-90, 90, (6, 4))
+    g.add_constant("wq", (w_s8 + zps).astype(np.uint8))
+    g.add_constant("ws", np.linspace(0.01, 0.02, 4).astype(F32))
+    g.add_constant("wz", zps)
+    from quant_helpers import add as add_node
+    add_node(g, Op.DEQUANTIZE_LINEAR, ["wq", "ws", "wz"], "w", DequantizeAttrs(1))
+    add(g, Op.MATMUL, [xd, "w"], "y0")
+    _quantized_output(g, "y0")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    mm = g.node("y0")
+    assert mm.fused.wei_zero_point == 0
+    assert np.array_equal(g.constant(mm.inputs[1]), w_s8.astype(np.int8))
+    _numerics(before, g)
 
 
 def test_matmul_weights_per_row_declined():
