@@ -2,8 +2,10 @@
 
 For every zoo entry and quantizer (``measure``):
 - reference = "exact QDQ": ONNX Runtime running the quantized model with
-  ``GraphOptimizationLevel.ORT_DISABLE_ALL``, so every QuantizeLinear / DequantizeLinear (or
-  QOperator op) runs as written, with no int8 fusion;
+  ``GraphOptimizationLevel.ORT_DISABLE_ALL``, so every QuantizeLinear / DequantizeLinear runs
+  as written, with no int8 fusion; for a QOperator model, its QLinearConv / QLinearMatMul /
+  QGemm first written in that QDQ form (``exact.py``: ORT runs them with int8 kernels at every
+  optimization level, and those saturate on CPUs without VNNI);
 - ORT = ONNX Runtime's default session (all optimizations: its own int8 kernels) on the same
   model, the yardstick for how close an int8 engine gets;
 - qfuse = ``qfuse.compile_model(path, mode="fused")``; a compile or run failure is recorded with
@@ -45,7 +47,8 @@ import numpy as np
 
 from qfuse.runtime.numerics import cosine
 
-from . import QUANTIZERS, Entry, dist_version, models, write_atomic
+from . import QUANTIZERS, Entry, _digest, dist_version, models, write_atomic
+from .exact import EXACT_VERSION, exact_qdq
 
 
 @dataclass
@@ -176,6 +179,21 @@ def ort_outputs(entry: Entry, path: Path, optimize: bool) -> list[np.ndarray]:
     return arrays
 
 
+def reference_model(entry: Entry, quantizer: str) -> Path:
+    """The model whose ORT_DISABLE_ALL outputs are the reference: the quantized model itself,
+    or for QOperator its exact QDQ form (``exact.py``), cached beside the zoo."""
+    path = entry.quantized[quantizer]
+    if quantizer != "qoperator":
+        return path
+    root = entry.cache or path.parent.parent
+    out = root / "exact" / f"{path.stem}.exact{EXACT_VERSION}-{_digest('exact.py')}.onnx"
+    if not out.exists():
+        import onnx
+
+        write_atomic(out, exact_qdq(onnx.load(path)).SerializeToString(deterministic=True))
+    return out
+
+
 def _first_error_line(exc: BaseException) -> str:
     text = f"{type(exc).__name__}: {exc}"
     return text.strip()
@@ -202,7 +220,7 @@ def measure(entry: Entry, quantizer: str, threads: int | None = None) -> Row:
         return row
     path = entry.quantized[quantizer]
     feeds = entry.evaluation
-    ref = ort_outputs(entry, path, optimize=False)
+    ref = ort_outputs(entry, reference_model(entry, quantizer), optimize=False)
     row.cos_ort, row.agree_ort = _scores(entry.task, ref, ort_outputs(entry, path, True))
     row.agree_float = _scores(entry.task, ref, ort_outputs(entry, entry.float_path, True))[1]
     from qfuse import compile_model
