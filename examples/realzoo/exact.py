@@ -15,6 +15,11 @@ computes in float32 exactly as a QDQ model's reference does:
     QLinearConv(x, sx, zx, w, sw, zw, sy, zy, B)  = Q(Conv(DQ(x), DQ(w; axis 0), DQ(B; sx·sw)))
     QLinearMatMul(a, sa, za, b, sb, zb, sy, zy)   = Q(MatMul(DQ(a), DQ(b; last axis)))
     QGemm(A, sa, za, B, sb, zb, C, sy, zy; alpha) = Q(Gemm(DQ(A), DQ(B), DQ(C; alpha·sa·sb)))
+    QLinearAdd / QLinearMul(A, sA, zA, B, sB, zB, sC, zC) = Q(DQ(A) + DQ(B)), Q(DQ(A)·DQ(B))
+
+(QLinearAdd: MLAS adds ``a·(sA/sC) + b·(sB/sC) + bias`` with the ratios rounded to float32,
+which puts exact ties of the real sum on either side: on PP-OCRv4 rec, fed the same inputs, 11
+of its 98 QLinearAdds are 1 LSB off the QDQ form on up to 4.6 % of their outputs.)
 
 A constant operand with a per-axis scale is dequantized here in numpy, ``f32(w - zw)·f32(sw)``,
 ONNX's DequantizeLinear formula (so the model keeps its opset: per-axis DequantizeLinear needs
@@ -32,7 +37,7 @@ from onnx import numpy_helper as nh
 
 MS_DOMAIN = "com.microsoft"
 # Bump when the rewrite changes (the cached reference outputs are keyed on it).
-EXACT_VERSION = "1"
+EXACT_VERSION = "2"
 
 
 class _Rewrite:
@@ -132,12 +137,26 @@ def _qgemm(r: _Rewrite, node: onnx.NodeProto) -> None:
     r.node("QuantizeLinear", [y, sy, zy] if zy else [y, sy], node.output[0], node.name)
 
 
+def _binary(op_type: str):  # noqa: ANN202 - a rule
+    def rule(r: _Rewrite, node: onnx.NodeProto) -> None:
+        a, sa, za, b, sb, zb, sc, zc = _inputs(node, 8)
+        y = r.node(op_type, [r.dq(node, a, sa, za, 1, "a"), r.dq(node, b, sb, zb, 1, "b")],
+                   None, node.name)
+        if not zc:  # absent: 0 of the input type T
+            dtype = r.consts[za].dtype if za in r.consts else np.uint8
+            zc = r.const(f"{node.name}/zero_point", np.zeros((), dtype))
+        r.node("QuantizeLinear", [y, sc, zc], node.output[0], node.name)
+    return rule
+
+
 _RULES = {("", "QLinearConv"): _qlinear_conv, ("", "QLinearMatMul"): _qlinear_matmul,
-          (MS_DOMAIN, "QGemm"): _qgemm}
+          (MS_DOMAIN, "QGemm"): _qgemm, (MS_DOMAIN, "QLinearAdd"): _binary("Add"),
+          (MS_DOMAIN, "QLinearMul"): _binary("Mul")}
 
 
 def exact_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` with QLinearConv / QLinearMatMul / QGemm in the QDQ form
+    """A copy of ``model`` with QLinearConv / QLinearMatMul / QGemm / QLinearAdd / QLinearMul
+    in the QDQ form
     (module docstring); the graph's inputs, outputs and every other node are unchanged."""
     out = onnx.ModelProto()
     out.CopyFrom(model)

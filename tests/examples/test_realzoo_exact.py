@@ -128,3 +128,21 @@ def test_other_nodes_are_kept() -> None:
     node = helper.make_node("Relu", ["x"], ["y"], name="relu")
     model = _model(node, [1, 2], [1, 2], {})
     assert [n.op_type for n in exact_qdq(model).graph.node] == ["Relu"]
+
+
+def test_qlinear_add_qdq_form_rounds_the_real_sum() -> None:
+    """Q(DQ(a) + DQ(b)) with ties of the real sum rounded half to even (ONNX)."""
+    a = np.arange(256, dtype=np.uint8).reshape(1, 256)
+    b = a[:, ::-1].copy()
+    add = helper.make_node("QLinearAdd", ["x", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["y"],
+                           domain="com.microsoft", name="add")
+    inits = {"sa": np.array(0.5, np.float32), "za": np.array(7, np.uint8), "b": b,
+             "sb": np.array(0.25, np.float32), "zb": np.array(100, np.uint8),
+             "sc": np.array(1.0, np.float32), "zc": np.array(3, np.uint8)}
+    model = _model(add, [1, 256], [1, 256], inits)
+    assert [n.op_type for n in exact_qdq(model).graph.node] == [
+        "DequantizeLinear", "DequantizeLinear", "Add", "QuantizeLinear"]
+    got = _run(exact_qdq(model), {"x": a})
+    real = (a.astype(np.float64) - 7) * 0.5 + (b.astype(np.float64) - 100) * 0.25  # k/4
+    want = np.clip(np.rint(real) + 3, 0, 255)
+    assert np.array_equal(got, want)  # 0 LSB, ties included
