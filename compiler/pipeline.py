@@ -52,6 +52,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # 5-6. bias and post-op fusion
     ("fuse_bias", fuse_bias.run),
     ("fuse_post_ops", fuse_post_ops.run),
+    # x·Q(act(x)) with the gate's quantizer kept: one binary primitive with post-ops
+    ("fuse_gate_chain", fuse_post_ops.run_gates),
     # Softmax / LayerNorm reading and writing int8; u8 matmul weights written as s8
     ("fuse_quantized_norm", fuse_quantized_norm.run),
     ("signed_matmul_weights", signed_matmul_weights.run),

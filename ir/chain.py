@@ -117,7 +117,16 @@ class Quantize:
     scale: float | None = None
 
 
-ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize
+@dataclass(frozen=True)
+class TensorMul:
+    """x · r, r = the node's input ``port``: a float32 tensor of the output's shape or one
+    that broadcasts to it (a gate: x·Q(sigmoid(x)) when the node is the Sigmoid, or a
+    squeeze-excitation's per-channel gate). oneDNN: a binary_mul post-op reading r."""
+
+    port: int
+
+
+ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize | TensorMul
 
 
 def describe(op: ChainOp) -> str:
@@ -139,6 +148,8 @@ def describe(op: ChainOp) -> str:
         return f"prelu {summary(op.slopes)}"
     if isinstance(op, Residual):
         return f"sum input{op.port} (s={op.scale:.6g}, zp={op.zero_point}, {op.dtype.name})"
+    if isinstance(op, TensorMul):
+        return f"mul input{op.port}"
     return (f"quantize L={op.levels} [{summary(op.input_low)}, {summary(op.input_high)}] → "
             f"[{summary(op.output_low)}, {summary(op.output_high)}] {op.dtype.name}")
 

@@ -149,8 +149,17 @@ class Binary:
     values: np.ndarray
 
 
-Basic = Mul | Add | Round | Clip | Eltwise | Sum | Prelu
-PostOp = Eltwise | Sum | Binary | Prelu
+@dataclass(frozen=True)
+class TensorBinary:
+    """oneDNN binary post-op whose second operand is the node's input ``port`` (float32, full
+    size or broadcast), read at run time (chain item TensorMul)."""
+
+    alg: BinaryAlg
+    port: int
+
+
+Basic = Mul | Add | Round | Clip | Eltwise | Sum | Prelu | TensorBinary
+PostOp = Eltwise | Sum | Binary | Prelu | TensorBinary
 
 ACT_ALG = {
     Act.RELU: EltwiseAlg.RELU,

@@ -53,7 +53,16 @@ import dataclasses
 
 import numpy as np
 
-from qfuse.ir.chain import Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.chain import (
+    Activation,
+    ChainOp,
+    PRelu,
+    Quantize,
+    Residual,
+    Scale,
+    Shift,
+    TensorMul,
+)
 from qfuse.ir.postops import (
     ACT_ALG,
     Add,
@@ -67,6 +76,7 @@ from qfuse.ir.postops import (
     Prelu,
     Round,
     Sum,
+    TensorBinary,
 )
 from qfuse.ir.types import DType
 
@@ -97,6 +107,8 @@ def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -
             basic.append(Sum(item.scale, item.zero_point, item.dtype, item.port))
         elif isinstance(item, Quantize):
             basic.extend(_quantize_to_basic(item, options, fired))
+        elif isinstance(item, TensorMul):
+            basic.append(TensorBinary("mul", item.port))
         else:  # pragma: no cover - the chain type is closed
             raise ComposeError(f"unknown chain item {item!r}")
     return basic
@@ -221,7 +233,7 @@ def _append(out: Composed, op: Basic, options: ComposerOptions) -> None:
         else:
             out.post_ops.append(Binary("max", op.lo))
             out.post_ops.append(Binary("min", op.hi))
-    elif isinstance(op, Eltwise | Sum | Prelu):
+    elif isinstance(op, Eltwise | Sum | Prelu | TensorBinary):
         out.post_ops.append(op)
 
 

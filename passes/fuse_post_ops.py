@@ -8,6 +8,8 @@ not a graph output, turning each reader into chain items (ir/chain.py):
                                                                    → Activation
     PRelu(x, slopes), constant slopes per tensor or per channel    → PRelu(slopes)
     Add(x, r), r non-constant of the output's shape                → Residual(port of r)
+    Mul(x, r), r a float tensor broadcast to the output, not computed from the node
+                                                                   → TensorMul(port of r)
     quantize-only FakeQuantize (integer output)                    → Quantize (ends the chain)
 
 A residual read through ``DequantizeLinear(r_q, s, zp)`` (per tensor) is summed from r_q:
@@ -60,7 +62,18 @@ import math
 from dataclasses import dataclass, field
 
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
-from qfuse.ir.chain import Act, Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.chain import (
+    Act,
+    Activation,
+    ChainOp,
+    Fused,
+    PRelu,
+    Quantize,
+    Residual,
+    Scale,
+    Shift,
+    TensorMul,
+)
 from qfuse.ir.ops import (
     AlphaAttrs,
     ClipAttrs,
@@ -138,6 +151,80 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if graph.has_node(name) and _fuse(graph, ctx, ctx.visit(graph.node(name))):
             changed += 1
     return changed
+
+
+def run_gates(graph: Graph, ctx: PassContext) -> int:
+    """The fuse_gate_chain pass (after fuse_post_ops): ``_fuse_gate`` on every candidate."""
+    changed = 0
+    gates = [n.name for n in graph.topo_order() if n.fused is None and _gate_start(graph, n)]
+    for name in gates:
+        if graph.has_node(name) and _fuse_gate(graph, ctx, graph.node(name)):
+            changed += 1
+    return changed
+
+
+def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | None:
+    """(inputs with x first, first chain items) when ``node`` is a float elementwise op on
+    one tensor x that a gate chain can start with: an activation, or an Add / Mul by a
+    constant (per tensor or per channel; the constant stays as input 1, unread) — x + 3 of
+    x·relu6(x + 3)/6."""
+    out = node.outputs[0]
+    info = graph.info(out)
+    if info.dtype is not DType.F32 or info.rank < 2 or not node.inputs:
+        return None
+    act = _activation(node)
+    if act is not None:
+        x, items, inputs = node.inputs[0], [act], list(node.inputs)
+    elif node.op in (Op.ADD, Op.MUL) and len(node.inputs) == 2:
+        for port in (0, 1):
+            x, other = node.inputs[port], node.inputs[1 - port]
+            data, _ = constant_operand(graph, other)
+            if data is not None and graph.constant(x) is None:
+                break
+        else:
+            return None
+        values, _ = channel_values(data, info.shape, 1)
+        if values is None:
+            return None
+        items = [Shift.of(values) if node.op is Op.ADD else Scale.of(values)]
+        inputs = [x, other]
+    else:
+        return None
+    xinfo = graph.info(x)
+    if xinfo.dtype is not DType.F32 or xinfo.shape != info.shape:
+        return None
+    return inputs, items
+
+
+def _is_gate(node: Node) -> bool:
+    """A node whose chain ``_fuse_gate`` builds (an activation or Add / Mul start)."""
+    return node.op in (Op.ADD, Op.MUL) or _activation(node) is not None
+
+
+def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
+    """A float elementwise op g = f(x) whose chain multiplies by x itself — x·Q(sigmoid(x))
+    (SiLU), x·Q(hardsigmoid(x)) or x·Q(relu6(x + 3))/6 (HardSwish) with the gate's quantizer
+    kept — and ends in a quantize becomes a fused node reading x with chain [f, Quantize,
+    dequantize, TensorMul(x), Quantize, ...]: one binary primitive with post-ops instead of
+    f, its quantize and dequantize reorders, the Mul and the output quantize
+    (compiler/lower/lower_gate.py). Exact: every item is the op it replaces, in the same
+    float32 order; the activation is oneDNN's eltwise, as the standalone kernel was."""
+    start_items = _gate_start(graph, node)
+    if start_items is None:
+        return False
+    inputs, items = start_items
+    x, out = inputs[0], node.outputs[0]
+    info = graph.info(out)
+    node.fused = Fused()
+    start = _State(items, inputs, out, info)
+    best, _, _ = _walk(graph, ctx, node, start, info.shape[1])
+    gated = any(isinstance(i, TensorMul) and best.inputs[i.port] == x for i in best.chain)
+    if not (gated and best.quantized):
+        node.fused = None
+        return False
+    ctx.visit(node)
+    _commit(graph, node, best)
+    return True
 
 
 def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:
@@ -311,7 +398,11 @@ def _absorb(graph: Graph, node: Node, state: _State, reader: Node, out_info: Ten
         other = reader.inputs[1 - port]
         data, _ = constant_operand(graph, other)
         if data is None and op is Op.ADD:
+            if _is_gate(node):  # a gate runs as a binary primitive: no sum
+                raise _Stop(reader, f"post-op: {reader}: a gate chain takes no residual sum")
             return _residual(graph, state, reader, other, out_info)
+        if data is None and op is Op.MUL:
+            return _tensor_mul(graph, node, state, reader, other, out_info)
         if data is None:
             raise _Stop(reader, f"post-op: {reader}: operand '{other}' is not a constant")
         values, why = channel_values(data, state.info.shape,
@@ -390,6 +481,28 @@ def _residual(graph: Graph, state: _State, add: Node, other: str, out_info: Tens
     new = state.extended([item], add, info=out_info, pending=False)
     new.inputs.append(source)
     new.extra.extend(extra)
+    return new
+
+
+def _tensor_mul(graph: Graph, node: Node, state: _State, mul: Node, other: str,
+                out_info: TensorInfo) -> _State:
+    """``x · r`` with r a float tensor read at run time (TensorMul): r of the chain's shape or
+    broadcast to it, and not computed from the node itself."""
+    if node.op not in COMPUTE_OPS and not _is_gate(node):
+        raise _Stop(mul, f"post-op: {mul}: a {node.op.value} kernel takes no run-time operand")
+    info = graph.info(other)
+    shape = state.info.shape
+    if info.dtype is not DType.F32 or info.rank != len(shape) or any(
+            d not in (1, s) for d, s in zip(info.shape, shape, strict=True)):
+        raise _Stop(mul, f"post-op: {mul}: operand '{other}' ({info.dtype.name} "
+                         f"{list(info.shape)}) is not a float32 tensor broadcast to "
+                         f"{list(shape)}")
+    if other not in state.inputs and depends_on(graph, other, node):
+        raise _Stop(mul, f"post-op: {mul}: operand '{other}' is computed from {node}")
+    new = state.extended([], mul, info=out_info)
+    if other not in new.inputs:
+        new.inputs.append(other)
+    new.chain.append(TensorMul(new.inputs.index(other)))
     return new
 
 

@@ -17,7 +17,8 @@ oneDNN requires to have the dst's size. When it has not (f32 residual into an in
 int8 residual into an f32 dst) the residual becomes a binary add of a full-size f32 tensor
 instead: ``residual_f32(port, scale, zp)`` gives the slot of ``scale·(r - zp)`` in f32.
 ``TensorAdd`` (not a composer op) is a binary add of a full-size f32 tensor another kernel of
-the plan writes: the low half of split weights (no_vnni.py).
+the plan writes: the low half of split weights (no_vnni.py). ``TensorBinary`` (chain item
+TensorMul) reads the node's input ``port``: ``tensor_slot(port)`` gives its f32 slot.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qfuse.compiler.lower.layouts import const_memory
-from qfuse.ir.postops import Binary, Composed, Eltwise, Prelu, Sum
+from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Prelu, Sum, TensorBinary
 from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
 
 F32 = np.float32
@@ -79,6 +80,7 @@ def build_attr(
     residual_type: Callable[[int], DataType] | None = None,
     residual_f32: Callable[[int, float, int], tuple[str, MemoryDesc]] | None = None,
     scales: bool = True,
+    tensor_slot: Callable[[int], tuple[str, MemoryDesc]] | None = None,
 ) -> BuiltAttr:
     """Attributes for an int8 (or, with ``scales=False``, float) compute primitive."""
     attr = PrimitiveAttr()
@@ -131,11 +133,47 @@ def build_attr(
             built.details.append(f"binary_add({op.what or op.slot})")
         elif isinstance(op, Sum):
             _residual(built, post_ops, index, op, dst_type, residual_type, residual_f32)
+        elif isinstance(op, TensorBinary):
+            if tensor_slot is None:
+                raise ValueError(f"binary_{op.alg} of input {op.port}: no tensor to read")
+            slot, md = tensor_slot(op.port)
+            post_ops.append_binary(Alg[f"binary_{op.alg}"], md)
+            built.slot_args[Arg.post_op(index, Arg.SRC_1)] = slot
+            built.names.append(f"binary_{op.alg}")
+            built.details.append(f"binary_{op.alg}(input {op.port})")
         else:  # pragma: no cover - the post-op type is closed
             raise TypeError(f"unknown post-op {op!r}")
     if len(post_ops):
         attr.set_post_ops(post_ops)
     return built
+
+
+def store_post_ops(composed: Composed) -> list[PostOp]:
+    """oneDNN's int8 store before rounding, ``f32(f32(x·f32(1/s)) + zp)``, as post-ops."""
+    if not composed.dst_dtype.is_integer:
+        return []
+    ops: list[PostOp] = []
+    if composed.dst_scale is not None and composed.dst_scale != 1.0:
+        ops.append(Eltwise("linear", float(F32(1) / F32(composed.dst_scale)), 0.0))
+    if composed.dst_zero_point:
+        ops.append(Eltwise("linear", 1.0, float(composed.dst_zero_point)))
+    return ops
+
+
+def scale_bias_post_ops(composed: Composed) -> list[PostOp]:
+    """oneDNN's weight scale and bias, ``x = f32(x·ws)`` then ``x = f32(x + b)``, as post-ops
+    (eltwise linear is one FMA: ``fma(x, ws, 0) = f32(x·ws)``, ``fma(x, 1, b) = f32(x + b)``)."""
+    ops: list[PostOp] = []
+    ws = np.asarray(composed.wei_scales, F32).ravel()
+    if ws.size == 1 and float(ws[0]) != 1.0:
+        ops.append(Eltwise("linear", float(ws[0]), 0.0))
+    elif ws.size > 1:
+        ops.append(Binary("mul", ws))
+    if composed.bias is not None:
+        bias = np.asarray(composed.bias, F32).ravel()
+        ops.append(Eltwise("linear", 1.0, float(bias[0])) if bias.size == 1
+                   else Binary("add", bias))
+    return ops
 
 
 def _residual(built: BuiltAttr, post_ops: PostOps, index: int, op: Sum, dst_type: DataType,

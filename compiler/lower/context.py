@@ -25,6 +25,7 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.layouts import (
     RESHAPES,
+    QUANTIZERS,
     const_memory,
     dense_in_order,
     dnnl_type,
@@ -253,6 +254,10 @@ class LowerContext:
                 if below is not None and below.is_plain:
                     strides = nocopy_strides(below.dims, below.strides or (), dims)
                     found = strided(dims, dtype, strides)
+            elif found is None and consumer.op in QUANTIZERS:  # a reorder keeps the layout
+                below = self.preferred(consumer.outputs[0], dtype, depth + 1)
+                if below is not None and below.is_plain:
+                    found = below
             elif found is None and consumer.op in (Op.SPLIT, Op.SLICE):
                 for out in consumer.outputs:
                     below = self.preferred(out, dtype, depth + 1)

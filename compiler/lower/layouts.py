@@ -59,6 +59,13 @@ def _dense_strides(md: MemoryDesc) -> tuple[int, ...]:
     return _dense(md.strides or (), md.dims)
 
 
+def same_bytes(a: MemoryDesc, b: MemoryDesc) -> bool:
+    """Two plain descriptors of one memory layout: they differ at most in the strides of
+    size-1 dims (oneDNN compares those too, e.g. nchw and nhwc of a 1x1 image)."""
+    return (a.is_plain and b.is_plain and a.dims == b.dims and a.dtype == b.dtype
+            and _dense_strides(a) == _dense_strides(b))
+
+
 def is_host(info: TensorInfo) -> bool:
     """A value oneDNN cannot describe (int64, bool, float64, int16, ..., rank 0, empty): it lives in
     a *host slot*, a flat u8 buffer that only numpy and island kernels read and write."""
@@ -100,6 +107,7 @@ def is_slow(impl: str, kind: str) -> bool:
 
 
 RESHAPES = (Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE)
+QUANTIZERS = (Op.QUANTIZE_LINEAR, Op.DEQUANTIZE_LINEAR, Op.FAKE_QUANTIZE)
 
 
 def nocopy_strides(dims: Sequence[int], strides: Sequence[int],
@@ -157,4 +165,19 @@ def dense_in_order(md: MemoryDesc, dims: Sequence[int]) -> MemoryDesc:
         step *= dims[i]
     return MemoryDesc.from_strides(tuple(dims), md.dtype, out)
 
+
+def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:
+    """``md``'s dims densely laid out with ``axis`` innermost (stride 1) and the other dims in
+    ``md``'s order (row-major order when ``md`` is blocked): oneDNN's jit softmax needs the
+    softmax axis innermost in memory and runs ``ref:any`` otherwise."""
+    dims = md.dims
+    axis = axis + len(dims) if axis < 0 else axis
+    strides = md.strides if md.is_plain and md.strides else row_major(dims)
+    order = sorted((i for i in range(len(dims)) if i != axis), key=lambda i: (-strides[i], i))
+    out = [0] * len(dims)
+    step = 1
+    for i in [axis, *reversed(order)]:
+        out[i] = step
+        step *= dims[i]
+    return MemoryDesc.from_strides(tuple(dims), md.dtype, out)
 

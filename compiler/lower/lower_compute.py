@@ -318,6 +318,9 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
     def residual_f32(port: int, scale: float, zp: int) -> tuple[str, MemoryDesc]:
         return unfused.dequantized(ctx, node.inputs[port], scale, zp)
 
+    def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
+        return unfused.dequantized(ctx, node.inputs[port], 1.0, 0)
+
     if not scales and composed.wei_scales.size == 1 and float(composed.wei_scales[0]) != 1.0:
         composed = _scale_as_post_op(composed)
 
@@ -325,7 +328,7 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         built = build_attr(comp, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
                            dst_type=dst_type, src_zp=src_zp, wei_zp=zp,
                            residual_type=residual_type, residual_f32=residual_f32,
-                           scales=scales)
+                           scales=scales, tensor_slot=tensor_slot)
         residual_md = None
         if built.sum_port is not None:
             residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)
@@ -346,9 +349,15 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         def unsplit() -> PrimitiveDesc:
             return create(built, residual_md, composed)[0]
 
+        def main_is_slow(main: Composed) -> bool:
+            assert exact is not None and exact.halves is not None
+            zh = no_vnni.split_zero_point(wei_zp)[0]
+            pd = create(attributes(main, zh)[0], None, main, weights=exact.halves[0])[0]
+            return is_slow(pd.impl_name, kind)
+
         if exact.lower_with_binary(ctx, node, composed, create=create,
                                    channel_axis=channel_axis, wei_mask=wei_mask,
-                                   src_zp=src_zp, unsplit=unsplit):
+                                   src_zp=src_zp, unsplit=unsplit, main_is_slow=main_is_slow):
             return
         composed, create, weights_slot, wei_zp = exact.apply(
             ctx, node, composed, create=create, weights_slot=weights_slot,

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -184,19 +185,28 @@ def lower_batch_norm(ctx: LowerContext, node: Node) -> None:
                               ((1, "scale"), (2, "bias"), (3, "mean"), (4, "var")))
     a = gamma / np.sqrt(var + attrs.epsilon)
     b = beta - mean * a
-    dims = (1, shape[1]) + (1,) * (len(shape) - 2)
+    # oneDNN 3.2's jit binary applies a per-channel binary post-op wrongly when N > 1 and
+    # every spatial dim is 1 (docs/onednn.md): such a batch runs over an (N, C) view
+    flat = shape[0] > 1 and len(shape) > 2 and math.prod(shape[2:]) == 1
+    dims = (1, shape[1]) + (1,) * (0 if flat else len(shape) - 2)
     mul = const_memory(a.astype(F32).reshape(dims))
     add = const_memory(b.astype(F32).reshape(dims))
     post_ops = PostOps().append_binary(Alg.binary_add, add.md)
     attr = PrimitiveAttr().set_post_ops(post_ops)
-    home = ctx.md_of(x)
 
     def make(md: MemoryDesc) -> PrimitiveDesc:
         return binary(Alg.binary_mul, md, mul.md, md, attr=attr)
 
-    pd = ctx.try_layouts("binary", make, [home, plain_md(shape, DataType.f32)])
-    src = ctx.source(x, pd.src_md)
-    dst = _in_place_or_new(ctx, node, src, ctx.slots[src].md)
+    if flat:
+        src = ctx.view(x, shape[:2], row_major=True)
+        pd = make(ctx.slots[src].md)
+        dst = ctx.temp(f"{node.outputs[0]}@view", ctx.slots[src].md,
+                       alias=ctx.define(node.outputs[0], plain_md(shape, DataType.f32)))
+    else:
+        home = ctx.md_of(x)
+        pd = ctx.try_layouts("binary", make, [home, plain_md(shape, DataType.f32)])
+        src = ctx.source(x, pd.src_md)
+        dst = _in_place_or_new(ctx, node, src, ctx.slots[src].md)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.DST): dst},
                       {int(Arg.SRC_1): mul, Arg.post_op(0, Arg.SRC_1): add},
                       info=ctx.info_for(node, post_ops=["binary_add"]))

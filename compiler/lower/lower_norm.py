@@ -30,7 +30,14 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
-from qfuse.compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
+from qfuse.compiler.lower.layouts import (
+    axis_innermost,
+    const_memory,
+    dnnl_type,
+    is_slow,
+    md_like,
+    plain_md,
+)
 from qfuse.ir import DType, Node
 from qfuse.ir.chain import Quantize, dst_quant
 from qfuse.ir.ops import AxisAttrs, LayerNormAttrs
@@ -149,13 +156,26 @@ def lower_softmax(ctx: LowerContext, node: Node) -> None:
             out = md_like(md, dst_type) or plain_md(md.dims, dst_type)
             return softmax(md, out, axis=attrs.axis, attr=attr)
 
-        pd = ctx.try_layouts("softmax", make, [home, plain_md(home.dims, home.dtype)])
+        # the jit softmax needs the axis innermost in memory: try that before the plain layout
+        candidates = [home, axis_innermost(home, attrs.axis), plain_md(home.dims, home.dtype)]
+        pd = ctx.try_layouts("softmax", make, candidates)
         return pd, fixed, ["int8_dst_scale"] if dst is not None and not split else []
 
     pd, fixed, details = _pick(ctx, node, "softmax", build)
     src_md = pd.src_md
     assert src_md is not None
     _emit(ctx, node, pd, ctx.source(x, src_md), fixed, dst, details)
+
+
+def probe_softmax(ctx: LowerContext, node: Node, port: int,
+                  dtype: DataType) -> MemoryDesc | None:
+    """A softmax wants its axis innermost in memory (its jit kernel needs it)."""
+    attrs: AxisAttrs = node.attrs
+    shape = ctx.info(node.inputs[port]).shape
+    axis = attrs.axis + len(shape) if attrs.axis < 0 else attrs.axis
+    if axis == len(shape) - 1:
+        return None
+    return axis_innermost(plain_md(shape, dtype), axis)
 
 
 def lower_layer_norm(ctx: LowerContext, node: Node) -> None:

@@ -83,6 +83,7 @@ implementation that made it necessary.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -90,12 +91,25 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from qfuse.compiler.lower.attrs import BuiltAttr, TensorAdd, build_attr
+from qfuse.compiler.lower.attrs import (
+    BuiltAttr,
+    TensorAdd,
+    build_attr,
+    scale_bias_post_ops,
+    store_post_ops,
+)
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import channels_last, dnnl_type, is_slow, md_like, plain_md
+from qfuse.compiler.lower.layouts import (
+    channels_last,
+    dnnl_type,
+    is_slow,
+    md_like,
+    plain_md,
+    same_bytes,
+)
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Node, Op
-from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Sum
+from qfuse.ir.postops import Composed, Sum, TensorBinary
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -230,9 +244,7 @@ class Exactness:
         runtime = None if self.runtime is None else _split_runtime(ctx, self.runtime)
         t = self._add_lo(ctx, node, create, t_md, runtime, channel_axis=channel_axis,
                          wei_mask=wei_mask, src_zp=src_zp, wei_zp=zl)
-        main = replace(composed, wei_scales=np.full(1, 2, F32), bias=None,
-                       post_ops=[TensorAdd(t, t_md, f"low half '{t}'"),  # type: ignore[list-item]
-                                 *_scale_and_bias(composed), *composed.post_ops])
+        main = self.main_composed(ctx, node, composed, t)
         if self.halves is not None:
             create = partial(create, weights=self.halves[0])
         elif runtime is not None:
@@ -243,9 +255,19 @@ class Exactness:
 
         return main, create, weights_slot, zh
 
+    def main_composed(self, ctx: LowerContext, node: Node, composed: Composed,
+                      t: str) -> Composed:
+        """The main primitive's attributes: weight scale 2, the low half T (slot ``t``) added
+        first, then the node's scales, bias and post-ops (module docstring)."""
+        t_md = _lo_layout(ctx, node)
+        return replace(composed, wei_scales=np.full(1, 2, F32), bias=None,
+                       post_ops=[TensorAdd(t, t_md, f"low half '{t}'"),  # type: ignore[list-item]
+                                 *scale_bias_post_ops(composed), *composed.post_ops])
+
     def lower_with_binary(self, ctx: LowerContext, node: Node, composed: Composed, *,
                           create: Create, channel_axis: int, wei_mask: int, src_zp: int,
-                          unsplit: Callable[[], PrimitiveDesc]) -> bool:
+                          unsplit: Callable[[], PrimitiveDesc],
+                          main_is_slow: Callable[[Composed], bool] | None = None) -> bool:
         """Deconvolution: oneDNN's AVX2 int8 deconvolution with a src zero point takes
         neither a full-tensor binary nor a sum post-op (measured: a GEMM-based kernel, 25x
         slower on unet). So both halves run bare into f32, H = f32(2·acc_hi) (weight scale
@@ -253,11 +275,23 @@ class Exactness:
         (= f32(acc)), then the post-ops ws, b, P and the dst scale and zero point
         (``linear(f32(1/s), 0)`` then ``linear(1, zp)``: the same two roundings as the dst
         attributes), stored with rint and saturation — bit for bit what ``apply`` gives.
-        Not taken (False) when P holds a residual sum or a primitive would be slow."""
-        if (node.op is not Op.CONV_TRANSPOSE or self.halves is None
-                or any(isinstance(op, Sum) for op in composed.post_ops)
+        Not taken (False) when P holds a residual sum or a primitive would be slow.
+        A convolution takes it too when its main primitive (``main_composed``) would be slow:
+        measured on AVX2, a 1x1 convolution over a 1x1 image (a squeeze-excitation FC)
+        with the full-tensor binary post-op falls to ``ref:any``. A batch of 1x1 images
+        runs the binary primitive over 2-D (N, C) views: oneDNN 3.2's jit binary applies
+        per-channel binary post-ops wrongly when N > 1 and every spatial dim is 1
+        (docs/onednn.md; tests/runtime/test_onednn_f32.py)."""
+        shape = ctx.info(node.outputs[0]).shape
+        if (self.halves is None
+                or any(isinstance(op, Sum | TensorBinary) for op in composed.post_ops)
                 or self._on_exact_impl(unsplit)):
             return False
+        if node.op is not Op.CONV_TRANSPOSE and (
+                main_is_slow is None
+                or not main_is_slow(self.main_composed(ctx, node, composed, "probe"))):
+            return False
+        kind = "deconvolution" if node.op is Op.CONV_TRANSPOSE else "convolution"
         y = node.outputs[0]
         yinfo = ctx.info(y)
         ndims = len(yinfo.shape)
@@ -267,19 +301,27 @@ class Exactness:
                              wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp)
         hi_pd, hi_wmem = create(hi_attr, t_md, hi_comp, weights=self.halves[0])
         finish = Composed(composed.channels, DType.F32,
-                          post_ops=[*_scale_and_bias(composed), *composed.post_ops,
-                                    *_dst_attributes(composed)])
-        built = build_attr(finish, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
+                          post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
+                                    *store_post_ops(composed)])
+        flat = yinfo.shape[0] > 1 and ndims > 2 and math.prod(yinfo.shape[2:]) == 1
+        b_md = plain_md(yinfo.shape[:2], DataType.f32) if flat else t_md
+        built = build_attr(finish, ndims=2 if flat else ndims,
+                           channel_axis=1 if flat else channel_axis, wei_mask=wei_mask,
                            dst_type=DataType.f32)
-        dst_md = md_like(t_md, dnnl_type(yinfo.dtype))
+        dst_md = md_like(b_md, dnnl_type(yinfo.dtype))
         assert dst_md is not None
-        pd = binary(Alg.binary_add, t_md, t_md, dst_md, attr=built.attr)
-        if (hi_pd.dst_md != t_md or is_slow(hi_pd.impl_name, "deconvolution")
+        pd = binary(Alg.binary_add, b_md, b_md, dst_md, attr=built.attr)
+        h_md = hi_pd.dst_md
+        assert h_md is not None
+        if (not same_bytes(h_md, t_md) or is_slow(hi_pd.impl_name, kind)
                 or pd.impl_name.startswith("ref")):
             return False
         t = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
                          wei_mask=wei_mask, src_zp=src_zp, wei_zp=0)
-        h = ctx.temp(f"{y}@hi", t_md)
+        h = ctx.temp(f"{y}@hi", h_md)
+        h_view = h if h_md == b_md else ctx.temp(f"{y}@hi_view", b_md, alias=h)
+        if flat:
+            t = ctx.temp(f"{y}@lo_view", b_md, alias=t)
         assert hi_wmem is not None
         info = KernelInfo(node=node.name, op=node.op.value, note="exact_int8: high half of "
                           f"the split weights of '{node.name}' (no VNNI)")
@@ -290,8 +332,11 @@ class Exactness:
         ctx.exact_int8[kernel.name] = HIGH_HALF
         info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
                             post_op_details=built.details)
-        kernel = ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): h, int(Arg.SRC_1): t,
-                                                   int(Arg.DST): ctx.define(y, dst_md)},
+        out = ctx.define(y, md_like(t_md, dst_md.dtype) if flat else dst_md)
+        if flat:
+            out = ctx.temp(f"{y}@view", dst_md, alias=out)
+        kernel = ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): h_view, int(Arg.SRC_1): t,
+                                                   int(Arg.DST): out},
                                    dict(built.fixed), info=info)
         self.how = f"{self.how}, halves added by a binary primitive"
         self.record(ctx, kernel)
@@ -327,16 +372,21 @@ class Exactness:
         else:
             assert wmem is not None
             fixed[int(Arg.WEIGHTS)] = wmem
-        t = ctx.temp(f"{y}@lo", t_md)
         dst_md = pd.dst_md
         assert dst_md is not None
-        args[int(Arg.DST)] = t if dst_md == t_md else ctx.temp(f"{y}@lo_acc", dst_md)
+        if dst_md != t_md and same_bytes(dst_md, t_md):  # one layout: a view, not a copy
+            acc = ctx.temp(f"{y}@lo_acc", dst_md)
+            args[int(Arg.DST)] = acc
+            t = ctx.temp(f"{y}@lo", t_md, alias=acc)
+        else:
+            t = ctx.temp(f"{y}@lo", t_md)
+            args[int(Arg.DST)] = t if dst_md == t_md else ctx.temp(f"{y}@lo_acc", dst_md)
         # node named (its time is the node's), no absorbed list: the main kernel absorbs them
         info = KernelInfo(node=node.name, op=node.op.value, note="exact_int8: low half of "
                           f"the split weights of '{node.name}' (no VNNI)")
         kernel = ctx.add_primitive(f"{node.name}:lo", pd, args, fixed, info=info)
         ctx.exact_int8[kernel.name] = LOW_HALF
-        if args[int(Arg.DST)] != t:
+        if args[int(Arg.DST)] != t and ctx.slots[t].alias != args[int(Arg.DST)]:
             ctx.add_reorder(args[int(Arg.DST)], t, note=f"low half of '{node.name}' laid out "
                             "like its dst")
         return t
@@ -347,33 +397,6 @@ class Exactness:
         kernel.info.note = f"{kernel.info.note}; {note}" if kernel.info.note else note
 
 
-def _dst_attributes(composed: Composed) -> list[PostOp]:
-    """oneDNN's int8 store before rounding, ``f32(f32(x·f32(1/s)) + zp)``, as post-ops."""
-    if not composed.dst_dtype.is_integer:
-        return []
-    ops: list[PostOp] = []
-    if composed.dst_scale is not None and composed.dst_scale != 1.0:
-        ops.append(Eltwise("linear", float(F32(1) / F32(composed.dst_scale)), 0.0))
-    if composed.dst_zero_point:
-        ops.append(Eltwise("linear", 1.0, float(composed.dst_zero_point)))
-    return ops
-
-
-def _scale_and_bias(composed: Composed) -> list[PostOp]:
-    """oneDNN's ``x = f32(x·ws)`` then ``x = f32(x + b)`` as post-ops (module docstring)."""
-    ops: list[PostOp] = []
-    ws = np.asarray(composed.wei_scales, F32).ravel()
-    if ws.size == 1 and float(ws[0]) != 1.0:
-        ops.append(Eltwise("linear", float(ws[0]), 0.0))
-    elif ws.size > 1:
-        ops.append(Binary("mul", ws))
-    if composed.bias is not None:
-        bias = np.asarray(composed.bias, F32).ravel()
-        ops.append(Eltwise("linear", 1.0, float(bias[0])) if bias.size == 1
-                   else Binary("add", bias))
-    return ops
-
-
 def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
     """f32 layout of the low half: the one oneDNN's int8 kernels pick for the main primitive's
     dst (channels-last for (de)convolutions, row-major for matmul). Taking a plain nchw
@@ -381,7 +404,7 @@ def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
     on ``ref:any`` (measured); with channels-last, the layout candidates of context.py take a
     channels-last dst and copy the residual in."""
     shape = ctx.info(node.outputs[0]).shape
-    if node.op in (Op.CONV, Op.CONV_TRANSPOSE):
+    if node.op in (Op.CONV, Op.CONV_TRANSPOSE) and math.prod(shape[2:]) > 1:
         return channels_last(shape, DataType.f32)
     return plain_md(shape, DataType.f32)
 

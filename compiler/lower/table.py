@@ -18,6 +18,7 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import (
     lower_compute,
+    lower_gate,
     lower_island,
     lower_matmul,
     lower_misc,
@@ -55,18 +56,18 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.AVG_POOL: lower_pool.lower_pool,
     Op.GLOBAL_AVG_POOL: lower_pool.lower_pool,
     # float elementwise and normalization
-    Op.RELU: lower_misc.lower_eltwise,
-    Op.LEAKY_RELU: lower_misc.lower_eltwise,
-    Op.CLIP: lower_misc.lower_eltwise,
-    Op.SIGMOID: lower_misc.lower_eltwise,
-    Op.SWISH: lower_misc.lower_eltwise,
-    Op.TANH: lower_misc.lower_eltwise,
-    Op.HARD_SWISH: lower_misc.lower_eltwise,
-    Op.HARD_SIGMOID: lower_misc.lower_eltwise,
-    Op.GELU: lower_misc.lower_eltwise,
-    Op.ADD: lower_misc.lower_binary,
+    Op.RELU: lower_gate.lower_activation,
+    Op.LEAKY_RELU: lower_gate.lower_activation,
+    Op.CLIP: lower_gate.lower_activation,
+    Op.SIGMOID: lower_gate.lower_activation,
+    Op.SWISH: lower_gate.lower_activation,
+    Op.TANH: lower_gate.lower_activation,
+    Op.HARD_SWISH: lower_gate.lower_activation,
+    Op.HARD_SIGMOID: lower_gate.lower_activation,
+    Op.GELU: lower_gate.lower_activation,
+    Op.ADD: lower_gate.lower_binary,
     Op.SUB: lower_misc.lower_binary,
-    Op.MUL: lower_misc.lower_binary,
+    Op.MUL: lower_gate.lower_binary,
     Op.DIV: lower_misc.lower_binary,
     Op.SUM: lower_misc.lower_binary,
     Op.SOFTMAX: lower_norm.lower_softmax,
@@ -113,6 +114,7 @@ PROBES = {
     Op.RESIZE: lower_resize.probe_resize,
     Op.PAD: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,
+    Op.SOFTMAX: lower_norm.probe_softmax,
 }
 
 

@@ -29,7 +29,7 @@ from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, channel_array
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import any_md, const_memory, dnnl_type, md_like, plain_md
 from qfuse.ir import DType, Node
-from qfuse.ir.postops import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum
+from qfuse.ir.postops import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum, TensorBinary
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -141,6 +141,13 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
                 slot = _prelu_numpy(ctx, name, slot, channel_array(op.slopes, nd, channel_axis,
                                                                    channels))
                 md = ctx.slots[slot].md
+        elif isinstance(op, TensorBinary):
+            r_slot, r_md = dequantized(ctx, node.inputs[op.port], 1.0, 0, md)
+            pd = binary(Alg[f"binary_{op.alg}"], md, r_md, md)
+            ctx.add_primitive(name, pd, {int(Arg.SRC_0): slot, int(Arg.SRC_1): r_slot,
+                                         int(Arg.DST): slot},
+                              info=ctx.info_for(None, note=f"unfused gate of {node}",
+                                                post_ops=[f"binary_{op.alg}"]))
         elif isinstance(op, Sum):
             r_slot, r_md = dequantized(ctx, node.inputs[op.port], op.scale, op.zero_point, md)
             pd = binary(Alg.binary_add, md, r_md, md)

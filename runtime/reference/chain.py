@@ -23,8 +23,17 @@ import math
 
 import numpy as np
 
-from qfuse.ir.chain import Activation, ChainOp, PRelu, Quantize, Residual, Scale, Shift
-from qfuse.ir.postops import ACT_ALG, Binary, Composed, Eltwise, Prelu, Sum
+from qfuse.ir.chain import (
+    Activation,
+    ChainOp,
+    PRelu,
+    Quantize,
+    Residual,
+    Scale,
+    Shift,
+    TensorMul,
+)
+from qfuse.ir.postops import ACT_ALG, Binary, Composed, Eltwise, Prelu, Sum, TensorBinary
 from qfuse.ir.types import DType
 
 F32 = np.float32
@@ -119,6 +128,8 @@ def apply_chain(
         elif isinstance(item, Residual):
             r = residuals[item.port].astype(F32)
             x = (x + F32(item.scale) * (r - F32(item.zero_point))).astype(F32)
+        elif isinstance(item, TensorMul):
+            x = (x * residuals[item.port].astype(F32)).astype(F32)
         elif isinstance(item, Quantize):
             x = fake_quantize(x, *(_per_channel(v, nd, ax) for v in (
                 item.input_low, item.input_high, item.output_low, item.output_high)),
@@ -152,6 +163,9 @@ def apply_composed(
             x = fn[op.alg](x, v).astype(F32)
         elif isinstance(op, Prelu):
             x = np.where(x >= 0, x, x * _per_channel(op.slopes, nd, ax)).astype(F32)
+        elif isinstance(op, TensorBinary):
+            fn = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+            x = fn[op.alg](x, residuals[op.port].astype(F32)).astype(F32)
     if composed.dst_dtype.is_integer:
         if composed.dst_scale is not None:
             x = (x * (F32(1.0) / F32(composed.dst_scale))).astype(F32)

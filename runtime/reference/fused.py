@@ -17,6 +17,8 @@
   ``x = f32(src - src_zero_point)·src_scale`` (the DequantizeLinear it absorbed) when
   ``src_scale`` is set, else ``x = src``; the op is its plain reference (ONNX Runtime's float32
   kernels), and the chain (empty, or one Quantize) follows.
+- An activation carrying a gate chain (passes/fuse_post_ops.py ``_fuse_gate``): acc = its
+  float32 source; the chain starts with the activation itself.
 - channel axis of the chain: 1, except MatMul: the last dim.
 - ``residuals``: every chain ``Residual`` item reads the node's input ``port``.
 
@@ -30,7 +32,7 @@ import copy
 
 import numpy as np
 
-from qfuse.ir.chain import Residual
+from qfuse.ir.chain import Residual, TensorMul
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.runtime.reference.chain import apply_chain, apply_composed
@@ -83,6 +85,8 @@ def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
             x = (src.astype(np.int64) - np.int64(fused.src_zero_point)).astype(F32) * F32(
                 fused.src_scale)
         return IMPLS[node.op](plain, [x, *inputs[1:]])[0]
+    if src.dtype.kind == "f":  # an activation carrying a gate chain: the chain starts at x
+        return src.astype(F32)
     raise ValueError(f"no fused reference for {node.op.value}")
 
 
@@ -100,7 +104,7 @@ def evaluate_fused(
     acc = accumulate(node, inputs)
     residuals: dict[int, np.ndarray] = {}
     for item in fused.chain:
-        if isinstance(item, Residual):
+        if isinstance(item, Residual | TensorMul):
             r = inputs[item.port] if item.port < len(inputs) else None
             if r is None:
                 raise ValueError(f"residual input {item.port} is missing")

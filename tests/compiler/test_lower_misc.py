@@ -150,6 +150,18 @@ def test_batch_norm_and_float_conv_relu() -> None:
     _check(g, 1e-5)
 
 
+@pytest.mark.parametrize("shape", [(2, 8, 1, 1), (1, 8, 1, 1), (3, 8, 1)])
+def test_batch_norm_on_single_pixels(shape: tuple[int, ...]) -> None:
+    """A batch of 1x1 images (BN after a global pool): oneDNN's binary post-op pitfall."""
+    g = _graph({"x": shape})
+    for i, name in enumerate(("gamma", "beta", "mean", "var")):
+        g.add_constant(name, RNG.uniform(0.5, 1.5, 8).astype(F32) + i)
+    g.add_node(Op.BATCH_NORM, ["x", "gamma", "beta", "mean", "var"], ["y"], BatchNormAttrs(),
+               infos=[TensorInfo(shape, DType.F32)])
+    g.outputs.append("y")
+    _check(g, 1e-5)
+
+
 @pytest.mark.parametrize("dtype", [DType.F32, DType.U8])
 def test_concat_in_mixed_layouts(dtype: DType) -> None:
     """One input straight from the graph (plain), one from a transpose (plain) — and int8."""

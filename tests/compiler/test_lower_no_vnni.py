@@ -134,11 +134,12 @@ def test_nothing_changes_on_vnni_or_amx() -> None:
 
 # ------------------------------------------------------------------ no VNNI
 def _conv(c: int, o: int, *, src: DType = U8, weights: np.ndarray | None = None,
-          seed: int = 0, **conv: object) -> tuple[Graph, dict[str, np.ndarray]]:
+          seed: int = 0, hw: int = 9, n: int = 2,
+          **conv: object) -> tuple[Graph, dict[str, np.ndarray]]:
     """A full-range int8 conv: src 0..255 (or −128..127), weights −128..127 unless given."""
     g = Graph("conv")
     zp = 7 if src == U8 else -3
-    x = int_input(g, "x", (2, c, 9, 9), src, 0.03, zp)
+    x = int_input(g, "x", (n, c, hw, hw), src, 0.03, zp)
     node = add_int8_conv(g, x, o, seed=seed, **conv)  # type: ignore[arg-type]
     value = g.values[node.inputs[1]]  # add_int8_conv draws −127..127: take −128..127
     assert value.data is not None
@@ -148,7 +149,7 @@ def _conv(c: int, o: int, *, src: DType = U8, weights: np.ndarray | None = None,
     value.data = data.astype(np.int8)
     value.data.setflags(write=False)
     g.outputs.append(node.outputs[0])
-    return g, {"x": random_int(np.random.default_rng(seed + 1), (2, c, 9, 9), src)}
+    return g, {"x": random_int(np.random.default_rng(seed + 1), (n, c, hw, hw), src)}
 
 
 def _agreement(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused",
@@ -222,7 +223,8 @@ def test_s8_src_is_shifted_to_u8(case: str) -> None:
 
 @no_vnni
 @pytest.mark.parametrize("case", ["grouped", "depthwise", "deconv_stride2_outpad",
-                                  "deconv_grouped_k4", "small_weights", "f32_dst"])
+                                  "deconv_grouped_k4", "small_weights", "f32_dst",
+                                  "1x1_image", "1x1_images"])
 def test_other_convolutions(case: str) -> None:
     conv = {"grouped": {"c": 32, "o": 64, "group": 4},
             "depthwise": {"c": 32, "o": 32, "group": 32, "dst": S8, "out_zp": -3},
@@ -231,7 +233,13 @@ def test_other_convolutions(case: str) -> None:
             "deconv_grouped_k4": {"c": 32, "o": 32, "kernel": 4, "stride": 2, "group": 2,
                                   "deconv": True},
             "small_weights": {"c": 64, "o": 32},
-            "f32_dst": {"c": 64, "o": 16, "dst": DType.F32}}[case]
+            "f32_dst": {"c": 64, "o": 16, "dst": DType.F32},
+            # a squeeze-excitation FC: its main primitive with the low half as a binary
+            # post-op is ref:any on AVX2, so the halves are added by a binary primitive
+            "1x1_image": {"c": 256, "o": 64, "kernel": 1, "pads": (0, 0, 0, 0), "hw": 1,
+                          "n": 1},
+            # batch 2: the binary primitive over (N, C) views (oneDNN's per-channel bug)
+            "1x1_images": {"c": 256, "o": 64, "kernel": 1, "pads": (0, 0, 0, 0), "hw": 1}}[case]
     weights = None
     if case == "small_weights":
         weights = np.random.default_rng(2).integers(-64, 65, 32 * 64 * 9).astype(np.int8)
@@ -240,6 +248,8 @@ def test_other_convolutions(case: str) -> None:
     split = case not in ("depthwise", "small_weights")
     assert ("split weights" in how["conv"]) == split, how
     assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
+    if case.startswith("1x1_image"):
+        assert "halves added by a binary primitive" in how["conv"], how
 
 
 @no_vnni

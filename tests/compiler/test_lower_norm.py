@@ -118,6 +118,9 @@ CASES: dict[str, dict] = {
                    "dst_zp": 0},
     "softmax_odd": {"op": SOFTMAX, "src": F, "shape": (4, 4, 16, 77), "dst_scale": 1 / 255,
                     "dst_zp": 0},
+    # the softmax axis is not innermost: jit only in an axis-innermost layout (else ref:any)
+    "softmax_axis1": {"op": SOFTMAX, "src": F, "shape": (2, 16, 4, 21), "axis": 1,
+                      "dst_scale": 1 / 255, "dst_zp": 0},
     "softmax_s8": {"op": SOFTMAX, "src": F, "shape": (4, 4, 16, 16), "dst": S8,
                    "dst_scale": 1 / 127, "dst_zp": 0},
 }

@@ -47,8 +47,8 @@ from qfuse.runtime.reference.chain import apply_composed
 from qfuse.runtime.reference.fused import accumulate, channel_axis
 
 MODELS = ("resnet", "mobilenetv2", "inception", "unet", "transformer", "vgg", "shufflenet")
-FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_quantized_norm", "signed_matmul_weights",
-                 "compose_post_ops")
+FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_gate_chain", "fuse_quantized_norm",
+                 "signed_matmul_weights", "compose_post_ops")
 OTHER_PASSES_LSB = 3  # the measured worst (module docstring); not this file's passes
 
 

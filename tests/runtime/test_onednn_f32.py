@@ -27,6 +27,7 @@ from qfuse.runtime.onednn import (
     FormatTag,
     Memory,
     MemoryDesc,
+    PostOps,
     PrimitiveAttr,
     PrimitiveDesc,
     binary,
@@ -220,6 +221,32 @@ def test_binary(alg: Alg, a_shape: tuple[int, ...], b_shape: tuple[int, ...]) ->
     a, b = f32(*a_shape), f32(*b_shape, lo=0.5, hi=2.0)
     got = run(binary(alg, md(a), md(b), md(a)), {Arg.SRC_0: a, Arg.SRC_1: b})
     np.testing.assert_array_equal(got, ref.binary(alg, a, b))
+
+
+@pytest.mark.parametrize("shape", [(2, 64, 1, 1), (3, 8, 1), (1, 64, 1, 1), (2, 64, 1, 2)])
+def test_binary_per_channel_post_op_over_a_batch_of_single_pixels(shape: tuple[int, ...]) -> None:
+    """oneDNN 3.2 pitfall the lowering works around (no_vnni.lower_with_binary and
+    lower_batch_norm use (N, C) views): the jit binary primitive applies a per-channel binary
+    post-op wrongly when N > 1 and every spatial dim is 1; right with N = 1, with a spatial
+    dim > 1, and over the same data viewed as (N, C)."""
+    a, b = f32(*shape), f32(*shape)
+    channel = (1, shape[1]) + (1,) * (len(shape) - 2)
+    m = f32(*channel, lo=0.5, hi=2.0)
+    expected = (a + b) * m
+
+    def with_post_op(x: np.ndarray, y: np.ndarray, z: np.ndarray) -> np.ndarray:
+        attr = PrimitiveAttr().set_post_ops(PostOps().append_binary(Alg.binary_mul, md(z)))
+        return run(binary(Alg.binary_add, md(x), md(y), md(x), attr=attr),
+                   {Arg.SRC_0: x, Arg.SRC_1: y, Arg.post_op(0, Arg.SRC_1): z})
+
+    got = with_post_op(a, b, m)
+    buggy = shape[0] > 1 and all(d == 1 for d in shape[2:])
+    assert np.array_equal(got, expected) != buggy
+    if not buggy:
+        return
+    flat = shape[:2]
+    got = with_post_op(a.reshape(flat), b.reshape(flat), m.reshape(1, shape[1]))
+    np.testing.assert_array_equal(got.reshape(shape), expected)
 
 
 def test_reorder_layouts() -> None:

@@ -1,0 +1,77 @@
+"""Activations and Add / Mul, plain or carrying a gate chain (passes/fuse_post_ops.py
+``_fuse_gate``).
+
+A plain one is one eltwise / binary primitive (lower_misc). A fused one computes its chain
+from x — the op itself is the chain's first item — e.g. SiLU with the gate's quantizer kept,
+
+    x·Q(sigmoid(x))  →  [logistic, quantize, dequantize, mul input 0, quantize]
+
+as a single oneDNN binary primitive: ``max(x, x) = x`` (exact), then the composed post-ops —
+the activation as an eltwise post-op, the quantize as linear/round/clip, ``binary_mul`` reading
+x again, and the store's scale and zero point as eltwise linear (attrs.store_post_ops: the
+same float32 operations as the int8 store, since the binary primitive takes no dst scale) —
+written as u8/s8 with rint and saturation. oneDNN's eltwise primitive has no jit kernel with
+binary post-ops (``ref:any``); its binary primitive has (``jit:uni``).
+
+The unfused mode runs the chain one primitive per basic operation on a copy of x
+(unfused.finish_chain).
+"""
+
+from __future__ import annotations
+
+from qfuse.compiler.lower import lower_misc, unfused
+from qfuse.compiler.lower.attrs import build_attr, scale_bias_post_ops, store_post_ops
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import dnnl_type, md_like, plain_md
+from qfuse.ir import DType, Node
+from qfuse.ir.postops import Composed
+from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, binary
+
+
+def lower_activation(ctx: LowerContext, node: Node) -> None:
+    if node.fused is None:
+        lower_misc.lower_eltwise(ctx, node)
+        return
+    lower_gate(ctx, node)
+
+
+def lower_binary(ctx: LowerContext, node: Node) -> None:
+    """Add / Mul: a gate chain's first op (x + 3 of x·relu6(x + 3)/6), or plain."""
+    if node.fused is None:
+        lower_misc.lower_binary(ctx, node)
+        return
+    lower_gate(ctx, node)
+
+
+def lower_gate(ctx: LowerContext, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    yinfo = ctx.info(y)
+    home = ctx.md_of(x)
+    f32 = md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32)
+    src = ctx.source(x, f32)
+    if ctx.options.mode == "unfused":
+        work = ctx.temp(f"{y}@chain", f32)
+        ctx.add_reorder(src, work, role="op", note=f"unfused copy of the input of {node}")
+        unfused.finish_chain(ctx, node, work, channel_axis=1)
+        return
+    composed = node.meta.get("composed")
+    assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"
+    finish = Composed(composed.channels, DType.F32,
+                      post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
+                                *store_post_ops(composed)])
+
+    def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
+        slot = ctx.source(node.inputs[port], f32)
+        return slot, ctx.slots[slot].md
+
+    built = build_attr(finish, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
+                       dst_type=DataType.f32, tensor_slot=tensor_slot)
+    dst_md = md_like(f32, dnnl_type(yinfo.dtype))
+    assert dst_md is not None
+    pd = binary(Alg.binary_max, f32, f32, dst_md, attr=built.attr)
+    info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
+                        post_op_details=built.details)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): src,
+                                      int(Arg.DST): ctx.define(y, dst_md),
+                                      **built.slot_args},
+                      dict(built.fixed), info=info)
