@@ -23,6 +23,8 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 from qfuse.compiler.api import CompiledModel, compile_model, import_graph
+from qfuse.compiler.nonfinite import NonFiniteInputWarning
 from qfuse.compiler.quantize import quantize
 
-__all__ = ["CompiledModel", "__version__", "compile_model", "import_graph", "quantize"]
+__all__ = ["CompiledModel", "NonFiniteInputWarning", "__version__", "compile_model",
+           "import_graph", "quantize"]

@@ -50,6 +50,7 @@ class CompiledModel:
     compiled_graph: Graph | None = None
     plan: Any = None
     executor: Any = None
+    guard: Any = None  # compiler/nonfinite.py: NaN / inf in float inputs
 
     @property
     def inputs(self) -> list[str]:
@@ -63,7 +64,11 @@ class CompiledModel:
         return {n: (self.graph.info(n).shape, self.graph.info(n).dtype.np) for n in self.inputs}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self._runner(feeds)
+        """Outputs by name. Float inputs holding NaN / inf give ONNX's result in every mode
+        and a NonFiniteInputWarning once per model (compiler/nonfinite.py)."""
+        if self.guard is None:
+            return self._runner(feeds)
+        return self.guard(feeds, self._runner)
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every value the plan materializes (by name), for comparisons; oneDNN modes only."""
@@ -88,14 +93,20 @@ def compile_model(
     if mode not in MODES:
         raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     mode = Mode(mode)
+    from qfuse.runtime.onednn.threads import MAX_THREADS
+
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise InputError(f"threads must be 1..{MAX_THREADS}, got {threads}")
     graph = import_graph(model, input_shapes=input_shapes)
     from qfuse.compiler.onnx_import.islands import describe as islands
 
-    if mode == "reference":
-        from qfuse.runtime.reference import evaluate
+    from qfuse.compiler.nonfinite import NonFiniteGuard
+    from qfuse.runtime.reference import evaluate
 
+    if mode == "reference":
         return CompiledModel(graph, mode, lambda feeds: evaluate(graph, feeds),
-                             {"mode": mode, "islands": islands(graph)})
+                             {"mode": mode, "islands": islands(graph)},
+                             guard=NonFiniteGuard(graph, mode, None))
     from qfuse.compiler.fusion_report import not_fused
     from qfuse.compiler.lower import Options, lower
     from qfuse.compiler.modes import run_passes
@@ -105,14 +116,41 @@ def compile_model(
     work = graph.copy()
     ctx = PassContext(composer=composer or ComposerOptions())
     results = run_passes(work, mode, ctx)
-    plan = lower(work, Options(mode=mode, threads=threads))
+    onnx_rounding = not ctx.composer.on("zero_point_before_round")
+    plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding))
     executor = Executor(plan, threads)
     details = {"mode": mode, **plan.inspect(), "not_fused": not_fused(work, results),
                "passes": {r.name: r.changed for r in results}, "islands": islands(work)}
     for kernel in details["kernels"]:  # no VNNI: how each int8 kernel stays exact
         if kernel["name"] in details.get("exact_int8", {}):
             kernel["exact_int8"] = details["exact_int8"][kernel["name"]]
-    return CompiledModel(graph, mode, executor.run, details, work, plan, executor)
+    guard = NonFiniteGuard(graph, mode, _onnx_fallback(graph, mode), work, executor.validate)
+    return CompiledModel(graph, mode, executor.run, details, work, plan, executor, guard)
+
+
+def _onnx_fallback(graph: Graph, mode: Mode) -> Callable[[dict[str, np.ndarray]],
+                                                          dict[str, np.ndarray]]:
+    """The reference interpreter on the ONNX graph a mode stands for (runs with NaN / inf
+    inputs, compiler/nonfinite.py): the imported graph, or for fp32 the imported graph with
+    quantization stripped and nothing fused (a fused chain models oneDNN's eltwise formulas,
+    where relu(-inf) is NaN)."""
+    from qfuse.runtime.reference import evaluate
+
+    stripped: list[Graph] = []
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if mode is not Mode.FP32:
+            return evaluate(graph, feeds)
+        if not stripped:
+            from qfuse.passes import strip_quantization
+            from qfuse.passes.base import PassContext
+
+            copy = graph.copy()
+            strip_quantization.run(copy, PassContext())
+            stripped.append(copy)
+        return evaluate(stripped[0], feeds)
+
+    return run
 
 
 def random_inputs(model: CompiledModel, seed: int = 0) -> dict[str, np.ndarray]:

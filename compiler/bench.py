@@ -1,7 +1,10 @@
 """`qfuse bench`: latency of qfuse fused against unfused, fp32, ONNX Runtime and OpenVINO.
 
 Method (what makes the ratios trustworthy on a shared, drifting machine):
-1. Same inputs for every engine: random of the model's shapes, seed 0 (``random_inputs``).
+1. Same inputs for every engine: random N(0, 1) of the model's shapes, seed 0
+   (``random_inputs``), or the user's (``--inputs FILE``: an .npz keyed by input name, or an .npy
+   for a single-input model) — real detectors are unstable on random inputs, so their cosine
+   column means little there; the table and the JSON (``inputs``) say which were used.
    ``batch``: the model is rewritten with that leading input dimension (outputs symbolic).
 2. Same thread count for every engine (bench_engines.py says how each one is told).
 3. Per engine: compile / session-creation time, then ``warmup`` untimed runs.
@@ -47,7 +50,9 @@ from qfuse.compiler.bench_engines import (
     make_engine,
 )
 from qfuse.compiler.errors import InputError, MalformedModelError
+from qfuse.compiler.files import regular_file, writable
 from qfuse.runtime.numerics.error import cosine
+from qfuse.runtime.onednn.threads import MAX_THREADS
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +75,7 @@ class BenchConfig:
     settle_ms: float = 20.0
     progress: bool = False
     inputs: dict[str, np.ndarray] | None = None  # None: random of the model's shapes, seed 0
+    inputs_source: str = ""  # what ``inputs`` are, for the table (e.g. the file they came from)
 
 
 @dataclass
@@ -102,6 +108,7 @@ class BenchResult:
     skipped: dict[str, str]
     isa: str
     model_used: str = ""  # the file the engines ran (a batch-rewritten copy, or ``model``)
+    inputs: str = ""  # which inputs every engine ran on (``inputs_label``)
     others_cpu: float | None = None  # share of all CPU time other processes used while timing
     profile: dict[str, Any] | None = None
     compiled: dict[str, Any] = field(default_factory=dict, repr=False)  # qfuse CompiledModels
@@ -317,6 +324,12 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
     from qfuse.compiler.api import random_inputs
     from qfuse.runtime.onednn import effective_cpu_isa
 
+    for flag, value in (("iters", config.iters), ("batch", config.batch),
+                        ("threads", config.threads)):
+        if value is not None and value < 1:
+            raise InputError(f"--{flag} must be at least 1, got {value}")
+    if config.threads is not None and config.threads > MAX_THREADS:
+        raise InputError(f"--threads must be at most {MAX_THREADS}, got {config.threads}")
     threads = config.threads or default_threads()
     unknown = [n for n in config.compare if n not in ENGINES]
     if unknown:
@@ -359,7 +372,15 @@ def run_bench(config: BenchConfig, workdir: Path | None = None) -> BenchResult:
              for e in engines}
     compiled = {e.name: e.compiled for e in engines if e.compiled is not None}
     return BenchResult(str(config.model), threads, batch, config.iters, per_round, orders,
-                       stats, skipped, effective_cpu_isa().name, str(path), others, compiled=compiled)
+                       stats, skipped, effective_cpu_isa().name, str(path), inputs_label(config),
+                       others, compiled=compiled)
+
+
+def inputs_label(config: BenchConfig, seed: int = 0) -> str:
+    """Which inputs the engines ran on: the file (or 'given') or random N(0,1) with its seed."""
+    if config.inputs is None:
+        return f"random N(0,1), seed {seed}"
+    return config.inputs_source or "given by the caller"
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -373,6 +394,7 @@ def format_table(result: BenchResult) -> str:
     lines = [(f"qfuse bench {Path(result.model).name}: threads {result.threads}, batch "
               f"{result.batch}, {result.iters} timed runs per engine in {rounds} interleaved "
               f"rounds, cpu isa {result.isa}"),
+             f"inputs: {result.inputs}",
              (f"{'engine':<12} {'compile s':>9} {'median ms':>10} {'p90 ms':>9} {'x fused':>8} "
               f"{'paired':>7} {'inf/s':>9} {'cosine':>8} {'top-1':>6}  notes")]
     for s in result.engines.values():
@@ -396,8 +418,16 @@ def main_bench(args: Any) -> int:
 
     config = BenchConfig(Path(args.model), list(args.compare or []), args.threads, args.iters,
                          args.batch, input_shapes(args), progress=True)
-    if not config.model.exists():
-        raise FileNotFoundError(f"model {config.model} does not exist")
+    regular_file(config.model, "model")
+    if args.plot:
+        writable(args.plot, "plot")
+    if args.json and args.json != "-":
+        writable(args.json, "JSON")
+    if getattr(args, "inputs", None):
+        from qfuse.compiler.input_files import graph_input_names, read_inputs
+
+        config.inputs = read_inputs(Path(args.inputs), graph_input_names(config.model))
+        config.inputs_source = str(args.inputs)
     if config.iters < 1:
         raise InputError(f"--iters must be at least 1, got {config.iters}")
     with tempfile.TemporaryDirectory(prefix="qfuse-bench-") as tmp:

@@ -14,6 +14,7 @@ import qfuse
 from qfuse.compiler.bench_engines import ENGINES
 from qfuse.compiler.cli_output import STDOUT
 from qfuse.compiler.errors import InputError, QfuseError
+from qfuse.compiler.files import load_npz, save_npz, writable
 from qfuse.ir.mode import COMPILED_MODES, Mode
 
 DESCRIPTION = "Compile quantized ONNX models into fused oneDNN int8 kernels, run, inspect and benchmark them."
@@ -32,6 +33,8 @@ EMULATED = ["tflite", "onnxruntime", "caffe2", "onednn", "tpu-mlir"]
 def _cmd_run(args: argparse.Namespace) -> int:
     from qfuse.compiler.api import compile_model, random_inputs
 
+    if args.output:
+        writable(args.output, "outputs")
     if args.emulate:
         from qfuse.compiler.cli_compare import emulated_model
 
@@ -40,8 +43,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         model = compile_model(args.model, mode=args.mode, threads=args.threads,
                               input_shapes=input_shapes(args))
     if args.inputs:
-        with np.load(args.inputs) as npz:
-            feeds = {name: npz[name] for name in npz.files}
+        feeds = load_npz(args.inputs)
         missing = [n for n in model.inputs if n not in feeds]
         if missing:
             raise InputError(f"{args.inputs} lacks model inputs {missing} (has {list(feeds)})")
@@ -49,7 +51,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         feeds = random_inputs(model, seed=0)
     outputs = model.run(feeds)
     if args.output:
-        np.savez(args.output, **outputs)
+        save_npz(args.output, outputs)
         print(f"wrote {len(outputs)} output(s) to {args.output}")
     for name in model.outputs:
         value = outputs[name]
@@ -66,6 +68,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
+    if not args.error and (args.float_model or args.inputs or args.int8_engine):
+        raise InputError("--float, --int8-engine and --inputs go with --error")
     if not args.error:
         from qfuse.compiler.cli_inspect import main_inspect
 
@@ -161,7 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     _json_arg(p)
     p.add_argument("--error", action="store_true",
                    help="per-layer quantization error against the float model (SQNR, LSB)")
-    p.add_argument("--inputs", type=Path, help="with --error: .npz keyed by input name")
+    p.add_argument("--float", type=Path, dest="float_model", metavar="FP32.onnx",
+                   help="with --error: compare with this float model (run by onnxruntime, "
+                        "tensors matched by name) instead of one rebuilt from the quantized "
+                        "model")
+    p.add_argument("--int8-engine", dest="int8_engine", choices=["reference", "onnxruntime"],
+                   help="with --error: what runs the quantized model (default: the engine of "
+                        "the float side: onnxruntime with --float (exact QDQ, optimizations "
+                        "off), else qfuse's reference interpreter)")
+    p.add_argument("--inputs", type=Path,
+                   help="with --error: .npz keyed by input name, or .npy for a single-input "
+                        "model (default: random N(0,1), seed 0)")
     p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
                    help="which compiled form to describe (default: fused)")
     _shape_flag(p)
@@ -176,6 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="threads for every engine (default: all CPUs)")
     p.add_argument("--iters", type=int, default=50, help="timed runs per engine (default 50)")
     p.add_argument("--batch", type=int, help="leading input dimension (default: the model's)")
+    p.add_argument("--inputs", type=Path,
+                   help="run every engine on these inputs: .npz keyed by input name, or .npy "
+                        "for a single-input model (default: random N(0,1), seed 0)")
     _json_arg(p)
     p.add_argument("--plot", type=Path, help="PNG: fused vs unfused time per layer")
     p.add_argument("--profile", action="store_true",
@@ -211,6 +228,11 @@ def _engine_list(text: str) -> list[str]:
     return names
 
 
+def one_line(exc: BaseException) -> str:
+    """The message on one line (onnxruntime's and the checker's span several)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -224,12 +246,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qfuse {args.command}: interrupted", file=sys.stderr)
         return 130
     except (QfuseError, OSError) as exc:  # the model, the inputs, a path: the user's to fix
-        print(f"qfuse {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"qfuse {args.command}: {type(exc).__name__}: {one_line(exc)}", file=sys.stderr)
         return 1
     except Exception as exc:  # noqa: BLE001  (anything else is a bug of ours)
         if args.verbose:
             traceback.print_exc()
-        print(f"qfuse {args.command}: internal error: {type(exc).__name__}: {exc}"
+        print(f"qfuse {args.command}: internal error: {type(exc).__name__}: {one_line(exc)}"
               + ("" if args.verbose else " (-v prints the traceback)"), file=sys.stderr)
         return 3
 

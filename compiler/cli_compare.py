@@ -29,6 +29,7 @@ import numpy as np
 from qfuse.compiler.api import CompiledModel, compile_model, random_inputs
 from qfuse.compiler.cli_output import emit
 from qfuse.compiler.errors import InputError, UnsupportedModelError
+from qfuse.compiler.files import load_npz
 from qfuse.runtime.emulate import Decision, emulate, plan
 
 __all__ = ["Row", "compare", "emulated_model", "load_feeds", "main_compare"]
@@ -59,8 +60,7 @@ def load_feeds(model: CompiledModel, path: Path | None) -> dict[str, np.ndarray]
     """Feeds from an .npz keyed by input name, or random inputs (seed 0) without one."""
     if path is None:
         return random_inputs(model, seed=0)
-    with np.load(path) as npz:
-        feeds = {name: npz[name] for name in npz.files if name in model.inputs}
+    feeds = {name: array for name, array in load_npz(path).items() if name in model.inputs}
     missing = [n for n in model.inputs if n not in feeds]
     if missing:
         raise InputError(f"{path} lacks model inputs {missing}")

@@ -74,6 +74,8 @@ def format_inspect(info: dict[str, Any]) -> str:
         if k.get("scales_masks") or k.get("zero_points_masks"):
             lines.append(f"    scales:    {_masks(k.get('scales_masks', {}))}; zero points: "
                          f"{_masks(k.get('zero_points_masks', {}))}")
+        if k.get("rounding"):
+            lines.append(f"    rounding:  {k['rounding']}")
         if k.get("src_layouts"):
             lines.append(f"    layouts:   src {' | '.join(k['src_layouts'])} → dst "
                          f"{' | '.join(k.get('dst_layouts', []))}")

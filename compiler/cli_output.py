@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from qfuse.compiler.files import write_text
 
 STDOUT = "-"  # the value of a bare --json
 
@@ -34,5 +35,5 @@ def emit(dest: str | None, payload: Any, text: str | Callable[[], str]) -> None:
         return
     print(text() if callable(text) else text)
     if dest:
-        Path(dest).write_text(to_json(payload) + "\n")
+        write_text(dest, to_json(payload) + "\n", "JSON")
         print(f"wrote {dest}")

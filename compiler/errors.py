@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
-from qfuse.ir.errors import InputError, MalformedModelError, QfuseError, UnsupportedModelError
+from qfuse.ir.errors import (
+    InputError,
+    MalformedModelError,
+    QfuseError,
+    SizeLimitError,
+    UnsupportedModelError,
+)
 
-__all__ = ["InputError", "MalformedModelError", "QfuseError", "UnsupportedModelError"]
+__all__ = ["InputError", "MalformedModelError", "QfuseError", "SizeLimitError",
+           "UnsupportedModelError"]

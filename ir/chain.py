@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qfuse.ir.types import DType
+from qfuse.ir.types import DType, OnnxQuantize
 
 
 def _vec(values: object) -> tuple[float, ...]:
@@ -95,6 +95,13 @@ class Residual:
     dtype: DType = DType.F32
 
 
+# How a quantization rounds (docs/numerics.md, "Rounding forms"): ONNX QuantizeLinear rounds
+# x/s and then adds the zero point; OpenVINO's FakeQuantize (and oneDNN's integer store with a
+# dst zero point) round the level index x/s + zp.
+ONNX_FORM = "round(x/s)+zp"
+LEVEL_FORM = "round(x/s+zp)"
+
+
 @dataclass(frozen=True)
 class Quantize:
     """A quantize-only FakeQuantize (OpenVINO fake_quantize.md), into the integer domain:
@@ -115,18 +122,29 @@ class Quantize:
     # (ih - il)/(levels - 1) up to float32 rounding; the composer uses it as the dst scale so
     # that oneDNN is given the model's scale exactly, not a value 1 ulp away.
     scale: float | None = None
+    # The ONNX Q/DQ pair the FakeQuantize stood for (ir/types.py): then the item means ONNX's
+    # saturate(rint(x / s) + zp) with the pair's scale and zero point (per tensor, or per
+    # channel along the chain's channel axis), not the level index above.
+    onnx: OnnxQuantize | None = None
+
+    @property
+    def rounding(self) -> str:
+        """The rounding form the item means (docs/numerics.md, "Rounding forms")."""
+        return ONNX_FORM if self.onnx is not None else LEVEL_FORM
 
 
 @dataclass(frozen=True)
-class TensorMul:
-    """x · r, r = the node's input ``port``: a float32 tensor of the output's shape or one
-    that broadcasts to it (a gate: x·Q(sigmoid(x)) when the node is the Sigmoid, or a
-    squeeze-excitation's per-channel gate). oneDNN: a binary_mul post-op reading r."""
+class TensorOperand:
+    """x · r or x + r (``alg`` "mul" / "add"), r = the node's input ``port``: a float32
+    tensor of the output's shape or one that broadcasts to it (a gate: x·Q(sigmoid(x)) when
+    the node is the Sigmoid; a squeeze-excitation's per-channel gate; the float residual of
+    an elementwise chain). oneDNN: a binary post-op reading r."""
 
     port: int
+    alg: str = "mul"
 
 
-ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize | TensorMul
+ChainOp = Scale | Shift | Activation | PRelu | Residual | Quantize | TensorOperand
 
 
 def describe(op: ChainOp) -> str:
@@ -148,10 +166,11 @@ def describe(op: ChainOp) -> str:
         return f"prelu {summary(op.slopes)}"
     if isinstance(op, Residual):
         return f"sum input{op.port} (s={op.scale:.6g}, zp={op.zero_point}, {op.dtype.name})"
-    if isinstance(op, TensorMul):
-        return f"mul input{op.port}"
+    if isinstance(op, TensorOperand):
+        return f"{op.alg} input{op.port}"
     return (f"quantize L={op.levels} [{summary(op.input_low)}, {summary(op.input_high)}] → "
-            f"[{summary(op.output_low)}, {summary(op.output_high)}] {op.dtype.name}")
+            f"[{summary(op.output_low)}, {summary(op.output_high)}] {op.dtype.name} "
+            f"{op.rounding}")
 
 
 @dataclass
@@ -187,6 +206,8 @@ def dst_quant(item: Quantize) -> tuple[float, int] | str:
     il, ih, ol, oh = (v[0] for v in (item.input_low, item.input_high, item.output_low,
                                      item.output_high))
     lo, hi = item.dtype.range
+    if item.onnx is not None and item.onnx.quant.per_tensor:
+        return item.onnx.quant.scale[0], item.onnx.quant.zero_point[0]
     if not ih > il or oh - ol != item.levels - 1 or ol > lo or oh < hi:
         return (f"the quantize [{il:.6g}, {ih:.6g}] → [{ol:g}, {oh:g}] ({item.levels} levels) "
                 f"is not a dst scale and zero point onto {item.dtype.name}")

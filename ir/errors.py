@@ -22,9 +22,15 @@ class MalformedModelError(QfuseError, ValueError):
     invalid quantization parameters, external data outside the model's folder)."""
 
 
+class SizeLimitError(UnsupportedModelError):
+    """A tensor or model larger than the configured limits (ir/limits.py), refused from the
+    declared shapes before anything is allocated."""
+
+
 class InputError(QfuseError, ValueError):
     """Inputs or arguments that do not fit the model or the command (missing or unknown feeds,
     wrong dtype or shape, an unknown mode or engine)."""
 
 
-__all__ = ["InputError", "MalformedModelError", "QfuseError", "UnsupportedModelError"]
+__all__ = ["InputError", "MalformedModelError", "QfuseError", "SizeLimitError",
+           "UnsupportedModelError"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from qfuse.ir.types import DType, TensorInfo
+from qfuse.ir.types import DType, OnnxQuantize, TensorInfo
 
 
 class Op(enum.Enum):
@@ -99,9 +99,14 @@ class FakeQuantizeAttrs:
 
     The output element type lives in the output TensorInfo: f32 for a full FakeQuantize, u8/s8
     for a quantize-only one (after decomposition; output_low/high are then integers).
+
+    ``onnx``: set when the FakeQuantize stands for an ONNX QuantizeLinear (→ DequantizeLinear)
+    pair (passes/qdq_to_fake_quantize.py); it then rounds the ONNX way with the pair's own
+    scale and zero point (``OnnxQuantize``), not the level index.
     """
 
     levels: int
+    onnx: OnnxQuantize | None = None
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,9 @@ OPTIMIZATIONS = (
     "per_tensor_eltwise",
     "drop_inner_round",
     "drop_gate_quantize",
+    "zero_point_before_round",
 )
-DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize"})
+DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class Binary:
 @dataclass(frozen=True)
 class TensorBinary:
     """oneDNN binary post-op whose second operand is the node's input ``port`` (float32, full
-    size or broadcast), read at run time (chain item TensorMul)."""
+    size or broadcast), read at run time (chain item TensorOperand)."""
 
     alg: BinaryAlg
     port: int
@@ -186,6 +187,21 @@ class Composed:
     dst_scale: float | None = None  # dequantization-style: dst_q = x / dst_scale + dst_zp
     dst_zero_point: int = 0
     fired: list[str] = field(default_factory=list)
+
+    def rounding(self) -> str:
+        """How the integer store rounds (docs/numerics.md, "Rounding forms"): the ONNX form
+        when an eltwise_round post-op rounds before the dst zero point is added, the level form
+        when the store adds it before its rint; "" for a float dst."""
+        if not self.dst_dtype.is_integer:
+            return ""
+        last = self.post_ops[-1] if self.post_ops else None
+        rounded = isinstance(last, Eltwise) and last.alg == "round"
+        scaled = self.dst_scale is not None and self.dst_scale != 1.0
+        if rounded and not scaled:
+            return "round(x·(1/s))+zp" if self.dst_zero_point else "round(x·(1/s))"
+        if self.dst_zero_point:
+            return "round(x·(1/s)+zp)"
+        return "round(x·(1/s))"
 
     def describe(self) -> list[str]:
         names = []

@@ -9,6 +9,7 @@ stays hashable and immutable; ``scale_array()``/``zero_point_array()`` give nump
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -98,6 +99,26 @@ class QuantParams:
 
 
 @dataclass(frozen=True)
+class OnnxQuantize:
+    """The quantization a FakeQuantize stands for when it was made from an ONNX Q/DQ pair.
+
+    ONNX QuantizeLinear rounds first and adds the zero point after:
+    ``q = saturate(rint(x / scale) + zero_point)``, ``x / scale`` a float32 *division* (as
+    onnxruntime's MLAS computes it), round half to even. OpenVINO's FakeQuantize rounds the
+    level index instead, ``rint((x - il)/(ih - il)·(L - 1))``, i.e. ``rint(x/s + zp)`` for a
+    Q/DQ's ranges: the two part on values within float32 rounding of a tie, and on exact ties
+    when the zero point is odd (docs/numerics.md). Carrying the pair's own type and parameters
+    (not ranges rebuilt from them) keeps ONNX's result bit for bit. ``dequantize``: the
+    FakeQuantize outputs ``(q - zero_point)·scale`` (the pair); False: the levels ``q`` (a
+    quantize-only FakeQuantize, passes/decompose_fake_quantize.py).
+    """
+
+    dtype: DType
+    quant: QuantParams
+    dequantize: bool = True
+
+
+@dataclass(frozen=True)
 class TensorInfo:
     """Shape (static; every dim known) and element type, plus quantization of int tensors."""
 
@@ -111,7 +132,7 @@ class TensorInfo:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # Python ints: no int64 wrap-around on absurd shapes
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorInfo:
         return TensorInfo(tuple(int(d) for d in shape), self.dtype, self.quant)

@@ -26,8 +26,19 @@ quantization step, and rarely):
   k = ol is an even integer, round(y) + k = round(y + k) — with round half to even this needs
   k even (rint(2.5) + 1 = 3 but rint(3.5) = 4); qmin is 0 or -128, so a quantize-only
   FakeQuantize always qualifies — and k joins the input shift and the clip bounds move by k.
+- onnx_quantize (how a Quantize from an ONNX Q/DQ pair lowers; not an option): ONNX rounds
+  first and adds the zero point after, q = clip(round(x·(1/s)) + zp, qmin, qmax), so the chain
+  becomes multiply, round, add zp, clip. oneDNN's store adds its dst zero point *before*
+  rounding, rint(x·(1/s) + zp), which is a different function: float32 rounding of x/s + zp
+  moves values within an ulp of a tie, and on exact ties rint(2.5) + 1 ≠ rint(3.5). With the
+  round as an eltwise_round post-op, the store's rint(r + zp) of an integer r is exact.
+- zero_point_before_round (off by default): the old shortcut round(y) + zp = round(y + zp)
+  (exact in real arithmetic for an even zp off ties only) — the store takes the scale and the
+  zero point and the eltwise_round disappears; measured, not assumed (docs/numerics.md).
 - drop_round_clip: the last round and a clip whose range covers the dst type's range are what
-  oneDNN's store already does (rint + saturate), so they are dropped.
+  oneDNN's store already does (rint + saturate), so they are dropped; in the ONNX form a
+  covering clip after round(y) + zp is dropped alone (the store's rint of an integer is
+  exact, its saturation is the clip).
 - dst_zero_point / dst_scale: a trailing per-tensor  ·v  then  +z  (z integer) before the store
   are the dst scale 1/v and dst zero point z (when ·v is a quantize with a known scale s, the
   dst scale is s itself, as the model states it).
@@ -61,7 +72,7 @@ from qfuse.ir.chain import (
     Residual,
     Scale,
     Shift,
-    TensorMul,
+    TensorOperand,
 )
 from qfuse.ir.postops import (
     ACT_ALG,
@@ -105,13 +116,35 @@ def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -
             basic.append(Prelu(_f32(item.slopes)))
         elif isinstance(item, Residual):
             basic.append(Sum(item.scale, item.zero_point, item.dtype, item.port))
+        elif isinstance(item, Quantize) and item.onnx is not None:
+            basic.extend(_onnx_quantize_to_basic(item, options, fired))
         elif isinstance(item, Quantize):
             basic.extend(_quantize_to_basic(item, options, fired))
-        elif isinstance(item, TensorMul):
-            basic.append(TensorBinary("mul", item.port))
+        elif isinstance(item, TensorOperand):
+            basic.append(TensorBinary(item.alg, item.port))
         else:  # pragma: no cover - the chain type is closed
             raise ComposeError(f"unknown chain item {item!r}")
     return basic
+
+
+def _onnx_quantize_to_basic(q: Quantize, options: ComposerOptions,
+                            fired: list[str]) -> list[Basic]:
+    """ONNX's clip(round(x/s) + zp, qmin, qmax) (module docstring, onnx_quantize)."""
+    assert q.onnx is not None
+    quant = q.onnx.quant
+    scale = quant.scale_array().astype(np.float64)
+    zp = quant.zero_point_array().astype(np.float64)
+    lo, hi = q.onnx.dtype.range
+    known = float(scale[0]) if scale.size == 1 else None
+    mul = Mul(_f32(1.0 / scale), inverse_of=known)
+    clip = Clip(_f32(lo), _f32(hi))
+    if not np.any(zp):
+        return [mul, Round(), clip]
+    if options.on("zero_point_before_round"):
+        fired.append("zero_point_before_round")
+        return [mul, Add(_f32(zp)), Round(), clip]
+    fired.append("onnx_quantize")
+    return [mul, Round(), Add(_f32(zp)), clip]
 
 
 def _quantize_to_basic(q: Quantize, options: ComposerOptions, fired: list[str]) -> list[Basic]:
@@ -196,7 +229,14 @@ def _take_store(
     """Peel the trailing [·v] [+z] [round] [clip] that oneDNN's integer store can do."""
     ops = list(basic)
     lo, hi = dst.range
-    if (options.on("drop_round_clip") and len(ops) >= 2 and isinstance(ops[-1], Clip)
+    if (options.on("drop_round_clip") and len(ops) >= 3 and isinstance(ops[-1], Clip)
+            and isinstance(ops[-2], Add) and isinstance(ops[-3], Round)
+            and ops[-1].lo.size == 1 and ops[-2].values.size == 1
+            and float(ops[-2].values[0]).is_integer()
+            and float(ops[-1].lo[0]) <= lo and float(ops[-1].hi[0]) >= hi):
+        ops = ops[:-1]  # ONNX form: round(y) + zp, an integer the store keeps exactly
+        out.fired.append("drop_round_clip")
+    elif (options.on("drop_round_clip") and len(ops) >= 2 and isinstance(ops[-1], Clip)
             and isinstance(ops[-2], Round) and ops[-1].lo.size == 1
             and float(ops[-1].lo[0]) <= lo and float(ops[-1].hi[0]) >= hi):
         ops = ops[:-2]

@@ -38,7 +38,7 @@ import numpy as np
 
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
-from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
 from qfuse.passes.quant_utils import (
@@ -71,9 +71,11 @@ class Decomposition:
     """The integer form of one FakeQuantize: type, scale, zero point and q's bounds."""
 
     def __init__(self, dtype: DType, scale: np.ndarray, zero_point: np.ndarray,
-                 q_low: np.ndarray, levels: int, axis: int | None) -> None:
+                 q_low: np.ndarray, levels: int, axis: int | None,
+                 onnx: OnnxQuantize | None = None) -> None:
         self.dtype, self.scale, self.zero_point = dtype, scale, zero_point
         self.q_low, self.levels, self.axis = q_low, levels, axis
+        self.onnx = onnx  # the Q/DQ pair the FakeQuantize stands for, as its levels
 
     def quant(self) -> QuantParams:
         if self.axis is None:
@@ -96,7 +98,10 @@ def _from_meta(node: Node, ranges: tuple[np.ndarray, ...], rank: int,
     if not same:
         return None
     q_low = np.full(scale.shape, dtype.range[0], dtype=np.int64)
-    return Decomposition(dtype, scale, zp, q_low, levels, quant.axis)
+    onnx = node.attrs.onnx
+    if onnx is not None:
+        onnx = OnnxQuantize(onnx.dtype, onnx.quant, dequantize=False)
+    return Decomposition(dtype, scale, zp, q_low, levels, quant.axis, onnx)
 
 
 def _choose(t: np.ndarray, levels: int) -> tuple[DType, np.ndarray] | None:
@@ -184,7 +189,8 @@ def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> None:
 
     def build() -> None:
         q = add_fake_quantize(graph, x, (il, ih, ol, oh), d.levels, q_info,  # type: ignore
-                              graph.unique_name(int_name), origin=q_origin, name=q_name)
+                              graph.unique_name(int_name), origin=q_origin, name=q_name,
+                              onnx=d.onnx)
         q.meta["decomposed_from"] = fq.name
         add_dequantize(graph, q.outputs[0], d.quant(), out, origin=dq_origin, name=dq_name)
 

@@ -9,7 +9,11 @@ not a graph output, turning each reader into chain items (ir/chain.py):
     PRelu(x, slopes), constant slopes per tensor or per channel    → PRelu(slopes)
     Add(x, r), r non-constant of the output's shape                → Residual(port of r)
     Mul(x, r), r a float tensor broadcast to the output, not computed from the node
-                                                                   → TensorMul(port of r)
+                                                                   → TensorOperand(port of r)
+    (Add(x, r) of a gate chain, below: TensorOperand(port of r, "add"))
+
+fuse_gate_chain (``run_gates``, after this pass) starts chains at float elementwise ops
+whose chain reads a second tensor and ends in a quantize (``_fuse_gate``).
     quantize-only FakeQuantize (integer output)                    → Quantize (ends the chain)
 
 A residual read through ``DequantizeLinear(r_q, s, zp)`` (per tensor) is summed from r_q:
@@ -72,7 +76,7 @@ from qfuse.ir.chain import (
     Residual,
     Scale,
     Shift,
-    TensorMul,
+    TensorOperand,
 )
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -172,22 +176,33 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
     info = graph.info(out)
     if info.dtype is not DType.F32 or info.rank < 2 or not node.inputs:
         return None
+    if info.shape[0] > 1 and math.prod(info.shape[2:]) == 1:  # oneDNN's binary post-op bug
+        return None  # on batches of 1x1 images (docs/onednn.md)
     act = _activation(node)
     if act is not None:
         x, items, inputs = node.inputs[0], [act], list(node.inputs)
     elif node.op in (Op.ADD, Op.MUL) and len(node.inputs) == 2:
-        for port in (0, 1):
-            x, other = node.inputs[port], node.inputs[1 - port]
-            data, _ = constant_operand(graph, other)
-            if data is not None and graph.constant(x) is None:
-                break
-        else:
+        a, b = node.inputs
+        if graph.constant(a) is not None and graph.constant(b) is None:
+            a, b = b, a
+        if graph.constant(a) is not None:
             return None
-        values, _ = channel_values(data, info.shape, 1)
-        if values is None:
-            return None
-        items = [Shift.of(values) if node.op is Op.ADD else Scale.of(values)]
-        inputs = [x, other]
+        data, _ = constant_operand(graph, b)
+        alg = "add" if node.op is Op.ADD else "mul"
+        if data is not None:
+            values, _ = channel_values(data, info.shape, 1)
+            if values is None:
+                return None
+            items: list[ChainOp] = [Shift.of(values) if alg == "add" else Scale.of(values)]
+        else:  # two run-time tensors: x is the one of the output's shape
+            if graph.info(a).shape != info.shape:
+                a, b = b, a
+            binfo = graph.info(b)
+            if binfo.dtype is not DType.F32 or binfo.rank != info.rank or any(
+                    d not in (1, s) for d, s in zip(binfo.shape, info.shape, strict=True)):
+                return None
+            items = [TensorOperand(1, alg)]
+        x, inputs = a, [a, b]
     else:
         return None
     xinfo = graph.info(x)
@@ -205,7 +220,7 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     """A float elementwise op g = f(x) whose chain multiplies by x itself — x·Q(sigmoid(x))
     (SiLU), x·Q(hardsigmoid(x)) or x·Q(relu6(x + 3))/6 (HardSwish) with the gate's quantizer
     kept — and ends in a quantize becomes a fused node reading x with chain [f, Quantize,
-    dequantize, TensorMul(x), Quantize, ...]: one binary primitive with post-ops instead of
+    dequantize, TensorOperand(x), Quantize, ...]: one binary primitive with post-ops instead of
     f, its quantize and dequantize reorders, the Mul and the output quantize
     (compiler/lower/lower_gate.py). Exact: every item is the op it replaces, in the same
     float32 order; the activation is oneDNN's eltwise, as the standalone kernel was."""
@@ -218,7 +233,9 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     node.fused = Fused()
     start = _State(items, inputs, out, info)
     best, _, _ = _walk(graph, ctx, node, start, info.shape[1])
-    gated = any(isinstance(i, TensorMul) and best.inputs[i.port] == x for i in best.chain)
+    # worth a kernel only when the chain reads a second tensor (the gate's x, a residual)
+    # and ends in a quantize: a lone activation then quantize stays as it was
+    gated = any(isinstance(i, TensorOperand) for i in best.chain)
     if not (gated and best.quantized):
         node.fused = None
         return False
@@ -397,12 +414,10 @@ def _absorb(graph: Graph, node: Node, state: _State, reader: Node, out_info: Ten
             raise _Stop(reader, f"post-op: {reader} reads the chain as its slopes")
         other = reader.inputs[1 - port]
         data, _ = constant_operand(graph, other)
-        if data is None and op is Op.ADD:
-            if _is_gate(node):  # a gate runs as a binary primitive: no sum
-                raise _Stop(reader, f"post-op: {reader}: a gate chain takes no residual sum")
+        if data is None and op is Op.ADD and not _is_gate(node):
             return _residual(graph, state, reader, other, out_info)
-        if data is None and op is Op.MUL:
-            return _tensor_mul(graph, node, state, reader, other, out_info)
+        if data is None and op in (Op.MUL, Op.ADD):  # a gate's residual is a binary add
+            return _tensor_operand(graph, node, state, reader, other, out_info)
         if data is None:
             raise _Stop(reader, f"post-op: {reader}: operand '{other}' is not a constant")
         values, why = channel_values(data, state.info.shape,
@@ -453,7 +468,8 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
             raise _Stop(fq, f"post-op: {fq}: range input {port} {why}")
         ranges.append(tuple(float(v) for v in values))
     known = out_info.quant.scale[0] if out_info.quant and out_info.quant.per_tensor else None
-    item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known)
+    item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known,
+                    onnx=fq.attrs.onnx)
     return state.extended([item], fq, info=out_info, pending=False)
 
 
@@ -484,10 +500,10 @@ def _residual(graph: Graph, state: _State, add: Node, other: str, out_info: Tens
     return new
 
 
-def _tensor_mul(graph: Graph, node: Node, state: _State, mul: Node, other: str,
-                out_info: TensorInfo) -> _State:
-    """``x · r`` with r a float tensor read at run time (TensorMul): r of the chain's shape or
-    broadcast to it, and not computed from the node itself."""
+def _tensor_operand(graph: Graph, node: Node, state: _State, mul: Node, other: str,
+                    out_info: TensorInfo) -> _State:
+    """``x · r`` / ``x + r`` with r a float tensor read at run time (TensorOperand): r of the
+    chain's shape or broadcast to it, and not computed from the node itself."""
     if node.op not in COMPUTE_OPS and not _is_gate(node):
         raise _Stop(mul, f"post-op: {mul}: a {node.op.value} kernel takes no run-time operand")
     info = graph.info(other)
@@ -502,7 +518,8 @@ def _tensor_mul(graph: Graph, node: Node, state: _State, mul: Node, other: str,
     new = state.extended([], mul, info=out_info)
     if other not in new.inputs:
         new.inputs.append(other)
-    new.chain.append(TensorMul(new.inputs.index(other)))
+    new.chain.append(TensorOperand(new.inputs.index(other),
+                                   "add" if mul.op is Op.ADD else "mul"))
     return new
 
 

@@ -151,7 +151,8 @@ def _output(graph: Graph, node: Node) -> tuple[Node, Quantize] | str | None:
     if node.op is Op.LAYER_NORM and any(graph.uses(o) for o in node.outputs[1:]):
         return "the Mean / InvStdDev outputs are used"
     il, ih, ol, oh = (tuple(float(v) for v in r.ravel()) for r in ranges)
-    item = Quantize(il, ih, ol, oh, levels=fq.attrs.levels, dtype=dtype, scale=quant.scale[0])
+    item = Quantize(il, ih, ol, oh, levels=fq.attrs.levels, dtype=dtype, scale=quant.scale[0],
+                    onnx=fq.attrs.onnx)
     found = dst_quant(item)
     if isinstance(found, str):
         return found

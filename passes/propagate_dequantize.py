@@ -204,7 +204,8 @@ def _concat_requantize(graph: Graph, op: Node) -> str | bool:
             req = add_fake_quantize(graph, v, ranges, levels,
                                     TensorInfo(info.shape, dtype, quant),
                                     graph.unique_name(f"{v}_requantized"),
-                                    origin=fq_node.origin, name=f"{fq_node.name}/input{i}")
+                                    origin=fq_node.origin, name=f"{fq_node.name}/input{i}",
+                                    onnx=fq_node.attrs.onnx)
             ints.append(req.outputs[0])
         graph.add_node(Op.CONCAT, ints, [final], op.attrs, name=name, infos=[final_info],
                        origin=origin)
@@ -247,7 +248,8 @@ def move_pool(graph: Graph, op: Node) -> str | bool:
                       for r in fq.inputs[1:5])
     dtype, out_quant = q
     known = out_quant.scale[0] if out_quant.per_tensor else None
-    chain = [Scale.of(p.scale), Quantize(il, ih, ol, oh, fq.attrs.levels, dtype, scale=known)]
+    chain = [Scale.of(p.scale), Quantize(il, ih, ol, oh, fq.attrs.levels, dtype, scale=known,
+                                         onnx=fq.attrs.onnx)]
     absorbed = list(dq.origin) + list(fq.origin)
     fused = Fused(chain=chain, src_zero_point=zx, absorbed=absorbed)
     final, info, name = fq.outputs[0], graph.info(fq.outputs[0]), op.name

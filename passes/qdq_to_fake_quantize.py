@@ -14,9 +14,11 @@ Rewrite: one FAKE_QUANTIZE (f32 output) replaces the Q and all its DQs, with L =
 per tensor, or per channel shaped [1, .., C, .., 1] to broadcast on the axis. In real
 arithmetic ``FQ(x) = (clip(round(x/s) + zp, qmin, qmax) - zp)·s``: (x - il)/(ih - il)·255 =
 x/s - (qmin - zp), so round(...) + qmin = round(x/s) + zp clipped, and k/255·(oh - ol) + ol =
-s·(k + qmin - zp). In float32 the two formulas round differently: the level can differ where
-x/s is within float32 rounding of a .5 tie (one LSB, rare), and equal levels can give outputs
-a few ulps apart (tests/passes/test_qdq_to_fake_quantize.py measures both).
+s·(k + qmin - zp). In float32 the two formulas round differently (the level can differ where
+x/s is within float32 rounding of a .5 tie, and on exact ties with an odd zero point), so the
+FakeQuantize carries the pair itself (``FakeQuantizeAttrs.onnx``: type, scale, zero point) and
+means exactly ``DequantizeLinear(QuantizeLinear(x))``; the ranges stay for the passes that
+read them.
 
 The FakeQuantize records the pair it came from in ``meta["qdq"]`` (dtype and QuantParams) and
 the ONNX node names in ``meta["q_origin"]`` / ``meta["dq_origin"]`` and the Q's output name in
@@ -33,7 +35,7 @@ import numpy as np
 
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
-from qfuse.ir.types import DType, TensorInfo
+from qfuse.ir.types import DType, OnnxQuantize, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.quant_utils import DqParams, add_fake_quantize, along, dq_params, rebuild
 
@@ -84,7 +86,8 @@ def _rewrite(graph: Graph, q: Node, params: DqParams) -> None:
 
     def build() -> None:
         fq = add_fake_quantize(graph, x, (low, high, low, high), 256, info, keep,
-                               origin=q_origin + dq_origin, name=f"{q.name}/fake_quantize")
+                               origin=q_origin + dq_origin, name=f"{q.name}/fake_quantize",
+                               onnx=OnnxQuantize(params.dtype, params.quant()))
         fq.meta.update(meta)
 
     rebuild(graph, dqs + [q], build)

@@ -26,7 +26,7 @@ import numpy as np
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op
 from qfuse.ir.shapes import infer_node
-from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
 from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
@@ -148,8 +148,10 @@ def add_dequantize(graph: Graph, x: str, quant: QuantParams, out: str | None = N
 
 def add_fake_quantize(graph: Graph, x: str, ranges: Sequence[np.ndarray], levels: int,
                       out_info: TensorInfo, out: str | None = None, *,
-                      origin: Sequence[str] = (), name: str | None = None) -> Node:
-    """FAKE_QUANTIZE(x, il, ih, ol, oh) with new constants; ``out_info`` types its output."""
+                      origin: Sequence[str] = (), name: str | None = None,
+                      onnx: OnnxQuantize | None = None) -> Node:
+    """FAKE_QUANTIZE(x, il, ih, ol, oh) with new constants; ``out_info`` types its output;
+    ``onnx``: the Q/DQ pair it stands for (FakeQuantizeAttrs)."""
     base = name or f"{x}/fake_quantize"
     names = [x]
     for what, array in zip(("il", "ih", "ol", "oh"), ranges, strict=True):
@@ -157,7 +159,7 @@ def add_fake_quantize(graph: Graph, x: str, ranges: Sequence[np.ndarray], levels
         graph.add_constant(const, np.asarray(array, dtype=F32))
         names.append(const)
     return graph.add_node(Op.FAKE_QUANTIZE, names, [out or graph.unique_name(f"{x}_fq")],
-                          FakeQuantizeAttrs(levels), name=base, infos=[out_info],
+                          FakeQuantizeAttrs(levels, onnx), name=base, infos=[out_info],
                           origin=origin)
 
 

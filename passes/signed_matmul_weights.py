@@ -18,7 +18,8 @@ differ, and ``qfuse compare`` matches tensors by name); M's weight zero point dr
 Exact: with ``oh - ol = levels - 1`` the Quantize is ``round((x - il)/(ih - il)·255) + ol``, so
 every quantized value becomes the old one minus 128 (from [0, 255] onto [-128, 127]: nothing
 saturates), the value-moving ops move the same elements, and ``(q - 128) - (zp - 128) = q - zp``
-leaves every dequantized value and M's accumulator unchanged. P keeps its dst zero point (now
+leaves every dequantized value and M's accumulator unchanged. A Quantize from a Q/DQ pair
+(``onnx``, round(x/s) + zp) keeps its scale and takes zero point zp - 128: the same shift. P keeps its dst zero point (now
 zp - 128), which oneDNN's convolutions and matmuls take.
 """
 
@@ -29,6 +30,7 @@ import logging
 
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Quantize
+from qfuse.ir.types import OnnxQuantize
 from qfuse.passes.base import PassContext
 from qfuse.passes.post_op_match import COMPUTE_OPS
 
@@ -83,8 +85,13 @@ def _rewrite(graph: Graph, matmul: Node, producer: Node, values: list[str]) -> N
     assert producer.fused is not None and matmul.fused is not None
     last = producer.fused.chain[-1]
     assert isinstance(last, Quantize)
+    onnx = last.onnx
+    if onnx is not None:  # round(x/s) + zp - 128, saturated onto [-128, 127]: the same shift
+        q = onnx.quant
+        onnx = OnnxQuantize(DType.S8, QuantParams.make(q.scale[0], q.zero_point[0] - SHIFT),
+                            dequantize=onnx.dequantize)
     producer.fused.chain[-1] = dataclasses.replace(
-        last, output_low=(-128.0,), output_high=(127.0,), dtype=DType.S8)
+        last, output_low=(-128.0,), output_high=(127.0,), dtype=DType.S8, onnx=onnx)
     for value in values:
         info = graph.info(value)
         assert info.quant is not None

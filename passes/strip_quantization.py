@@ -92,7 +92,7 @@ def _strip_pair(graph: Graph, ctx: PassContext, q: Node) -> int:
         return 0
     removed = 0
     readers = [r for r, _ in graph.consumers(qout) if r.op is Op.DEQUANTIZE_LINEAR]
-    high = _implied_activation(graph, q) if readers else None
+    high = implied_activation(graph, q) if readers else None
     if high is not None:
         clip = graph.add_node(Op.CLIP, [x], 1, ClipAttrs(0.0, high), name=f"{q.name}_clip",
                               infos=[graph.info(x)], origin=q.origin)
@@ -114,7 +114,7 @@ def _strip_pair(graph: Graph, ctx: PassContext, q: Node) -> int:
     return removed
 
 
-def _implied_activation(graph: Graph, q: Node) -> float | None:
+def implied_activation(graph: Graph, q: Node) -> float | None:
     """The upper bound of the Relu / Clip(0, hi) a quantization stands for, or None.
 
     ONNX Runtime's quantizer removes a Relu or Clip in front of a QuantizeLinear whose range

@@ -27,6 +27,7 @@ import numpy as np
 from qfuse.ir.errors import InputError
 from qfuse.runtime.execution import ExecutionContext
 from qfuse.runtime.onednn import set_num_threads
+from qfuse.runtime.onednn.threads import MAX_THREADS
 
 if TYPE_CHECKING:
     from qfuse.compiler.lower.plan import Plan
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 
 class Executor:
     def __init__(self, plan: Plan, threads: int | None = None) -> None:
-        if threads is not None and threads < 1:
-            raise InputError(f"threads must be >= 1, got {threads}")
+        if threads is not None and not 1 <= threads <= MAX_THREADS:
+            raise InputError(f"threads must be 1..{MAX_THREADS}, got {threads}")
         self.plan = plan
         self.threads = threads
         self.input_names = list(plan.inputs)
@@ -64,6 +65,10 @@ class Executor:
 
     def input_specs(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         return {name: (shape, dtype) for name, shape, dtype in self._specs}
+
+    def validate(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """An InputError naming the first bad feed (names, shapes, dtypes), else nothing."""
+        self._check(feeds)
 
     def _check(self, feeds: Mapping[str, np.ndarray]) -> None:
         unknown = sorted(set(feeds) - set(self.input_names))

@@ -18,7 +18,7 @@ int8 residual into an f32 dst) the residual becomes a binary add of a full-size 
 instead: ``residual_f32(port, scale, zp)`` gives the slot of ``scale·(r - zp)`` in f32.
 ``TensorAdd`` (not a composer op) is a binary add of a full-size f32 tensor another kernel of
 the plan writes: the low half of split weights (no_vnni.py). ``TensorBinary`` (chain item
-TensorMul) reads the node's input ``port``: ``tensor_slot(port)`` gives its f32 slot.
+TensorOperand) reads the node's input ``port``: ``tensor_slot(port)`` gives its f32 slot.
 """
 
 from __future__ import annotations

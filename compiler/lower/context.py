@@ -62,6 +62,9 @@ class Options:
     # keeps oneDNN's int16-saturating kernels (for measuring what the split fixes).
     exact_int8: bool = True
     threads: int | None = None  # island sessions' thread count (None: one)
+    # Quantizations the model writes the ONNX way round like ONNX (lower_quant.py); False:
+    # oneDNN's reorder, rint(x·(1/s) + zp) — the composer option zero_point_before_round.
+    onnx_rounding: bool = True
 
 
 class LowerContext:

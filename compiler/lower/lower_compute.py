@@ -388,7 +388,7 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
     else:
         args[int(Arg.DST)] = ctx.define(y, dst_md)
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
-                        post_op_details=built.details)
+                        post_op_details=built.details, rounding=composed.rounding())
     kernel = ctx.add_primitive(node.name, pd, args, fixed, info=info, reads=reads)
     if exact is not None:
         exact.record(ctx, kernel)

@@ -61,8 +61,9 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
                                 *store_post_ops(composed)])
 
     def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
-        slot = ctx.source(node.inputs[port], f32)
-        return slot, ctx.slots[slot].md
+        value = node.inputs[port]  # a full-size operand in x's layout; a broadcast one as is
+        return unfused.dequantized(ctx, value, 1.0, 0,
+                                   f32 if ctx.info(value).shape == yinfo.shape else None)
 
     built = build_attr(finish, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
                        dst_type=DataType.f32, tensor_slot=tensor_slot)
@@ -70,7 +71,7 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     assert dst_md is not None
     pd = binary(Alg.binary_max, f32, f32, dst_md, attr=built.attr)
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
-                        post_op_details=built.details)
+                        post_op_details=built.details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): src,
                                       int(Arg.DST): ctx.define(y, dst_md),
                                       **built.slot_args},

@@ -106,7 +106,10 @@ def _emit(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
     y, shape = node.outputs[0], ctx.info(node.outputs[0]).shape
     dst_md = pd.dst_md
     assert dst_md is not None
-    info = ctx.info_for(node, optimizations=details)
+    # LayerNormalization folds a dst zero point into its shift, rint((y + zp·s)/s): the level
+    # form; softmax takes none.
+    rounding = "" if dst is None else "round(x·(1/s)+zp)" if dst[1] else "round(x·(1/s))"
+    info = ctx.info_for(node, optimizations=details, rounding=rounding)
     if dst is not None and dst_md.dtype == DataType.f32:  # split: quantize separately
         temp = ctx.temp(f"{y}@f32", dst_md)
         ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): temp}, fixed,

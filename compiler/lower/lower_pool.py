@@ -116,7 +116,7 @@ def lower_pool(ctx: LowerContext, node: Node) -> None:
     built = build_attr(as_posts, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
                        dst_type=DataType.f32, scales=False)
     _pool(ctx, node, x, alg, geometry, built.attr, built.fixed, dnnl_type(yinfo.dtype),
-          built.names, composed.fired)
+          built.names, composed.fired, rounding=composed.rounding())
 
 
 def _prefix(composed: Composed, zp: int) -> list[PostOp]:
@@ -138,7 +138,7 @@ def _prefix(composed: Composed, zp: int) -> list[PostOp]:
 def _pool(ctx: LowerContext, node: Node, x: str, alg: Alg, geometry: dict,
           attr: PrimitiveAttr, fixed: dict[int, Memory], dst_type: DataType,
           post_names: list[str] | None = None, fired: list[str] | None = None, *,
-          define_as: str | None = None) -> str:
+          define_as: str | None = None, rounding: str = "") -> str:
     """One pooling primitive reading ``x``; its dst becomes ``define_as`` (default: output)."""
     yinfo = ctx.info(node.outputs[0])
     home = ctx.md_of(x)
@@ -154,7 +154,8 @@ def _pool(ctx: LowerContext, node: Node, x: str, alg: Alg, geometry: dict,
     target = define_as or node.outputs[0]
     args[int(Arg.DST)] = ctx.define(target, dst_md) if define_as is None else ctx.temp(
         target, dst_md)
-    info = ctx.info_for(node, post_ops=list(post_names or []), optimizations=list(fired or []))
+    info = ctx.info_for(node, post_ops=list(post_names or []), optimizations=list(fired or []),
+                        rounding=rounding)
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
     return args[int(Arg.DST)]
 
@@ -198,6 +199,7 @@ def _pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict,
     kernel = ctx.add_reorder(pooled, out, attr=attr, fixed=fixed, role="op", node=None,
                              note=f"store of {node}")
     kernel.info.node = node.name
+    kernel.info.rounding = composed.rounding()
 
 
 def probe_int8_pool(ctx: LowerContext, node: Node, port: int,

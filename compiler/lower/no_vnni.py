@@ -331,7 +331,7 @@ class Exactness:
                                    {**hi_attr.fixed, int(Arg.WEIGHTS): hi_wmem}, info=info)
         ctx.exact_int8[kernel.name] = HIGH_HALF
         info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
-                            post_op_details=built.details)
+                            post_op_details=built.details, rounding=composed.rounding())
         out = ctx.define(y, md_like(t_md, dst_md.dtype) if flat else dst_md)
         if flat:
             out = ctx.temp(f"{y}@view", dst_md, alias=out)

@@ -63,6 +63,9 @@ class KernelInfo:
     post_op_details: list[str] = field(default_factory=list)
     role: str = "op"  # "op", "reorder" (inserted layout change), "io" (graph input/output)
     note: str = ""
+    # How the kernel's integer store rounds (docs/numerics.md, "Rounding forms"), "" if it
+    # writes no quantized value.
+    rounding: str = ""
 
 
 @dataclass(frozen=True)
@@ -266,6 +269,8 @@ class Plan:
             data["zero_points_masks"] = {_arg(a): m for a, m in attr.zero_points_masks}
         if info.note:
             data["note"] = info.note
+        if info.rounding:
+            data["rounding"] = info.rounding
         return data
 
     def _dtype(self, slot: str) -> str:

@@ -142,7 +142,9 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
                                                                    channels))
                 md = ctx.slots[slot].md
         elif isinstance(op, TensorBinary):
-            r_slot, r_md = dequantized(ctx, node.inputs[op.port], 1.0, 0, md)
+            value = node.inputs[op.port]  # full size: in the chain's layout; broadcast: as is
+            r_slot, r_md = dequantized(ctx, value, 1.0, 0,
+                                       md if ctx.info(value).shape == md.dims else None)
             pd = binary(Alg[f"binary_{op.alg}"], md, r_md, md)
             ctx.add_primitive(name, pd, {int(Arg.SRC_0): slot, int(Arg.SRC_1): r_slot,
                                          int(Arg.DST): slot},

@@ -16,9 +16,14 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
-from qfuse.compiler.errors import InputError, MalformedModelError, UnsupportedModelError
+from qfuse.compiler.errors import (
+    InputError,
+    MalformedModelError,
+    SizeLimitError,
+    UnsupportedModelError,
+)
 from qfuse.compiler.onnx_import import (
     convert_layout,
     convert_math,
@@ -39,6 +44,7 @@ from qfuse.compiler.onnx_import.context import (
     onnx_type_name,
 )
 from qfuse.ir.graph import Graph, GraphError
+from qfuse.ir.limits import check_shape, check_total, element_count, limits
 from qfuse.ir.shapes import infer_shapes
 from qfuse.ir.types import TensorInfo
 
@@ -111,6 +117,8 @@ def import_model(
     for tensor in onnx_graph.initializer:
         ctx.set_const(tensor.name, _to_array(tensor))
     for sparse in onnx_graph.sparse_initializer:
+        itemsize = _itemsize(sparse.values.data_type)
+        check_shape(f"sparse initializer '{sparse.values.name}' (dense)", sparse.dims, itemsize)
         try:
             ctx.set_const(sparse.values.name, folding.sparse_to_dense(sparse))
         except (ValueError, TypeError, IndexError) as exc:
@@ -138,6 +146,7 @@ def import_model(
         graph.verify()
     except GraphError as exc:
         raise MalformedModelError(str(exc)) from exc
+    _check_sizes(graph)
     removed = graph.remove_unused()
     islands.choose_engines(graph)
     logger.info("imported '%s': %d nodes (%d unused removed), opset %d", graph.name,
@@ -145,7 +154,50 @@ def import_model(
     return graph
 
 
+def _check_sizes(graph: Graph) -> None:
+    """Every value, and all of them together, within the limits (ir/limits.py), before any
+    pass or the lowering allocates them."""
+    total = 0
+    for name, value in graph.values.items():
+        if value.info is None:
+            continue
+        nbytes = element_count(value.info.shape) * value.info.dtype.np.itemsize
+        total += nbytes
+        if nbytes > limits().max_tensor_bytes:
+            producer = graph.producer(name)
+            what = (f"node {producer}: output '{name}'"
+                    if producer is not None else f"value '{name}'")
+            check_shape(what, value.info.shape, value.info.dtype.np.itemsize)
+    check_total(f"the {len(graph.values)} values of graph '{graph.name}'", total)
+
+
+# 8- and 16-bit types (and bool) that the spec stores in int32_data, one element per int32.
+_INT32_DATA_RANGES = {TensorProto.UINT8: (0, 255), TensorProto.INT8: (-128, 127),
+                      TensorProto.UINT16: (0, 65535), TensorProto.INT16: (-32768, 32767),
+                      TensorProto.BOOL: (0, 1)}
+
+
+def _itemsize(data_type: int) -> int:
+    try:
+        return int(helper.tensor_dtype_to_np_dtype(data_type).itemsize) or 1
+    except (KeyError, ValueError, TypeError):
+        return 1
+
+
 def _to_array(tensor: onnx.TensorProto) -> np.ndarray:
+    """An initializer's data, after checks numpy_helper does not make: the declared size
+    against the limit (before allocating) and int32_data values within their type's range
+    (numpy would wrap a UINT8 zero point of 300 to 44)."""
+    check_shape(f"tensor '{tensor.name}'", tensor.dims, _itemsize(tensor.data_type))
+    bounds = _INT32_DATA_RANGES.get(tensor.data_type)
+    if bounds is not None and len(tensor.int32_data):
+        held = np.asarray(tensor.int32_data, np.int64)
+        low, high = bounds
+        if int(held.min()) < low or int(held.max()) > high:
+            bad = int(held.min()) if int(held.min()) < low else int(held.max())
+            raise MalformedModelError(
+                f"tensor '{tensor.name}' of type {onnx_type_name(tensor.data_type)} holds "
+                f"{bad}, outside its range [{low}, {high}]")
     try:
         return numpy_helper.to_array(tensor)
     except (ValueError, TypeError, KeyError) as exc:
@@ -172,6 +224,7 @@ def _add_inputs(ctx: Context, onnx_graph: onnx.GraphProto,
                                         f"{onnx_type_name(tensor_type.elem_type)}, which is "
                                         f"not supported")
         shape = _input_shape(value.name, tensor_type, shapes.get(value.name))
+        check_shape(f"graph input '{value.name}'", shape, dtype.np.itemsize)
         ctx.graph.add_input(value.name, TensorInfo(shape, dtype))
 
 
@@ -258,11 +311,15 @@ def _convert(ctx: Context, node: NodeView) -> None:
         if domain == "" and folding.foldable(ctx, node):
             try:
                 folding.fold(ctx, node)
+            except SizeLimitError:
+                raise
             except UnsupportedModelError as exc:
                 islands.add(ctx, node, str(exc).removeprefix(f"node {node}: "))
             return
         try:
             parts = qoperator.expand(ctx, node)  # QOperator ops → DQ → float op → Q
+        except SizeLimitError:
+            raise
         except UnsupportedModelError as exc:  # a QOperator form it refuses: a float island
             if len(ctx.graph) != size or node.proto is None:
                 raise
@@ -278,6 +335,8 @@ def _convert(ctx: Context, node: NodeView) -> None:
             return
         try:
             converter(ctx, node)
+        except SizeLimitError:
+            raise
         except UnsupportedModelError as exc:
             if len(ctx.graph) != size or node.proto is None:
                 raise

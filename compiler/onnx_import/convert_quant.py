@@ -3,8 +3,10 @@
 ONNX Q/DQ: ``q = saturate(round_half_even(x / s) + zp)``, ``x' = (q - zp) · s``. Accepted:
 u8/s8 (and s32 for DequantizeLinear, ONNX Runtime's bias), per tensor or per axis, scale a
 float32 constant that is finite and > 0, zero point a constant of the quantized type within
-its range. ``saturate`` (opset 19+) only concerns float8 types and is ignored. Blocked
-quantization (opset 21 ``block_size``), 16-bit, 4-bit and float8 types are refused.
+its range. A scale outside [MIN_SCALE, MAX_SCALE] is valid ONNX that qfuse's kernels cannot
+compute exactly: that node runs as a float island (onnxruntime). ``saturate`` (opset 19+)
+only concerns float8 types and is ignored. Blocked quantization (opset 21 ``block_size``),
+16-bit, 4-bit and float8 types are refused.
 
 A QuantizeLinear on a constant is folded into an integer constant carrying its QuantParams;
 a DequantizeLinear on an integer constant stays a node and the constant's TensorInfo gets the
@@ -27,6 +29,13 @@ from qfuse.compiler.onnx_import.context import (
 from qfuse.compiler.onnx_import.folding import evaluate
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
 from qfuse.ir.types import DType, QuantParams, TensorInfo
+
+# Scales of u8/s8 tensors qfuse's kernels accept (an INT32 bias may have any). Below the smallest normal float32, 1/scale overflows and oneDNN's
+# kernels flush the scale to zero; above 1e30 the products of scales (and with accumulators)
+# that the int8 kernels compute in float32 overflow where the QDQ arithmetic does not (a
+# scale of 3e38 gives inf where the reference gives 0).
+MIN_SCALE = float(np.finfo(np.float32).tiny)
+MAX_SCALE = 1e30
 
 QUANTIZED = {TensorProto.UINT8: DType.U8, TensorProto.INT8: DType.S8}
 DEQUANTIZABLE = {**QUANTIZED, TensorProto.INT32: DType.S32}
@@ -61,8 +70,10 @@ def _check_zero_point(ctx: Context, node: NodeView, qtype: int) -> None:
                                   f"quantized type {onnx_type_name(qtype)}")
 
 
-def _params(ctx: Context, node: NodeView, x: TensorInfo) -> tuple[QuantParams, int]:
-    """Validated QuantParams and the (non-negative) axis attribute."""
+def _params(ctx: Context, node: NodeView, x: TensorInfo, *, kernel_scale: bool = True
+            ) -> tuple[QuantParams, int]:
+    """Validated QuantParams and the (non-negative) axis attribute. ``kernel_scale``: the
+    scale reaches the int8 kernels (an INT32 bias is dequantized once, in numpy, instead)."""
     if node.attr("block_size", 0):
         raise ctx.unsupported(node, f"blocked quantization (block_size="
                                     f"{node.attr('block_size')}) is not supported")
@@ -70,13 +81,20 @@ def _params(ctx: Context, node: NodeView, x: TensorInfo) -> tuple[QuantParams, i
     if scale.dtype != np.float32:
         raise ctx.unsupported(node, f"scale of type {scale.dtype} is not supported (want "
                                     f"float32)")
-    if scale.ndim > 1 or scale.size == 0:
+    if scale.ndim > 1 and ctx.opset >= 21:  # blocked quantization's N-D scales
         raise ctx.unsupported(node, f"scale of shape {scale.shape} is not supported (want a "
                                     f"scalar or a 1-D per-axis scale)")
+    if scale.ndim > 1 or scale.size == 0:
+        raise ctx.malformed(node, f"scale of shape {scale.shape}: ONNX wants a scalar or a "
+                                  f"non-empty 1-D per-axis scale")
     if not np.all(np.isfinite(scale)):
         raise ctx.malformed(node, f"scale must be finite, got {_show(scale)}")
     if np.any(scale <= 0):
         raise ctx.malformed(node, f"scale must be > 0, got {_show(scale)}")
+    if kernel_scale and (np.any(scale < MIN_SCALE) or np.any(scale > MAX_SCALE)):
+        bad = float(scale.min()) if np.any(scale < MIN_SCALE) else float(scale.max())
+        raise ctx.unsupported(node, f"scale {bad:.3g} is outside the range qfuse computes "
+                                    f"exactly, [{MIN_SCALE:.3g}, {MAX_SCALE:.3g}]")
     zp = ctx.optional_const(node, 2, "zero point")
     zp = np.zeros(scale.shape, np.int64) if zp is None else zp
     if zp.size != scale.size:
@@ -133,7 +151,8 @@ def dequantize_linear(ctx: Context, node: NodeView) -> None:
                                     f"supported (only UINT8, INT8 and INT32)")
     x = ctx.input_info(node, 0)
     _check_zero_point(ctx, node, qtype)
-    quant, axis = _params(ctx, node, x)
+    # ONNX Runtime's int32 bias has scale s_x·s_w, often below the smallest normal float32
+    quant, axis = _params(ctx, node, x, kernel_scale=qtype != TensorProto.INT32)
     if qtype == TensorProto.INT32 and any(quant.zero_point):
         raise ctx.malformed(node, "an INT32 input must have zero point 0")
     inputs = list(node.inputs[:3])

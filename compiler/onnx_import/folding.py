@@ -15,13 +15,15 @@ nondeterministic ops and control flow.
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
+from qfuse.ir.limits import check_bytes, check_shape, element_count
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,7 @@ def fold(ctx: Context, node: NodeView) -> None:
 def evaluate(ctx: Context, node: NodeView) -> list[np.ndarray]:
     assert node.proto is not None
     feeds = {name: ctx.consts[name] for name in node.inputs if name}
+    _check_result_size(node, feeds)
     try:
         evaluator = ReferenceEvaluator(node.proto, opsets={"": ctx.opset})
         results = evaluator.run(None, feeds)
@@ -72,6 +75,83 @@ def evaluate(ctx: Context, node: NodeView) -> list[np.ndarray]:
                   f"is otherwise not supported"
         ) from exc
     return [np.asarray(r) for r in results]
+
+
+# Ops whose result can be far larger than their inputs, and the element count of that result
+# computed from the inputs alone (onnx.reference would allocate it first).
+_ELEMENTWISE = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Mod", "Max", "Min", "Sum", "Mean", "Where", "Equal",
+    "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor", "BitShift",
+    "PRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+})
+
+
+def _result_elements(node: NodeView, feeds: dict[str, np.ndarray]) -> int | None:
+    """An upper bound of the largest output's element count, when it may exceed the inputs'."""
+    values = [feeds.get(name) for name in node.inputs]
+    op = node.op_type
+    try:
+        if op == "ConstantOfShape":
+            return element_count(values[0].reshape(-1).tolist())
+        if op == "Expand":
+            shape = values[1].reshape(-1).tolist()
+            rank = max(values[0].ndim, len(shape))
+            a = [1] * (rank - values[0].ndim) + list(values[0].shape)
+            b = [1] * (rank - len(shape)) + [int(d) for d in shape]
+            return element_count(max(x, y) for x, y in zip(a, b, strict=True))
+        if op == "Tile":
+            return values[0].size * element_count(values[1].reshape(-1).tolist())
+        if op == "Range":
+            start, limit, delta = (float(v.reshape(-1)[0]) for v in values[:3])
+            steps = (limit - start) / delta if delta else float("inf")
+            return int(min(max(math.ceil(steps), 0), 2**62)) if math.isfinite(steps) else 2**62
+        if op in ("Pad", "Resize", "Upsample", "OneHot"):
+            return None if op == "OneHot" else _grown_by_attrs(op, values)
+        if op in _ELEMENTWISE:
+            shapes = [v.shape for v in values if v is not None]
+            rank = max(len(s) for s in shapes)
+            padded = [[1] * (rank - len(s)) + list(s) for s in shapes]
+            return element_count(max(dims) for dims in zip(*padded, strict=True))
+        if op == "MatMul" and min(values[0].ndim, values[1].ndim) >= 2:
+            a, b = values[0].shape, values[1].shape
+            batch = np.broadcast_shapes(a[:-2], b[:-2])
+            return element_count([*batch, a[-2], b[-1]])
+        if op == "Gemm":
+            a, b = values[0].shape, values[1].shape
+            return (a[0] if not node.attr("transA", 0) else a[1]) * (
+                b[1] if not node.attr("transB", 0) else b[0])
+    except (AttributeError, IndexError, TypeError, ValueError, OverflowError):
+        return None  # malformed inputs: the evaluator reports them
+    return None
+
+
+def _grown_by_attrs(op: str, values: list[np.ndarray | None]) -> int | None:
+    x = values[0]
+    if x is None:
+        return None
+    if op == "Pad" and len(values) > 1 and values[1] is not None:
+        pads = [int(p) for p in values[1].reshape(-1)]
+        if len(pads) == 2 * x.ndim:
+            return element_count(d + max(pads[i], 0) + max(pads[i + x.ndim], 0)
+                                 for i, d in enumerate(x.shape))
+    if op in ("Resize", "Upsample"):
+        sizes = values[3] if len(values) > 3 else None
+        scales = values[2] if op == "Resize" and len(values) > 2 else (
+            values[1] if op == "Upsample" and len(values) > 1 else None)
+        if sizes is not None and sizes.size:
+            return element_count(sizes.reshape(-1).tolist())
+        if scales is not None and scales.size == x.ndim:
+            grown = [float(s) * d for s, d in zip(scales.reshape(-1), x.shape, strict=True)]
+            if not all(math.isfinite(g) for g in grown):
+                return 2**62
+            return element_count(math.ceil(max(g, 0.0)) for g in grown)
+    return None
+
+
+def _check_result_size(node: NodeView, feeds: dict[str, np.ndarray]) -> None:
+    elements = _result_elements(node, feeds)
+    if elements is not None:
+        check_bytes(f"node {node}: folding it on constants", elements * 8)
 
 
 def _shape_or_size(ctx: Context, node: NodeView) -> np.ndarray:
@@ -88,6 +168,8 @@ def _shape_or_size(ctx: Context, node: NodeView) -> np.ndarray:
 
 def sparse_to_dense(sparse: onnx.SparseTensorProto) -> np.ndarray:
     """A SparseTensorProto as a dense array (indices linear [NNZ] or per dim [NNZ, rank])."""
+    check_shape(f"sparse tensor '{sparse.values.name}' (dense)", sparse.dims,
+                np.dtype(helper.tensor_dtype_to_np_dtype(sparse.values.data_type)).itemsize)
     values = numpy_helper.to_array(sparse.values)
     indices = numpy_helper.to_array(sparse.indices).astype(np.int64)
     dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)

@@ -3,7 +3,11 @@ checks and onnx.checker.
 
 External data is read by hand rather than by onnx.load: each tensor's location is resolved
 (symlinks included) and must stay inside the folder of the model file; ``..``, absolute
-locations and symlinks leading out are refused with MalformedModelError naming the tensor.
+locations and symlinks leading out are refused with MalformedModelError naming the tensor, and
+so is anything that is not a regular file (a FIFO would block the read forever, a device never
+end it). Offset and length must be non-negative and lie inside the file, and the bytes read
+are checked against the size limit (ir/limits.py) before reading. The model file itself must
+be a non-empty regular file, and a graph without outputs is refused (nothing to compute).
 """
 
 from __future__ import annotations
@@ -11,6 +15,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +25,9 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
+from qfuse.compiler.files import regular_file
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, OPENVINO_DOMAIN
+from qfuse.ir.limits import check_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -36,14 +44,21 @@ def load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
         proto.CopyFrom(model)
         base: Path | None = None
     elif isinstance(model, (str, os.PathLike)):
-        path = Path(model)
+        path = regular_file(model, "model")
+        if path.stat().st_size == 0:
+            raise MalformedModelError(f"'{path}' is empty, not an ONNX model")
         try:
             proto = onnx.load(str(path), load_external_data=False)
-        except (DecodeError, RuntimeError) as exc:
+        except (DecodeError, RuntimeError, ValueError) as exc:
             raise MalformedModelError(f"'{path}' is not an ONNX model: {exc}") from exc
         base = path.resolve().parent
     else:
         raise TypeError(f"import_model takes a ModelProto or a path, not {type(model).__name__}")
+    if not proto.HasField("graph"):
+        raise MalformedModelError("the model has no graph")
+    if not proto.graph.output:
+        raise MalformedModelError(f"graph '{proto.graph.name}' has no outputs: nothing to "
+                                  f"compute")
     for tensor in _tensors(proto.graph):
         if tensor.data_location == TensorProto.EXTERNAL:
             _load_external(tensor, base)
@@ -91,6 +106,8 @@ def max_opset() -> int:
         import onnxruntime as ort
     except ImportError:
         return newest
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # a refused opset is expected here: no log line
     for opset in range(newest, MIN_OPSET, -1):
         graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT32)],
                                   "probe", [helper.make_tensor_value_info("x", 1, [1])],
@@ -98,7 +115,8 @@ def max_opset() -> int:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = min(model.ir_version, onnx.IR_VERSION)
         try:
-            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            ort.InferenceSession(model.SerializeToString(), options,
+                                 providers=["CPUExecutionProvider"])
         except Exception:  # noqa: BLE001, S112 (any refusal: try an older opset)
             continue
         return opset
@@ -110,11 +128,30 @@ def _check(proto: onnx.ModelProto) -> None:
         onnx.checker.check_model(proto, full_check=False)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise MalformedModelError(f"onnx.checker rejects the model: {first}") from exc
+        where = re.search(r"Name: (\S*) OpType: (\S+)", str(exc))  # the checker's context line
+        node = f"node '{where[1]}' ({where[2]}): " if where else ""
+        raise MalformedModelError(f"onnx.checker rejects the model: {node}{first}") from exc
     except ValueError as exc:
         if "2GB" not in str(exc):
             raise MalformedModelError(f"onnx.checker rejects the model: {exc}") from exc
         logger.warning("model is larger than 2 GB; onnx.checker skipped")
+
+
+def _offset_length(name: str, entries: dict[str, str]) -> tuple[int, int | None]:
+    """The external data's offset (default 0) and length (None: to the end of the file)."""
+    values: dict[str, int] = {}
+    for key in ("offset", "length"):
+        if key not in entries:
+            continue
+        try:
+            values[key] = int(entries[key])
+        except ValueError:
+            raise MalformedModelError(f"tensor '{name}': external data {key} "
+                                      f"'{entries[key]}' is not an integer") from None
+        if values[key] < 0:
+            raise MalformedModelError(f"tensor '{name}': external data {key} {values[key]} "
+                                      f"is negative")
+    return values.get("offset", 0), values.get("length")
 
 
 def _tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
@@ -148,26 +185,46 @@ def _load_external(tensor: TensorProto, base: Path | None) -> None:
     location = entries.get("location")
     if not location:
         raise MalformedModelError(f"tensor '{name}': external data without a location")
-    target = (base / location).resolve()
+    if "\0" in location:
+        raise MalformedModelError(f"tensor '{name}': external data location holds a NUL "
+                                  f"character")
+    try:
+        target = (base / location).resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop, a name too long
+        raise MalformedModelError(f"tensor '{name}': external data location '{location}' "
+                                  f"cannot be resolved: {exc}") from exc
     if Path(location).is_absolute() or not target.is_relative_to(base):
         raise MalformedModelError(
             f"tensor '{name}': external data location '{location}' is outside the model's "
             f"folder '{base}'"
         )
+    offset, length = _offset_length(name, entries)
     try:
-        offset = int(entries.get("offset", 0))
-        length = int(entries["length"]) if "length" in entries else None
-    except ValueError as exc:
-        raise MalformedModelError(f"tensor '{name}': bad external data offset/length") from exc
+        info = target.stat()
+    except OSError as exc:
+        raise MalformedModelError(
+            f"tensor '{name}': cannot read external data '{location}': "
+            f"{exc.strerror or exc}") from exc
+    if not stat.S_ISREG(info.st_mode):
+        raise MalformedModelError(f"tensor '{name}': external data '{location}' is not a "
+                                  f"regular file")
+    available = info.st_size - offset
+    if available < 0 or (length is not None and length > available):
+        want = "" if length is None else f"{length} bytes "
+        raise MalformedModelError(
+            f"tensor '{name}': external data '{location}' has {info.st_size} bytes; {want}at "
+            f"offset {offset} lie outside it")
+    length = available if length is None else length
+    check_bytes(f"tensor '{name}' (external data '{location}')", length)
     try:
         with open(target, "rb") as f:
             f.seek(offset)
-            data = f.read() if length is None else f.read(length)
+            data = f.read(length)
     except OSError as exc:
         raise MalformedModelError(
-            f"tensor '{name}': cannot read external data '{location}': {exc}"
+            f"tensor '{name}': cannot read external data '{location}': {exc.strerror or exc}"
         ) from exc
-    if length is not None and len(data) != length:
+    if len(data) != length:
         raise MalformedModelError(
             f"tensor '{name}': external data '{location}' has {len(data)} bytes at offset "
             f"{offset}, want {length}"

@@ -22,7 +22,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from google.protobuf.message import DecodeError
 
+from qfuse.compiler.errors import InputError, MalformedModelError
+from qfuse.compiler.files import regular_file
 from qfuse.compiler.quantize import data as calib
 from qfuse.compiler.quantize.collect import collect, graph_inputs
 from qfuse.compiler.quantize.histogram import DEFAULT_BINS
@@ -38,10 +41,11 @@ ModelLike = onnx.ModelProto | str | os.PathLike
 def load_model(model: ModelLike) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
-    path = Path(model)
-    if not path.exists():
-        raise FileNotFoundError(f"model {path} does not exist")
-    return onnx.load(str(path))
+    path = regular_file(model, "model")
+    try:
+        return onnx.load(str(path))
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise MalformedModelError(f"'{path}' is not an ONNX model: {exc}") from exc
 
 
 @dataclass
@@ -99,16 +103,19 @@ def run(
 ) -> Quantized:
     """``quantize`` returning everything it made (the CLI's --report needs it)."""
     if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if activations not in ("u8", "s8"):
-        raise ValueError(f"activations must be u8 or s8, got {activations!r}")
+        raise InputError(f"activations must be u8 or s8, got {activations!r}")
     if format not in ("qdq", "fakequantize"):
-        raise ValueError(f"format must be qdq or fakequantize, got {format!r}")
+        raise InputError(f"format must be qdq or fakequantize, got {format!r}")
+    if output is not None and not Path(output).resolve().parent.is_dir():
+        raise InputError(f"cannot write the quantized model '{output}': its folder does not "
+                         f"exist or is not a folder")
     float_model = fold_batchnorm(constants_to_initializers(ensure_opset(load_model(model))))
     names = {n.name for n in float_model.graph.node}
     unknown = sorted(set(exclude) - names)
     if unknown:
-        raise ValueError(f"exclude names no node of the model: {unknown}")
+        raise InputError(f"exclude names no node of the model: {unknown}")
     placement = place(float_model, per_channel=per_channel, exclude=set(exclude))
     groups = placement.groups()
     chunks = calib.load(calibration, [vi.name for vi in graph_inputs(float_model)])
@@ -129,5 +136,9 @@ def run(
     written.producer_name = qdq.producer_name = "qfuse quantize"
     onnx.checker.check_model(written)
     if output is not None:
-        onnx.save(written, str(output))
+        try:
+            onnx.save(written, str(output))
+        except OSError as exc:
+            raise InputError(f"cannot write the quantized model '{output}': "
+                             f"{exc.strerror or exc}") from exc
     return Quantized(written, qdq, float_model, chunks)

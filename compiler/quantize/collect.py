@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from qfuse.compiler.errors import InputError
 from qfuse.compiler.quantize import data as calib
 from qfuse.compiler.quantize.histogram import DEFAULT_BINS, Histogram
 
@@ -60,6 +61,17 @@ def session(model: onnx.ModelProto, outputs: Iterable[str], *,
 def feeds(model: onnx.ModelProto, chunks: list[dict[str, np.ndarray]], *,
           progress: bool = False, what: str = "calibrating") -> Iterator[dict[str, np.ndarray]]:
     """The calibration batches as float32 feeds, with a progress bar when asked."""
+    dims = {vi.name: [d.dim_value if d.HasField("dim_value") else None
+                      for d in vi.type.tensor_type.shape.dim] for vi in graph_inputs(model)}
+    for chunk in chunks:  # each sample's shape against the model's (batch axis aside)
+        for name, array in chunk.items():
+            want = dims.get(name)
+            if want and (array.ndim != len(want) or any(
+                    w is not None and w != a for w, a in zip(want[1:], array.shape[1:],
+                                                             strict=True))):
+                raise InputError(f"calibration data for input '{name}' has shape "
+                                 f"{array.shape}; the model wants (N, "
+                                 f"{', '.join(str(d) for d in want[1:])}) batched on axis 0")
     batch = model_batch(model)
     total = calib.count(chunks, batch or SYMBOLIC_BATCH)
     it: Iterable[dict[str, np.ndarray]] = calib.batches(chunks, batch or SYMBOLIC_BATCH)
@@ -86,13 +98,14 @@ def collect(model: onnx.ModelProto, groups: dict[int, list[str]],
     hists = {gid: Histogram(bins) for gid in groups}
     n = 0
     for feed in feeds(model, chunks, progress=progress):
-        values = dict(zip(observed, sess.run(observed, feed), strict=True))
+        # run(None) would return the graph outputs: with nothing to observe, run nothing
+        values = dict(zip(observed, sess.run(observed, feed), strict=True)) if observed else {}
         values.update({k: v for k, v in feed.items() if k in inputs})
         for gid, members in groups.items():
             for t in members:
                 hists[gid].add(values[t])
         n += 1
     if n == 0:
-        raise ValueError("the calibration data gave no batch of the model's batch size "
+        raise InputError("the calibration data gave no batch of the model's batch size "
                          f"{model_batch(model)}")
     return hists

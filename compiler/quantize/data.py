@@ -19,6 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from qfuse.compiler.errors import InputError
+from qfuse.compiler.files import load_npz, regular_file
+
 CalibrationData = str | os.PathLike | Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]]
 
 
@@ -31,39 +34,45 @@ def load(data: CalibrationData, inputs: Sequence[str]) -> list[dict[str, np.ndar
     else:
         chunks = [dict(d) for d in data]
     if not chunks:
-        raise ValueError(f"calibration data {data!r} holds no samples")
+        raise InputError(f"calibration data {data!r} holds no samples")
     for i, chunk in enumerate(chunks):
         missing = [n for n in inputs if n not in chunk]
         if missing:
-            raise ValueError(f"calibration data (part {i}) lacks model inputs {missing} "
+            raise InputError(f"calibration data (part {i}) lacks model inputs {missing} "
                              f"(has {sorted(chunk)})")
         sizes = {n: np.asarray(chunk[n]).shape[0] if np.ndim(chunk[n]) else 0 for n in inputs}
         if len(set(sizes.values())) != 1 or 0 in sizes.values():
-            raise ValueError(f"calibration data (part {i}): inputs must share a non-empty "
+            raise InputError(f"calibration data (part {i}): inputs must share a non-empty "
                              f"first (batch) axis, got {sizes}")
     return [{n: np.asarray(c[n]) for n in inputs} for c in chunks]
 
 
 def _from_path(path: Path, inputs: Sequence[str]) -> list[dict[str, np.ndarray]]:
     if not path.exists():
-        raise FileNotFoundError(f"calibration data {path} does not exist")
+        raise InputError(f"calibration data {path} does not exist")
     files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy")) \
         if path.is_dir() else [path]
     if not files:
-        raise ValueError(f"calibration folder {path} has no .npz or .npy files")
+        raise InputError(f"calibration folder {path} has no .npz or .npy files")
     chunks = []
     for f in files:
-        if f.suffix == ".npz":
-            with np.load(f) as npz:
-                chunks.append({k: npz[k] for k in npz.files})
+        if f.suffix == ".npz" or not path.is_dir():
+            chunks.append(load_npz(f, "calibration data"))
         elif f.suffix == ".npy":
             if len(inputs) != 1:
-                raise ValueError(f"{f}: a .npy file feeds a one-input model; this model has "
+                raise InputError(f"{f}: a .npy file feeds a one-input model; this model has "
                                  f"inputs {list(inputs)} (use .npz keyed by input name)")
-            chunks.append({inputs[0]: np.load(f)})
-        else:
-            raise ValueError(f"calibration data {f}: want .npz or .npy")
+            chunks.append({inputs[0]: _load_npy(f)})
     return chunks
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    regular_file(path, "calibration data")
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise InputError(f"calibration data '{path}' is not a readable .npy file ({exc})") \
+            from exc
 
 
 def batches(chunks: list[dict[str, np.ndarray]], batch: int | None

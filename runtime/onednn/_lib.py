@@ -178,6 +178,8 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
     "dnnl_set_verbose": (_S, [c_int]),
     "dnnl_set_max_cpu_isa": (_S, [_E]),
     "dnnl_get_effective_cpu_isa": (_E, []),
+    "dnnl_set_primitive_cache_capacity": (_S, [c_int]),
+    "dnnl_get_primitive_cache_capacity": (_S, [POINTER(c_int)]),
     # engine / stream
     "dnnl_engine_get_count": (c_size_t, [_E]),
     "dnnl_engine_create": (_S, [HandlePtr, _E, c_size_t]),

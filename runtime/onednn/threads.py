@@ -17,12 +17,17 @@ returns invalid_arguments and this raises DnnlError.
 from __future__ import annotations
 
 import logging
+from ctypes import byref, c_int
 from dataclasses import dataclass
 
 from qfuse.runtime.onednn._lib import C, check
 from qfuse.runtime.onednn.enums import CpuIsa
 
 log = logging.getLogger(__name__)
+
+# Above any CPU qfuse runs on; GNU OpenMP would try to start every thread asked for (a team
+# of 10^9 hangs the process), so larger counts are refused.
+MAX_THREADS = 1024
 
 
 @dataclass(frozen=True)
@@ -46,10 +51,24 @@ def version() -> Version:
 
 def set_num_threads(count: int) -> None:
     """Number of OpenMP threads oneDNN primitives use from now on (calling thread)."""
-    if count < 1:
-        raise ValueError(f"thread count must be >= 1, got {count}")
+    if not 1 <= count <= MAX_THREADS:
+        raise ValueError(f"thread count must be 1..{MAX_THREADS}, got {count}")
     C.omp_set_num_threads(int(count))
     log.debug("oneDNN threads set to %d", count)
+
+
+def primitive_cache_capacity() -> int:
+    """Entries oneDNN's primitive cache keeps (ONEDNN_PRIMITIVE_CACHE_CAPACITY, default 1024)."""
+    capacity = c_int()
+    check(C.dnnl_get_primitive_cache_capacity(byref(capacity)),
+          "dnnl_get_primitive_cache_capacity")
+    return int(capacity.value)
+
+
+def set_primitive_cache_capacity(capacity: int) -> None:
+    """Resize oneDNN's primitive cache (0 turns it off; shrinking evicts entries)."""
+    check(C.dnnl_set_primitive_cache_capacity(int(capacity)),
+          "dnnl_set_primitive_cache_capacity", f"capacity={capacity}")
 
 
 def get_num_threads() -> int:

@@ -1,7 +1,9 @@
 """Numeric evaluation of post-op chains, two ways.
 
 ``apply_chain`` evaluates a chain as the graph means it (ir/chain.py): float32, item by item,
-then ``saturate(rint(x))`` on an integer store. ``apply_composed`` evaluates the composer's
+then ``saturate(rint(x))`` on an integer store. A Quantize from an ONNX Q/DQ pair means ONNX's
+``saturate(rint(x / s) + zp)`` (division, then round, then the zero point), any other the
+FakeQuantize formula. ``apply_composed`` evaluates the composer's
 oneDNN attributes the way oneDNN 3.x computes them (docs/onednn.md):
 
     x   = f32(acc)·wei_scale + bias;  x = post_ops(x);
@@ -31,7 +33,7 @@ from qfuse.ir.chain import (
     Residual,
     Scale,
     Shift,
-    TensorMul,
+    TensorOperand,
 )
 from qfuse.ir.postops import ACT_ALG, Binary, Composed, Eltwise, Prelu, Sum, TensorBinary
 from qfuse.ir.types import DType
@@ -128,8 +130,16 @@ def apply_chain(
         elif isinstance(item, Residual):
             r = residuals[item.port].astype(F32)
             x = (x + F32(item.scale) * (r - F32(item.zero_point))).astype(F32)
-        elif isinstance(item, TensorMul):
-            x = (x * residuals[item.port].astype(F32)).astype(F32)
+        elif isinstance(item, TensorOperand):
+            fn = np.multiply if item.alg == "mul" else np.add
+            x = fn(x, residuals[item.port].astype(F32)).astype(F32)
+        elif isinstance(item, Quantize) and item.onnx is not None:
+            quant, (lo, hi) = item.onnx.quant, item.onnx.dtype.range
+            s = _per_channel(quant.scale, nd, ax)
+            zp = _per_channel(tuple(float(z) for z in quant.zero_point), nd, ax)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                q = np.rint(x / s) + zp
+            x = np.where(np.isnan(q), F32(lo), np.clip(q, F32(lo), F32(hi))).astype(F32)
         elif isinstance(item, Quantize):
             x = fake_quantize(x, *(_per_channel(v, nd, ax) for v in (
                 item.input_low, item.input_high, item.output_low, item.output_high)),

@@ -32,7 +32,7 @@ import copy
 
 import numpy as np
 
-from qfuse.ir.chain import Residual, TensorMul
+from qfuse.ir.chain import Residual, TensorOperand
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.runtime.reference.chain import apply_chain, apply_composed
@@ -104,7 +104,7 @@ def evaluate_fused(
     acc = accumulate(node, inputs)
     residuals: dict[int, np.ndarray] = {}
     for item in fused.chain:
-        if isinstance(item, Residual | TensorMul):
+        if isinstance(item, Residual | TensorOperand):
             r = inputs[item.port] if item.port < len(inputs) else None
             if r is None:
                 raise ValueError(f"residual input {item.port} is missing")

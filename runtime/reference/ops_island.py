@@ -46,7 +46,7 @@ def ort_session(model: bytes, threads: int | None = None):
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # fatal only: a failure reaches the caller as an exception
     options.intra_op_num_threads = threads or 1
     options.inter_op_num_threads = 1
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])

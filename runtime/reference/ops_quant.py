@@ -25,6 +25,10 @@ bit-exact with OpenVINO's reference implementation (``Node.evaluate``), on ties 
 plugin computes another formula (clamp, ``x*isc - ish`` with precomputed float32 scales and
 FMA, round half to even, ``q*osc + ol``) and differs by up to one level on near-ties and by
 float32 ulps elsewhere (tests/runtime/test_reference_fakequantize.py measures and pins it).
+
+A FakeQuantize made from an ONNX Q/DQ pair (``FakeQuantizeAttrs.onnx``) is that pair: ONNX's
+QuantizeLinear with the pair's scale and zero point, then (f32 output) its DequantizeLinear —
+the quantized levels ``q`` for a quantize-only one, whose output range then starts at qmin.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
+from qfuse.ir.types import DType, OnnxQuantize
 from qfuse.runtime.reference.registry import Arrays, impl, need, opt
 
 F32 = np.float32
@@ -52,6 +57,17 @@ def _along(param: np.ndarray, ndim: int, axis: int) -> np.ndarray:
     return param.reshape(shape)
 
 
+def quantize_onnx(x: np.ndarray, scale: np.ndarray, zp: np.ndarray | None, dtype: DType,
+                  axis: int) -> np.ndarray:
+    """ONNX QuantizeLinear, ``saturate(rint(x / s) + zp)``, as float32 levels (module docstring)."""
+    lo, hi = dtype.range
+    s = _along(np.asarray(scale, F32), x.ndim, axis)
+    z = F32(0) if zp is None else _along(np.asarray(zp), x.ndim, axis).astype(F32)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        q = np.rint(x / s) + z
+    return np.where(np.isnan(q), F32(lo), np.clip(q, F32(lo), F32(hi))).astype(F32)
+
+
 @impl(Op.QUANTIZE_LINEAR)
 def quantize_linear(node: Node, args: Arrays) -> list[np.ndarray]:
     attrs: QuantizeAttrs = node.attrs
@@ -61,13 +77,7 @@ def quantize_linear(node: Node, args: Arrays) -> list[np.ndarray]:
         raise ValueError(f"zero point is {zp.dtype} but the output type is {out}")
     if x.dtype != F32 or scale.dtype != F32:
         raise ValueError(f"x and scale must be float32, got {x.dtype} and {scale.dtype}")
-    lo, hi = attrs.dtype.range
-    s = _along(scale, x.ndim, attrs.axis)
-    z = F32(0) if zp is None else _along(zp, x.ndim, attrs.axis).astype(F32)
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        q = np.rint(x / s) + z
-    q = np.where(np.isnan(q), F32(lo), np.clip(q, F32(lo), F32(hi)))
-    return [q.astype(out)]
+    return [quantize_onnx(x, scale, zp, attrs.dtype, attrs.axis).astype(out)]
 
 
 @impl(Op.DEQUANTIZE_LINEAR)
@@ -107,8 +117,21 @@ def fake_quantize(node: Node, args: Arrays) -> list[np.ndarray]:
         raise ValueError(f"FakeQuantize reads float32, got {x.dtype}")
     if attrs.levels < 2:
         raise ValueError(f"levels must be >= 2, got {attrs.levels}")
+    if attrs.onnx is not None:
+        return [_onnx_pair(x, attrs.onnx)]
     y = fake_quantize_f32(x, il, ih, ol, oh, attrs.levels)
     if y.shape != x.shape:
         raise ValueError(f"ranges of shapes {[a.shape for a in (il, ih, ol, oh)]} "
                          f"broadcast x {x.shape} to {y.shape}")
     return [y]
+
+
+def _onnx_pair(x: np.ndarray, form: OnnxQuantize) -> np.ndarray:
+    """A FakeQuantize that stands for an ONNX Q/DQ pair (module docstring)."""
+    quant = form.quant
+    axis = quant.axis if quant.axis is not None else 1
+    q = quantize_onnx(x, quant.scale_array(), quant.zero_point_array(), form.dtype, axis)
+    if not form.dequantize:
+        return q
+    zp = _along(quant.zero_point_array().astype(F32), x.ndim, axis)
+    return ((q - zp) * _along(quant.scale_array(), x.ndim, axis)).astype(F32)

@@ -195,3 +195,40 @@ def test_cli_bench_writes_json_and_prints_profile(model_path: Path, tmp_path: Pa
     data = json.loads(out.read_text())
     assert data["batch"] == 2 and set(data["engines"]) == {"fused", "unfused"}
     assert data["profile"]["kernels"] and png.exists()
+
+
+def test_table_and_json_say_the_inputs_were_random(result: BenchResult) -> None:
+    assert result.inputs == "random N(0,1), seed 0"
+    assert "inputs: random N(0,1), seed 0" in format_table(result).splitlines()[1]
+
+
+@pytest.mark.parametrize("suffix", [".npz", ".npy"])
+def test_cli_bench_runs_every_engine_on_the_given_inputs(
+        model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        suffix: str) -> None:
+    import qfuse
+    from qfuse.runtime.numerics.error import cosine
+
+    fused = qfuse.compile_model(model_path)
+    (name,) = fused.inputs
+    shape, dtype = fused.input_specs()[name]
+    x = (np.random.default_rng(7).uniform(0, 3, shape)).astype(dtype)  # not N(0, 1)
+    path = tmp_path / f"in{suffix}"
+    np.savez(path, **{name: x}) if suffix == ".npz" else np.save(path, x)
+    code = main(["bench", str(model_path), "--compare", "fp32", "--iters", "1", "--threads", "1",
+                 "--inputs", str(path), "--json"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["inputs"] == str(path)
+    # the fp32 engine's cosine against fused, recomputed here on the file's inputs
+    fp32 = qfuse.compile_model(model_path, mode="fp32")
+    want = min(cosine(fused.run({name: x})[o], fp32.run({name: x})[o]) for o in fused.outputs)
+    assert data["engines"]["fp32"]["cosine"] == pytest.approx(want, abs=1e-9)
+
+
+def test_cli_bench_refuses_an_inputs_file_without_the_model_input(
+        model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.savez(tmp_path / "in.npz", other=np.zeros(3, np.float32))
+    code = main(["bench", str(model_path), "--iters", "1", "--inputs", str(tmp_path / "in.npz")])
+    err = capsys.readouterr().err
+    assert code == 1 and "lacks model inputs" in err and len(err.strip().splitlines()) == 1

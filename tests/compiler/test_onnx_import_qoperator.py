@@ -37,6 +37,10 @@ from tests.ort_int8 import may_saturate, ort_int8_exact
 
 # Ops onnxruntime computes with one folded float32 multiplier (module docstring).
 FOLDED_MULTIPLIER = ("QLinearConv", "QLinearMatMul", "QGemm", "QLinearMul")
+# The conv runs with an f32 dst and its QuantizeLinear runs on its own, rounding ONNX's way,
+# rint(x / s) + zp (compiler/lower/lower_quant.py), where onnxruntime's QLinearConv multiplies
+# by its folded f32(s_x·s_w/s_y): one near-tie element of 972 is one step apart (measured).
+SEPARATE_QUANTIZE = ("QLinearConv_s8_activations",)
 
 
 def _ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -64,7 +68,10 @@ def test_single_op_matches_onnxruntime(case: str, seed: int = 0) -> None:
         assert np.abs(fused - want).max() <= ulp and np.abs(ref - want).max() <= ulp
         return
     assert len(np.unique(want)) > min(10, want.size // 2)  # the data spreads over levels
-    assert _lsb(fused, want) == 0, f"{int((fused != want).sum())} of {want.size} differ"
+    if case in SEPARATE_QUANTIZE:
+        assert _lsb(fused, want) <= 1 and np.mean(fused == want) >= 0.998
+    else:
+        assert _lsb(fused, want) == 0, f"{int((fused != want).sum())} of {want.size} differ"
     if case.startswith(FOLDED_MULTIPLIER):
         assert _lsb(ref, want) <= 1 and np.mean(ref == want) >= 0.98
     else:

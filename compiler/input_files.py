@@ -1,0 +1,47 @@
+"""Input files the CLI reads: an .npz keyed by graph input name, or one .npy for a model with a
+single graph input. Arrays are used as they are (no casts; the model checks shapes and dtypes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from qfuse.compiler.errors import InputError
+
+__all__ = ["graph_input_names", "read_inputs"]
+
+
+def graph_input_names(model: Path) -> list[str]:
+    """The model's graph inputs that are not initializers, in order (no external data read)."""
+    proto = onnx.load(str(model), load_external_data=False)
+    initializers = {i.name for i in proto.graph.initializer}
+    return [v.name for v in proto.graph.input if v.name not in initializers]
+
+
+def read_inputs(path: Path, names: list[str]) -> dict[str, np.ndarray]:
+    """``{input name: array}`` from ``path`` for a model whose graph inputs are ``names``.
+
+    An .npz must hold every name (other arrays in it are ignored); an .npy is the one input of
+    a single-input model. Anything else is an InputError naming the file."""
+    path = Path(path)
+    if path.suffix == ".npy":
+        if len(names) != 1:
+            raise InputError(f"{path}: one .npy feeds a single-input model; this one has "
+                             f"{len(names)} inputs {names} (use an .npz keyed by input name)")
+        try:
+            return {names[0]: np.load(path, allow_pickle=False)}
+        except ValueError as exc:
+            raise InputError(f"{path}: not a numpy .npy array ({exc})") from exc
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            feeds = {name: npz[name] for name in npz.files if name in names}
+            held = list(npz.files)
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise InputError(f"{path}: not an .npz of arrays keyed by input name ({exc})") from exc
+    missing = [n for n in names if n not in feeds]
+    if missing:
+        raise InputError(f"{path} lacks model inputs {missing} (it holds {held})")
+    return feeds
