@@ -54,6 +54,7 @@ class Op(enum.Enum):
     MAX_POOL = "MaxPool"
     AVG_POOL = "AveragePool"
     GLOBAL_AVG_POOL = "GlobalAveragePool"
+    GLOBAL_MAX_POOL = "GlobalMaxPool"
     # data movement
     CONCAT = "Concat"
     SPLIT = "Split"
@@ -337,6 +338,7 @@ ATTRS: dict[Op, type] = {
     Op.MAX_POOL: PoolAttrs,
     Op.AVG_POOL: PoolAttrs,
     Op.GLOBAL_AVG_POOL: NoAttrs,
+    Op.GLOBAL_MAX_POOL: NoAttrs,
     Op.CONCAT: AxisAttrs,
     Op.SPLIT: SplitAttrs,
     Op.SLICE: SliceAttrs,

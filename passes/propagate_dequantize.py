@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 F32 = np.float32
 LAYOUT = (Op.RESHAPE, Op.FLATTEN, Op.TRANSPOSE, Op.SQUEEZE, Op.UNSQUEEZE, Op.SLICE, Op.SPLIT,
-          Op.IDENTITY, Op.MAX_POOL, Op.RESIZE, Op.PAD)
+          Op.IDENTITY, Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.RESIZE, Op.PAD)
 
 
 def dequantize_of(graph: Graph, value: str) -> tuple[Node, DqParams] | None:
@@ -77,7 +77,7 @@ def dequantize_of(graph: Graph, value: str) -> tuple[Node, DqParams] | None:
 
 def _layout_check(graph: Graph, op: Node, p: DqParams) -> str | None:
     """Why ``op`` cannot carry the integer values of a DQ with ``p``, or None."""
-    if op.op is Op.MAX_POOL and np.any(p.scale <= 0):
+    if op.op in (Op.MAX_POOL, Op.GLOBAL_MAX_POOL) and np.any(p.scale <= 0):
         return "dequantize scale <= 0: max does not commute with a decreasing map"
     if op.op is Op.RESIZE and op.attrs.mode is not ResizeMode.NEAREST:
         return f"Resize {op.attrs.mode.value} interpolates (only nearest moves values)"

@@ -1,4 +1,5 @@
-"""MaxPool / AveragePool / GlobalAveragePool → oneDNN pooling.
+"""MaxPool / AveragePool / GlobalAveragePool / GlobalMaxPool → oneDNN pooling (a global pool
+is one window over all spatial dims).
 
 Geometry: ONNX dilation d is oneDNN's d - 1; ceil_mode adds the extra end padding its last
 window needs to ``padding_r`` (max pooling never selects a padded tap; average pooling excluding
@@ -64,7 +65,7 @@ F32 = np.float32
 
 def _geometry(node: Node, shape: tuple[int, ...]) -> tuple[dict, bool] | None:
     """oneDNN pooling arguments and whether ceil_mode added end padding."""
-    if node.op is Op.GLOBAL_AVG_POOL:
+    if node.op in (Op.GLOBAL_AVG_POOL, Op.GLOBAL_MAX_POOL):
         return {"kernel": shape[2:]}, False
     attrs: PoolAttrs = node.attrs
     n = len(attrs.kernel_shape)
@@ -82,7 +83,7 @@ def _geometry(node: Node, shape: tuple[int, ...]) -> tuple[dict, bool] | None:
 
 
 def _alg(node: Node) -> Alg:
-    if node.op is Op.MAX_POOL:
+    if node.op in (Op.MAX_POOL, Op.GLOBAL_MAX_POOL):
         return Alg.pooling_max
     if node.op is Op.AVG_POOL and node.attrs.count_include_pad:
         return Alg.pooling_avg_include_padding

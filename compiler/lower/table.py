@@ -52,6 +52,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.DEQUANTIZE_LINEAR: lower_quant.lower_dequantize,
     # pooling
     Op.MAX_POOL: lower_pool.lower_pool,
+    Op.GLOBAL_MAX_POOL: lower_pool.lower_pool,
     Op.AVG_POOL: lower_pool.lower_pool,
     Op.GLOBAL_AVG_POOL: lower_pool.lower_pool,
     # float elementwise and normalization
@@ -106,6 +107,7 @@ PROBES = {
     Op.CONV: lower_compute.probe_conv,
     Op.CONV_TRANSPOSE: lower_compute.probe_conv,
     Op.MAX_POOL: lower_pool.probe_int8_pool,
+    Op.GLOBAL_MAX_POOL: lower_pool.probe_int8_pool,
     Op.AVG_POOL: lower_pool.probe_int8_pool,
     Op.GLOBAL_AVG_POOL: lower_pool.probe_int8_pool,
     Op.CONCAT: lower_misc.probe_concat,

@@ -60,6 +60,7 @@ _DEFAULT: dict[str, Converter] = {
     "MaxPool": convert_spatial.max_pool,
     "AveragePool": convert_spatial.average_pool,
     "GlobalAveragePool": convert_spatial.global_average_pool,
+    "GlobalMaxPool": convert_spatial.global_max_pool,
     "Resize": convert_spatial.resize,
     "Gemm": convert_math.gemm,
     "MatMul": convert_math.matmul,

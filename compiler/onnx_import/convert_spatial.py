@@ -149,6 +149,10 @@ def global_average_pool(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.GLOBAL_AVG_POOL, node.inputs[:1])
 
 
+def global_max_pool(ctx: Context, node: NodeView) -> None:
+    ctx.emit(node, Op.GLOBAL_MAX_POOL, node.inputs[:1])
+
+
 def resize(ctx: Context, node: NodeView) -> None:
     x = ctx.input_info(node, 0)
     mode = str(node.attr("mode", "nearest"))

@@ -2,8 +2,10 @@
 
 For every zoo entry and quantizer (``measure``):
 - reference = "exact QDQ": ONNX Runtime running the quantized model with
-  ``GraphOptimizationLevel.ORT_DISABLE_ALL``, so every QuantizeLinear / DequantizeLinear (or
-  QOperator op) runs as written, with no int8 fusion;
+  ``GraphOptimizationLevel.ORT_DISABLE_ALL``, so every QuantizeLinear / DequantizeLinear runs
+  as written, with no int8 fusion; for a QOperator model, its QLinearConv / QLinearMatMul /
+  QGemm first written in that QDQ form (``exact.py``: ORT runs them with int8 kernels at every
+  optimization level, and those saturate on CPUs without VNNI);
 - ORT = ONNX Runtime's default session (all optimizations: its own int8 kernels) on the same
   model, the yardstick for how close an int8 engine gets;
 - qfuse = ``qfuse.compile_model(path, mode="fused")``; a compile or run failure is recorded with
@@ -16,6 +18,13 @@ On the held-out evaluation inputs it reports
   ``thresh``); 'yolo' F1 of detections decoded as nudenet does (class score >= 0.2, NMS at IoU
   0.45, class-agnostic as ``cv2.dnn.NMSBoxes``) matched by class and IoU >= 0.5 (1.0 when both
   find nothing);
+- noise: how far the reference moves from itself when NOISE_SHARE of its input values (at
+  least one) move by one quantization step of the input (``(max - min)/255`` of that input,
+  random positions; the lowest of NOISE_DRAWS draws): the model's own sensitivity to a few one-step differences, the
+  size of the differences any int8 engine makes at rounding ties. A cosine below it measures
+  that sensitivity, not a wrong kernel (PP-OCRv4 det on the photographed page: the DB map is
+  ~1e-6 everywhere and 46 of its 921,600 input values moved by one step take exact QDQ to
+  0.96 (QDQ) or 0.81 (NNCF));
 - kernels: how many kernels the plan has, how many read int8, how many run in numpy, and the
   float islands if the compiled model's ``inspect()`` lists them (key 'islands'; '-' when the
   compiler exposes none).
@@ -45,7 +54,8 @@ import numpy as np
 
 from qfuse.runtime.numerics import cosine
 
-from . import QUANTIZERS, Entry, dist_version, models, write_atomic
+from . import QUANTIZERS, Entry, _digest, dist_version, models, write_atomic
+from .exact import EXACT_VERSION, exact_qdq
 
 
 @dataclass
@@ -66,6 +76,7 @@ class Row:
     agree_qfuse: float | None = None
     agree_ort: float | None = None
     agree_float: float | None = None  # the float model against the reference: quantization loss
+    cos_noise: float | None = None  # the reference against itself on inputs moved by one step
     notes: list[str] = field(default_factory=list)
 
 
@@ -157,23 +168,59 @@ def _cpu_id() -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
-def ort_outputs(entry: Entry, path: Path, optimize: bool) -> list[np.ndarray]:
-    """ONNX Runtime's outputs for ``entry.evaluation`` on the model at ``path``, cached beside
-    the zoo (keyed by the model's and inputs' content-hash names, onnxruntime's version and
-    the CPU): they do not depend on qfuse, so a second table only compiles and runs qfuse."""
+NOISE_SHARE = 1 / 20000  # of the input values, for Row.cos_noise
+NOISE_DRAWS = 3  # random draws of the moved positions; Row.cos_noise is the lowest
+
+
+def nudged(entry: Entry, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """``entry.evaluation`` with NOISE_SHARE of each input's values (at least one) moved up by
+    one quantization step, ``(max - min)/255`` of that input (module docstring: noise)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for feeds in entry.evaluation:
+        x = feeds[entry.input_name].copy()
+        step = np.float32((x.max() - x.min()) / 255)
+        where = rng.choice(x.size, max(1, round(x.size * NOISE_SHARE)), replace=False)
+        x.flat[where] += step
+        out.append({**feeds, entry.input_name: x})
+    return out
+
+
+def ort_outputs(entry: Entry, path: Path, optimize: bool, nudge: int | None = None
+                ) -> list[np.ndarray]:
+    """ONNX Runtime's outputs for ``entry.evaluation`` (``nudged`` with ``nudge``) on the
+    model at ``path``, cached beside the zoo (keyed by the model's and inputs' content-hash
+    names, onnxruntime's version and the CPU): they do not depend on qfuse, so a second table
+    only compiles and runs qfuse."""
+    feeds = entry.evaluation if nudge is None else nudged(entry, nudge)
     if entry.cache is None or entry.inputs_path is None:
-        return _ort_outputs(str(path), entry.evaluation, optimize)
+        return _ort_outputs(str(path), feeds, optimize)
     ident = json.dumps([path.name, entry.inputs_path.name, optimize, dist_version("onnxruntime"),
-                        _cpu_id()]).encode()
+                        _cpu_id()] + ([] if nudge is None else [NOISE_SHARE, nudge])).encode()
     out = entry.cache / "outputs" / f"{path.stem}-{hashlib.sha256(ident).hexdigest()[:16]}.npz"
     if out.exists():
         with np.load(out) as z:
             return [z[str(i)] for i in range(len(z.files))]
-    arrays = _ort_outputs(str(path), entry.evaluation, optimize)
+    arrays = _ort_outputs(str(path), feeds, optimize)
     buf = io.BytesIO()
     np.savez(buf, **{str(i): a for i, a in enumerate(arrays)})
     write_atomic(out, buf.getvalue())
     return arrays
+
+
+def reference_model(entry: Entry, quantizer: str) -> Path:
+    """The model whose ORT_DISABLE_ALL outputs are the reference: the quantized model itself,
+    or for QOperator its exact QDQ form (``exact.py``), cached beside the zoo."""
+    path = entry.quantized[quantizer]
+    if quantizer != "qoperator":
+        return path
+    root = entry.cache or path.parent.parent
+    out = root / "exact" / f"{path.stem}.exact{EXACT_VERSION}-{_digest('exact.py')}.onnx"
+    if not out.exists():
+        import onnx
+
+        write_atomic(out, exact_qdq(onnx.load(path)).SerializeToString(deterministic=True))
+    return out
 
 
 def _first_error_line(exc: BaseException) -> str:
@@ -202,7 +249,10 @@ def measure(entry: Entry, quantizer: str, threads: int | None = None) -> Row:
         return row
     path = entry.quantized[quantizer]
     feeds = entry.evaluation
-    ref = ort_outputs(entry, path, optimize=False)
+    ref = ort_outputs(entry, reference_model(entry, quantizer), optimize=False)
+    row.cos_noise = min(_scores(entry.task, ref, ort_outputs(
+        entry, reference_model(entry, quantizer), optimize=False, nudge=seed))[0]
+        for seed in range(NOISE_DRAWS))
     row.cos_ort, row.agree_ort = _scores(entry.task, ref, ort_outputs(entry, path, True))
     row.agree_float = _scores(entry.task, ref, ort_outputs(entry, entry.float_path, True))[1]
     from qfuse import compile_model
@@ -268,14 +318,15 @@ def format_table(rows: Sequence[Row], width: int = 100) -> str:
     """Fixed-width text table; errors are listed below it."""
     head = (f"{'model':<20} {'quantizer':<9} {'status':<15} {'kernels':>7} {'int8':>5} "
             f"{'numpy':>5} {'islands':>7} {'cos qfuse':>9} {'cos ORT':>8} {'agree qf':>8} "
-            f"{'agree ORT':>9}")
+            f"{'agree ORT':>9} {'noise':>7}")
     lines = [head]
     for r in rows:
         lines.append(
             f"{r.model:<20} {r.quantizer:<9} {r.status:<15} {_fmt(r.kernels):>7} "
             f"{_fmt(r.int8_kernels):>5} {_fmt(r.numpy_kernels):>5} {_fmt(r.islands):>7} "
             f"{_fmt(r.cos_qfuse, '.5f'):>9} {_fmt(r.cos_ort, '.5f'):>8} "
-            f"{_fmt(r.agree_qfuse, '.3f'):>8} {_fmt(r.agree_ort, '.3f'):>9}")
+            f"{_fmt(r.agree_qfuse, '.3f'):>8} {_fmt(r.agree_ort, '.3f'):>9} "
+            f"{_fmt(r.cos_noise, '.5f'):>7}")
     ok = sum(r.status == "ok" for r in rows)
     lines.append(f"\n{ok} of {len(rows)} model x quantizer pairs compile and run in qfuse fused")
     errors = [r for r in rows if r.error]

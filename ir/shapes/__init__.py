@@ -53,6 +53,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.MAX_POOL: spatial.max_pool,
     Op.AVG_POOL: spatial.avg_pool,
     Op.GLOBAL_AVG_POOL: spatial.global_avg_pool,
+    Op.GLOBAL_MAX_POOL: spatial.global_max_pool,
     Op.CONCAT: layout.concat,
     Op.SPLIT: layout.split,
     Op.SLICE: layout.slice_,

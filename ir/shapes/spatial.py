@@ -149,6 +149,14 @@ def global_avg_pool(graph: Graph, node: Node) -> list[TensorInfo]:
     return [same_info(x, (*x.shape[:2], *([1] * (x.rank - 2))))]
 
 
+def global_max_pool(graph: Graph, node: Node) -> list[TensorInfo]:
+    """Like GlobalAveragePool, but the max of quantized values is one of them: x's
+    quantization is kept (per tensor, or per channel on axis 0 / 1)."""
+    (out,) = global_avg_pool(graph, node)
+    axis = x.quant.axis if (x := required(graph, node, 0)).quant is not None else None
+    return [keep_quant(x, out.shape, -1 if axis is None or axis < 2 else None)]
+
+
 def resize(graph: Graph, node: Node) -> list[TensorInfo]:
     attrs: ResizeAttrs = node.attrs
     x = required(graph, node, 0)

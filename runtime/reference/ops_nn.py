@@ -188,6 +188,13 @@ def max_pool(node: Node, args: Arrays) -> list[np.ndarray]:
     return [cols.max(axis=tuple(range(-n, 0)))]
 
 
+@impl(Op.GLOBAL_MAX_POOL)
+def global_max_pool(node: Node, args: Arrays) -> list[np.ndarray]:
+    """Max over every spatial axis, kept as size-1 axes (any element type: max is exact)."""
+    x = need(args, 0)
+    return [x.max(axis=tuple(range(2, x.ndim)), keepdims=True)]
+
+
 @impl(Op.AVG_POOL)
 def avg_pool(node: Node, args: Arrays) -> list[np.ndarray]:
     """float32, in ONNX Runtime's CPU kernel order (ops_pool.py)."""

@@ -29,37 +29,39 @@ PAIRS = [(m, q) for m in NAMES for q in realzoo.QUANTIZERS]
 # and task agreement against exact QDQ must stay above (measured value minus a margin of
 # 0.005 cosine / 0.05 agreement). Every other pair must fail to compile. A change that makes
 # a pair compile, or fail, must update this table (and README's zoo table).
-# Measured after the QOperator and island merges (AVX2 EPYC, onnxruntime 1.32; gate quantizers
-# kept, the default): all 15 pairs compile. min cosine qfuse / ORT, agreement qfuse / ORT:
-#   pplcnet qdq 0.99759 / 0.98684, qoperator 0.97441 / 1.0 (ORT runs the QOperator model itself)
-#   ppocrv4_det qoperator 0.96930 / 0.99870, 0.955 / 0.995; ppocr_cls qoperator 1.0 / 1.0
-#   ppocrv4_rec qdq 0.94558 / 0.78211, 0.969 / 0.856; qoperator 0.78614 / 1.0, 0.872 / 1.0;
-#   nncf 0.99543 / 0.99910, 0.991 / 1.0;  yolov8n qoperator 0.99811 / 1.0
-# Earlier (main at d961ace): min cosine qfuse / ORT, agreement
-# qfuse / ORT. At main 7995802 pplcnet qdq was 0.99759 (239 kernels) and det qdq 0.97241 (577);
-# at 1e59cc9 pplcnet qdq's reference mode gives 1.0 and its unfused mode 0.934, fused 0.939:
-# the drop is on the four rotations of skimage's 'text' photo, in kernels both modes share.
-#   pplcnet_orientation qdq 0.93874 / 0.98684, 1.000 / 1.000;  nncf 0.99954 / 1.00000, 1 / 1
-#   ppocrv4_det qdq 0.94743 / 0.98483, 0.964 / 0.962;  nncf 0.88382 / 0.96716, 0.991 / 0.998
-#   ppocr_cls qdq 1.00000 / 1.00000, 1 / 1;  nncf 1.00000 / 1.00000, 1 / 1
-#   yolov8n_nudenet qdq 0.99987 / 0.99815, 1 / 1;  nncf 0.99995 / 1.00000, 1 / 1
+# Measured with the QOperator reference in its exact QDQ form (examples/realzoo/exact.py; AVX2
+# EPYC without VNNI, onnxruntime 1.32, gate quantizers kept): min cosine qfuse / ORT, agreement
+# qfuse / ORT:
+#   pplcnet qdq 0.99759 / 0.98684, qoperator 0.99796 / 0.98617, nncf 0.99954 / 1.0 (all agree 1)
+#   ppocrv4_det qdq 0.97241 / 0.98483, 0.972 / 0.962; qoperator 0.97284 / 0.98483, 0.972 / 0.961;
+#     nncf 0.88382 / 0.96716, 0.991 / 0.998
+#   ppocr_cls 1.0 / 1.0 for all three
+#   ppocrv4_rec qdq 0.94558 / 0.78211, 0.969 / 0.856; qoperator 0.95928 / 0.75928, 0.963 / 0.859;
+#     nncf 0.99543 / 0.99910, 0.991 / 1.0
+#   yolov8n qdq 0.99993 / 0.99815, qoperator 0.99993 / 0.99814, nncf 0.99995 / 1.0 (agree 1)
+# After main's ONNX rounding (issue 13.1): pplcnet qdq / qoperator 1.0, det qdq 0.98500 /
+# qoperator 0.98523 (ORT 0.98483), det nncf 0.88253, rec qdq 0.98125, qoperator 0.97203,
+# nncf 0.99830; the rest as above.
+# Before exact.py the QOperator reference was ORT's own QLinearConv / QGemm, which saturate
+# int16 here: qfuse "0.786" on rec QOperator, "0.974" on pplcnet, "0.969" on det.
 COMPILES_TODAY: dict[tuple[str, str], tuple[float, float]] = {
     ("pplcnet_orientation", "qdq"): (0.992, 0.95),
-    ("pplcnet_orientation", "qoperator"): (0.969, 0.95),
+    ("pplcnet_orientation", "qoperator"): (0.992, 0.95),
     ("pplcnet_orientation", "nncf"): (0.994, 0.95),
     # the DB map of the photographed text ('text') is ~1e-6 everywhere after quantization, so
-    # its cosine measures rounding of exp(-13) and moves with the CPU's kernels: wider floors
-    ("ppocrv4_det", "qdq"): (0.93, 0.91),
-    ("ppocrv4_det", "qoperator"): (0.93, 0.90),
+    # its cosine measures rounding of exp(-13) and moves with any one-step difference (exact
+    # QDQ against itself with 46 of 921,600 input values moved one step: Row.cos_noise)
+    ("ppocrv4_det", "qdq"): (0.93, 0.92),
+    ("ppocrv4_det", "qoperator"): (0.93, 0.92),
     ("ppocrv4_det", "nncf"): (0.80, 0.94),
     ("ppocr_cls", "qdq"): (0.995, 0.95),
     ("ppocr_cls", "qoperator"): (0.995, 0.95),
     ("ppocr_cls", "nncf"): (0.995, 0.95),
     ("ppocrv4_rec", "qdq"): (0.94, 0.919),
-    ("ppocrv4_rec", "qoperator"): (0.78, 0.82),
+    ("ppocrv4_rec", "qoperator"): (0.954, 0.913),
     ("ppocrv4_rec", "nncf"): (0.990, 0.94),
     ("yolov8n_nudenet", "qdq"): (0.994, 0.95),
-    ("yolov8n_nudenet", "qoperator"): (0.993, 0.95),
+    ("yolov8n_nudenet", "qoperator"): (0.994, 0.95),
     ("yolov8n_nudenet", "nncf"): (0.994, 0.95),
 }
 
@@ -192,6 +194,7 @@ def test_every_pair_has_onnxruntimes_yardstick() -> None:
     for (m, q), r in rows().items():
         assert r.cos_ort is not None and -1.0 <= r.cos_ort <= 1.0 + 1e-9, (m, q, r.cos_ort)
         assert r.agree_ort is not None and 0.0 <= r.agree_ort <= 1.0, (m, q, r.agree_ort)
+        assert r.cos_noise is not None and -1.0 <= r.cos_noise <= 1.0 + 1e-9, (m, q)
 
 
 def test_qfuse_compiles_the_pairs_it_compiles_today() -> None:
@@ -213,6 +216,30 @@ def test_qfuse_fidelity_not_below_today(pair: tuple[str, str]) -> None:
     assert r.kernels and r.kernels > 0
     assert r.cos_qfuse >= cos_floor, (r.cos_qfuse, r.cos_ort)
     assert r.agree_qfuse >= agree_floor, (r.agree_qfuse, r.agree_ort)
+
+
+@pytest.mark.parametrize("pair", sorted(COMPILES_TODAY), ids="/".join)
+def test_as_faithful_as_onnxruntimes_int8_path(pair: tuple[str, str]) -> None:
+    """Issue 11's bar: min cosine within 0.01 of ORT's own int8 path, task agreement within
+    0.05. Where the reference is as sensitive as its own one-step noise (the reference against
+    itself with 1/20000 of its input values moved by one quantization step, lowest of three
+    draws), a cosine above that noise meets it too: below it, a cosine ranks lottery draws."""
+    r = rows()[pair]
+    assert r.cos_noise is not None and r.cos_ort is not None
+    assert r.cos_qfuse >= min(r.cos_ort - 0.01, r.cos_noise), (r.cos_qfuse, r.cos_ort,
+                                                               r.cos_noise)
+    assert r.agree_qfuse >= r.agree_ort - 0.05, (r.agree_qfuse, r.agree_ort)
+
+
+def test_noise_moves_only_a_few_input_values_by_one_step() -> None:
+    entry = entries()["ppocrv4_det"]
+    for seed in range(rt.NOISE_DRAWS):
+        for before, after in zip(entry.evaluation, rt.nudged(entry, seed), strict=True):
+            x, y = before[entry.input_name], after[entry.input_name]
+            moved = np.flatnonzero(x != y)
+            assert len(moved) == round(x.size * rt.NOISE_SHARE) == 46  # of 3x480x640
+            step = (x.max() - x.min()) / 255
+            assert np.allclose(y.flat[moved] - x.flat[moved], step, rtol=1e-5)
 
 
 def test_table_prints_every_pair_and_json_round_trips() -> None:
