@@ -16,6 +16,10 @@ Sum (the residual ``x = scale·(r - zp) + x``) reads the dst memory as ``r``'s d
 oneDNN requires to have the dst's size. When it has not (f32 residual into an int8 dst, or an
 int8 residual into an f32 dst) the residual becomes a binary add of a full-size f32 tensor
 instead: ``residual_f32(port, scale, zp)`` gives the slot of ``scale·(r - zp)`` in f32.
+The same binary add replaces the sum when a primitive takes the sum only as its first post-op
+(``sum_as_binary``: oneDNN's GEMM-based matmul on AVX2 falls to ``ref:any`` otherwise, 20-40x
+slower); ``x + f32(scale·(r - zp))`` instead of the sum's fused multiply-add, so it may differ
+by one float32 ulp, i.e. one step on a near-tie.
 ``TensorAdd`` (not a composer op) is a binary add of a full-size f32 tensor another kernel of
 the plan writes: the low half of split weights (no_vnni.py). ``TensorBinary`` (chain item
 TensorOperand) reads the node's input ``port``: ``tensor_slot(port)`` gives its f32 slot.
@@ -81,6 +85,7 @@ def build_attr(
     residual_f32: Callable[[int, float, int], tuple[str, MemoryDesc]] | None = None,
     scales: bool = True,
     tensor_slot: Callable[[int], tuple[str, MemoryDesc]] | None = None,
+    sum_as_binary: bool = False,
 ) -> BuiltAttr:
     """Attributes for an int8 (or, with ``scales=False``, float) compute primitive."""
     attr = PrimitiveAttr()
@@ -132,7 +137,8 @@ def build_attr(
             built.names.append("binary_add")
             built.details.append(f"binary_add({op.what or op.slot})")
         elif isinstance(op, Sum):
-            _residual(built, post_ops, index, op, dst_type, residual_type, residual_f32)
+            _residual(built, post_ops, index, op, dst_type, residual_type, residual_f32,
+                      sum_as_binary)
         elif isinstance(op, TensorBinary):
             if tensor_slot is None:
                 raise ValueError(f"binary_{op.alg} of input {op.port}: no tensor to read")
@@ -178,9 +184,11 @@ def scale_bias_post_ops(composed: Composed) -> list[PostOp]:
 
 def _residual(built: BuiltAttr, post_ops: PostOps, index: int, op: Sum, dst_type: DataType,
               residual_type: Callable[[int], DataType] | None,
-              residual_f32: Callable[[int, float, int], tuple[str, MemoryDesc]] | None) -> None:
+              residual_f32: Callable[[int, float, int], tuple[str, MemoryDesc]] | None,
+              sum_as_binary: bool = False) -> None:
     r_type = residual_type(op.port) if residual_type else dst_type
-    if DTYPE_SIZE.get(r_type) == DTYPE_SIZE.get(dst_type) and built.sum_port is None:
+    if DTYPE_SIZE.get(r_type) == DTYPE_SIZE.get(dst_type) and built.sum_port is None \
+            and not sum_as_binary:
         post_ops.append_sum(op.scale, op.zero_point, r_type)
         built.sum_port = op.port
         built.names.append("sum")

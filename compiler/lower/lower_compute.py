@@ -49,7 +49,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
-from qfuse.ir.postops import Composed, Eltwise
+from qfuse.ir.postops import Composed, Eltwise, Sum
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
@@ -346,11 +346,13 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
     if not scales and composed.wei_scales.size == 1 and float(composed.wei_scales[0]) != 1.0:
         composed = _scale_as_post_op(composed)
 
+    sum_binary = False  # set below when the primitive takes the sum only as its first post-op
+
     def attributes(comp: Composed, zp: int) -> tuple[BuiltAttr, MemoryDesc | None]:
         built = build_attr(comp, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
                            dst_type=dst_type, src_zp=src_zp, wei_zp=zp,
                            residual_type=residual_type, residual_f32=residual_f32,
-                           scales=scales, tensor_slot=tensor_slot)
+                           scales=scales, tensor_slot=tensor_slot, sum_as_binary=sum_binary)
         residual_md = None
         if built.sum_port is not None:
             residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)
@@ -358,8 +360,23 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
 
     built, residual_md = attributes(composed, wei_zp)
     made = None
-    if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
+    if built.sum_port is not None and not isinstance(composed.post_ops[0], Sum):
+        # oneDNN's GEMM-based matmul takes the sum only as the first post-op (else ref:any):
+        # then the residual is a binary add (attrs.py, sum_as_binary), decided before the
+        # exactness of the implementation is
         made = create(built, residual_md, composed)
+        if is_slow(made[0].impl_name, kind):
+            sum_binary = True
+            retry, _ = attributes(composed, wei_zp)
+            again = create(retry, None, composed)
+            if is_slow(again[0].impl_name, kind):
+                sum_binary = False
+            else:
+                log.info("node %s: residual sum as a binary add (%s)", node,
+                         again[0].impl_name)
+                built, residual_md, made = retry, None, again
+    if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
+        made = made or create(built, residual_md, composed)
         if not exact.needed(made[0].impl_name):
             exact = None
         elif exact.shift_src:
