@@ -15,6 +15,7 @@ composer (passes/composer.py) produces these; lowering and the reference interpr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -173,6 +174,12 @@ ACT_ALG = {
     Act.GELU_ERF: EltwiseAlg.GELU_ERF,
     Act.GELU_TANH: EltwiseAlg.GELU_TANH,
 }
+
+
+def single_pixel_batch(shape: tuple[int, ...]) -> bool:
+    """N > 1 images of one pixel each: oneDNN 3.2's jit binary applies per-channel binary
+    post-ops wrongly there (docs/onednn.md); such tensors run over (N, C) views or unfused."""
+    return len(shape) > 2 and shape[0] > 1 and math.prod(shape[2:]) == 1
 
 
 @dataclass

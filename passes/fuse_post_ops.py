@@ -86,6 +86,7 @@ from qfuse.ir.ops import (
     HardSigmoidAttrs,
     HardSwishAttrs,
 )
+from qfuse.ir.postops import single_pixel_batch
 from qfuse.passes import matmul_reshape
 from qfuse.passes.base import PassContext
 from qfuse.passes.composer import ComposeError, compose
@@ -176,8 +177,8 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
     info = graph.info(out)
     if info.dtype is not DType.F32 or info.rank < 2 or not node.inputs:
         return None
-    if info.shape[0] > 1 and math.prod(info.shape[2:]) == 1:  # oneDNN's binary post-op bug
-        return None  # on batches of 1x1 images (docs/onednn.md)
+    if single_pixel_batch(info.shape):  # oneDNN's binary post-op bug (docs/onednn.md)
+        return None
     act = _activation(node)
     if act is not None:
         x, items, inputs = node.inputs[0], [act], list(node.inputs)
@@ -197,9 +198,7 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
         else:  # two run-time tensors: x is the one of the output's shape
             if graph.info(a).shape != info.shape:
                 a, b = b, a
-            binfo = graph.info(b)
-            if binfo.dtype is not DType.F32 or binfo.rank != info.rank or any(
-                    d not in (1, s) for d, s in zip(binfo.shape, info.shape, strict=True)):
+            if not _broadcast_f32(graph.info(b), info.shape):
                 return None
             items = [TensorOperand(1, alg)]
         x, inputs = a, [a, b]
@@ -508,8 +507,7 @@ def _tensor_operand(graph: Graph, node: Node, state: _State, mul: Node, other: s
         raise _Stop(mul, f"post-op: {mul}: a {node.op.value} kernel takes no run-time operand")
     info = graph.info(other)
     shape = state.info.shape
-    if info.dtype is not DType.F32 or info.rank != len(shape) or any(
-            d not in (1, s) for d, s in zip(info.shape, shape, strict=True)):
+    if not _broadcast_f32(info, shape):
         raise _Stop(mul, f"post-op: {mul}: operand '{other}' ({info.dtype.name} "
                          f"{list(info.shape)}) is not a float32 tensor broadcast to "
                          f"{list(shape)}")
@@ -521,6 +519,12 @@ def _tensor_operand(graph: Graph, node: Node, state: _State, mul: Node, other: s
     new.chain.append(TensorOperand(new.inputs.index(other),
                                    "add" if mul.op is Op.ADD else "mul"))
     return new
+
+
+def _broadcast_f32(info: TensorInfo, shape: tuple[int, ...]) -> bool:
+    """A float32 tensor of ``shape`` or one that broadcasts to it dim by dim."""
+    return info.dtype is DType.F32 and info.rank == len(shape) and all(
+        d in (1, s) for d, s in zip(info.shape, shape, strict=True))
 
 
 def _no_post_op(reader: Node, *, quantized: bool) -> str:

@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import logging
-import math
 
 import numpy as np
 
@@ -35,6 +34,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import Node, Op
 from qfuse.ir.chain import Act
+from qfuse.ir.postops import single_pixel_batch
 from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
@@ -188,7 +188,7 @@ def lower_batch_norm(ctx: LowerContext, node: Node) -> None:
     b = beta - mean * a
     # oneDNN 3.2's jit binary applies a per-channel binary post-op wrongly when N > 1 and
     # every spatial dim is 1 (docs/onednn.md): such a batch runs over an (N, C) view
-    flat = shape[0] > 1 and len(shape) > 2 and math.prod(shape[2:]) == 1
+    flat = single_pixel_batch(shape)
     dims = (1, shape[1]) + (1,) * (0 if flat else len(shape) - 2)
     mul = const_memory(a.astype(F32).reshape(dims))
     add = const_memory(b.astype(F32).reshape(dims))

@@ -109,7 +109,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Node, Op
-from qfuse.ir.postops import Composed, Sum, TensorBinary
+from qfuse.ir.postops import Composed, Sum, TensorBinary, single_pixel_batch
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -303,7 +303,7 @@ class Exactness:
         finish = Composed(composed.channels, DType.F32,
                           post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
                                     *store_post_ops(composed)])
-        flat = yinfo.shape[0] > 1 and ndims > 2 and math.prod(yinfo.shape[2:]) == 1
+        flat = single_pixel_batch(yinfo.shape)
         b_md = plain_md(yinfo.shape[:2], DataType.f32) if flat else t_md
         built = build_attr(finish, ndims=2 if flat else ndims,
                            channel_axis=1 if flat else channel_axis, wei_mask=wei_mask,
