@@ -29,7 +29,18 @@ from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, channel_array
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import any_md, const_memory, dnnl_type, md_like, plain_md
 from qfuse.ir import DType, Node
-from qfuse.ir.postops import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum, TensorBinary
+from qfuse.ir.postops import (
+    Add,
+    Clip,
+    Composed,
+    Div,
+    Eltwise,
+    Mul,
+    Prelu,
+    Round,
+    Sum,
+    TensorBinary,
+)
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -123,6 +134,9 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
             else:
                 _binary_const(ctx, name, slot, alg, channel_array(op.values, nd, channel_axis,
                                                                   channels))
+        elif isinstance(op, Div):
+            _binary_const(ctx, name, slot, "div", channel_array(op.values, nd, channel_axis,
+                                                                channels))
         elif isinstance(op, Round):
             _eltwise(ctx, name, slot, Alg.eltwise_round)
         elif isinstance(op, Clip):
