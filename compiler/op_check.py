@@ -18,8 +18,8 @@ their error is reported as a share of the largest reference magnitude.
 Per compared integer value: elements, how many differ, the largest difference in quantization
 steps (LSB), and, where the value is a QuantizeLinear output of the ONNX model whose input the
 reference has, how far from a rounding tie the reference's ``x/s`` was at the differing
-elements (``tie``: the largest ``| |x/s - floor(x/s) - 1/2| |``; a one-step difference at a
-tie distance of 1e-4 is a float32 near-tie, not a wrong formula). The row names the compiled
+elements (``tie``: the largest ``|x/s - floor(x/s) - 1/2|``, 0 at an exact tie; a one-step
+difference at a tie distance of 1e-5 is a float32 near-tie, not a wrong formula). The row names the compiled
 node that produces the value, its oneDNN kernels and the rounding form ``inspect`` prints.
 """
 
@@ -151,15 +151,15 @@ def _quantizers(compiled: CompiledModel) -> dict[str, tuple[str, np.ndarray]]:
 
 
 def _tie_distance(x: np.ndarray, scale: np.ndarray, where: np.ndarray, axis: int) -> float:
-    """The largest | |x/s - floor(x/s) - 1/2| | over ``where`` (x/s as onnxruntime's MLAS
-    computes it: float32 division)."""
+    """The largest |x/s - floor(x/s) - 1/2| over ``where`` (0: an exact tie; x/s as
+    onnxruntime's MLAS computes it, a float32 division)."""
     if scale.size > 1:
         shape = [1] * x.ndim
         shape[axis] = scale.size
         scale = scale.reshape(shape)
     t = (x.astype(np.float32) / scale).astype(np.float64)
     t = np.broadcast_to(t, where.shape)[where]
-    return float(np.max(np.abs(np.abs(t - np.floor(t) - 0.5)), initial=0.0))
+    return float(np.max(np.abs(t - np.floor(t) - 0.5), initial=0.0))
 
 
 def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
