@@ -67,6 +67,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return main_compare(args)
 
 
+def _cmd_check(args: argparse.Namespace) -> int:
+    from qfuse.compiler.op_check import main_check
+
+    return main_check(args)
+
+
 def _cmd_inspect(args: argparse.Namespace) -> int:
     if not args.error and (args.float_model or args.inputs or args.int8_engine):
         raise InputError("--float, --int8-engine and --inputs go with --error")
@@ -224,6 +230,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", choices=["reference", "fused"],
                    help="baseline (default: fused when it exposes intermediates, else reference)")
     p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("check", help="op by op: every kernel fed exact QDQ's inputs, its "
+                                     "integer output against exact QDQ's (max LSB per kernel)")
+    p.add_argument("model", type=Path, help=MODEL_HELP)
+    _json_arg(p)
+    p.add_argument("--inputs", type=Path,
+                   help=".npz keyed by input name, or .npy for a single-input model (default: "
+                        "random N(0,1), seed 0)")
+    p.add_argument("--engine", default="onnxruntime", choices=["onnxruntime", "interpreter"],
+                   help="what computes the reference: onnxruntime with graph optimizations off "
+                        "(default) or qfuse's reference interpreter")
+    p.add_argument("--reference-model", dest="reference_model", type=Path, metavar="EXACT.onnx",
+                   help="run this model as the reference instead of MODEL (a QOperator "
+                        "model's exact QDQ form: onnxruntime's int8 kernels saturate without "
+                        "VNNI)")
+    p.add_argument("--mode", default="fused", choices=[Mode.FUSED, Mode.UNFUSED],
+                   help="which compiled form to check (default: fused)")
+    p.add_argument("--all", action="store_true", help="list identical tensors too")
+    p.set_defaults(func=_cmd_check)
 
     from qfuse.compiler.quantize.cli import add_parser as add_quantize_parser
 

@@ -40,6 +40,8 @@ OPTIMIZATIONS = (
     "drop_inner_round",
     "drop_gate_quantize",
     "zero_point_before_round",
+    "onnx_divide",
+    "clip_shift",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
 
@@ -67,6 +69,14 @@ class Mul:
     values: np.ndarray  # shape (1,) or (C,)
     # Set when this multiply is 1/s of a quantization with the known scale s.
     inverse_of: float | None = None
+
+
+@dataclass(frozen=True)
+class Div:
+    """x / values: an ONNX quantization's division by its scale (oneDNN binary_div post-op;
+    x·f32(1/s) is a different float32 function, docs/numerics.md)."""
+
+    values: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -160,7 +170,7 @@ class TensorBinary:
     port: int
 
 
-Basic = Mul | Add | Round | Clip | Eltwise | Sum | Prelu | TensorBinary
+Basic = Mul | Div | Add | Round | Clip | Eltwise | Sum | Prelu | TensorBinary
 PostOp = Eltwise | Sum | Binary | Prelu | TensorBinary
 
 ACT_ALG = {
@@ -215,6 +225,10 @@ class Composed:
         last = self.post_ops[-1] if self.post_ops else None
         rounded = isinstance(last, Eltwise) and last.alg == "round"
         scaled = self.dst_scale is not None and self.dst_scale != 1.0
+        before = self.post_ops[-2 if rounded else -1] if len(self.post_ops) > rounded else None
+        divided = isinstance(before, Binary) and before.alg == "div" and not scaled
+        if divided and (rounded or not self.dst_zero_point):
+            return "round(x/s)+zp" if self.dst_zero_point else "round(x/s)"
         if rounded and not scaled:
             return "round(x·(1/s))+zp" if self.dst_zero_point else "round(x·(1/s))"
         if self.dst_zero_point:

@@ -5,7 +5,10 @@ with the node's output channels (axis 1 for conv / deconv / pools, the last dim 
 and its output element type. The result goes to ``node.meta["composed"]`` (a
 ``passes.composer.Composed``: weight scales, bias, post-ops, dst scale / zero point) and the
 names of the optimizations that fired, in order and without repeats, to
-``node.meta["optimizations"]``, for lowering and ``inspect``; the chain's basic operations
+``node.meta["optimizations"]``, for lowering and ``inspect``; where the ONNX quantizations
+divide (``onnx_divide``), the same chain composed with ·(1/s) instead goes to
+``node.meta["composed_multiply"]``, for the kernels on which oneDNN has no fast
+implementation taking a binary_div post-op (compiler/lower/lower_compute.emit); the chain's basic operations
 (``to_basic``, what the unfused mode runs one primitive each) go to ``node.meta["basic"]``.
 
 fuse_post_ops only extends a chain after compose() accepted it, so a ComposeError here means
@@ -38,6 +41,10 @@ def run(graph: Graph, ctx: PassContext) -> int:
             raise AssertionError(f"{node}: fused chain does not compose ({exc}); "
                                  "fuse_post_ops should not have built it") from exc
         node.meta["composed"] = composed
+        if "onnx_divide" in composed.fired:  # lowering's fallback where binary_div is slow
+            node.meta["composed_multiply"] = compose(
+                node.fused.chain, channels=out_channels(graph, node), dst_dtype=dst,
+                options=ctx.composer.without("onnx_divide"))
         node.meta["basic"] = to_basic(node.fused.chain, ctx.composer, [])
         node.meta["optimizations"] = list(dict.fromkeys(composed.fired))
         log.debug("%s: post-ops %s, fired %s", node, composed.describe(),

@@ -32,6 +32,15 @@ quantization step, and rarely):
   rounding, rint(x·(1/s) + zp), which is a different function: float32 rounding of x/s + zp
   moves values within an ulp of a tie, and on exact ties rint(2.5) + 1 ≠ rint(3.5). With the
   round as an eltwise_round post-op, the store's rint(r + zp) of an integer r is exact.
+- onnx_divide: an ONNX quantization divides, x/s (binary_div post-op), as ONNX QuantizeLinear
+  and onnxruntime do; x·f32(1/s) — which folds into the weight scales or an eltwise linear for
+  free — is a different float32 function that puts values within an ulp of a tie, and exact
+  ties (a sum or product of dequantized values, an integer average, often land on one) on
+  the other side. Off: the multiply, folded (what qfuse did before; docs/numerics.md).
+- clip_shift: an inner quantize-dequantize round(y) + zp → clip(lo, hi) → − zp (ONNX Q → DQ)
+  is clip(round(y), lo − zp, hi − zp): exact, since round(y) + zp and the clip are integers,
+  and it leaves the dequantization's ·s alone, so (q − zp)·s is one float32 rounding as in
+  DequantizeLinear instead of fold_into_linear's q·s − zp·s (two roundings, one fused).
 - zero_point_before_round (off by default): the old shortcut round(y) + zp = round(y + zp)
   (exact in real arithmetic for an even zp off ties only) — the store takes the scale and the
   zero point and the eltwise_round disappears; measured, not assumed (docs/numerics.md).
@@ -82,6 +91,7 @@ from qfuse.ir.postops import (
     Clip,
     Composed,
     ComposerOptions,
+    Div,
     Eltwise,
     Mul,
     Prelu,
@@ -124,7 +134,29 @@ def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -
             basic.append(TensorBinary(item.alg, item.port))
         else:  # pragma: no cover - the chain type is closed
             raise ComposeError(f"unknown chain item {item!r}")
+    if options.on("clip_shift"):
+        basic = _clip_shift(basic, fired)
     return basic
+
+
+def _clip_shift(basic: list[Basic], fired: list[str]) -> list[Basic]:
+    """round, +z, clip(lo, hi), −z  →  round, clip(lo − z, hi − z) (module docstring)."""
+    out: list[Basic] = []
+    i = 0
+    while i < len(basic):
+        window = basic[i:i + 4]
+        if (len(window) == 4 and isinstance(window[0], Round) and isinstance(window[1], Add)
+                and isinstance(window[2], Clip) and isinstance(window[3], Add)):
+            z, clip, back = window[1].values, window[2], window[3].values
+            if (z.shape == back.shape and np.array_equal(z, -back)
+                    and np.all(np.mod(z, 1) == 0)):
+                out += [window[0], Clip(_f32(clip.lo - z), _f32(clip.hi - z))]
+                fired.append("clip_shift")
+                i += 4
+                continue
+        out.append(basic[i])
+        i += 1
+    return out
 
 
 def _onnx_quantize_to_basic(q: Quantize, options: ComposerOptions,
@@ -136,7 +168,10 @@ def _onnx_quantize_to_basic(q: Quantize, options: ComposerOptions,
     zp = quant.zero_point_array().astype(np.float64)
     lo, hi = q.onnx.dtype.range
     known = float(scale[0]) if scale.size == 1 else None
-    mul = Mul(_f32(1.0 / scale), inverse_of=known)
+    mul: Mul | Div = Mul(_f32(1.0 / scale), inverse_of=known)
+    if options.on("onnx_divide") and not options.on("zero_point_before_round"):
+        fired.append("onnx_divide")
+        mul = Div(_f32(scale))
     clip = Clip(_f32(lo), _f32(hi))
     if not np.any(zp):
         return [mul, Round(), clip]
@@ -203,7 +238,7 @@ def compose(
 
 
 def _values_of(op: Basic) -> list[np.ndarray]:
-    if isinstance(op, Mul | Add):
+    if isinstance(op, Mul | Div | Add):
         return [op.values]
     if isinstance(op, Clip):
         return [op.lo, op.hi]
@@ -264,6 +299,8 @@ def _append(out: Composed, op: Basic, options: ComposerOptions) -> None:
         _append_mul(out, op.values, options)
     elif isinstance(op, Add):
         _append_add(out, op.values, options)
+    elif isinstance(op, Div):
+        out.post_ops.append(Binary("div", op.values))
     elif isinstance(op, Round):
         out.post_ops.append(Eltwise("round"))
     elif isinstance(op, Clip):

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from qfuse.runtime.onednn import Arg, Memory, Stream
+from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Stream
 
 if TYPE_CHECKING:
     from qfuse.compiler.lower.plan import Kernel, Plan
@@ -122,3 +122,41 @@ class ExecutionContext:
         for run in self.runs:
             run()
         self.stream.wait()
+
+
+def _reorder(src: Memory, dst: Memory, stream: Stream) -> None:
+    """Copy ``src`` into ``dst`` (same dims and data type, any two layouts) with a oneDNN
+    reorder: how a value in a blocked or sub-memory layout is read or written from numpy."""
+    from qfuse.runtime.onednn import reorder
+
+    reorder(src.md, dst.md).create().execute({int(Arg.SRC): src, int(Arg.DST): dst}, stream)
+
+
+def _plain_twin(md: MemoryDesc) -> Memory:
+    return Memory(MemoryDesc.from_tag(md.dims, md.dtype))
+
+
+def read_slot(context: ExecutionContext, slot: str) -> np.ndarray:
+    """A row-major copy of ``slot``'s current contents in ``context`` (any layout)."""
+    memory = context.memories[slot]
+    if memory.md.is_plain:
+        return np.array(context.view(slot))
+    plain = _plain_twin(memory.md)
+    _reorder(memory, plain, context.stream)
+    return plain.read()
+
+
+def write_slot(context: ExecutionContext, slot: str, values: np.ndarray, what: str) -> None:
+    """Write ``values`` (row-major, the slot's shape and dtype) into ``slot`` in ``context``;
+    ``what`` names the value in the error raised for a mismatch."""
+    memory = context.memories[slot]
+    if memory.md.is_plain:
+        target = context.view(slot)
+        if values.shape != target.shape or values.dtype != target.dtype:
+            raise ValueError(f"cannot force '{what}': {values.dtype}{list(values.shape)} into "
+                             f"{target.dtype}{list(target.shape)}")
+        np.copyto(target, values)
+        return
+    plain = _plain_twin(memory.md)
+    plain.write(values)
+    _reorder(plain, memory, context.stream)

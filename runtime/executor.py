@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from qfuse.ir.errors import InputError
-from qfuse.runtime.execution import ExecutionContext
+from qfuse.runtime.execution import ExecutionContext, read_slot, write_slot
 from qfuse.runtime.onednn import set_num_threads
 from qfuse.runtime.onednn.threads import MAX_THREADS
 
@@ -86,12 +86,11 @@ class Executor:
                 raise InputError(f"input '{name}': got {array.dtype}{list(array.shape)}, "
                                  f"the model wants {dtype}{list(shape)}")
 
-    def run_all(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Like ``run``, plus a copy of every graph value whose slot numpy can view, taken
-        right after the kernel that wrote it (buffers are reused later). Slow; for compare."""
-        self._check(feeds)
-        if self.threads is not None:
-            set_num_threads(self.threads)
+    def _captures(self) -> dict[int, list[str]]:
+        """{kernel index: the graph values whose slot numpy can read right after it}; -1: the
+        graph inputs. A value lives in its home slot, or in a view of a slot a kernel writes
+        (a zero-copy Reshape); a value no kernel writes as a whole (a zero-copy Concat's
+        output, written through its inputs' views) is not listed."""
         plan = self.plan
         by_slot: dict[str, list[str]] = {}
         for value, slot in plan.homes.items():
@@ -104,14 +103,34 @@ class Executor:
                 root = plan.slots[root].alias  # type: ignore[assignment]
             if root in writer or slot in plan.inputs.values():
                 capture.setdefault(writer.get(root, -1), []).extend(values)
+        return capture
+
+    def run_all(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Like ``run``, plus a copy of every graph value whose slot numpy can view, taken
+        right after the kernel that wrote it (buffers are reused later). Slow; for compare."""
+        return self.run_forced(feeds, {})
+
+    def run_forced(self, feeds: Mapping[str, np.ndarray], forced: Mapping[str, np.ndarray]
+                   ) -> dict[str, np.ndarray]:
+        """``run_all`` with teacher forcing: right after the kernel that writes a value named
+        in ``forced``, the value it computed is kept for the result and ``forced[value]`` is
+        written over it, so every later kernel reads the forced value instead (each kernel
+        fed another engine's inputs: compiler/op_check.py). A forced array must have the
+        value's shape and dtype. Values in non-plain layouts go through a oneDNN reorder."""
+        self._check(feeds)
+        if self.threads is not None:
+            set_num_threads(self.threads)
+        plan = self.plan
+        capture = self._captures()
         found: dict[str, np.ndarray] = {}
         context = self.acquire()
         try:
             def take(index: int) -> None:
                 for value in capture.get(index, ()):
-                    memory = context.memories[plan.homes.get(value, value)]
-                    if memory.md.is_plain:
-                        found[value] = np.array(memory.array)
+                    slot = plan.homes.get(value, value)
+                    found[value] = read_slot(context, slot)
+                    if value in forced and index >= 0:
+                        write_slot(context, slot, forced[value], value)
 
             for name, view in context.inputs:
                 np.copyto(view, feeds[name])
@@ -121,7 +140,8 @@ class Executor:
                 context.stream.wait()
                 take(index)
             for name, view in context.outputs:
-                found[name] = view.copy()
+                if name not in forced:
+                    found[name] = view.copy()
             found.update((name, cell.take()) for name, cell in plan.dynamic.items())
         finally:
             self.release(context)

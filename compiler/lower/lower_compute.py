@@ -360,6 +360,23 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
 
     built, residual_md = attributes(composed, wei_zp)
     made = None
+    multiply = node.meta.get("composed_multiply")
+    note = ""
+    if isinstance(multiply, Composed) and scales:
+        # a binary_div post-op can move a convolution to ref:any (on AVX2: the depthwise
+        # jit:uni kernels of PP-LCNet / PP-OCR cls), and on ref:any it costs ~50 % more
+        # (shufflenet's grouped convs): there the kernel keeps x·(1/s), within one step of
+        # ONNX's division (near-ties only), and inspect's rounding line says so
+        made = create(built, residual_md, composed)
+        if is_slow(made[0].impl_name, kind):
+            alt_built, alt_md = attributes(multiply, wei_zp)
+            alt = create(alt_built, alt_md, multiply)
+            log.info("node %s: binary_div on %s; x·(1/s) on %s", node, made[0].impl_name,
+                     alt[0].impl_name)
+            note = (f"x·(1/s), not x/s: binary_div would run on {made[0].impl_name}"
+                    + ("" if alt[0].impl_name == made[0].impl_name else
+                       f" ({alt[0].impl_name} without it)"))
+            composed, built, residual_md, made = multiply, alt_built, alt_md, alt
     if built.sum_port is not None and not isinstance(composed.post_ops[0], Sum):
         # oneDNN's GEMM-based matmul takes the sum only as the first post-op (else ref:any):
         # then the residual is a binary add (attrs.py, sum_as_binary), decided before the
@@ -427,7 +444,7 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
     else:
         args[int(Arg.DST)] = ctx.define(y, dst_md)
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
-                        post_op_details=built.details, rounding=composed.rounding())
+                        post_op_details=built.details, rounding=composed.rounding(), note=note)
     kernel = ctx.add_primitive(node.name, pd, args, fixed, info=info, reads=reads)
     if exact is not None:
         exact.record(ctx, kernel)

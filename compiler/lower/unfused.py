@@ -36,7 +36,18 @@ from qfuse.compiler.lower.layouts import (
     plain_md,
 )
 from qfuse.ir import DType, Node, Op
-from qfuse.ir.postops import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum, TensorBinary
+from qfuse.ir.postops import (
+    Add,
+    Clip,
+    Composed,
+    Div,
+    Eltwise,
+    Mul,
+    Prelu,
+    Round,
+    Sum,
+    TensorBinary,
+)
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -153,6 +164,9 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
             else:
                 _binary_const(ctx, name, slot, alg, channel_array(op.values, nd, channel_axis,
                                                                   channels))
+        elif isinstance(op, Div):
+            _binary_const(ctx, name, slot, "div", channel_array(op.values, nd, channel_axis,
+                                                                channels))
         elif isinstance(op, Round):
             _eltwise(ctx, name, slot, Alg.eltwise_round)
         elif isinstance(op, Clip):

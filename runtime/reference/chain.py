@@ -169,7 +169,8 @@ def apply_composed(
             x = _fma(F32(op.scale), r, x)
         elif isinstance(op, Binary):
             v = _per_channel(op.values, nd, ax)
-            fn = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+            fn = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
+                  "div": np.divide}
             x = fn[op.alg](x, v).astype(F32)
         elif isinstance(op, Prelu):
             x = np.where(x >= 0, x, x * _per_channel(op.slopes, nd, ax)).astype(F32)

@@ -134,13 +134,18 @@ def _conv(zp: int) -> onnx.ModelProto:
 
 @pytest.mark.parametrize("zp", [131, 128, 0])
 def test_conv_store_rounds_before_the_zero_point(zp: int) -> None:
-    """round post-op, then the dst zero point: the chain's meaning round(x/s) + zp within the
-    float32 rounding of the folded scale (at most one step, on near-ties only)."""
+    """binary_div by s, round post-op, then the dst zero point: the chain's meaning
+    round(x/s) + zp (the conv's float32 value itself may differ from the reference's float
+    conv by an ulp: at most one step, on near-ties only). Without onnx_divide: ·(1/s)."""
     m = _conv(zp)
     fused = compile_model(m)
     conv = [k for k in fused.inspect()["kernels"] if k["primitive"] == "convolution"][-1]
-    assert conv["rounding"] == ("round(x·(1/s))+zp" if zp else "round(x·(1/s))")
+    assert conv["rounding"] == (ONNX_FORM if zp else "round(x/s)")
     assert ("eltwise_round" in conv["post_ops"]) == bool(zp)
+    assert "binary_div" in conv["post_ops"]
+    mul = compile_model(m, composer=ComposerOptions().without("onnx_divide"))
+    mul_conv = [k for k in mul.inspect()["kernels"] if k["primitive"] == "convolution"][-1]
+    assert mul_conv["rounding"] == ("round(x·(1/s))+zp" if zp else "round(x·(1/s))")
     old = compile_model(m, composer=ComposerOptions().with_("zero_point_before_round"))
     old_conv = [k for k in old.inspect()["kernels"] if k["primitive"] == "convolution"][-1]
     assert old_conv["rounding"] == (LEVEL_FORM.replace("x/s", "x·(1/s)") if zp else

@@ -1,0 +1,325 @@
+"""Op by op agreement (``qfuse check``): every kernel of a compiled plan fed the reference's
+inputs, its integer output compared with the reference's.
+
+The reference is exact QDQ: every tensor of the ONNX model computed by onnxruntime with graph
+optimizations off (ORT_DISABLE_ALL; every node output added as a graph output, which changes
+nothing it computes), or by qfuse's reference interpreter on the imported graph. For a
+QOperator model onnxruntime's QLinearConv / QLinearMatMul / QGemm are not exact on CPUs
+without VNNI (int16 saturation, examples/realzoo/exact.py): pass the model's exact QDQ form as
+``reference_model`` (its tensors keep the QOperator model's names).
+
+Teacher forcing (``Executor.run_forced``): right after the kernel that writes a value the
+reference also has (same name, shape and dtype), the plan's own value is kept and the
+reference's is written over it, so every later kernel reads the reference's inputs. A kernel's
+difference is then its own: one rounding step of one kernel does not cascade into the next
+layers. Float values are forced too (a float island's output before the kernel quantizing it);
+their error is reported as a share of the largest reference magnitude.
+
+Per compared integer value: elements, how many differ, the largest difference in quantization
+steps (LSB), and, where the value is a QuantizeLinear output of the ONNX model whose input the
+reference has, how far from a rounding tie the reference's ``x/s`` was at the differing
+elements (``tie``: the largest ``|x/s - floor(x/s) - 1/2|``, 0 at an exact tie; a one-step
+difference at a tie distance of 1e-5 is a float32 near-tie, not a wrong formula). The row names the compiled
+node that produces the value, its oneDNN kernels and the rounding form ``inspect`` prints.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from qfuse.compiler.api import CompiledModel, ModelLike, compile_model
+from qfuse.compiler.errors import InputError
+from qfuse.ir import Graph
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FloatRow", "IntRow", "OpCheck", "check_op_by_op", "format_text",
+           "reference_values"]
+
+ENGINES = ("onnxruntime", "interpreter")
+
+
+@dataclass(frozen=True)
+class IntRow:
+    """One integer value of the plan against the reference (fed the reference's inputs)."""
+
+    tensor: str
+    node: str  # the compiled-graph node producing it ('' for a graph input)
+    op: str
+    kernels: list[str]
+    rounding: str
+    elements: int
+    differing: int
+    max_lsb: int
+    tie: float | None = None  # the largest distance from a tie of x/s at differing elements
+    against: str = "reference"  # or "graph": a value only the compiled graph has (_Meaning)
+
+    @property
+    def share(self) -> float:
+        return self.differing / self.elements if self.elements else 0.0
+
+
+@dataclass(frozen=True)
+class FloatRow:
+    tensor: str
+    node: str
+    op: str
+    rel_error: float  # max |plan - reference| / max |reference| (1 if the reference is 0)
+    against: str = "reference"
+
+
+@dataclass
+class OpCheck:
+    model: str
+    mode: str
+    engine: str
+    ints: list[IntRow] = field(default_factory=list)
+    floats: list[FloatRow] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # plan value -> why not compared
+
+    @property
+    def max_lsb(self) -> int:
+        return max((r.max_lsb for r in self.ints), default=0)
+
+    def above(self, lsb: int = 1) -> list[IntRow]:
+        return [r for r in self.ints if r.max_lsb > lsb]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "mode": self.mode, "engine": self.engine,
+                "max_lsb": self.max_lsb,
+                "ints": [{**asdict(r), "share": r.share} for r in self.ints],
+                "floats": [asdict(r) for r in self.floats], "skipped": self.skipped}
+
+
+def _ort_values(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]
+                ) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    graph = model.graph
+    known = {o.name for o in graph.output}
+    produced = [o for n in graph.node if n.op_type != "Constant" for o in n.output if o]
+    graph.output.extend(onnx.ValueInfoProto(name=n) for n in dict.fromkeys(produced)
+                        if n not in known)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001  onnxruntime raises its own exception types
+        raise InputError(f"onnxruntime cannot load the reference model: "
+                         f"{str(exc).splitlines()[0]}") from exc
+    names = [o.name for o in session.get_outputs()]
+    inputs = {i.name for i in session.get_inputs()}
+    values = session.run(None, {k: v for k, v in feeds.items() if k in inputs})
+    found = {n: v for n, v in zip(names, values, strict=True) if isinstance(v, np.ndarray)}
+    return {**feeds, **found}
+
+
+def reference_values(model: ModelLike, feeds: Mapping[str, np.ndarray], engine: str = "onnxruntime"
+                     ) -> dict[str, np.ndarray]:
+    """Every tensor of ``model`` on ``feeds``, by name, computed by ``engine``."""
+    if engine not in ENGINES:
+        raise InputError(f"unknown reference engine {engine!r}; choose one of {ENGINES}")
+    if engine == "onnxruntime":
+        proto = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        return _ort_values(proto, feeds)
+    from qfuse.compiler.api import import_graph
+    from qfuse.runtime.reference import evaluate
+
+    return dict(evaluate(import_graph(model), dict(feeds), keep=True))
+
+
+def _quantizers(compiled: CompiledModel) -> dict[str, tuple[str, np.ndarray]]:
+    """{QuantizeLinear output: (its input, its scale)} of the imported (ONNX) graph."""
+    from qfuse.ir import Op
+
+    found = {}
+    for node in compiled.graph:
+        if node.op is Op.QUANTIZE_LINEAR:
+            scale = compiled.graph.constant(node.inputs[1])
+            if scale is not None:
+                found[node.outputs[0]] = (node.inputs[0], np.asarray(scale, np.float32))
+    return found
+
+
+def _tie_distance(x: np.ndarray, scale: np.ndarray, where: np.ndarray, axis: int) -> float:
+    """The largest |x/s - floor(x/s) - 1/2| over ``where`` (0: an exact tie; x/s as
+    onnxruntime's MLAS computes it, a float32 division)."""
+    if scale.size > 1:
+        shape = [1] * x.ndim
+        shape[axis] = scale.size
+        scale = scale.reshape(shape)
+    t = (x.astype(np.float32) / scale).astype(np.float64)
+    t = np.broadcast_to(t, where.shape)[where]
+    return float(np.max(np.abs(t - np.floor(t) - 0.5), initial=0.0))
+
+
+def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
+                   compiled: CompiledModel | None = None, mode: str = "fused",
+                   engine: str = "onnxruntime", reference_model: ModelLike | None = None,
+                   reference: Mapping[str, np.ndarray] | None = None) -> OpCheck:
+    """Every value of ``model``'s compiled plan computed from the reference's inputs, against
+    the reference (module docstring). ``reference``: precomputed reference values (else
+    computed by ``engine`` on ``reference_model`` or ``model``)."""
+    if compiled is None:
+        compiled = compile_model(model, mode=mode)
+    if compiled.executor is None or compiled.compiled_graph is None:
+        raise InputError(f"mode {compiled.mode!r} has no plan to check kernel by kernel")
+    if reference is None:
+        reference = reference_values(reference_model if reference_model is not None
+                                     else model, feeds, engine)
+    graph, plan = compiled.compiled_graph, compiled.plan
+    check = OpCheck(str(model) if not isinstance(model, onnx.ModelProto) else model.graph.name,
+                    str(compiled.mode), engine)
+    forced: dict[str, np.ndarray] = {}
+    derived: set[str] = set()
+    meaning = _Meaning(graph, feeds, reference)
+    for value in plan.homes:
+        if value in plan.inputs:
+            continue
+        info = graph.info(value) if value in graph.values else None
+        if info is None:
+            check.skipped[value] = "not a value of the compiled graph"
+            continue
+        if value not in reference:
+            try:
+                forced[value] = np.ascontiguousarray(meaning.value(value))
+                derived.add(value)
+            except Exception as exc:  # noqa: BLE001  reported, not fatal: one value unchecked
+                check.skipped[value] = f"its meaning cannot be computed: {exc}"
+            continue
+        ref = np.asarray(reference[value])
+        if info.shape != ref.shape or info.dtype.np != ref.dtype:
+            check.skipped[value] = (f"{info.dtype.np}{list(info.shape)} in the plan, "
+                                    f"{ref.dtype}{list(ref.shape)} in the reference")
+        else:
+            forced[value] = np.ascontiguousarray(ref)
+    got = compiled.executor.run_forced(dict(feeds), forced)
+    kernels: dict[str, list[dict[str, Any]]] = {}
+    for k in compiled.inspect()["kernels"]:
+        if k.get("node"):
+            kernels.setdefault(k["node"], []).append(k)
+    quantizers = _quantizers(compiled)
+    for value, ref in forced.items():
+        if value not in got:
+            check.skipped[value] = "not materialized by the plan (absorbed or zero-copy)"
+            continue
+        mine = got[value]
+        producer = graph.producer(value)
+        node = producer.name if producer is not None else ""
+        op = producer.op.value if producer is not None else ""
+        if ref.dtype.kind in "iu":
+            diff = np.abs(mine.astype(np.int64) - ref.astype(np.int64))
+            differing = diff != 0
+            tie = None
+            q = quantizers.get(value)
+            if q is not None and differing.any() and q[0] in reference:
+                axis = _axis(compiled, value)
+                tie = _tie_distance(np.asarray(reference[q[0]]), q[1], differing, axis)
+            ks = kernels.get(node, [])
+            check.ints.append(IntRow(
+                value, node, op, [k["name"] for k in ks],
+                next((k["rounding"] for k in ks if k.get("rounding")), ""),
+                int(diff.size), int(np.count_nonzero(differing)),
+                int(diff.max(initial=0)), tie, "graph" if value in derived else "reference"))
+        else:
+            top = float(np.max(np.abs(ref.astype(np.float64)), initial=0.0))
+            err = float(np.max(np.abs(mine.astype(np.float64) - ref), initial=0.0))
+            check.floats.append(FloatRow(value, node, op, err / top if top else float(err > 0),
+                                         "graph" if value in derived else "reference"))
+    return check
+
+
+class _Meaning:
+    """A value only the compiled graph has (a requantize into a Concat's scale, the integer
+    form of a Reshape, a sign shift): its node's reference semantics (the interpreter's op
+    table, a fused node's chain) on the reference's values, computed on demand."""
+
+    def __init__(self, graph: Graph, feeds: Mapping[str, np.ndarray],
+                 reference: Mapping[str, np.ndarray]) -> None:
+        self.graph, self.feeds, self.reference = graph, feeds, reference
+        self.memo: dict[str, np.ndarray] = {}
+
+    def value(self, name: str) -> np.ndarray:
+        from qfuse.runtime.reference.interpreter import conform, run_node
+
+        graph = self.graph
+        data = graph.constant(name)
+        if data is not None:
+            return data
+        if name in self.feeds:
+            return np.asarray(self.feeds[name])
+        info = graph.info(name)
+        ref = self.reference.get(name)
+        if ref is not None and ref.shape == info.shape and ref.dtype == info.dtype.np:
+            return ref
+        if name not in self.memo:
+            node = graph.producer(name)
+            if node is None:
+                raise ValueError(f"'{name}' has no producer")
+            args = [self.value(v) if v else None for v in node.inputs]
+            for out, array in zip(node.outputs, run_node(node, args, graph), strict=True):
+                self.memo[out] = conform(graph, out, np.asarray(array))
+        return self.memo[name]
+
+
+def _axis(compiled: CompiledModel, value: str) -> int:
+    from qfuse.ir import Op
+
+    producer = compiled.graph.producer(value)
+    if producer is not None and producer.op is Op.QUANTIZE_LINEAR:
+        axis = int(getattr(producer.attrs, "axis", 1))
+        return axis % max(len(compiled.graph.info(value).shape), 1)
+    return 1
+
+
+def format_text(check: OpCheck, *, all_rows: bool = False) -> str:
+    """The rows with a difference (every row with ``all_rows``), worst first, and a summary."""
+    rows = sorted(check.ints, key=lambda r: (-r.max_lsb, -r.share))
+    graph_rows = sum(r.against == "graph" for r in check.ints)
+    if not all_rows:
+        rows = [r for r in rows if r.differing]
+    width = max([len("tensor")] + [len(r.tensor) for r in rows])
+    lines = [f"op by op: {check.model} ({check.mode}) against {check.engine} "
+             f"(each kernel fed the reference's inputs)",
+             f"{'tensor':<{width}}  {'max LSB':>7}  {'differ':>9}  {'tie':>8}  node (op): rounding"
+             ]
+    for r in rows:
+        tie = "" if r.tie is None else f"{r.tie:.1e}"
+        mark = "*" if r.against == "graph" else " "
+        lines.append(f"{r.tensor:<{width}}{mark} {r.max_lsb:>7}  {100 * r.share:>8.4f}%  "
+                     f"{tie:>8}  {r.node} ({r.op}): {r.rounding or '-'}")
+    n = len(check.ints)
+    exact = sum(not r.differing for r in check.ints)
+    worst_float = max((r.rel_error for r in check.floats), default=0.0)
+    lines.append(f"{n} integer tensors compared: {exact} identical, {n - exact} differ, "
+                 f"max {check.max_lsb} LSB; above 1 LSB: {len(check.above(1))}; "
+                 f"{len(check.floats)} float tensors, max relative error {worst_float:.2e}; "
+                 f"{len(check.skipped)} not compared")
+    if graph_rows:
+        lines.append(f"*: {graph_rows} values only the compiled graph has (requantizes, integer "
+                     "reshapes), against its own op semantics on the reference's values")
+    return "\n".join(lines)
+
+
+def main_check(args: Any) -> int:
+    from qfuse.compiler.cli_output import emit
+    from qfuse.compiler.api import random_inputs
+    from qfuse.compiler.input_files import read_inputs
+
+    compiled = compile_model(args.model, mode=args.mode)
+    feeds = (read_inputs(args.inputs, compiled.inputs) if args.inputs
+             else random_inputs(compiled, seed=0))
+    result = check_op_by_op(args.model, feeds, compiled=compiled, engine=args.engine,
+                            reference_model=args.reference_model)
+    emit(args.json, result.to_json(), lambda: format_text(result, all_rows=args.all))
+    return 0
+
