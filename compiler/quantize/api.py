@@ -31,7 +31,13 @@ from qfuse.compiler.quantize.collect import collect, graph_inputs
 from qfuse.compiler.quantize.histogram import DEFAULT_BINS
 from qfuse.compiler.quantize.methods import METHODS, choose_qparams, select_range
 from qfuse.compiler.quantize.placement import place
-from qfuse.compiler.quantize.prepare import constants_to_initializers, fold_batchnorm
+from qfuse.compiler.quantize.prepare import (
+    constants_to_initializers,
+    drop_identity_arithmetic,
+    fold_batchnorm,
+    fold_bias_add,
+    scale_after_matmul,
+)
 from qfuse.compiler.quantize.writer import ActParams, ensure_opset, write
 
 log = logging.getLogger(__name__)
@@ -111,7 +117,8 @@ def run(
     if output is not None and not Path(output).resolve().parent.is_dir():
         raise InputError(f"cannot write the quantized model '{output}': its folder does not "
                          f"exist or is not a folder")
-    float_model = fold_batchnorm(constants_to_initializers(ensure_opset(load_model(model))))
+    float_model = fold_batchnorm(fold_bias_add(scale_after_matmul(drop_identity_arithmetic(
+        constants_to_initializers(ensure_opset(load_model(model)))))))
     names = {n.name for n in float_model.graph.node}
     unknown = sorted(set(exclude) - names)
     if unknown:
