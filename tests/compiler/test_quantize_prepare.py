@@ -98,14 +98,17 @@ def test_subnormal_weight_channels_compile_as_int8_weights() -> None:
 
 # ------------------------------------------------------------------ identity arithmetic
 def _silu_times_one() -> onnx.ModelProto:
-    """Conv → x·sigmoid(x·1) (paddle2onnx's SiLU) → Conv, and x + 0, x / 1 on the way."""
+    """Conv → x·sigmoid(x·1) (paddle2onnx's SiLU), x + 0, x / 1 → a float normalisation (as
+    SVTR's LayerNorm: the SiLU output is not quantized) → Conv."""
     nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
              helper.make_node("Mul", ["c1", "one"], ["c1s"]),
              helper.make_node("Sigmoid", ["c1s"], ["g"]),
              helper.make_node("Mul", ["c1", "g"], ["silu"]),
              helper.make_node("Add", ["zero", "silu"], ["silu0"]),
              helper.make_node("Div", ["silu0", "one"], ["silu1"]),
-             helper.make_node("Conv", ["silu1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("ReduceMean", ["silu1"], ["mean"], axes=[1]),
+             helper.make_node("Sub", ["silu1", "mean"], ["centred"]),
+             helper.make_node("Conv", ["centred", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]),
              helper.make_node("Mul", ["c2", "one"], ["y"])]  # a graph output: kept
     return _model(nodes, {"w1": _conv("w1", 3, 8), "b1": np.zeros(8), "one": [1.0],
                           "zero": 0.0, "w2": _conv("w2", 8, 4), "b2": np.zeros(4)},
@@ -115,7 +118,7 @@ def _silu_times_one() -> onnx.ModelProto:
 def test_identity_arithmetic_is_dropped_exactly() -> None:
     model = _silu_times_one()
     out = drop_identity_arithmetic(model)
-    assert _ops(out) == ["Conv", "Sigmoid", "Mul", "Conv", "Mul"]
+    assert _ops(out) == ["Conv", "Sigmoid", "Mul", "ReduceMean", "Sub", "Conv", "Mul"]
     onnx.checker.check_model(out)
     x = _feeds([1, 3, 8, 8], 1, seed=3)[0]
     np.testing.assert_array_equal(_run(out, x), _run(model, x))
@@ -137,26 +140,25 @@ def test_silu_written_with_a_unit_factor_fuses() -> None:
 
 # ------------------------------------------------------------------ scale after matmul
 def _attention() -> onnx.ModelProto:
-    """softmax((x·Wq)·c · (x·Wk)ᵀ) · (x·Wv) with c = d^-½ on q, as SVTR writes it."""
+    """softmax((q·c)·kᵀ)·v with q, k, v sliced from one projection (SVTR's qkv) and c = d^-½:
+    the scaled q is a float op between the int8 projection and the quantizer MatMul reads."""
     d = 16
-    w = {k: (RNG.standard_normal((d, d)) / 4).astype(np.float32) for k in ("wq", "wk", "wv")}
-    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]),
-             helper.make_node("MatMul", ["x", "wk"], ["k"]),
-             helper.make_node("MatMul", ["x", "wv"], ["v"]),
+    nodes = [helper.make_node("MatMul", ["x", "wqkv"], ["qkv"]),
+             helper.make_node("Split", ["qkv"], ["q", "k", "v"], axis=2),
              helper.make_node("Mul", ["q", "c"], ["qs"]),
              helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
              helper.make_node("MatMul", ["qs", "kt"], ["s"]),
              helper.make_node("Softmax", ["s"], ["p"], axis=-1),
              helper.make_node("MatMul", ["p", "v"], ["y"])]
-    return _model(nodes, {**w, "c": [d ** -0.5]}, [1, 10, d], [1, 10, d])
+    w = (RNG.standard_normal((d, 3 * d)) / 4).astype(np.float32)
+    return _model(nodes, {"wqkv": w, "c": [d ** -0.5]}, [1, 10, d], [1, 10, d])
 
 
 def test_scalar_factor_moves_after_the_matmul() -> None:
     model = _attention()
     out = scale_after_matmul(model)
     onnx.checker.check_model(out)
-    ops = _ops(out)
-    assert ops.index("Mul") == ops.index("MatMul", ops.index("Transpose")) + 1
+    assert _ops(out) == ["MatMul", "Split", "Transpose", "MatMul", "Mul", "Softmax", "MatMul"]
     mm = next(n for n in out.graph.node if n.op_type == "MatMul" and "kt" in n.input)
     assert list(mm.input) == ["q", "kt"]
     x = _feeds([1, 10, 16], 1, seed=3)[0]
