@@ -2,6 +2,13 @@
 
     python benchmarks/quantize_compare.py [--models resnet,unet] [--methods minmax,l2]
                                           [--calib 8] [--held-out 16] [--json OUT]
+    python benchmarks/quantize_compare.py --real [--models ppocr_cls,...] [--methods ...]
+
+``--real``: the real-model zoo (examples/realzoo) instead: its 16 calibration inputs for every
+tool, its 8 held-out evaluation inputs, and besides quantize_static MinMax (the zoo's ``qdq``
+model) and Entropy (run here, as the zoo's quantize.py runs MinMax) also NNCF (the zoo's
+``nncf`` model). Each row adds ``agree``: the task's own decision of qfuse fused against the
+float model's (realzoo/table.py ``agreement``: top-1, CTC argmax, DB mask IoU, YOLO F1).
 
 Every tool gets the same calibration inputs (zoo.sample_inputs, seed 0) and is measured on
 held-out inputs (seed 99) with compiler/quantize/evaluate.measure (kernels, kernels a VNNI CPU
@@ -45,6 +52,106 @@ def quantize_static(fm: onnx.ModelProto, calib: list[dict[str, np.ndarray]],
         return onnx.load(work / "out.onnx")
 
 
+def quantize_static_real(float_path: Path, calib: list[dict[str, np.ndarray]],
+                         method: str) -> onnx.ModelProto:
+    """quantize_static as examples/realzoo/quantize.py runs it, with ``method`` calibration
+    (the realzoo recipe: quant_pre_process, per-channel s8 weights, u8 activations)."""
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+    )
+    from onnxruntime.quantization import (
+        quantize_static as ort_quantize,
+    )
+
+    from qfuse.examples.realzoo.quantize import PER_CHANNEL_QDQ_OPSET, _Reader, pre_process
+
+    with tempfile.TemporaryDirectory(prefix="qfuse-qcompare-") as tmp:
+        work = Path(tmp)
+        pre_process(float_path, work / "pre.onnx")
+        pre = onnx.load(work / "pre.onnx")
+        if next(o.version for o in pre.opset_import if o.domain in ("", "ai.onnx")) \
+                < PER_CHANNEL_QDQ_OPSET:  # per-channel DequantizeLinear needs opset 13
+            onnx.save(onnx.version_converter.convert_version(pre, PER_CHANNEL_QDQ_OPSET),
+                      work / "pre.onnx")
+        reader = type("Reader", (_Reader, CalibrationDataReader), {})(calib)
+        ort_quantize(str(work / "pre.onnx"), str(work / "q.onnx"), reader,
+                     quant_format=QuantFormat.QDQ, per_channel=True, reduce_range=False,
+                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                     calibrate_method=getattr(CalibrationMethod, method))
+        return onnx.load(work / "q.onnx")
+
+
+def _real_row(name: str, tool: str, model: onnx.ModelProto, fm: onnx.ModelProto,
+              held_out: list[dict[str, np.ndarray]], task: str, seconds: float | None
+              ) -> dict:
+    from qfuse.compiler.quantize.evaluate import measure
+
+    m = measure(model, fm, held_out, task)
+    return {"model": name, "tool": tool, "kernels": m["kernels"],
+            "vnni_kernels": m["vnni_kernels"], "unmatched": len(m["unmatched"]),
+            "unmatched_ops": sorted({d["op"] for d in m["unmatched"]}),
+            "min_cos": m["min_cos"], "mean_cos": m["mean_cos"], "agree": m["agree"],
+            "seconds": seconds}
+
+
+def main_real(args: argparse.Namespace) -> int:
+    from qfuse.compiler.quantize.api import calibrate, run
+    from qfuse.examples import realzoo
+
+    names = args.models.split(",") if args.models else None
+    tools = args.tools.split(",")
+    rows = []
+    print(f"{'model':<20} {'tool':<22} {'kernels':>7} {'no-split':>8} {'unmatched':>9} "
+          f"{'min cos':>8} {'mean cos':>8} {'agree':>6} {'time s':>7}", flush=True)
+    for entry in realzoo.models(names):
+        fm = onnx.load(entry.float_path)
+        stats, calib_s = None, 0.0
+        jobs: list[tuple[str, object]] = []
+        for t in tools:
+            if t == "qfuse":
+                jobs += [(f"qfuse {m}", m) for m in args.methods.split(",")]
+            elif t in ("MinMax", "Entropy"):
+                jobs.append((f"quantize_static {t}", t))
+            elif t == "nncf":
+                jobs.append(("NNCF", t))
+        for tool, how in jobs:
+            start = time.perf_counter()
+            try:
+                if tool.startswith("qfuse"):
+                    if stats is None:  # one calibration pass serves every method
+                        stats = calibrate(fm, entry.calibration)
+                        calib_s = time.perf_counter() - start
+                    model = run(fm, entry.calibration, method=how, statistics=stats).model
+                elif how == "nncf" or (how == "MinMax" and "qdq" in entry.quantized):
+                    key = "nncf" if how == "nncf" else "qdq"
+                    if key not in entry.quantized:
+                        raise RuntimeError(entry.errors.get(key, "not built"))
+                    model = onnx.load(entry.quantized[key])
+                else:
+                    model = quantize_static_real(entry.float_path, entry.calibration, how)
+                seconds = time.perf_counter() - start
+                if tool.startswith("qfuse") and seconds < calib_s:
+                    seconds += calib_s  # the calibration pass the method's model needs
+                row = _real_row(entry.name, tool, model, fm, entry.evaluation, entry.task,
+                                None if tool in ("NNCF",) or how == "MinMax" else seconds)
+            except Exception as exc:  # noqa: BLE001 (a tool that fails is a result too)
+                print(f"{entry.name:<20} {tool:<22} failed: {str(exc)[:200]}", flush=True)
+                rows.append({"model": entry.name, "tool": tool, "error": str(exc)})
+                continue
+            rows.append(row)
+            t = "-" if row["seconds"] is None else f"{row['seconds']:.1f}"
+            print(f"{entry.name:<20} {tool:<22} {row['kernels']:>7} {row['vnni_kernels']:>8} "
+                  f"{row['unmatched']:>9} {row['min_cos']:>8.5f} {row['mean_cos']:>8.5f} "
+                  f"{row['agree']:>6.3f} {t:>7}  {' '.join(row['unmatched_ops'])}",
+                  flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
 
     from qfuse.compiler.quantize import quantize
@@ -52,12 +159,18 @@ def main(argv: list[str] | None = None) -> int:
     from qfuse.examples import zoo
 
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--models", default=",".join(zoo.SMALL_ARCHITECTURES))
+    p.add_argument("--real", action="store_true", help="the real-model zoo (module docstring)")
+    p.add_argument("--models", default=None)
     p.add_argument("--methods", default="minmax,percentile,l2,kl")
+    p.add_argument("--tools", default="qfuse,MinMax,Entropy,nncf",
+                   help="with --real: which of qfuse, MinMax, Entropy, nncf to run")
     p.add_argument("--calib", type=int, default=8)
     p.add_argument("--held-out", type=int, default=16)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
+    if args.real:
+        return main_real(args)
+    args.models = args.models or ",".join(zoo.SMALL_ARCHITECTURES)
     rows = []
     print(f"{'model':<12} {'tool':<22} {'kernels':>7} {'no-split':>8} {'unmatched':>9} "
           f"{'min cos':>8} {'mean cos':>8} {'time s':>7}")

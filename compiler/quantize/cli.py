@@ -21,8 +21,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--calibration", required=True, type=Path,
                    help=".npz keyed by input name (batched on the first axis) or a folder "
                         "of .npz / .npy files")
-    p.add_argument("--method", default="percentile", choices=METHODS,
-                   help="activation range: minmax, percentile (default), l2 (DNNLOWP's L2 "
+    p.add_argument("--method", default="minmax", choices=METHODS,
+                   help="activation range: minmax (default), percentile, l2 (DNNLOWP's L2 "
                         "error minimisation) or kl")
     p.add_argument("--percentile", type=float, default=99.99,
                    help="with --method percentile: percent of values kept (default 99.99)")

@@ -9,7 +9,9 @@ Used by benchmarks/quantize_compare.py and the zoo tests to compare quantizers:
 - ``unmatched``: nodes of the quantized region that ``not_fused`` reports as
   "no pass matched" (compiler/fusion_report.py);
 - ``min_cos`` / ``mean_cos``: cosine similarity (runtime/numerics) of qfuse fused against
-  the float model run by ONNX Runtime, over ``inputs``, on the first output.
+  the float model run by ONNX Runtime, over ``inputs``, on the first output;
+- ``agree`` (with a ``task``): the mean over ``inputs`` of realzoo/table.py's ``agreement``
+  (the task's own decision of qfuse fused against the float model's).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import onnx
 
 
 def measure(model: onnx.ModelProto, float_model: onnx.ModelProto,
-            inputs: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+            inputs: list[dict[str, np.ndarray]], task: str | None = None) -> dict[str, Any]:
     import onnxruntime as ort
 
     from qfuse.compiler.api import compile_model
@@ -36,8 +38,14 @@ def measure(model: onnx.ModelProto, float_model: onnx.ModelProto,
     unmatched = [d for d in info["not_fused"]
                  if d["node"] in region and d["reason"] == "no pass matched"]
     out = compiled.outputs[0]
-    cos = [cosine(ref.run([out], x)[0], compiled.run(x)[out]) for x in inputs]
+    pairs = [(ref.run([out], x)[0], compiled.run(x)[out]) for x in inputs]
+    cos = [cosine(r, g) for r, g in pairs]
     kernels = [k["name"] for k in info["kernels"]]
-    return {"kernels": len(kernels),
-            "vnni_kernels": sum(not k.endswith(":lo") for k in kernels),
-            "unmatched": unmatched, "min_cos": min(cos), "mean_cos": float(np.mean(cos))}
+    result = {"kernels": len(kernels),
+              "vnni_kernels": sum(not k.endswith(":lo") for k in kernels),
+              "unmatched": unmatched, "min_cos": min(cos), "mean_cos": float(np.mean(cos))}
+    if task is not None:
+        from qfuse.examples.realzoo.table import agreement
+
+        result["agree"] = float(np.mean([agreement(task, r, g) for r, g in pairs]))
+    return result

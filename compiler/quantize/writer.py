@@ -37,13 +37,17 @@ class ActParams:
 
 def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.ndarray]:
     """(s8 values, float32 scales): ``q = round_half_even(w / s)``, ``s = max|w| / 127`` per
-    channel along ``axis`` (per tensor when None); an all-zero channel gets scale 1."""
+    channel along ``axis`` (per tensor when None). A channel whose scale would be below the
+    smallest normal float32 (all zero, or pruned to values under ~1.5e-36) is written as zeros
+    with scale 1, as onnxruntime's ``compute_scale_zp`` does (quantization/quant_utils.py):
+    the compiler cannot compute with a subnormal scale exactly and leaves such weights float."""
     w = w.astype(np.float32)
     if axis is None:
         amax = np.asarray(np.abs(w).max(), np.float32).reshape(1)
     else:
         amax = np.abs(np.moveaxis(w, axis, 0)).reshape(w.shape[axis], -1).max(axis=1)
-    scale = np.where(amax > 0, amax / np.float32(WEIGHT_QMAX), 1.0).astype(np.float32)
+    scale = (amax / np.float32(WEIGHT_QMAX)).astype(np.float32)
+    scale = np.where(scale >= np.finfo(np.float32).tiny, scale, np.float32(1.0))
     shape = [1] * w.ndim
     if axis is not None:
         shape[axis] = -1
