@@ -40,6 +40,7 @@ OPTIMIZATIONS = (
     "drop_inner_round",
     "drop_gate_quantize",
     "zero_point_before_round",
+    "in_place_concat",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
 
