@@ -141,6 +141,11 @@ class _State:
     def quantized(self) -> bool:
         return bool(self.chain) and isinstance(self.chain[-1], Quantize)
 
+    @property
+    def output_dequantized(self) -> bool:
+        """Ends in a graph output's dequantize (``_output_dequantize``)."""
+        return bool(self.chain) and isinstance(self.chain[-1], Scale) and self.chain[-1].exact
+
 
 class _Stop(Exception):
     """The walk cannot take ``reader`` (None: no single reader); ``reason`` says why, to be
@@ -239,7 +244,7 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     # worth a kernel only when the chain reads a second tensor (the gate's x, a residual)
     # and ends in a quantize: a lone activation then quantize stays as it was
     gated = any(isinstance(i, TensorOperand) for i in best.chain)
-    if not (gated and best.quantized):
+    if not (gated and (best.quantized or best.output_dequantized)):
         node.fused = None
         return False
     ctx.visit(node)
