@@ -27,7 +27,6 @@ from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.layouts import (
     RESHAPES,
     QUANTIZERS,
-    canonical,
     const_memory,
     dense_in_order,
     dnnl_type,
@@ -238,7 +237,7 @@ class LowerContext:
             strides = nocopy_strides(md.dims, md.strides or (), tuple(dims))
             if strides is not None:
                 try:
-                    view_md = canonical(MemoryDesc.from_strides(tuple(dims), md.dtype, strides))
+                    view_md = MemoryDesc.from_strides(tuple(dims), md.dtype, strides)
                 except DnnlError:
                     view_md = None
                 if view_md is not None and view_md.size <= md.size:

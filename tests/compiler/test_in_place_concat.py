@@ -90,7 +90,7 @@ def _kinds(m: CompiledModel) -> list[str]:
 def test_int8_head_concat_in_place_is_bit_exact(same_scale: bool) -> None:
     on, off = _both(_int8_head(same_scale))
     assert "concat" in _kinds(off) and "concat" not in _kinds(on)
-    # the requantizes read Reshape views of channels-last tensors (layouts.canonical)
+    # the requantizes read Reshape views of channels-last tensors (layouts.nocopy_strides)
     assert not [k.name for k in on.plan.kernels if "ref" in k.impl]
     assert len(on.plan.kernels) == len(off.plan.kernels) - 1
     assert on.plan.notes["in_place_concats"] == 1
