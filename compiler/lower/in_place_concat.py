@@ -67,8 +67,7 @@ def _axis(graph: Graph, kernel: Kernel) -> int | None:
     node = kernel.info.node
     if node is None or not graph.has_node(node):
         return None
-    axis = getattr(graph.node(node).attrs, "axis", None)
-    return axis
+    return getattr(graph.node(node).attrs, "axis", None)
 
 
 class _Groups:
@@ -151,7 +150,9 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
     axis = _axis(graph, kernel)
     result = Placed(kernel.name, [], [], {}, False)
     if axis is None or not out_md.is_plain or slots[dst].host is not None:
-        result.reasons = dict.fromkeys(range(len(srcs)), "the output is blocked")
+        why = "no Concat node behind the kernel" if axis is None else \
+            f"the output is not a plain layout ({out_md.describe()})"
+        result.reasons = dict.fromkeys(range(len(srcs)), why)
         return result
     axis = axis + len(out_md.dims) if axis < 0 else axis
     groups = _Groups(slots, kernels)
