@@ -124,9 +124,14 @@ def compile_model(
     results = run_passes(work, mode, ctx)
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
     plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,
-                               exact_int8=exact_int8))
+                               exact_int8=exact_int8,
+                               in_place_concat=ctx.composer.on("in_place_concat")))
     executor = Executor(plan, threads)
-    details = {"mode": mode, **plan.inspect(), "not_fused": not_fused(work, results),
+    from qfuse.compiler.concat_report import concat_report
+
+    dropped = not_fused(work, results)
+    details = {"mode": mode, **plan.inspect(), "not_fused": dropped,
+               "concats": concat_report(work, plan.notes.get("concats", []), dropped),
                "passes": {r.name: r.changed for r in results}, "islands": islands(work)}
     for kernel in details["kernels"]:  # no VNNI: how each int8 kernel stays exact
         if kernel["name"] in details.get("exact_int8", {}):

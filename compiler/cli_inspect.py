@@ -96,6 +96,16 @@ def format_inspect(info: dict[str, Any]) -> str:
     lines.append(f"reorders between kernels: {info['reorders']}; at inputs/outputs: "
                  f"{info['io_reorders']}; in-place sums: {info['in_place_sums']}; numpy "
                  f"kernels: {info['numpy_kernels']}")
+    concats = info.get("concats", [])
+    if concats:
+        lines.append(f"concats ({len(concats)}, {sum(c['in_place'] for c in concats)} in "
+                     "place, no concat kernel):")
+        for c in concats:
+            lines.append(f"  {c['concat']}" + (" (in place)" if c["in_place"] else ""))
+            for i, item in enumerate(c["inputs"]):
+                why = f"; not in its producer: {item['requantize_reason']}" \
+                    if item["requantize_reason"] else ""
+                lines.append(f"    input {i}: {item['scale']}{why}; {item['bytes']}")
     lines.append(f"not fused ({len(info['not_fused'])}):")
     for item in info["not_fused"]:
         lines.append(f"  {item['node']} ({item['op']}): {item['reason']}")

@@ -33,9 +33,11 @@ def _vec(values: object) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class Scale:
-    """x · values"""
+    """x · values. ``exact``: one float32 multiply of its own, never folded into a previous
+    linear (the dequantize of a graph output a kernel writes: (q - zp)·s rounded once)."""
 
     values: tuple[float, ...]
+    exact: bool = False
 
     @classmethod
     def of(cls, values: object) -> Scale:

@@ -42,6 +42,8 @@ OPTIMIZATIONS = (
     "zero_point_before_round",
     "onnx_divide",
     "clip_shift",
+    "in_place_concat",
+    "fold_output_dequantize",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
 
@@ -69,6 +71,7 @@ class Mul:
     values: np.ndarray  # shape (1,) or (C,)
     # Set when this multiply is 1/s of a quantization with the known scale s.
     inverse_of: float | None = None
+    exact: bool = False  # its own eltwise linear(s, 0): ir/chain.Scale.exact
 
 
 @dataclass(frozen=True)

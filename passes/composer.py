@@ -62,6 +62,11 @@ quantization step, and rarely):
   per-tensor s and c.
 - per_tensor_eltwise: per-tensor multiply / add / clip as eltwise linear / clip (binary
   post-ops are slower than eltwise).
+- exact dequantize (not an option): the multiply of a dequantize marked ``exact`` (a graph
+  output's DequantizeLinear the kernel writes as float32) is never folded: after the round,
+  + zp and clip, (q - zp) is an integer, linear(1, -zp) keeps it exactly and linear(s, 0)
+  rounds (q - zp)·s once — what the standalone DequantizeLinear computes — where a folded
+  linear(s, -zp·s) would round s·q - f32(zp·s) instead.
 - drop_inner_round (off by default; OpenVINO fake_quantize.md's "existing implementation" shortcut): a round
   that is not the last one and is followed by a residual sum is dropped — this changes results
   (it removes one quantization of the residual branch) and is measured, not assumed.
@@ -117,7 +122,7 @@ def to_basic(chain: list[ChainOp], options: ComposerOptions, fired: list[str]) -
     basic: list[Basic] = []
     for item in chain:
         if isinstance(item, Scale):
-            basic.append(Mul(_f32(item.values)))
+            basic.append(Mul(_f32(item.values), exact=item.exact))
         elif isinstance(item, Shift):
             basic.append(Add(_f32(item.values)))
         elif isinstance(item, Activation):
@@ -295,7 +300,9 @@ def _take_store(
 
 
 def _append(out: Composed, op: Basic, options: ComposerOptions) -> None:
-    if isinstance(op, Mul):
+    if isinstance(op, Mul) and op.exact:  # rounded once, on its own (module docstring)
+        _append_exact_mul(out, op.values, options)
+    elif isinstance(op, Mul):
         _append_mul(out, op.values, options)
     elif isinstance(op, Add):
         _append_add(out, op.values, options)
@@ -318,6 +325,19 @@ def _scale_bias(out: Composed, values: np.ndarray) -> None:
     out.wei_scales = _f32(out.wei_scales.astype(np.float64) * values)
     if out.bias is not None:
         out.bias = _f32(out.bias.astype(np.float64) * values)
+
+
+def _append_exact_mul(out: Composed, values: np.ndarray, options: ComposerOptions) -> None:
+    """x·s as one float32 multiply after what precedes it: eltwise linear(s, 0) (its FMA
+    s·x + 0 rounds once) or a binary mul, never merged with another op."""
+    if options.on("skip_identity") and np.all(values == 1.0):
+        out.fired.append("skip_identity")
+        return
+    if values.size == 1 and options.on("per_tensor_eltwise"):
+        out.post_ops.append(Eltwise("linear", float(values[0]), 0.0))
+        out.fired.append("per_tensor_eltwise")
+        return
+    out.post_ops.append(Binary("mul", values))
 
 
 def _append_mul(out: Composed, values: np.ndarray, options: ComposerOptions) -> None:

@@ -66,12 +66,29 @@ def check(graph: Graph, dq: Node, fq: Node) -> str | None:
     dtype, quant = target
     if dtype is not p.dtype or quant != p.quant():
         return (f"requantize {p.describe()} → {dtype.name.lower()} "
-                f"{_show(quant)}: kept for a reorder with scales")
+                f"{_show(quant)}: kept for a reorder with scales{_why_kernel(graph, dq, fq)}")
     ranges = fq_ranges(graph, fq)
     shape = graph.info(fq.inputs[0]).shape
     if ranges is None or not round_trip_exact(dtype, quant, ranges, fq.attrs.levels, shape):
         return "same parameters, but the FakeQuantize ranges do not map DQ(q) back to q"
     return None
+
+
+def _why_kernel(graph: Graph, dq: Node, fq: Node) -> str:
+    """Why the requantize cannot go into the kernel producing its source (post-op fusion
+    folds it there, both roundings kept, when the source has no other reader)."""
+    q = dq.inputs[0]
+    others = sorted({c.name for c, _ in graph.consumers(q) if c is not dq}
+                    | {c.name for c, _ in graph.consumers(dq.outputs[0]) if c is not fq})
+    if not others and q not in graph.outputs:
+        producer = graph.producer(q)
+        what = f"'{producer.name}' ({producer.op.value})" if producer is not None else "input"
+        return (f" (its source is written by {what}, a kernel without the post-ops an "
+                "ONNX-exact requantize needs: x·s1 / s2, round, + zp)")
+    shown = ", ".join(f"'{n}'" for n in others[:3]) + (" ..." if len(others) > 3 else "")
+    return (f" (its source '{q}' is also read at its own scale{' by ' + shown if shown else ''}: "
+            "a kernel writes one output, and writing only the requantized one would round "
+            "once where the model rounds twice, not bit-exact)")
 
 
 def _show(quant: QuantParams) -> str:

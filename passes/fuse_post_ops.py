@@ -31,7 +31,11 @@ such as a Mul or GELU). When neither follows, the walk is rolled back to the Qua
 DequantizeLinear is then better moved into the next compute node. The requantize case goes
 beyond the residual-only rule of the design brief: the DequantizeLinear → quantize pair would
 otherwise stay as its own reorder kernel, and the inner quantize is kept (not dropped), so the
-result is exactly the graph's. A third case keeps it: the dequantized value read by a Softmax
+result is exactly the graph's. A fourth case: the DequantizeLinear's output is a graph output
+(composer option ``fold_output_dequantize``): the node writes float32 ``(q - zp)·s`` itself,
+the dequantize's multiply marked exact (ir/chain.Scale.exact: its own linear(s, 0) after the
+round, + zp, clip and linear(1, -zp), never folded), which is bit for bit what the standalone
+dequantize computes. A third case keeps it: the dequantized value read by a Softmax
 alone, which has no compute node to move into and no integer source in oneDNN (its src scale
 multiplies the output: passes/fuse_quantized_norm.py); the node then writes the float32 values
 ``(Q(x) - zp)·s`` (one FakeQuantize in float32) instead of a standalone dequantize kernel.
@@ -137,6 +141,11 @@ class _State:
     def quantized(self) -> bool:
         return bool(self.chain) and isinstance(self.chain[-1], Quantize)
 
+    @property
+    def output_dequantized(self) -> bool:
+        """Ends in a graph output's dequantize (``_output_dequantize``)."""
+        return bool(self.chain) and isinstance(self.chain[-1], Scale) and self.chain[-1].exact
+
 
 class _Stop(Exception):
     """The walk cannot take ``reader`` (None: no single reader); ``reason`` says why, to be
@@ -235,7 +244,7 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     # worth a kernel only when the chain reads a second tensor (the gate's x, a residual)
     # and ends in a quantize: a lone activation then quantize stays as it was
     gated = any(isinstance(i, TensorOperand) for i in best.chain)
-    if not (gated and best.quantized):
+    if not (gated and (best.quantized or best.output_dequantized)):
         node.fused = None
         return False
     ctx.visit(node)
@@ -282,6 +291,9 @@ def _walk(
             if state.pending and stop.reader is not None and stop.reader.op in _FLOAT_ONLY \
                     and _valid(dataclasses.replace(state, pending=False)):
                 best = state  # module docstring: the node writes the dequantized values
+            elif state.pending and stop.reader is None and state.value in graph.outputs \
+                    and ctx.composer.on("fold_output_dequantize"):
+                best = _output_dequantize(state, channels, ctx) or best
             # without its traceback: its frames would hold the whole compile in a cycle
             return best, state, stop.with_traceback(None)
         reader = new.absorbed[-1]
@@ -293,6 +305,23 @@ def _walk(
         state = new
         if _valid(state):
             best = state
+
+
+def _output_dequantize(state: _State, channels: int, ctx: PassContext) -> _State | None:
+    """The pending state ending in a graph output's DequantizeLinear, its multiply made
+    exact (module docstring), or None when the composer cannot take it or the state is not
+    valid (an 8-bit residual summed into what is now a float32 dst)."""
+    *head, scale = state.chain
+    assert isinstance(scale, Scale)
+    new = dataclasses.replace(state, chain=[*head, dataclasses.replace(scale, exact=True)],
+                              pending=False)
+    if not _valid(new):
+        return None
+    try:
+        compose(new.chain, channels=channels, dst_dtype=new.info.dtype, options=ctx.composer)
+    except ComposeError:
+        return None
+    return new
 
 
 def _lost_int_residual(state: _State, best: _State) -> bool:

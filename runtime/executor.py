@@ -96,6 +96,7 @@ class Executor:
         for value, slot in plan.homes.items():
             by_slot.setdefault(slot, []).append(value)
         writer = {s: i for i, k in enumerate(plan.kernels) for s in k.writes}
+        writer.update(_written_through_aliases(plan, writer))
         capture: dict[int, list[str]] = {-1: list(plan.inputs)}
         for slot, values in by_slot.items():
             root = slot
@@ -163,3 +164,32 @@ class Executor:
             return results
         finally:
             self._idle.append(context)
+
+
+def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, int]:
+    """Slots no kernel writes itself but kernels write through slots aliasing them (an
+    in-place concat's output, compiler/lower/in_place_concat.py): the index of the last such
+    write before the first kernel reading the slot or an alias of it."""
+    def chain(name: str) -> list[str]:
+        out = []
+        while (alias := plan.slots[name].alias) is not None:
+            out.append(alias)
+            name = alias
+        return out
+
+    writes: dict[str, list[int]] = {}
+    first_read: dict[str, int] = {}
+    for index, kernel in enumerate(plan.kernels):
+        for name in kernel.reads:  # a slot, or a view of it no kernel writes (a Reshape)
+            for slot in (name, *(chain(name) if name not in writer else ())):
+                first_read.setdefault(slot, index)
+        for name in kernel.writes:
+            for slot in chain(name):
+                if slot not in writer:
+                    writes.setdefault(slot, []).append(index)
+    found = {}
+    for slot, indices in writes.items():
+        before = [i for i in indices if i < first_read.get(slot, len(plan.kernels))]
+        if before:
+            found[slot] = max(before)
+    return found

@@ -14,6 +14,7 @@ row-major slots at the end if their home is not.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from qfuse.compiler.lower.layouts import (
     plain_md,
     strided,
 )
+from qfuse.compiler.lower.in_place_concat import place_concats
 from qfuse.compiler.lower.plan import DynamicOutput, Kernel, KernelInfo, NumpyFn, Plan, Slot
 from qfuse.ir import Graph, Node, Op, TensorInfo
 from qfuse.ir.mode import Mode
@@ -65,6 +67,9 @@ class Options:
     # Quantizations the model writes the ONNX way round like ONNX (lower_quant.py); False:
     # oneDNN's reorder, rint(x·(1/s) + zp) — the composer option zero_point_before_round.
     onnx_rounding: bool = True
+    # Concat inputs written straight into the output where the layout allows
+    # (in_place_concat.py); False keeps every concat kernel (the composer option of that name).
+    in_place_concat: bool = True
 
 
 class LowerContext:
@@ -368,9 +373,15 @@ class LowerContext:
             self.add_reorder(home, name, role="io", note=f"graph output '{value}'")
             outputs[value] = name
         inputs = {name: self.home_slot(name) for name in self.graph.inputs}
+        self.slots, self.kernels, placed = place_concats(
+            self.graph, self.slots, self.kernels, {*inputs.values(), *outputs.values()},
+            enabled=self.options.in_place_concat and self.options.mode is not Mode.UNFUSED)
+        concats = [dataclasses.asdict(p) for p in placed]
         plan = Plan(self.graph.name, self.slots, self.kernels, inputs, outputs,
                     self.reorders, self.io_reorders,
-                    notes={"in_place_sums": self.in_place_sums},
+                    notes={"in_place_sums": self.in_place_sums,
+                           "in_place_concats": sum(c["removed"] for c in concats),
+                           "concats": concats},
                     homes={v: s for v, s in self.home.items() if v in self.graph.values},
                     dynamic=dict(self.dynamic))
         return plan

@@ -108,7 +108,12 @@ def test_compute_ops_fuse_into_one_int8_kernel(case: str) -> None:
     kernels = [k for k in compiled.inspect()["kernels"] if k["primitive"] == primitive]
     assert kernels, compiled.inspect()["kernels"]
     last = kernels[-1]  # weights split for CPUs without VNNI give a :lo kernel before it
-    assert last["src_dtype"] in ("u8", "s8") and last["dst_dtype"] in ("u8", "s8"), last
+    assert last["src_dtype"] in ("u8", "s8"), last
+    # an int8 store, or (the output's dequantize folded in: fold_output_dequantize) f32 with
+    # nothing after it but the output's layout reorder
+    after = compiled.inspect()["kernels"][compiled.inspect()["kernels"].index(last) + 1:]
+    assert last["dst_dtype"] in ("u8", "s8") or (
+        last["dst_dtype"] == "f32" and all(k["role"] == "io" for k in after)), (last, after)
     assert case.split("_")[0] in last["name"] or last["absorbed"], last
 
 

@@ -138,15 +138,18 @@ def test_conv_store_rounds_before_the_zero_point(zp: int) -> None:
     round(x/s) + zp (the conv's float32 value itself may differ from the reference's float
     conv by an ulp: at most one step, on near-ties only). Without onnx_divide: ·(1/s)."""
     m = _conv(zp)
-    fused = compile_model(m)
+    # the int8 store is the subject: the output's dequantize stays its own kernel (with
+    # fold_output_dequantize the conv writes f32; test_fold_output_dequantize.py)
+    int8_store = ComposerOptions().without("fold_output_dequantize")
+    fused = compile_model(m, composer=int8_store)
     conv = [k for k in fused.inspect()["kernels"] if k["primitive"] == "convolution"][-1]
     assert conv["rounding"] == (ONNX_FORM if zp else "round(x/s)")
     assert ("eltwise_round" in conv["post_ops"]) == bool(zp)
     assert "binary_div" in conv["post_ops"]
-    mul = compile_model(m, composer=ComposerOptions().without("onnx_divide"))
+    mul = compile_model(m, composer=int8_store.without("onnx_divide"))
     mul_conv = [k for k in mul.inspect()["kernels"] if k["primitive"] == "convolution"][-1]
     assert mul_conv["rounding"] == ("round(x·(1/s))+zp" if zp else "round(x·(1/s))")
-    old = compile_model(m, composer=ComposerOptions().with_("zero_point_before_round"))
+    old = compile_model(m, composer=int8_store.with_("zero_point_before_round"))
     old_conv = [k for k in old.inspect()["kernels"] if k["primitive"] == "convolution"][-1]
     assert old_conv["rounding"] == (LEVEL_FORM.replace("x/s", "x·(1/s)") if zp else
                                     "round(x·(1/s))")

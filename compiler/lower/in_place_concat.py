@@ -1,0 +1,213 @@
+"""In-place Concat: producers write straight into the Concat's output, the concat kernel goes.
+
+OpenVINO's CPU plugin runs a Concat "in place" when its inputs can be views of its output
+(src/plugins/intel_cpu/src/nodes/concat.cpp, ``Concat::selectOptimalPrimitiveDescriptor``: the
+dims before the concat axis are 1 and the layout keeps every input's block contiguous). qfuse
+does the same on the lowered plan, before buffers are planned (compiler/lower/plan.py):
+
+Let ``K`` be a concat kernel with a plain dst descriptor ``M`` (strides ``S``) and input ``i``
+of dims ``d_i`` starting at ``o_i`` along ``axis``. Input ``i``'s region of the output is the
+strided view ``V_i = (d_i, S)`` at byte offset ``b_i = o_i·S[axis]·itemsize``. When ``V_i`` is
+*dense* (its bytes are exactly ``[b_i, b_i + |d_i|·itemsize)``, e.g. N = 1 and the axis is the
+outermost non-unit dim in memory: a channel concat of row-major tensors, a length concat of
+channels-last ``(1, C, L)`` ones) and the input's slot ``s_i`` covers the same bytes as ``V_i``
+(``layouts.same_bytes``: the same strides except on size-1 dims), then writing ``s_i`` at
+``b_i`` of the output *is* what ``K`` would copy there. So the buffer ``s_i`` lives in — its
+alias group, rooted at slot ``r_i`` — is moved into the output: ``r_i`` becomes an alias of the
+output's slot at ``b_i - offset(s_i in r_i)``. No descriptor changes, no primitive is recreated.
+
+Preconditions, each checked per input (``_why_not`` says which failed; ``inspect`` prints it):
+- every slot of the group lies inside ``s_i``'s bytes (nothing else is moved along);
+- the group is neither a graph input, an output nor a constant, and no kernel after ``K``
+  reads or writes it (its lifetime ends at ``K``: after the move its bytes are the output's,
+  which later kernels may overwrite in place);
+- its writers come before ``K``; another input does not share its group (``concat(x, x)``).
+Regions of distinct inputs are disjoint, so no kernel writes bytes another input still needs.
+
+When every input but one is placed, the last one is copied by a reorder into its view (a
+strided view is fine for a reorder); otherwise the concat kernel stays. Plans are per model and
+immutable; buffers stay per execution context (runtime/execution.py), so concurrent runs never
+share a view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+
+from qfuse.compiler.lower.layouts import same_bytes
+from qfuse.compiler.lower.plan import Kernel, Slot
+from qfuse.ir import Graph
+from qfuse.runtime.onednn import Arg, MemoryDesc, reorder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Placed:
+    """What ``place_concats`` did with one concat kernel (for ``inspect``)."""
+
+    concat: str
+    in_place: list[int]
+    copied: list[int]
+    reasons: dict[int, str]
+    removed: bool
+
+
+def _root(slots: dict[str, Slot], name: str) -> tuple[str, int]:
+    offset = 0
+    while (alias := slots[name].alias) is not None:
+        offset += slots[name].offset
+        name = alias
+    return name, offset
+
+
+def _axis(graph: Graph, kernel: Kernel) -> int | None:
+    node = kernel.info.node
+    if node is None or not graph.has_node(node):
+        return None
+    return getattr(graph.node(node).attrs, "axis", None)
+
+
+class _Groups:
+    """Alias groups of the current slots, and which kernels touch them."""
+
+    def __init__(self, slots: dict[str, Slot], kernels: list[Kernel]) -> None:
+        self.slots = slots
+        self.members: dict[str, list[tuple[str, int]]] = {}
+        for name, slot in slots.items():
+            if slot.const is None:
+                root, offset = _root(slots, name)
+                self.members.setdefault(root, []).append((name, offset))
+        self.touched: dict[str, list[tuple[int, bool]]] = {}  # root -> (kernel, writes)
+        for index, kernel in enumerate(kernels):
+            for name in kernel.reads + kernel.writes:
+                if slots[name].const is None:
+                    root = _root(slots, name)[0]
+                    self.touched.setdefault(root, []).append((index, name in kernel.writes))
+
+
+def _why_not(groups: _Groups, slot: str, view: MemoryDesc, index: int, ends: set[str],
+             taken: set[str], out_root: str) -> str | None:
+    """None when input ``slot`` can be written at its view of the concat output."""
+    slots = groups.slots
+    md = slots[slot].md
+    if slots[slot].const is not None or slots[slot].host is not None:
+        return "a constant"
+    if view.size != view.nelems * view.numpy_dtype.itemsize:
+        return ("its region of the output is not contiguous (dims before the concat axis "
+                "are not 1 in the output's layout)")
+    if not same_bytes(md, view):
+        return f"laid out as {md.describe()}, not as its region {view.describe()}"
+    root, offset = _root(slots, slot)
+    if root == out_root or root in taken:
+        return "its buffer is shared with the output or another input"
+    for kernel, writes in groups.touched.get(root, ()):
+        if kernel > index:
+            return "read again after the concat"
+        if kernel == index and writes:
+            return "written by the concat itself"
+    if any(name in ends for name, _ in groups.members[root]):
+        return "a graph input or output"
+    for name, at in groups.members[root]:
+        if at < offset or at + slots[name].md.size > offset + md.size:
+            return f"its buffer also holds '{name}' outside its bytes"
+    return None
+
+
+def place_concats(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel],
+                  ends: set[str], enabled: bool = True
+                  ) -> tuple[dict[str, Slot], list[Kernel], list[Placed]]:
+    """Concat kernels in place (module docstring). ``ends``: graph input and output slots;
+    ``enabled`` False only reports the concat kernels. Returns the new slots, kernels and
+    what was done per concat kernel."""
+    slots, out = dict(slots), list(kernels)
+    done: list[Placed] = []
+    index = 0
+    while index < len(out):
+        kernel = out[index]
+        if kernel.kind != "concat" or kernel.primitive is None:
+            index += 1
+            continue
+        if not enabled:
+            done.append(Placed(kernel.name, [], [], dict.fromkeys(
+                range(len(kernel.reads)), "in-place concat is switched off"), False))
+            index += 1
+            continue
+        placed = _place_one(graph, slots, out, index, ends)
+        done.append(placed)
+        index += 0 if placed.removed and not placed.copied else 1
+    return slots, out, done
+
+
+def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], index: int,
+               ends: set[str]) -> Placed:
+    kernel = kernels[index]
+    dst = kernel.args[int(Arg.DST)]
+    out_md = slots[dst].md
+    srcs = [kernel.args[Arg.multiple_src(i)] for i in range(len(kernel.reads))]
+    axis = _axis(graph, kernel)
+    result = Placed(kernel.name, [], [], {}, False)
+    if axis is None or not out_md.is_plain or slots[dst].host is not None:
+        why = "no Concat node behind the kernel" if axis is None else \
+            f"the output is not a plain layout ({out_md.describe()})"
+        result.reasons = dict.fromkeys(range(len(srcs)), why)
+        return result
+    axis = axis + len(out_md.dims) if axis < 0 else axis
+    groups = _Groups(slots, kernels)
+    out_root = _root(slots, dst)[0]
+    strides = out_md.strides or ()
+    itemsize = out_md.numpy_dtype.itemsize
+    views: list[tuple[MemoryDesc, int]] = []
+    start = 0
+    taken: set[str] = set()
+    for i, src in enumerate(srcs):
+        dims = slots[src].md.dims
+        view = MemoryDesc.from_strides(dims, out_md.dtype, strides)
+        views.append((view, start * strides[axis] * itemsize))
+        start += dims[axis]
+        reason = _why_not(groups, src, view, index, ends, taken, out_root)
+        if reason is None:
+            result.in_place.append(i)
+            taken.add(_root(slots, src)[0])
+        else:
+            result.reasons[i] = reason
+    rest = [i for i in range(len(srcs)) if i not in result.in_place]
+    if not result.in_place or len(rest) > 1:
+        return result
+    for i in result.in_place:
+        root, offset = _root(slots, srcs[i])
+        members = {name for name, _ in groups.members[root]}
+        for writer in kernels[:index]:
+            if members.intersection(writer.writes):
+                note = (f"writes in place into concat '{kernel.info.node}' (input {i}, "
+                        f"byte {views[i][1]})")
+                writer.info.note = f"{writer.info.note}; {note}" if writer.info.note else note
+        slots[root] = dataclasses.replace(slots[root], alias=dst,
+                                          offset=views[i][1] - offset)
+    replacement: list[Kernel] = []
+    for i in rest:  # the one input left: a reorder into its view of the output
+        view, byte = views[i]
+        name = _fresh(slots, f"{dst}@input{i}")
+        slots[name] = Slot(name, view, alias=dst, offset=byte)
+        pd = reorder(slots[srcs[i]].md, view)
+        info = dataclasses.replace(kernel.info, note=f"copies input {i} of the in-place "
+                                   f"concat (inputs {result.in_place} written in place)",
+                                   post_ops=[], post_op_details=[])
+        replacement.append(Kernel(kernel.name, "reorder", [srcs[i]], [name], pd.create(),
+                                  {int(Arg.SRC): srcs[i], int(Arg.DST): name}, info=info))
+        result.copied.append(i)
+    kernels[index:index + 1] = replacement
+    result.removed = True
+    log.info("concat %s in place: inputs %s, copied %s", kernel.name, result.in_place,
+             result.copied)
+    return result
+
+
+def _fresh(slots: dict[str, Slot], base: str) -> str:
+    name, count = base, 0
+    while name in slots:
+        count += 1
+        name = f"{base}#{count}"
+    return name

@@ -1,0 +1,188 @@
+"""In-place Concat (compiler/lower/in_place_concat.py): producers write into the Concat's
+output, the concat kernel goes; every output bit-exact against the same plan with the
+mechanism off (composer option ``in_place_concat``), from many threads, on garbage buffers."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from qfuse.compiler.api import CompiledModel, compile_model, random_inputs
+from qfuse.ir.postops import ComposerOptions
+from qfuse.runtime.execution import ExecutionContext
+from tests.compiler.onnx_builders import init, model
+
+OFF = ComposerOptions().without("in_place_concat")
+
+
+def _both(m: onnx.ModelProto) -> tuple[CompiledModel, CompiledModel]:
+    return compile_model(m), compile_model(m, composer=OFF)
+
+
+def _float_concat(batch: int = 1, reread: bool = False) -> onnx.ModelProto:
+    """Relu(x) and Sigmoid(x) concatenated along channels (row-major f32), then Tanh."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]), helper.make_node("Sigmoid", ["x"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Tanh", ["c"], ["y"])]
+    outputs = ["y"]
+    if reread:  # 'a' is read again after the concat (x too: no eltwise runs in place on it)
+        nodes.append(helper.make_node("Mul", ["a", "x"], ["z"]))
+        outputs.append("z")
+    return model(nodes, {"x": ([batch, 4, 5, 6], TensorProto.FLOAT)}, outputs)
+
+
+def _qdq(name: str, value: str, scale: float, zp: int) -> tuple[list[onnx.NodeProto], list]:
+    inits = [init(f"{name}_s", np.float32(scale)), init(f"{name}_z", np.uint8(zp))]
+    nodes = [helper.make_node("QuantizeLinear", [value, f"{name}_s", f"{name}_z"], [f"{name}_q"]),
+             helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"],
+                              [f"{name}_dq"])]
+    return nodes, inits
+
+
+def _int8_head(same_scale: bool) -> onnx.ModelProto:
+    """YOLOv8's detection head in small: two int8 convolutions (channels-last), each
+    Reshape'd to (1, C, H·W), concatenated along the last axis and quantized. ``same_scale``:
+    the first conv's output scale is the concat's (no requantize; its Reshape view of the
+    conv's output goes in place)."""
+    rng = np.random.default_rng(3)
+    nodes, inits = _qdq("x", "x", 0.02, 128)
+    concat_scale = 0.07
+    branches = []
+    for i, (size, scale) in enumerate([(6, concat_scale if same_scale else 0.05), (3, 0.09)]):
+        w = rng.integers(-60, 60, size=(8, 4, 3, 3)).astype(np.int8)
+        inits += [init(f"w{i}", w), init(f"w{i}_s", np.float32(0.01)),
+                  init(f"w{i}_z", np.int8(0)),
+                  init(f"b{i}", rng.normal(0, 0.5, 8).astype(np.float32)),
+                  init(f"shape{i}", np.array([1, 8, size * size], np.int64))]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", f"w{i}_s", f"w{i}_z"],
+                                   [f"w{i}_dq"]),
+                  helper.make_node("Conv", ["x_dq", f"w{i}_dq", f"b{i}"], [f"conv{i}"],
+                                   pads=[1, 1, 1, 1], strides=[1 + i, 1 + i])]
+        q_nodes, q_inits = _qdq(f"c{i}", f"conv{i}", scale, 100 + 10 * i)
+        nodes += q_nodes + [helper.make_node("Reshape", [f"c{i}_dq", f"shape{i}"],
+                                             [f"r{i}"])]
+        inits += q_inits
+        branches.append(f"r{i}")
+    nodes.append(helper.make_node("Concat", branches, ["cat"], axis=2))
+    q_nodes, q_inits = _qdq("cat", "cat", concat_scale, 120)
+    nodes += q_nodes
+    inits += q_inits
+    return model(nodes, {"x": ([1, 4, 6, 6], TensorProto.FLOAT)}, ["cat_dq"], inits)
+
+
+def _concats(m: CompiledModel) -> list[dict]:
+    return m.plan.notes["concats"]
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _kinds(m: CompiledModel) -> list[str]:
+    return [k.kind for k in m.plan.kernels]
+
+
+@pytest.mark.parametrize("same_scale", [False, True])
+def test_int8_head_concat_in_place_is_bit_exact(same_scale: bool) -> None:
+    on, off = _both(_int8_head(same_scale))
+    assert "concat" in _kinds(off) and "concat" not in _kinds(on)
+    # the requantizes read Reshape views of channels-last tensors (layouts.nocopy_strides)
+    assert not [k.name for k in on.plan.kernels if "ref" in k.impl]
+    assert len(on.plan.kernels) == len(off.plan.kernels) - 1
+    assert on.plan.notes["in_place_concats"] == 1
+    [placed] = _concats(on)
+    assert placed["in_place"] == [0, 1] and placed["removed"]
+    for seed in range(4):
+        feeds = random_inputs(on, seed=seed)
+        assert _same(on.run(feeds), off.run(feeds))
+        # and every value the plan materializes, the concat's output included
+        everything, reference = on.run_all(feeds), off.run_all(feeds)
+        assert "cat_dq" in everything
+        shared = everything.keys() & reference.keys()
+        assert len(shared) >= 5
+        assert all(np.array_equal(everything[k], reference[k]) for k in shared)
+
+
+def test_inspect_says_how_each_input_reaches_the_output() -> None:
+    on = compile_model(_int8_head(same_scale=False))
+    [report] = on.inspect()["concats"]
+    assert report["in_place"]
+    assert [i["bytes"] for i in report["inputs"]] == ["written in place by its producer"] * 2
+    assert all("requantized" in i["scale"] for i in report["inputs"])
+    off = compile_model(_int8_head(same_scale=False), composer=OFF)
+    [report] = off.inspect()["concats"]
+    assert not report["in_place"]
+    assert all(i["bytes"].startswith("copied by the concat kernel") for i in report["inputs"])
+
+
+def test_float_channel_concat_in_place() -> None:
+    on, off = _both(_float_concat())
+    assert on.plan.notes["in_place_concats"] == 1
+    assert len(on.plan.kernels) == len(off.plan.kernels) - 1
+    feeds = random_inputs(on, seed=1)
+    assert _same(on.run(feeds), off.run(feeds))
+
+
+def test_batch_of_two_stays_a_concat_and_says_why() -> None:
+    on, _ = _both(_float_concat(batch=2))
+    assert on.plan.notes["in_place_concats"] == 0
+    assert "concat" in _kinds(on)
+    [placed] = _concats(on)
+    assert all("not contiguous" in r for r in placed["reasons"].values())
+
+
+def test_input_read_after_the_concat_is_not_moved() -> None:
+    on, off = _both(_float_concat(reread=True))
+    [placed] = _concats(on)
+    assert "read again after the concat" in placed["reasons"][0]
+    feeds = random_inputs(on, seed=2)
+    assert _same(on.run(feeds), off.run(feeds))
+    # 'b' is placed; 'a' (read by the Add afterwards) is copied into its region by a reorder
+    assert placed["in_place"] == [1] and placed["copied"] == [0]
+    assert "concat" not in _kinds(on)
+
+
+def test_in_place_views_do_not_depend_on_prior_buffer_contents() -> None:
+    on = compile_model(_int8_head(same_scale=True))
+    feeds = random_inputs(on, seed=5)
+    want = on.run(feeds)
+    for fill in (0xFF, 0x5A):
+        context = ExecutionContext(on.plan, fill=fill)
+        for name, view in context.inputs:
+            np.copyto(view, feeds[name])
+        context.run()
+        assert _same({n: v.copy() for n, v in context.outputs}, want)
+
+
+def test_threads_share_the_plan_not_the_views() -> None:
+    """Many threads run one model with in-place concats at once; each call's views are its
+    own context's buffers, so every output equals the serial run of its inputs."""
+    on = compile_model(_int8_head(same_scale=False))
+    feeds = [random_inputs(on, seed=s) for s in range(6)]
+    serial = [on.run(f) for f in feeds]
+    bad: list[str] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def worker(index: int) -> None:
+        try:
+            start.wait()
+            for run in range(30):
+                which = (run + index) % len(feeds)
+                if not _same(on.run(feeds[which]), serial[which]):
+                    bad.append(f"thread {index} run {run}")
+        except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert not bad, bad[:5]
+    assert on.executor.contexts >= 1
