@@ -15,7 +15,7 @@ kept.
 from __future__ import annotations
 
 from qfuse.ir.graph import Graph, Node
-from qfuse.ir.ops import AxisAttrs, CastAttrs, GemmAttrs, LayerNormAttrs
+from qfuse.ir.ops import AxisAttrs, CastAttrs, GemmAttrs, LayerNormAttrs, LrnAttrs, ReduceAttrs
 from qfuse.ir.shapes._common import (
     Shape,
     broadcast,
@@ -80,6 +80,29 @@ def layer_norm(graph: Graph, node: Node) -> list[TensorInfo]:
     bias = optional(graph, node, 2)
     if bias is not None:
         broadcast_to(node, bias.shape, normalized, "bias")
+    return [same_info(x)]
+
+
+def reduce(graph: Graph, node: Node) -> list[TensorInfo]:
+    """Reduce*: the reduced axes become 1 (keepdims) or disappear; x's element type."""
+    attrs: ReduceAttrs = node.attrs
+    x = required(graph, node, 0)
+    axes = set(attrs.axes)
+    if not axes or any(not 0 <= a < x.rank for a in axes) or len(axes) != len(attrs.axes):
+        raise fail(node, f"axes {attrs.axes} are not distinct axes of rank {x.rank}")
+    if attrs.keepdims:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    return [same_info(x, shape)]
+
+
+def lrn(graph: Graph, node: Node) -> list[TensorInfo]:
+    attrs: LrnAttrs = node.attrs
+    x = required(graph, node, 0)
+    if x.rank < 3 or attrs.size < 1:
+        raise fail(node, f"LRN wants x of rank >= 3 and size >= 1, got shape {x.shape} and "
+                         f"size {attrs.size}")
     return [same_info(x)]
 
 

@@ -1,0 +1,112 @@
+"""Reduce* → oneDNN reduction, LRN → oneDNN LRN (float32; integer ones run in numpy).
+
+Reductions. oneDNN's reduction reduces src over the dims where dst has size 1 (dst has src's
+rank: the keepdims shape; without keepdims the output slot is a row-major view of it). Its
+algorithms (oneDNN 3.2 dev guide, "Reduction"; p and eps are the primitive's parameters)
+against ONNX's definitions (https://onnx.ai/onnx/operators/, Reduce*):
+
+    ReduceMean       Σx / R                reduction_mean
+    ReduceSum        Σx                    reduction_sum
+    ReduceProd       Πx                    reduction_mul
+    ReduceMax / Min  max / min             reduction_max / reduction_min
+    ReduceL1         Σ|x|                  norm_lp_sum, p=1, eps=0: (Σ|x|^1 + 0)^(1/1)
+    ReduceL2         √(Σx²)                norm_lp_sum, p=2, eps=0: (Σ|x|² + 0)^(1/2)
+    ReduceSumSquare  Σx²                   norm_lp_power_p_sum, p=2, eps=0: Σ|x|² + 0
+
+(norm_lp_max takes max(Σ|x|^p, eps) instead of the sum with eps: with eps=0 and Σ|x|^p ≥ 0
+the same value; the _sum forms are used.) oneDNN sums in float32 in its own order: results
+differ from the float64 reference (runtime/reference/ops_reduce.py) by sum rounding,
+bounded relative to Σ|x| (tests/compiler/test_lower_reduce.py states the tolerance); max and
+min are exact. oneDNN's jit reduction (``jit:avx2`` here) takes row-major src and dst with the
+reduced dims innermost; other axes run on ``ref:any`` (correct, slower).
+
+LRN. ONNX: ``y = x / (bias + alpha/size · Σ x²)^beta`` over channels c - floor((size-1)/2) ..
+c + ceil((size-1)/2). oneDNN ``lrn_across_channels`` computes ``x · (k + alpha/n · Σ x²)^-beta``
+over c - (n-1)/2 .. c + (n-1)/2 (ref_lrn.cpp: ``half_size = (size - 1) / 2``, both sides),
+dividing by n either way: the same for odd sizes with k = bias, n = size. For an even size
+oneDNN's window has size - 1 channels, one fewer than ONNX's, so even sizes run in numpy.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import plain_md
+from qfuse.ir import DType, Node, Op
+from qfuse.ir.ops import LrnAttrs, ReduceAttrs
+from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, lrn, reduction
+
+log = logging.getLogger(__name__)
+
+# op -> (algorithm, p, eps)
+REDUCTIONS: dict[Op, tuple[Alg, float, float]] = {
+    Op.REDUCE_MEAN: (Alg.reduction_mean, 0.0, 0.0),
+    Op.REDUCE_SUM: (Alg.reduction_sum, 0.0, 0.0),
+    Op.REDUCE_PROD: (Alg.reduction_mul, 0.0, 0.0),
+    Op.REDUCE_MAX: (Alg.reduction_max, 0.0, 0.0),
+    Op.REDUCE_MIN: (Alg.reduction_min, 0.0, 0.0),
+    Op.REDUCE_L1: (Alg.reduction_norm_lp_sum, 1.0, 0.0),
+    Op.REDUCE_L2: (Alg.reduction_norm_lp_sum, 2.0, 0.0),
+    Op.REDUCE_SUM_SQUARE: (Alg.reduction_norm_lp_power_p_sum, 2.0, 0.0),
+}
+
+
+def _float_only(ctx: LowerContext, node: Node) -> bool:
+    return all(ctx.info(v).dtype is DType.F32 for v in [*node.inputs, *node.outputs] if v)
+
+
+def lower_reduce(ctx: LowerContext, node: Node) -> None:
+    if not _float_only(ctx, node):
+        lower_numpy(ctx, node, note="integer reduction")
+        return
+    attrs: ReduceAttrs = node.attrs
+    alg, p, eps = REDUCTIONS[node.op]
+    x, y = node.inputs[0], node.outputs[0]
+    home = ctx.md_of(x)
+    kept = tuple(1 if i in attrs.axes else d for i, d in enumerate(home.dims))
+    dst_md = plain_md(kept, DataType.f32)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return reduction(alg, md, dst_md, p=p, eps=eps)
+
+    pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, DataType.f32)])
+    src_md = pd.src_md
+    assert src_md is not None
+    src = ctx.source(x, src_md)
+    shape = ctx.info(y).shape
+    if shape == kept:
+        dst = ctx.define(y, dst_md)
+    else:  # keepdims=0: the row-major output seen with the kept dims (same bytes)
+        dst = ctx.temp(f"{y}@kept", dst_md, alias=ctx.define(y, plain_md(shape, DataType.f32)))
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
+                      info=ctx.info_for(node))
+
+
+def lower_lrn(ctx: LowerContext, node: Node) -> None:
+    attrs: LrnAttrs = node.attrs
+    if not _float_only(ctx, node):
+        lower_numpy(ctx, node, note="integer LRN")
+        return
+    if attrs.size % 2 == 0:
+        lower_numpy(ctx, node, note=(
+            f"even size {attrs.size}: oneDNN's LRN window is c ± {(attrs.size - 1) // 2} "
+            f"({attrs.size - 1} channels), ONNX's c - {(attrs.size - 1) // 2} .. "
+            f"c + {attrs.size // 2} ({attrs.size})"))
+        return
+    x, y = node.inputs[0], node.outputs[0]
+    home = ctx.md_of(x)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return lrn(md, md, local_size=attrs.size, alpha=attrs.alpha, beta=attrs.beta,
+                   k=attrs.bias)
+
+    pd = ctx.try_layouts("lrn", make, [home, plain_md(home.dims, DataType.f32)])
+    src_md = pd.src_md
+    assert src_md is not None
+    src = ctx.source(x, src_md)
+    # never in place: each output reads its neighbours' inputs
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): ctx.define(y, src_md)},
+                      info=ctx.info_for(node))
+
