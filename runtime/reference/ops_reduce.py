@@ -61,7 +61,7 @@ def reduce(node: Node, args: Arrays) -> list[np.ndarray]:
         raise ValueError(f"{node.op.value} reads a float type here, got {x.dtype}")
     if not attrs.keepdims:
         y = y.reshape([d for i, d in enumerate(y.shape) if i not in axes])
-    return [np.ascontiguousarray(y)]
+    return [np.array(y, order="C", copy=True)]  # (ascontiguousarray makes 0-d 1-d)
 
 
 @impl(Op.LRN)
