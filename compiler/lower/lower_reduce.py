@@ -1,4 +1,5 @@
-"""Reduce* → oneDNN reduction, LRN → oneDNN LRN (float32; integer ones run in numpy).
+"""Reduce* → oneDNN reduction, LRN → oneDNN LRN (float32; u8/s8 ReduceMax / ReduceMin, which
+pick one of their inputs, in their own type; other integer ones run in numpy).
 
 Reductions. oneDNN's reduction reduces src over the dims where dst has size 1 (dst has src's
 rank: the keepdims shape; without keepdims the output slot is a row-major view of it). Its
@@ -57,21 +58,30 @@ def _float_only(ctx: LowerContext, node: Node) -> bool:
     return all(ctx.info(v).dtype is DType.F32 for v in [*node.inputs, *node.outputs] if v)
 
 
+def _int8_pick(ctx: LowerContext, node: Node) -> bool:
+    """ReduceMax / Min of u8 or s8 into the same type (passes/propagate_dequantize moved the
+    dequantize after it): the picked element itself, exact."""
+    types = {ctx.info(v).dtype for v in [*node.inputs, *node.outputs] if v}
+    return node.op in (Op.REDUCE_MAX, Op.REDUCE_MIN) and types in ({DType.U8}, {DType.S8})
+
+
 def lower_reduce(ctx: LowerContext, node: Node) -> None:
-    if not _float_only(ctx, node):
-        lower_numpy(ctx, node, note="integer reduction")
+    int8 = _int8_pick(ctx, node)
+    if not int8 and not _float_only(ctx, node):
+        lower_numpy(ctx, node, note="integer reduction other than an int8 max / min")
         return
     attrs: ReduceAttrs = node.attrs
     alg, p, eps = REDUCTIONS[node.op]
     x, y = node.inputs[0], node.outputs[0]
     home = ctx.md_of(x)
     kept = tuple(1 if i in attrs.axes else d for i, d in enumerate(home.dims))
-    dst_md = plain_md(kept, DataType.f32)
+    dtype = home.dtype if int8 else DataType.f32
+    dst_md = plain_md(kept, dtype)
 
     def make(md: MemoryDesc) -> PrimitiveDesc:
         return reduction(alg, md, dst_md, p=p, eps=eps)
 
-    pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, DataType.f32)])
+    pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, dtype)])
     src_md = pd.src_md
     assert src_md is not None
     src = ctx.source(x, src_md)
@@ -79,7 +89,7 @@ def lower_reduce(ctx: LowerContext, node: Node) -> None:
     if shape == kept:
         dst = ctx.define(y, dst_md)
     else:  # keepdims=0: the row-major output seen with the kept dims (same bytes)
-        dst = ctx.temp(f"{y}@kept", dst_md, alias=ctx.define(y, plain_md(shape, DataType.f32)))
+        dst = ctx.temp(f"{y}@kept", dst_md, alias=ctx.define(y, plain_md(shape, dtype)))
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
                       info=ctx.info_for(node))
 

@@ -15,12 +15,21 @@ kept.
 from __future__ import annotations
 
 from qfuse.ir.graph import Graph, Node
-from qfuse.ir.ops import AxisAttrs, CastAttrs, GemmAttrs, LayerNormAttrs, LrnAttrs, ReduceAttrs
+from qfuse.ir.ops import (
+    AxisAttrs,
+    CastAttrs,
+    GemmAttrs,
+    LayerNormAttrs,
+    LrnAttrs,
+    Op,
+    ReduceAttrs,
+)
 from qfuse.ir.shapes._common import (
     Shape,
     broadcast,
     broadcast_to,
     fail,
+    keep_quant,
     norm_axis,
     optional,
     required,
@@ -84,7 +93,9 @@ def layer_norm(graph: Graph, node: Node) -> list[TensorInfo]:
 
 
 def reduce(graph: Graph, node: Node) -> list[TensorInfo]:
-    """Reduce*: the reduced axes become 1 (keepdims) or disappear; x's element type."""
+    """Reduce*: the reduced axes become 1 (keepdims) or disappear; x's element type.
+    ReduceMax / ReduceMin of quantized values pick one of them: a per-tensor quantization is
+    kept (a per-axis one is dropped, which declines passes/propagate_dequantize)."""
     attrs: ReduceAttrs = node.attrs
     x = required(graph, node, 0)
     axes = set(attrs.axes)
@@ -94,6 +105,8 @@ def reduce(graph: Graph, node: Node) -> list[TensorInfo]:
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     else:
         shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    if node.op in (Op.REDUCE_MAX, Op.REDUCE_MIN) and x.dtype.is_integer:
+        return [keep_quant(x, shape, None)]
     return [same_info(x, shape)]
 
 

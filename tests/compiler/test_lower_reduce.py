@@ -186,3 +186,24 @@ def test_pow_and_sqrt_against_onnxruntime(exponent: float) -> None:
     compiled = compile_model(m)
     assert _kernels(compiled) == ["eltwise"]
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize(("zp", "dtype"), [(7, np.uint8), (-5, np.int8)])
+def test_quantized_max_and_min_reduce_the_integers_bit_exact(op: str, zp: int,
+                                                             dtype: type) -> None:
+    """DQ → ReduceMax → Q with the same parameters: the dequantize moves after the reduction
+    (passes/propagate_dequantize.py), which reads and writes u8 / s8; equal to onnxruntime."""
+    qp = [init("s", np.array(0.05, F32)), init("zp", np.array(zp, dtype))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"], name="q"),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"], name="dq"),
+             helper.make_node(op, ["d"], ["r"], axes=[1, 2], keepdims=0, name="reduce"),
+             helper.make_node("QuantizeLinear", ["r", "s", "zp"], ["y"], name="qo")]
+    m = model(nodes, {"x": ([2, 8, 6, 5], FLOAT)}, ["y"], qp, opset=13)
+    x = (RNG.standard_normal((2, 8, 6, 5)) * 4).astype(F32)
+    want = run_ort(m, {"x": x}, optimized=False)[0]
+    compiled = compile_model(m, mode="fused")
+    (reduce_kernel,) = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "reduction"]
+    name = "u8" if dtype is np.uint8 else "s8"
+    assert reduce_kernel["src_dtype"] == reduce_kernel["dst_dtype"] == name
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
