@@ -15,11 +15,16 @@ against ONNX's definitions (https://onnx.ai/onnx/operators/, Reduce*):
     ReduceSumSquare  Σx²                   norm_lp_power_p_sum, p=2, eps=0: Σ|x|² + 0
 
 (norm_lp_max takes max(Σ|x|^p, eps) instead of the sum with eps: with eps=0 and Σ|x|^p ≥ 0
-the same value; the _sum forms are used.) oneDNN sums in float32 in its own order: results
+the same value; the _sum forms are used.) oneDNN 3.2 has no jit kernel for the norm_lp
+algorithms (jit_uni_reduction.cpp: max, min, sum, mul, mean): ReduceL1 / L2 / SumSquare run
+``ref:any``. oneDNN sums in float32 in its own order: results
 differ from the float64 reference (runtime/reference/ops_reduce.py) by sum rounding,
 bounded relative to Σ|x| (tests/compiler/test_lower_reduce.py states the tolerance); max and
 min are exact. oneDNN's jit reduction (``jit:avx2`` here) takes row-major src and dst with the
-reduced dims innermost; other axes run on ``ref:any`` (correct, slower).
+reduced dims innermost (jit_uni_reduction.cpp: plain tags, reduced dims trailing); other axes
+run ``ref:any`` (scalar loops). So x is then reordered with its reduced axes innermost and the
+jit kernel reads it as the permuted dims; the kept dims keep their order, so its output bytes
+are the row-major output (``reduced_axes_innermost`` in inspect).
 
 LRN. ONNX: ``y = x / (bias + alpha/size · Σ x²)^beta`` over channels c - floor((size-1)/2) ..
 c + ceil((size-1)/2). oneDNN ``lrn_across_channels`` computes ``x · (k + alpha/n · Σ x²)^-beta``
@@ -34,10 +39,19 @@ import logging
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
-from qfuse.compiler.lower.layouts import plain_md
+from qfuse.compiler.lower.layouts import is_slow, plain_md
 from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import LrnAttrs, ReduceAttrs
-from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, lrn, reduction
+from qfuse.runtime.onednn import (
+    Alg,
+    Arg,
+    DataType,
+    DnnlError,
+    MemoryDesc,
+    PrimitiveDesc,
+    lrn,
+    reduction,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,17 +95,54 @@ def lower_reduce(ctx: LowerContext, node: Node) -> None:
     def make(md: MemoryDesc) -> PrimitiveDesc:
         return reduction(alg, md, dst_md, p=p, eps=eps)
 
+    shape = ctx.info(y).shape
     pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, dtype)])
+    if is_slow(pd.impl_name, "reduction") and _reduced_innermost(ctx, node, alg, p, eps, dtype,
+                                                                  kept):
+        return
     src_md = pd.src_md
     assert src_md is not None
     src = ctx.source(x, src_md)
-    shape = ctx.info(y).shape
     if shape == kept:
         dst = ctx.define(y, dst_md)
     else:  # keepdims=0: the row-major output seen with the kept dims (same bytes)
         dst = ctx.temp(f"{y}@kept", dst_md, alias=ctx.define(y, plain_md(shape, dtype)))
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
                       info=ctx.info_for(node))
+
+
+def _reduced_innermost(ctx: LowerContext, node: Node, alg: Alg, p: float, eps: float,
+                       dtype: DataType, kept: tuple[int, ...]) -> bool:
+    """The jit reduction for axes that are not the trailing ones: x reordered so the reduced
+    axes are innermost (one reorder), the primitive reading that buffer as a row-major tensor
+    of the permuted dims and writing the kept dims' row-major bytes (the size-1 dims do not
+    move anything: the output is already in place). False when the jit kernel declines that
+    too (the ref: one found first is used then)."""
+    attrs: ReduceAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    dims = ctx.info(x).shape
+    order = [a for a in range(len(dims)) if a not in attrs.axes] + list(attrs.axes)
+    moved_dims = tuple(dims[a] for a in order)
+    moved_kept = tuple(kept[a] for a in order)
+    try:
+        pd = reduction(alg, plain_md(moved_dims, dtype), plain_md(moved_kept, dtype), p=p,
+                       eps=eps)
+    except DnnlError:
+        return False
+    if is_slow(pd.impl_name, "reduction"):
+        return False
+    strides = [0] * len(dims)
+    step = 1
+    for a in reversed(order):  # memory order = ``order``
+        strides[a] = step
+        step *= dims[a]
+    src = ctx.source(x, MemoryDesc.from_strides(dims, dtype, strides))
+    view = ctx.temp(f"{x}@reduce_order", plain_md(moved_dims, dtype), alias=src)
+    out = ctx.define(y, plain_md(ctx.info(y).shape, dtype))
+    dst = ctx.temp(f"{y}@reduce_order", plain_md(moved_kept, dtype), alias=out)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): view, int(Arg.DST): dst},
+                      info=ctx.info_for(node, optimizations=["reduced_axes_innermost"]))
+    return True
 
 
 def lower_lrn(ctx: LowerContext, node: Node) -> None:
