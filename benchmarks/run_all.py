@@ -13,9 +13,10 @@ fused compile time, and `busy`: the share of CPU time other processes took while
 timed (a shared machine: rerun when it is not ~0). `--profile` adds the per-kernel profile of resnet50's fused plan.
 
 `--real` benchmarks the real-model zoo instead: every model of examples/realzoo quantized by
-quantize_static (QDQ) and by NNCF (`--quantizers` to choose), against unfused, ONNX Runtime and
-OpenVINO with its default precision and with INFERENCE_PRECISION_HINT f32, the inputs being the
-zoo's held-out pictures.
+quantize_static (QDQ) and by NNCF (`--quantizers` to choose), against unfused, fused-inexact
+(qfuse fused with oneDNN's int16-saturating int8 kernels where the CPU has no VNNI, as ONNX
+Runtime and OpenVINO run there), ONNX Runtime and OpenVINO with its default precision and with
+INFERENCE_PRECISION_HINT f32, the inputs being the zoo's held-out pictures.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from qfuse.compiler.bench import BenchConfig, BenchResult, run_bench
 from qfuse.examples import zoo
 
 OTHERS = ["unfused", "fp32", "onnxruntime", "openvino"]
-REAL_OTHERS = ["unfused", "onnxruntime", "openvino", "openvino-f32"]
+REAL_OTHERS = ["unfused", "fused-inexact", "onnxruntime", "openvino", "openvino-f32"]
 SHORT = {"unfused": "unfused/f", "fp32": "fp32/f", "onnxruntime": "ort/f", "openvino": "ov/f",
-         "openvino-f32": "ovf32/f"}
+         "openvino-f32": "ovf32/f", "fused-inexact": "inexact/f"}
 
 
 def _row(name: str, result: BenchResult, others: list[str] = OTHERS) -> dict[str, Any]:

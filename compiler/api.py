@@ -88,8 +88,14 @@ def compile_model(
     threads: int | None = None,
     input_shapes: dict[str, tuple[int, ...]] | None = None,
     composer: ComposerOptions | None = None,
+    exact_int8: bool = True,
 ) -> CompiledModel:
-    """Compile ``model`` for ``mode`` (one of MODES); ``threads``: oneDNN's thread count."""
+    """Compile ``model`` for ``mode`` (one of MODES); ``threads``: oneDNN's thread count.
+    ``exact_int8=False``: on an int8 kernel without VNNI / AMX, run oneDNN's kernel as it is
+    (u8·s8 products summed in pairs with int16 saturation, as ONNX Runtime's and OpenVINO's
+    int8 kernels do there) instead of splitting its weights to keep the sum exact
+    (compiler/lower/no_vnni.py): faster, not exact; inspect() says so. No effect on a CPU
+    whose int8 kernels use VNNI or AMX."""
     if mode not in MODES:
         raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     mode = Mode(mode)
@@ -117,7 +123,8 @@ def compile_model(
     ctx = PassContext(composer=composer or ComposerOptions())
     results = run_passes(work, mode, ctx)
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
-    plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding))
+    plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,
+                               exact_int8=exact_int8))
     executor = Executor(plan, threads)
     details = {"mode": mode, **plan.inspect(), "not_fused": not_fused(work, results),
                "passes": {r.name: r.changed for r in results}, "islands": islands(work)}

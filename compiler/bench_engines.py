@@ -7,6 +7,9 @@ returns the outputs as a list in the model's output order (for the agreement che
 - qfuse ``fused`` / ``unfused`` / ``fp32`` / ``reference``: ``compile_model(path, mode,
   threads=N)``; the timed call is ``CompiledModel.run`` (validates and copies the inputs in,
   copies the outputs out).
+- qfuse ``fused-inexact``: fused with ``exact_int8=False`` — on a CPU without VNNI / AMX,
+  oneDNN's int8 kernels as they are (int16-saturating pair sums, as ONNX Runtime's and
+  OpenVINO's there) instead of the exact split weights; the same as ``fused`` elsewhere.
 - ONNX Runtime: CPU provider, ``intra_op_num_threads=N``, ``inter_op_num_threads=1``, sequential
   execution, default graph optimizations (ORT_ENABLE_ALL, which runs its QDQ fusions).
 - OpenVINO: ``Core().read_model`` of the QDQ ONNX file (its LPT turns Q/DQ into int8), compiled
@@ -37,8 +40,10 @@ from qfuse.ir.mode import Mode
 log = logging.getLogger(__name__)
 
 QFUSE_MODES = tuple(m.value for m in Mode)
+# fused with exact_int8=False: oneDNN's int16-saturating int8 kernels where there is no VNNI
+INEXACT = "fused-inexact"
 EXTERNAL = ("onnxruntime", "openvino", "openvino-f32")
-ENGINES = QFUSE_MODES + EXTERNAL
+ENGINES = (*QFUSE_MODES, INEXACT, *EXTERNAL)
 # OpenVINO layer types that do the int8 multiply-accumulate work.
 _OV_COMPUTE = ("Convolution", "Deconvolution", "FullyConnected", "MatMul", "GroupConvolution")
 _OV_SKIP = {"Const", "Input", "Output", "Parameter", "Result"}
@@ -62,6 +67,8 @@ def make_engine(name: str, model: Path, threads: int, feeds: dict[str, np.ndarra
     """Build engine ``name`` (one of ENGINES) on ``model`` with ``threads`` threads."""
     if name in QFUSE_MODES:
         return _qfuse(name, model, threads, feeds)
+    if name == INEXACT:
+        return _qfuse("fused", model, threads, feeds, exact_int8=False, label=INEXACT)
     if name == "onnxruntime":
         return _onnxruntime(model, threads, feeds)
     if name == "openvino":
@@ -79,11 +86,12 @@ def _import(package: str) -> Any:
                                 f"pip install {package} (or the `bench` extra)") from None
 
 
-def _qfuse(mode: str, model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:
+def _qfuse(mode: str, model: Path, threads: int, feeds: dict[str, np.ndarray], *,
+           exact_int8: bool = True, label: str | None = None) -> Engine:
     from qfuse.compiler.api import compile_model
 
     start = time.perf_counter()
-    compiled = compile_model(model, mode=mode, threads=threads)
+    compiled = compile_model(model, mode=mode, threads=threads, exact_int8=exact_int8)
     seconds = time.perf_counter() - start
     names = compiled.outputs
 
@@ -102,7 +110,7 @@ def _qfuse(mode: str, model: Path, threads: int, feeds: dict[str, np.ndarray]) -
                 "numpy_kernels": impls.get("numpy", 0),
                 "ref_kernels": sum(c for i, c in impls.items() if i.startswith("ref")),
                 "impls": dict(impls.most_common())}
-    return Engine(mode, run, outputs, seconds, info, compiled)
+    return Engine(label or mode, run, outputs, seconds, info, compiled)
 
 
 def _onnxruntime(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Engine:

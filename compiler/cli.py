@@ -41,7 +41,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         model = emulated_model(args.model, args.emulate)
     else:
         model = compile_model(args.model, mode=args.mode, threads=args.threads,
-                              input_shapes=input_shapes(args))
+                              input_shapes=input_shapes(args), exact_int8=exact_int8(args))
     if args.inputs:
         feeds = load_npz(args.inputs)
         missing = [n for n in model.inputs if n not in feeds]
@@ -119,6 +119,18 @@ def _shape_flag(p: argparse.ArgumentParser) -> None:
                    metavar="NAME=D0xD1x...", help=INPUT_SHAPE_HELP)
 
 
+def _int8_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inexact-int8", dest="inexact_int8", action="store_true",
+                   help="on a CPU without VNNI/AMX, run oneDNN's int8 kernels as they are "
+                        "(int16-saturating pair sums, as ONNX Runtime and OpenVINO do there): "
+                        "faster, not exact; default: split weights so every sum is exact")
+
+
+def exact_int8(args: argparse.Namespace) -> bool:
+    """compile_model's ``exact_int8`` from the --inexact-int8 flag."""
+    return not getattr(args, "inexact_int8", False)
+
+
 def input_shapes(args: argparse.Namespace) -> dict[str, tuple[int, ...]] | None:
     """The --input-shape flags as compile_model's ``input_shapes`` (None when none given)."""
     given = getattr(args, "input_shape", None)
@@ -149,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the imported graph in this framework's integer arithmetic "
                         "(instead of --mode)")
     _shape_flag(p)
+    _int8_flag(p)
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("compile", help="compile a model and print a summary")
@@ -158,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what to compile (default: fused)")
     p.add_argument("--threads", type=int, help=THREADS_HELP)
     _shape_flag(p)
+    _int8_flag(p)
     p.set_defaults(func=_cmd_compile)
 
     p = sub.add_parser("inspect", help="show every kernel and what fused")
@@ -179,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="fused", choices=list(COMPILED_MODES),
                    help="which compiled form to describe (default: fused)")
     _shape_flag(p)
+    _int8_flag(p)
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("bench", help="benchmark against other engines")

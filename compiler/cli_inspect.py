@@ -12,11 +12,12 @@ from qfuse.compiler.cli_output import emit
 
 def _compile(args: argparse.Namespace) -> tuple[Any, float]:
     from qfuse.compiler.api import compile_model
-    from qfuse.compiler.cli import input_shapes
+    from qfuse.compiler.cli import exact_int8, input_shapes
 
     start = time.perf_counter()
     model = compile_model(args.model, mode=getattr(args, "mode", "fused"),
-                          threads=getattr(args, "threads", None), input_shapes=input_shapes(args))
+                          threads=getattr(args, "threads", None), input_shapes=input_shapes(args),
+                          exact_int8=exact_int8(args))
     return model, time.perf_counter() - start
 
 

@@ -42,7 +42,14 @@ from qfuse.compiler.lower import unfused
 from qfuse.compiler.lower.attrs import build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
-from qfuse.compiler.lower.layouts import any_md, channels_last, dnnl_type, md_like, plain_md
+from qfuse.compiler.lower.layouts import (
+    any_md,
+    channels_last,
+    dnnl_type,
+    is_slow,
+    md_like,
+    plain_md,
+)
 from qfuse.compiler.lower.lower_compute import composed_for
 from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import PoolAttrs
@@ -51,6 +58,7 @@ from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
+    DnnlError,
     Memory,
     MemoryDesc,
     PrimitiveAttr,
@@ -120,6 +128,10 @@ def lower_pool(ctx: LowerContext, node: Node) -> None:
     as_posts = Composed(composed.channels, DType.F32, post_ops=posts, fired=composed.fired)
     built = build_attr(as_posts, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
                        dst_type=DataType.f32, scales=False)
+    if _int8_pool_is_slow(ctx, x, yinfo.shape, alg, geometry, built.attr,
+                          dnnl_type(yinfo.dtype)):
+        _pool_in_f32(ctx, node, alg, geometry, composed)
+        return
     _pool(ctx, node, x, alg, geometry, built.attr, built.fixed, dnnl_type(yinfo.dtype),
           built.names, composed.fired, rounding=composed.rounding())
 
@@ -163,6 +175,23 @@ def _pool(ctx: LowerContext, node: Node, x: str, alg: Alg, geometry: dict,
                         rounding=rounding)
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
     return args[int(Arg.DST)]
+
+
+def _int8_pool_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg: Alg,
+                       geometry: dict, attr: PrimitiveAttr, dst_type: DataType) -> bool:
+    """Whether oneDNN 3.2 has only a slow implementation of this int8 pooling in every layout
+    ``_pool`` tries: its jit int8 pooling needs enough channels for a vector (measured here:
+    a u8 global average pool over 8 channels is ``ref:any``, 16 channels ``jit_int:sse41``,
+    32 ``jit_int:avx2``), while f32 pooling is jit for any channel count."""
+    home = ctx.md_of(x)
+    for src in (home, channels_last(home.dims, home.dtype)):
+        try:
+            pd = pooling(alg, src, any_md(out_dims, dst_type), attr=attr, **geometry)
+        except DnnlError:
+            continue
+        if not is_slow(pd.impl_name, "pooling"):
+            return False
+    return True
 
 
 def _pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict,

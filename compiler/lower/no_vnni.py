@@ -267,7 +267,8 @@ class Exactness:
     def lower_with_binary(self, ctx: LowerContext, node: Node, composed: Composed, *,
                           create: Create, channel_axis: int, wei_mask: int, src_zp: int,
                           unsplit: Callable[[], PrimitiveDesc],
-                          main_is_slow: Callable[[Composed], bool] | None = None) -> bool:
+                          main_is_slow: Callable[[Composed], bool] | None = None,
+                          into: str | None = None) -> str | None:
         """Deconvolution: oneDNN's AVX2 int8 deconvolution with a src zero point takes
         neither a full-tensor binary nor a sum post-op (measured: a GEMM-based kernel, 25x
         slower on unet). So both halves run bare into f32, H = f32(2·acc_hi) (weight scale
@@ -281,16 +282,17 @@ class Exactness:
         with the full-tensor binary post-op falls to ``ref:any``. A batch of 1x1 images
         runs the binary primitive over 2-D (N, C) views: oneDNN 3.2's jit binary applies
         per-channel binary post-ops wrongly when N > 1 and every spatial dim is 1
-        (docs/onednn.md; tests/runtime/test_onednn_f32.py)."""
-        shape = ctx.info(node.outputs[0]).shape
+        (docs/onednn.md; tests/runtime/test_onednn_f32.py).
+        Returns the slot written (None: not taken): the node's output, or with ``into`` a
+        new f32 temporary of that name (unfused mode's accumulator, ``composed`` empty)."""
         if (self.halves is None
                 or any(isinstance(op, Sum | TensorBinary) for op in composed.post_ops)
                 or self._on_exact_impl(unsplit)):
-            return False
+            return None
         if node.op is not Op.CONV_TRANSPOSE and (
                 main_is_slow is None
                 or not main_is_slow(self.main_composed(ctx, node, composed, "probe"))):
-            return False
+            return None
         kind = "deconvolution" if node.op is Op.CONV_TRANSPOSE else "convolution"
         y = node.outputs[0]
         yinfo = ctx.info(y)
@@ -308,14 +310,14 @@ class Exactness:
         built = build_attr(finish, ndims=2 if flat else ndims,
                            channel_axis=1 if flat else channel_axis, wei_mask=wei_mask,
                            dst_type=DataType.f32)
-        dst_md = md_like(b_md, dnnl_type(yinfo.dtype))
+        dst_md = md_like(b_md, DataType.f32 if into else dnnl_type(yinfo.dtype))
         assert dst_md is not None
         pd = binary(Alg.binary_add, b_md, b_md, dst_md, attr=built.attr)
         h_md = hi_pd.dst_md
         assert h_md is not None
         if (not same_bytes(h_md, t_md) or is_slow(hi_pd.impl_name, kind)
                 or pd.impl_name.startswith("ref")):
-            return False
+            return None
         t = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
                          wei_mask=wei_mask, src_zp=src_zp, wei_zp=0)
         h = ctx.temp(f"{y}@hi", h_md)
@@ -332,7 +334,9 @@ class Exactness:
         ctx.exact_int8[kernel.name] = HIGH_HALF
         info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
                             post_op_details=built.details, rounding=composed.rounding())
-        out = ctx.define(y, md_like(t_md, dst_md.dtype) if flat else dst_md)
+        whole = md_like(t_md, dst_md.dtype) if flat else dst_md
+        assert whole is not None
+        written = out = ctx.temp(into, whole) if into else ctx.define(y, whole)
         if flat:
             out = ctx.temp(f"{y}@view", dst_md, alias=out)
         kernel = ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): h_view, int(Arg.SRC_1): t,
@@ -340,7 +344,7 @@ class Exactness:
                                    dict(built.fixed), info=info)
         self.how = f"{self.how}, halves added by a binary primitive"
         self.record(ctx, kernel)
-        return True
+        return written
 
     def _on_exact_impl(self, unsplit: Callable[[], PrimitiveDesc]) -> bool:
         """True (and nothing split) when the unsplit primitive, as created now (after the

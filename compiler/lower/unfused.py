@@ -27,8 +27,15 @@ import numpy as np
 from qfuse.compiler.lower import no_vnni
 from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, channel_array
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import any_md, const_memory, dnnl_type, md_like, plain_md
-from qfuse.ir import DType, Node
+from qfuse.compiler.lower.layouts import (
+    any_md,
+    const_memory,
+    dnnl_type,
+    is_slow,
+    md_like,
+    plain_md,
+)
+from qfuse.ir import DType, Node, Op
 from qfuse.ir.postops import Add, Clip, Composed, Eltwise, Mul, Prelu, Round, Sum, TensorBinary
 from qfuse.runtime.onednn import (
     Alg,
@@ -43,6 +50,7 @@ from qfuse.runtime.onednn import (
 )
 
 log = logging.getLogger(__name__)
+KINDS = {Op.CONV: "convolution", Op.CONV_TRANSPOSE: "deconvolution"}
 F32 = np.float32
 Create = Callable[[BuiltAttr, MemoryDesc | None, Composed], tuple[PrimitiveDesc, Memory | None]]
 
@@ -74,10 +82,32 @@ def lower_compute(ctx: LowerContext, node: Node, *, channel_axis: int, create: C
             made = None
     if exact is not None and exact.splits:
         plain, unsplit_attr = empty, built
+
+        def unsplit() -> PrimitiveDesc:
+            return create(unsplit_attr, any_md(shape, DataType.f32), plain)[0]
+
+        def main_is_slow(main: Composed) -> bool:
+            assert exact is not None and exact.halves is not None
+            zh = no_vnni.split_zero_point(wei_zp)[0]
+            attr = build_attr(main, ndims=len(shape), channel_axis=channel_axis,
+                              wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
+                              wei_zp=zh)
+            pd = create(attr, any_md(shape, DataType.f32), main, weights=exact.halves[0])[0]
+            return is_slow(pd.impl_name, KINDS.get(node.op, "matmul"))
+
+        # a main primitive that would be slow (a 1x1 conv over a 1x1 image): the halves are
+        # added by a binary primitive, as in fused mode
+        acc = exact.lower_with_binary(ctx, node, plain, create=create,
+                                      channel_axis=channel_axis, wei_mask=wei_mask,
+                                      src_zp=src_zp, unsplit=unsplit,
+                                      main_is_slow=main_is_slow, into=f"{y}@acc")
+        if acc is not None:
+            finish_chain(ctx, node, acc, channel_axis)
+            return
         empty, create, weights_slot, wei_zp = exact.apply(
             ctx, node, empty, create=create, weights_slot=weights_slot,
             channel_axis=channel_axis, wei_mask=wei_mask, src_zp=src_zp, wei_zp=wei_zp,
-            unsplit=lambda: create(unsplit_attr, any_md(shape, DataType.f32), plain)[0])
+            unsplit=unsplit)
         if exact.splits:
             built = build_attr(empty, ndims=len(shape), channel_axis=channel_axis,
                                wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,

@@ -71,3 +71,27 @@ def test_bad_model_gives_an_error_not_a_traceback(tmp_path: Path, capsys) -> Non
     junk.write_bytes(b"not a model")
     assert main(["compile", str(junk)]) == 1
     assert "MalformedModelError" in capsys.readouterr().err
+
+
+def test_inexact_int8_keeps_onednns_kernels(resnet: Path, tmp_path: Path, capsys) -> None:
+    """--inexact-int8: no weight split anywhere (on a VNNI / AMX CPU nothing splits anyway);
+    the outputs stay close to the exact plan's, and where the CPU splits, fewer kernels."""
+    from qfuse.compiler.api import compile_model, random_inputs
+
+    exact_plan, inexact_plan = tmp_path / "exact.json", tmp_path / "inexact.json"
+    assert main(["compile", str(resnet), "--json", str(exact_plan)]) == 0
+    assert main(["compile", str(resnet), "--inexact-int8", "--json", str(inexact_plan)]) == 0
+    capsys.readouterr()
+    exact, inexact = (json.loads(p.read_text()) for p in (exact_plan, inexact_plan))
+    assert inexact["exact_int8"] == {}
+    assert not any(k["name"].endswith(":lo") for k in inexact["kernels"])
+    if exact["exact_int8"]:  # this CPU splits: the inexact plan has one kernel less per split
+        split = sum(k["name"].endswith(":lo") for k in exact["kernels"])
+        assert split > 0 and len(inexact["kernels"]) == len(exact["kernels"]) - split
+    model = compile_model(resnet, exact_int8=False)
+    feeds = random_inputs(model, seed=0)
+    a, b = model.run(feeds), compile_model(resnet).run(feeds)
+    for name in model.outputs:
+        cos = float(np.dot(a[name].ravel(), b[name].ravel())
+                    / (np.linalg.norm(a[name]) * np.linalg.norm(b[name])))
+        assert cos > 0.9, cos

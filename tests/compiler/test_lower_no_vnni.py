@@ -264,6 +264,18 @@ def test_matmul(name: str) -> None:
 
 
 @no_vnni
+@pytest.mark.parametrize("n", [1, 2])
+def test_unfused_squeeze_excitation_fc_adds_halves_by_binary(n: int) -> None:
+    """Unfused mode too: the main primitive with the low half as a binary post-op would be
+    ref:any (checked by _agreement), so a binary primitive adds the halves into the f32
+    accumulator, then the chain runs op by op."""
+    graph, feeds = _conv(c=256, o=64, kernel=1, pads=(0, 0, 0, 0), hw=1, n=n)
+    _, _, chain_lsb, chain_same, how = _agreement(graph, feeds, mode="unfused")
+    assert "halves added by a binary primitive" in how["conv"], how
+    assert chain_lsb <= 1 and chain_same >= 0.999
+
+
+@no_vnni
 def test_unfused_mode_accumulator_is_exact() -> None:
     graph, feeds = _conv(64, 32)
     _, _, chain_lsb, chain_same, how = _agreement(graph, feeds, mode="unfused")

@@ -169,3 +169,23 @@ def test_reshape_of_channels_last_is_a_view() -> None:
     assert plan.reorders == 0 and plan.io_reorders == 2  # input in, output out
     values = ref_eval(g, feeds)
     assert np.abs(out["r"].astype(int) - values["r"].astype(int)).max() <= 1
+
+
+@pytest.mark.parametrize("dims,strides,new,expected", [
+    ((1, 82, 20, 20), (32800, 1, 1640, 82), (1, 82, 400), (32800, 1, 82)),  # tag acb
+    ((2, 3, 4), (12, 4, 1), (2, 1, 12), (12, 12, 1)),  # tag abc
+    ((1, 8, 5, 5), (200, 1, 40, 8), (1, 8, 1, 25), (200, 1, 200, 8)),  # tag acdb
+])
+def test_view_unit_dims_take_the_tag_stride(dims: tuple, strides: tuple, new: tuple,
+                                            expected: tuple) -> None:
+    """A size-1 dim's stride addresses nothing, but oneDNN orders dims by it: the view gets
+    what a format tag would give, and a binary over it stays jit (with (82, 1, 82) it ran
+    ref:any)."""
+    from qfuse.compiler.lower.layouts import nocopy_strides
+    from qfuse.runtime.onednn import Alg, DataType, MemoryDesc, binary
+
+    got = nocopy_strides(dims, strides, new)
+    assert got == expected
+    md = MemoryDesc.from_strides(new, DataType.u8, got)
+    one = MemoryDesc.from_tag((1,) * len(new), DataType.f32)
+    assert not binary(Alg.binary_sub, md, one, md).impl_name.startswith("ref")

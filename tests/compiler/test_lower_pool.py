@@ -77,14 +77,19 @@ AVG_CASES = {
     "global_u8_u8": (Op.GLOBAL_AVG_POOL, U8, U8, False),
     "avg_s8_u8": (Op.AVG_POOL, S8, U8, False),
     "global_u8_f32": (Op.GLOBAL_AVG_POOL, U8, DType.F32, False),
+    # 8 channels: oneDNN 3.2's int8 pooling is ref:any below one vector of channels, so the
+    # pooling runs in f32 (jit) between a dequantize and a store
+    "global_u8_u8_8ch": (Op.GLOBAL_AVG_POOL, U8, U8, False),
 }
+SHAPES = {"global_u8_u8_8ch": (1, 8, 12, 96)}
 
 
 @pytest.mark.parametrize("mode", ["fused", "unfused"])
 @pytest.mark.parametrize("name", list(AVG_CASES))
 def test_int8_avg_pool_with_chain(name: str, mode: str) -> None:
     op, src, dst, include_pad = AVG_CASES[name]
-    g, feeds = _avg_graph(op, src, dst, include_pad=include_pad)
+    g, feeds = _avg_graph(op, src, dst, include_pad=include_pad,
+                          mode_shape=SHAPES.get(name, (2, 16, 9, 9)))
     out, plan = run_plan(g, feeds, mode=mode)
     expected = ref_eval(g, feeds)["y"]
     if dst == DType.F32:
@@ -95,7 +100,7 @@ def test_int8_avg_pool_with_chain(name: str, mode: str) -> None:
     pools = [k for k in plan.kernels if k.kind == "pooling"]
     assert len(pools) == 1 and not pools[0].impl.startswith("ref")
     ops = [k.name for k in plan.kernels if k.info.role == "op"]  # not layout conversions
-    one_kernel = mode == "fused" and src == dst and not include_pad
+    one_kernel = mode == "fused" and src == dst and not include_pad and name not in SHAPES
     assert (len(ops) == 1) == one_kernel, ops
 
 

@@ -271,3 +271,18 @@ def test_agreement_measures() -> None:
     half = mask.copy()
     half[..., 1, :] = 0.0
     assert rt.agreement("text_mask", mask, half) == 0.5
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused"])
+@pytest.mark.parametrize("quantizer", ["qdq", "nncf"])
+def test_no_kernel_on_a_reference_implementation(quantizer: str, mode: str) -> None:
+    """Issue 12: every kernel of every zoo model on a fast implementation (oneDNN's ref:any
+    runs scalar loops, 20-100x slower): layouts, axes and weight formats chosen for it."""
+    import qfuse
+
+    slow = {}
+    for name, entry in entries().items():
+        model = qfuse.compile_model(str(entry.quantized[quantizer]), mode=mode)
+        slow[name] = [f"{k['name']} ({k['primitive']} {k['impl']})"
+                      for k in model.inspect()["kernels"] if "ref" in k.get("impl", "")]
+    assert not any(slow.values()), slow
