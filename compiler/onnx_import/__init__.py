@@ -85,6 +85,8 @@ _DEFAULT: dict[str, Converter] = {
     "BatchNormalization": convert_math.batch_norm,
     "Dropout": convert_math.dropout,
     **{op: convert_reduce.reduce for op in convert_reduce.REDUCE_OPS},
+    "ReduceLogSum": convert_reduce.no_log_form,
+    "ReduceLogSumExp": convert_reduce.no_log_form,
     "LRN": convert_reduce.lrn,
     "Sqrt": convert_reduce.sqrt,
     "Pow": convert_reduce.power,

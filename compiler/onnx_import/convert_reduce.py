@@ -4,8 +4,8 @@ Reduce* (ReduceMean / Max / Min / Sum / Prod / L1 / L2 / SumSquare): the axes co
 ``axes`` attribute (before opset 18; ReduceSum before 13) or from the optional second input
 (opset 18; ReduceSum 13), which must then be a constant. Negative axes count from the end.
 No axes: every axis, or — with ``noop_with_empty_axes=1`` — the input itself (an Identity).
-ReduceLogSum / ReduceLogSumExp have no converter (oneDNN's reduction has no log form), so
-they stay float islands, as do reductions of other element types, of a rank-0 tensor, or over
+ReduceLogSum / ReduceLogSumExp stay float islands (oneDNN's reduction has no log form; the
+island's reason says so), as do reductions of other element types, of a rank-0 tensor, or over
 an empty dim (ONNX defines those as the reduction's identity element; oneDNN takes no empty
 tensors).
 
@@ -57,6 +57,12 @@ def reduce(ctx: Context, node: NodeView) -> None:
                                     f"identity element; oneDNN takes no empty tensors)")
     keepdims = bool(node.attr("keepdims", 1))
     ctx.emit(node, REDUCE_OPS[node.op_type], node.inputs[:1], ReduceAttrs(resolved, keepdims))
+
+
+def no_log_form(ctx: Context, node: NodeView) -> None:
+    """ReduceLogSum / ReduceLogSumExp: an island, saying why."""
+    raise ctx.unsupported(node, f"oneDNN's reduction has no algorithm for {node.op_type} "
+                                f"(max, min, sum, mul, mean and Lp norms only)")
 
 
 def lrn(ctx: Context, node: NodeView) -> None:
