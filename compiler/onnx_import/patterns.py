@@ -249,19 +249,22 @@ def _scalar(matcher: _Matcher, value: str) -> float | None:
 
 def _dequantized_scalar(m: _Matcher, value: str) -> tuple[float, NodeView | None] | None:
     """A float scalar constant, or one DequantizeLinear of constants computes (quantize_static
-    stores an Add's constant operand quantized): ``f32((q - zp) · s)``, and that node."""
+    stores an Add's constant operand quantized): ``f32((q - zp) · s)``, and that node when
+    only the pattern reads it."""
     found = _scalar(m, value)
     if found is not None:
         return found, None
-    dq = m.node(value, "DequantizeLinear")
-    if dq is None or not all(i in m.consts for i in dq.inputs if i):
+    dq = m.producer.get(value)
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in DEFAULT_DOMAINS or (
+            not all(i in m.consts for i in dq.inputs if i)):
         return None
     q, scale = m.consts[dq.inputs[0]], m.consts[dq.inputs[1]]
     zp = m.consts[dq.inputs[2]] if len(dq.inputs) > 2 and dq.inputs[2] else np.zeros((), q.dtype)
     if q.size != 1 or scale.size != 1 or zp.size != 1 or scale.dtype != np.float32:
         return None
     level = np.float32(int(q.reshape(())) - int(zp.reshape(())))
-    return float(level * scale.reshape(())), dq
+    # absorbed when the pattern is its only reader; a shared one stays for the others
+    return float(level * scale.reshape(())), dq if m.uses[value] == 1 else None
 
 
 def _centred(m: _Matcher, d: str, reads: int) -> tuple[NodeView, NodeView | None] | None:

@@ -87,18 +87,27 @@ def test_a_transpose_that_moves_other_axes_is_not_folded() -> None:
     np.testing.assert_allclose(compile_model(m).run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
 
 
-def test_epsilon_dequantized_from_a_quantized_constant() -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_epsilon_dequantized_from_a_quantized_constant(shared: bool) -> None:
+    """The DequantizeLinear is absorbed when only the pattern reads it; when another node
+    reads it too (one eps for every LayerNorm of a model) it stays for that reader."""
     eps = [init("eq", np.array(3, np.uint8)), init("es", np.array(4e-6, F)),
            init("ez", np.array(0, np.uint8))]
     nodes = [helper.make_node("DequantizeLinear", ["eq", "es", "ez"], ["epsd"], name="eps_dq"),
              *transposed_layer_norm([1], [0, 2, 1], [-1], eps="epsd")]
-    m = model(nodes, {"x": ([2, 16, 10], FLOAT)}, ["y"], [*inits(16), *eps], opset=13)
+    outputs = ["y"]
+    if shared:
+        nodes.append(helper.make_node("Add", ["x", "epsd"], ["z"], name="other"))
+        outputs.append("z")
+    m = model(nodes, {"x": ([2, 16, 10], FLOAT)}, outputs, [*inits(16), *eps], opset=13)
     (ln,) = [n for n in import_model(m) if n.op is Op.LAYER_NORM]
     assert ln.attrs.epsilon == float(F(3) * F(4e-6))
-    assert "eps_dq" in ln.origin
+    assert ("eps_dq" in ln.origin) is not shared
     x = np.random.default_rng(5).standard_normal((2, 16, 10)).astype(F) * F(0.01)
-    want = run_ort(m, {"x": x}, optimized=False)[0]
-    np.testing.assert_allclose(compile_model(m).run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+    want = run_ort(m, {"x": x}, optimized=False)
+    got = compile_model(m).run({"x": x})
+    for name, expected in zip(outputs, want, strict=True):
+        np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-5, err_msg=name)
 
 
 def test_quantized_variance_is_not_folded_and_runs_natively() -> None:
