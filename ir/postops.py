@@ -182,6 +182,17 @@ def single_pixel_batch(shape: tuple[int, ...]) -> bool:
     return len(shape) > 2 and shape[0] > 1 and math.prod(shape[2:]) == 1
 
 
+def channel_in_the_middle(dims: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """A plain layout whose channel dim (1) lies between other non-unit dims in memory order,
+    e.g. (N, H, C, W): oneDNN 3.2's jit binary applies per-channel binary post-ops wrongly
+    there (measured: tests/runtime/test_onednn_f32.py; right with C outermost after N, as in
+    nchw, or innermost, as in nhwc). Such a kernel reads a row-major copy instead."""
+    if len(dims) < 3 or len(strides) != len(dims) or dims[1] == 1:
+        return False
+    others = [strides[i] for i in range(2, len(dims)) if dims[i] != 1]
+    return any(st > strides[1] for st in others) and any(st < strides[1] for st in others)
+
+
 @dataclass
 class Composed:
     """oneDNN attributes for one int8 compute primitive."""

@@ -16,7 +16,9 @@ Not bit-exact: the reference BatchNormalization computes in float64 and rounds o
 one step at near-ties (tests/passes/test_decompose_batchnorm.py measures it).
 
 Precondition (else the BN stays, reason recorded): scale, bias, mean and var are constants;
-the input is produced by a Conv, ConvTranspose, MatMul or Gemm (a standalone BatchNorm, e.g. a
+the input is produced by a Conv, ConvTranspose, MatMul or Gemm, or by the QuantizeLinear /
+DequantizeLinear pair of one (NNCF quantizes a depthwise conv's output before its BN: the chain
+continues through the pair, its quantize kept as post-ops) (a standalone BatchNorm, e.g. a
 pre-activation one after an Add, stays one oneDNN batch normalization kernel rather than two
 binary kernels). The Add writes the BN's output value (names survive).
 """
@@ -45,10 +47,27 @@ def _check(graph: Graph, bn: Node) -> str | None:
         if graph.constant(bn.inputs[port]) is None:
             return f"BatchNorm {what} '{bn.inputs[port]}' is not a constant"
     producer = graph.producer(bn.inputs[0])
+    if _after_quantized_compute(graph, producer):
+        return None
     if producer is None or producer.op not in COMPUTE:
         return ("a standalone BatchNorm (its input is not a Conv / MatMul output) stays one "
                 "batch normalization kernel")
     return None
+
+
+def _after_quantized_compute(graph: Graph, producer: Node | None) -> bool:
+    """``producer`` is the DequantizeLinear of a compute node's QuantizeLinear, each read only
+    by the next (NNCF quantizes a depthwise conv's output before its BatchNorm): the conv's
+    chain continues through the pair (fuse_post_ops) and takes the Mul + Add too."""
+    if producer is None or producer.op is not Op.DEQUANTIZE_LINEAR:
+        return False
+    q = graph.producer(producer.inputs[0])
+    if q is None or q.op is not Op.QUANTIZE_LINEAR or graph.uses(q.outputs[0]) != 1:
+        return False
+    compute = graph.producer(q.inputs[0])
+    return (compute is not None and compute.op in COMPUTE
+            and graph.uses(compute.outputs[0]) == 1
+            and graph.uses(producer.outputs[0]) == 1)
 
 
 def _decompose(graph: Graph, bn: Node) -> None:

@@ -19,6 +19,7 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.ir import DType, Op, TensorInfo
 from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryDesc
+from qfuse.runtime.onednn.memory import unit_strides
 
 DNNL_TYPES = {DType.F32: DataType.f32, DType.S32: DataType.s32, DType.S8: DataType.s8,
               DType.U8: DataType.u8, DType.F16: DataType.f16}
@@ -145,19 +146,9 @@ def nocopy_strides(dims: Sequence[int], strides: Sequence[int],
 
 
 def unit_strides_like_tags(dims: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
-    """``strides`` with each size-1 dim's stride set as a oneDNN format tag sets it: the
-    extent of the non-unit dims logically inside it, ``max(stride·dim)`` over them (1 when
-    there are none). A unit dim's stride addresses nothing, but oneDNN 3.2 reads it when it
-    orders the dims: a view (1, 82, 400) strides (82, 1, 82) of a channels-last tensor — the
-    unit dim tying with an outer one — sends a binary primitive to ``ref:any`` (measured:
-    YOLOv8n's requantizations before its head Concat, 15 % of the run), while (32800, 1, 82),
-    what the tag ``acb`` gives, runs ``jit:uni``."""
-    out = list(strides)
-    for k, d in enumerate(dims):
-        if d == 1:
-            inner = [strides[j] * dims[j] for j in range(k + 1, len(dims)) if dims[j] != 1]
-            out[k] = max(inner, default=1)
-    return tuple(out)
+    """``strides`` with each size-1 dim's stride as a format tag gives it (what
+    ``MemoryDesc.from_strides`` does to every descriptor: runtime/onednn/memory.unit_strides)."""
+    return unit_strides(tuple(dims), tuple(strides))
 
 
 def strided(dims: Sequence[int], dtype: DataType,
@@ -184,11 +175,14 @@ def dense_in_order(md: MemoryDesc, dims: Sequence[int]) -> MemoryDesc:
 
 def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:
     """``md``'s dims densely laid out with ``axis`` innermost (stride 1) and the other dims in
-    ``md``'s order (row-major order when ``md`` is blocked): oneDNN's jit softmax needs the
-    softmax axis innermost in memory and runs ``ref:any`` otherwise."""
+    row-major order: oneDNN's jit softmax needs the softmax axis innermost in memory and runs
+    ``ref:any`` otherwise. Row-major, not ``md``'s order: the last axis then gives nchw and
+    the channel axis nhwc, the layouts oneDNN's per-channel post-ops handle — with an
+    (N, H, C, W) order taken from a channels-last source (a softmax over W), the per-channel
+    binary post-op of the kernel after it computed wrong values (tests/fuzz seed 8843)."""
     dims = md.dims
     axis = axis + len(dims) if axis < 0 else axis
-    strides = md.strides if md.is_plain and md.strides else row_major(dims)
+    strides = row_major(dims)
     order = sorted((i for i in range(len(dims)) if i != axis), key=lambda i: (-strides[i], i))
     out = [0] * len(dims)
     step = 1

@@ -24,7 +24,7 @@ from qfuse.compiler.lower.attrs import build_attr, scale_bias_post_ops, store_po
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import dnnl_type, md_like, plain_md
 from qfuse.ir import DType, Node
-from qfuse.ir.postops import Composed
+from qfuse.ir.postops import Composed, channel_in_the_middle
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, binary
 
 
@@ -48,6 +48,8 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     yinfo = ctx.info(y)
     home = ctx.md_of(x)
     f32 = md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32)
+    if channel_in_the_middle(f32.dims, f32.strides or ()):  # oneDNN's per-channel bug
+        f32 = plain_md(home.dims, DataType.f32)
     src = ctx.source(x, f32)
     if ctx.options.mode == "unfused":
         work = ctx.temp(f"{y}@chain", f32)

@@ -20,8 +20,10 @@ from qfuse.runtime.reference import evaluate
 C, S_Y, ZP_Y = 8, 0.04, 0
 
 
-def _model(after_conv: bool) -> onnx.ModelProto:
-    """input → Q/DQ → [int8-weight Conv →] BatchNorm → Relu → Q/DQ → out (NNCF's layout)."""
+def _model(after_conv: bool, conv_quantized: bool = False) -> onnx.ModelProto:
+    """input → Q/DQ → [int8-weight Conv → [Q/DQ →]] BatchNorm → Relu → Q/DQ → out (NNCF's
+    layouts: with ``conv_quantized`` the conv's output is quantized before the BN, as NNCF
+    does after depthwise convs)."""
     rng = np.random.default_rng(3)
     inits = [nh.from_array(rng.integers(-100, 100, (C, C, 3, 3)).astype(np.int8), "w"),
              nh.from_array(rng.uniform(1e-3, 3e-3, C).astype(np.float32), "ws"),
@@ -33,12 +35,16 @@ def _model(after_conv: bool) -> onnx.ModelProto:
              nh.from_array(np.array(0.05, np.float32), "sx"),
              nh.from_array(np.array(128, np.uint8), "zx"),
              nh.from_array(np.array(S_Y, np.float32), "sy"),
-             nh.from_array(np.array(ZP_Y, np.uint8), "zy")]
-    bn_in = "c" if after_conv else "x"
+             nh.from_array(np.array(ZP_Y, np.uint8), "zy"),
+             nh.from_array(np.array(0.07, np.float32), "sc"),
+             nh.from_array(np.array(3, np.int8), "zc")]
+    bn_in = ("cd" if conv_quantized else "c") if after_conv else "x"
     nodes = [h.make_node("QuantizeLinear", ["input", "sx", "zx"], ["xq"]),
              h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
              h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
              h.make_node("Conv", ["x", "wf"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("QuantizeLinear", ["c", "sc", "zc"], ["cq"]),
+             h.make_node("DequantizeLinear", ["cq", "sc", "zc"], ["cd"]),
              h.make_node("BatchNormalization", [bn_in, "gamma", "beta", "mean", "var"], ["b"]),
              h.make_node("Relu", ["b"], ["r"]),
              h.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
@@ -87,3 +93,21 @@ def test_standalone_batchnorm_stays() -> None:
     assert results["decompose_batchnorm"].changed == 0
     assert any("standalone BatchNorm" in d.reason for d in results["decompose_batchnorm"].declined)
     assert Op.BATCH_NORM in [n.op for n in graph.topo_order()]
+
+
+def test_batchnorm_after_a_quantized_conv_output_joins_its_kernel() -> None:
+    """conv → Q → DQ → BN → Relu → Q: the conv's chain keeps its quantize as post-ops and
+    takes the BN's Mul + Add (PP-OCR cls NNCF: 252 → 194 kernels)."""
+    model = _model(after_conv=True, conv_quantized=True)
+    graph = import_graph(model)
+    results = {r.name: r for r in run_pipeline(graph, PassContext(), until="decompose_batchnorm")}
+    assert results["decompose_batchnorm"].changed == 1
+    compiled = compile_model(model)
+    info = compiled.inspect()
+    assert not [n for n in info["not_fused"] if n["op"] in ("BatchNormalization", "Mul", "Add")]
+    (conv,) = [k for k in info["kernels"] if k["name"] == "Conv_3"]
+    assert {"BatchNormalization_6", "Relu_7"} <= set(conv["absorbed"]), conv["absorbed"]
+    reference = compile_model(model, mode="reference")
+    for seed in range(3):
+        assert step_diff(compiled.run(_feeds(seed))["out"],
+                         reference.run(_feeds(seed))["out"], S_Y).max_steps <= 1

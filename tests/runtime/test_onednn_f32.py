@@ -249,6 +249,35 @@ def test_binary_per_channel_post_op_over_a_batch_of_single_pixels(shape: tuple[i
     np.testing.assert_array_equal(got.reshape(shape), expected)
 
 
+@pytest.mark.parametrize("order", [(1, 2, 3), (1, 3, 2), (2, 1, 3), (2, 3, 1), (3, 1, 2),
+                                   (3, 2, 1)])
+def test_binary_per_channel_post_op_with_the_channel_in_the_middle(order: tuple) -> None:
+    """oneDNN 3.2 pitfall (ir/postops.channel_in_the_middle; found by tests/fuzz seed 8843):
+    the jit binary primitive applies a per-channel binary post-op wrongly when the channel dim
+    lies between other dims in memory, e.g. (N, H, C, W); right with C outermost after N or
+    innermost. ``order``: memory order of dims 1..3, outermost first."""
+    from qfuse.ir.postops import channel_in_the_middle
+
+    shape = (1, 16, 3, 5)
+    strides, step = [0] * 4, 1
+    for d in reversed((0, *order)):
+        strides[d], step = step, step * shape[d]
+    a, b, m = f32(*shape), f32(*shape), f32(1, 16, 1, 1, lo=0.5, hi=2.0)
+    x_md = MemoryDesc.from_strides(shape, DataType.f32, tuple(strides))
+    attr = PrimitiveAttr().set_post_ops(PostOps().append_binary(Alg.binary_mul, md(m)))
+    pd = binary(Alg.binary_add, x_md, x_md, x_md, attr=attr)
+    primitive = pd.create()
+    src0, src1, dst = Memory(x_md), Memory(x_md), Memory(x_md)
+    src0.write(a)
+    src1.write(b)
+    primitive.execute(primitive.with_scratchpad({
+        Arg.SRC_0: src0, Arg.SRC_1: src1, Arg.post_op(0, Arg.SRC_1): Memory.from_array(m),
+        Arg.DST: dst}))
+    middle = channel_in_the_middle(shape, tuple(strides))
+    assert middle == (order[0] != 1 and order[-1] != 1)
+    assert np.array_equal(dst.read(), (a + b) * m) != (middle and pd.impl_name.startswith("jit"))
+
+
 def test_reorder_layouts() -> None:
     x = f32(2, 5, 4, 3)
     pd = reorder(md(x), md(x, FormatTag.nhwc))
