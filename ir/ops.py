@@ -50,6 +50,19 @@ class Op(enum.Enum):
     SOFTMAX = "Softmax"
     LAYER_NORM = "LayerNormalization"
     BATCH_NORM = "BatchNormalization"
+    LRN = "LRN"
+    # reductions (ReduceAttrs); LogSum / LogSumExp have no oneDNN algorithm and stay islands
+    REDUCE_MEAN = "ReduceMean"
+    REDUCE_MAX = "ReduceMax"
+    REDUCE_MIN = "ReduceMin"
+    REDUCE_SUM = "ReduceSum"
+    REDUCE_PROD = "ReduceProd"
+    REDUCE_L1 = "ReduceL1"
+    REDUCE_L2 = "ReduceL2"
+    REDUCE_SUM_SQUARE = "ReduceSumSquare"
+    # float unary math
+    SQRT = "Sqrt"
+    POW = "Pow"  # x ** exponent, the exponent a constant scalar (PowAttrs)
     # pooling
     MAX_POOL = "MaxPool"
     AVG_POOL = "AveragePool"
@@ -199,6 +212,34 @@ class BatchNormAttrs:
 
 
 @dataclass(frozen=True)
+class LrnAttrs:
+    """ONNX LRN across channels: ``y = x / (bias + alpha/size · Σ x²)^beta``, the sum over
+    channels c - floor((size-1)/2) .. c + ceil((size-1)/2) clipped to [0, C)."""
+
+    size: int
+    alpha: float = 1e-4
+    beta: float = 0.75
+    bias: float = 1.0
+
+
+@dataclass(frozen=True)
+class ReduceAttrs:
+    """Reduce* over ``axes`` (non-negative, sorted, non-empty: the importer resolves ONNX's
+    negative axes, its axes input and an empty list meaning every axis); ``keepdims`` keeps
+    them as size-1 dims."""
+
+    axes: tuple[int, ...]
+    keepdims: bool = True
+
+
+@dataclass(frozen=True)
+class PowAttrs:
+    """Pow with a constant scalar exponent (the importer reads ONNX's second input)."""
+
+    exponent: float
+
+
+@dataclass(frozen=True)
 class PoolAttrs:
     kernel_shape: tuple[int, ...]
     strides: tuple[int, ...]
@@ -335,6 +376,12 @@ ATTRS: dict[Op, type] = {
     Op.SOFTMAX: AxisAttrs,
     Op.LAYER_NORM: LayerNormAttrs,
     Op.BATCH_NORM: BatchNormAttrs,
+    Op.LRN: LrnAttrs,
+    **{op: ReduceAttrs for op in (Op.REDUCE_MEAN, Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_SUM,
+                                  Op.REDUCE_PROD, Op.REDUCE_L1, Op.REDUCE_L2,
+                                  Op.REDUCE_SUM_SQUARE)},
+    Op.SQRT: NoAttrs,
+    Op.POW: PowAttrs,
     Op.MAX_POOL: PoolAttrs,
     Op.AVG_POOL: PoolAttrs,
     Op.GLOBAL_AVG_POOL: NoAttrs,

@@ -12,6 +12,8 @@ old DQ stays when it has other readers. Each rule, and why it is exact:
   merging the channel dim lose it → declined).
 - MaxPool: ``max((q_i - zp)·s) = (max(q_i) - zp)·s`` when s > 0 (x ↦ (x - zp)·s increasing);
   padding taps are ignored by max. Per channel along axis 1 is fine.
+- ReduceMax / ReduceMin: the same argument (min likewise), per tensor only (ir/shapes drops a
+  per-axis quantization through a reduction, which declines the move).
 - Resize nearest: picks input elements. Linear interpolation is not precision-preserving.
 - Pad (constant, value v): ``pad(DQ(q), v) = DQ(pad(q, v_q))`` with v_q = round(v/s) + zp,
   required exact ((v_q - zp)·s == v in float32) and in the type's range (v = 0 → v_q = zp).
@@ -63,7 +65,8 @@ log = logging.getLogger(__name__)
 
 F32 = np.float32
 LAYOUT = (Op.RESHAPE, Op.FLATTEN, Op.TRANSPOSE, Op.SQUEEZE, Op.UNSQUEEZE, Op.SLICE, Op.SPLIT,
-          Op.IDENTITY, Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.RESIZE, Op.PAD)
+          Op.IDENTITY, Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.RESIZE, Op.PAD, Op.REDUCE_MAX,
+          Op.REDUCE_MIN)
 
 
 def dequantize_of(graph: Graph, value: str) -> tuple[Node, DqParams] | None:
@@ -77,7 +80,8 @@ def dequantize_of(graph: Graph, value: str) -> tuple[Node, DqParams] | None:
 
 def _layout_check(graph: Graph, op: Node, p: DqParams) -> str | None:
     """Why ``op`` cannot carry the integer values of a DQ with ``p``, or None."""
-    if op.op in (Op.MAX_POOL, Op.GLOBAL_MAX_POOL) and np.any(p.scale <= 0):
+    if op.op in (Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.REDUCE_MAX, Op.REDUCE_MIN) and np.any(
+            p.scale <= 0):
         return "dequantize scale <= 0: max does not commute with a decreasing map"
     if op.op is Op.RESIZE and op.attrs.mode is not ResizeMode.NEAREST:
         return f"Resize {op.attrs.mode.value} interpolates (only nearest moves values)"

@@ -1,8 +1,8 @@
 """Float elementwise ops, normalizations, and data movement.
 
 - Activations → eltwise (relu, leaky relu = relu with alpha, clip, logistic, tanh, hardswish
-  (alpha 1/6, beta 1/2), hardsigmoid, gelu erf / tanh), in place when nothing reads the input
-  later. Integer inputs run their reference semantics in numpy.
+  (alpha 1/6, beta 1/2), hardsigmoid, gelu erf / tanh, sqrt; Pow with a constant exponent:
+  square, sqrt or pow), in place when nothing reads the input later. Integer inputs run their reference semantics in numpy.
 - Add / Sub / Mul / Div → binary; src0 must have the output's shape (Add and Mul swap their
   operands when only the second does), src1 broadcasts from its dims (ranks padded with 1s).
 - BatchNormalization → binary mul with a binary add post-op (per channel a = γ/√(var+ε),
@@ -44,6 +44,7 @@ from qfuse.ir.ops import (
     GeluAttrs,
     HardSigmoidAttrs,
     HardSwishAttrs,
+    PowAttrs,
     SliceAttrs,
     SplitAttrs,
     TransposeAttrs,
@@ -92,9 +93,23 @@ def _activation(node: Node) -> tuple[Alg, float, float]:
     if op is Op.HARD_SIGMOID:
         hs: HardSigmoidAttrs = node.attrs
         return Alg.eltwise_hardsigmoid, hs.alpha, hs.beta
+    if op is Op.SQRT:
+        return Alg.eltwise_sqrt, 0.0, 0.0
+    if op is Op.POW:
+        return _power(node.attrs)
     gelu: GeluAttrs = node.attrs
     alg = Alg.eltwise_gelu_tanh if gelu.approximate is GeluApprox.TANH else Alg.eltwise_gelu_erf
     return alg, 0.0, 0.0
+
+
+def _power(attrs: PowAttrs) -> tuple[Alg, float, float]:
+    """x^p: x·x for p = 2 (ONNX Runtime's kernel, bit for bit), the correctly rounded square
+    root for p = 0.5, else eltwise pow ``alpha·x^beta`` with alpha = 1 (ulp-level)."""
+    if attrs.exponent == 2.0:
+        return Alg.eltwise_square, 0.0, 0.0
+    if attrs.exponent == 0.5:
+        return Alg.eltwise_sqrt, 0.0, 0.0
+    return Alg.eltwise_pow, 1.0, attrs.exponent
 
 
 def _float_inputs(ctx: LowerContext, node: Node) -> bool:

@@ -25,6 +25,7 @@ from qfuse.compiler.lower import (
     lower_norm,
     lower_pool,
     lower_quant,
+    lower_reduce,
     lower_resize,
 )
 from qfuse.compiler.lower.context import LowerContext, Options
@@ -73,6 +74,10 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.SOFTMAX: lower_norm.lower_softmax,
     Op.LAYER_NORM: lower_norm.lower_layer_norm,
     Op.BATCH_NORM: lower_misc.lower_batch_norm,
+    Op.LRN: lower_reduce.lower_lrn,
+    **{op: lower_reduce.lower_reduce for op in lower_reduce.REDUCTIONS},
+    Op.SQRT: lower_misc.lower_eltwise,
+    Op.POW: lower_misc.lower_eltwise,
     # data movement
     Op.CONCAT: lower_misc.lower_concat,
     Op.SPLIT: lower_misc.lower_split,

@@ -15,7 +15,20 @@ LayerNorm (``fuse_layer_norm``), over trailing axes -k..-1 given as negative axe
 becomes LayerNormalization(x, gamma or 1, beta, axis=-k, epsilon=eps) (ONNX spec:
 https://onnx.ai/onnx/operators/onnx__LayerNormalization.html). Q/DQ pairs around the pattern
 stay as they are (x read from a DequantizeLinear, the result quantized after); a Q/DQ pair
-between the normalization and the Mul / Add leaves those as separate nodes.
+between the normalization and the Mul / Add leaves those as separate nodes. Two forms ONNX
+Runtime's tools write are matched too:
+
+- ``t = Transpose(d, perm)`` read by the square and the normalization (quant_pre_process's
+  transpose optimizer pushes a Transpose up to the Sub): with the mean over x's axes A and
+  the variance over t's trailing axes T, ``perm[T] == A`` makes it
+  ``LayerNormalization(Transpose(x, perm), axis=-k)``, the Transpose keeping t's name (only the
+  pattern read t).
+- eps given as ``DequantizeLinear`` of quantized constants (quantize_static quantizes an
+  Add's constant operand): eps = f32((q - zp)·s), the value the model adds.
+
+Not matched, by design: a Q/DQ pair on the variance (quantize_static quantizes the Add's other
+input too). Folding would drop a rounding the model specifies; the ops stay native (reduction,
+eltwise) and compute the model as written.
 
 Products are matched as *sets of factors*: a tree of Mul nodes whose inner values have a
 single reader is flattened into its leaves, so every order and bracketing of the Muls
@@ -205,17 +218,23 @@ def fuse_gelu(nodes: list[NodeView], consts: dict[str, np.ndarray], uses: Counte
     return [replaced.get(id(n), n) for n in nodes if replaced.get(id(n), n) is not None]
 
 
-def _reduce_axes(matcher: _Matcher, node: NodeView) -> tuple[int, ...] | None:
-    """Negative, trailing, contiguous axes of a keepdims ReduceMean, else None."""
+def _raw_axes(matcher: _Matcher, node: NodeView) -> list[int] | None:
+    """The axes of a keepdims ReduceMean as written (attribute or constant input), or None."""
     if node.attr("keepdims", 1) != 1 or node.attr("noop_with_empty_axes", 0):
         return None
     axes = node.attr("axes")
     if axes is None and len(node.inputs) > 1 and node.inputs[1]:
         data = matcher.consts.get(node.inputs[1])
         axes = None if data is None else [int(a) for a in np.asarray(data).ravel()]
-    if not axes:
+    return [int(a) for a in axes] if axes else None
+
+
+def _reduce_axes(matcher: _Matcher, node: NodeView) -> tuple[int, ...] | None:
+    """Negative, trailing, contiguous axes of a keepdims ReduceMean, else None."""
+    axes = _raw_axes(matcher, node)
+    if axes is None:
         return None
-    axes = sorted(int(a) for a in axes)
+    axes = sorted(axes)
     if axes != list(range(-len(axes), 0)):
         return None
     return tuple(axes)
@@ -228,9 +247,45 @@ def _scalar(matcher: _Matcher, value: str) -> float | None:
     return float(data.reshape(()))
 
 
+def _dequantized_scalar(m: _Matcher, value: str) -> tuple[float, NodeView | None] | None:
+    """A float scalar constant, or one DequantizeLinear of constants computes (quantize_static
+    stores an Add's constant operand quantized): ``f32((q - zp) · s)``, and that node when
+    only the pattern reads it."""
+    found = _scalar(m, value)
+    if found is not None:
+        return found, None
+    dq = m.producer.get(value)
+    if dq is None or dq.op_type != "DequantizeLinear" or dq.domain not in DEFAULT_DOMAINS or (
+            not all(i in m.consts for i in dq.inputs if i)):
+        return None
+    q, scale = m.consts[dq.inputs[0]], m.consts[dq.inputs[1]]
+    zp = m.consts[dq.inputs[2]] if len(dq.inputs) > 2 and dq.inputs[2] else np.zeros((), q.dtype)
+    if q.size != 1 or scale.size != 1 or zp.size != 1 or scale.dtype != np.float32:
+        return None
+    level = np.float32(int(q.reshape(())) - int(zp.reshape(())))
+    # absorbed when the pattern is its only reader; a shared one stays for the others
+    return float(level * scale.reshape(())), dq if m.uses[value] == 1 else None
+
+
+def _centred(m: _Matcher, d: str, reads: int) -> tuple[NodeView, NodeView | None] | None:
+    """The Sub computing x - mean that ``d`` is, directly or through one Transpose (ONNX
+    Runtime's transpose optimizer moves a Transpose there); and that Transpose."""
+    if m.uses[d] != reads:
+        return None
+    node = m.producer.get(d)
+    transpose = None
+    if node is not None and node.op_type == "Transpose" and node.domain in DEFAULT_DOMAINS and (
+            node.attr("perm") is not None):
+        transpose, node = node, m.node(node.inputs[0], "Sub")
+    if node is None or node.op_type != "Sub" or node.domain not in DEFAULT_DOMAINS:
+        return None
+    return node, transpose
+
+
 def _layer_norm(m: _Matcher, norm: NodeView) -> tuple[str, float, tuple[int, ...],
-                                                      list[NodeView]] | None:
-    """(x, epsilon, axes, absorbed) when ``norm`` (a Div or Mul) ends a decomposed LayerNorm."""
+                                                      list[NodeView], NodeView | None] | None:
+    """(x, epsilon, axes, absorbed, transpose) when ``norm`` (a Div or Mul) ends a decomposed
+    LayerNorm; ``transpose`` is the Transpose between the Sub and the rest (module docstring)."""
     absorbed = [norm]
     if norm.op_type == "Div":
         d, root = norm.inputs
@@ -252,12 +307,13 @@ def _layer_norm(m: _Matcher, norm: NodeView) -> tuple[str, float, tuple[int, ...
     if add is None:
         return None
     for var, eps_name in (add.inputs, add.inputs[::-1]):
-        eps = _scalar(m, eps_name)
+        eps = _dequantized_scalar(m, eps_name)
         var_node = m.node(var, "ReduceMean") if eps is not None else None
         if var_node is not None:
             break
     else:
         return None
+    assert eps is not None
     axes = _reduce_axes(m, var_node)
     square = m.node(var_node.inputs[0], "Pow") or m.node(var_node.inputs[0], "Mul")
     if axes is None or square is None:
@@ -270,18 +326,30 @@ def _layer_norm(m: _Matcher, norm: NodeView) -> tuple[str, float, tuple[int, ...
         if square.inputs != [d, d]:
             return None
         reads = 3
-    sub = m.producer.get(d)
-    if sub is None or sub.op_type != "Sub" or sub.domain not in DEFAULT_DOMAINS or (
-            m.uses[d] != reads):
+    found_sub = _centred(m, d, reads)
+    if found_sub is None:
         return None
+    sub, transpose = found_sub
     x, mean = sub.inputs
     mean_node = m.node(mean, "ReduceMean")
-    if mean_node is None or mean_node.inputs[0] != x or _reduce_axes(m, mean_node) != axes:
+    if mean_node is None or mean_node.inputs[0] != x or x in m.consts:
         return None
-    if x in m.consts:
-        return None
+    if transpose is None:
+        if _reduce_axes(m, mean_node) != axes:
+            return None
+    else:  # t = Transpose(x - mean, perm): t's axis i is x's axis perm[i]
+        perm = [int(p) for p in transpose.attr("perm")]
+        rank = len(perm)
+        mean_axes = _raw_axes(m, mean_node)
+        if sorted(perm) != list(range(rank)) or mean_axes is None or not all(
+                -rank <= a < rank for a in mean_axes) or len(axes) > rank:
+            return None
+        if sorted({a % rank for a in mean_axes}) != sorted(perm[a % rank] for a in axes):
+            return None
     absorbed += [sqrt, add, var_node, square, sub, mean_node]
-    return x, eps, axes, absorbed
+    if eps[1] is not None:
+        absorbed.append(eps[1])
+    return x, eps[0], axes, absorbed, transpose
 
 
 def _affine(m: _Matcher, value: str, op_type: str) -> tuple[NodeView, str] | None:
@@ -312,7 +380,7 @@ def fuse_layer_norm(nodes: list[NodeView], consts: dict[str, np.ndarray], uses: 
         found = _layer_norm(m, n)
         if found is None:
             continue
-        x, eps, axes, absorbed = found
+        x, eps, axes, absorbed, transpose = found
         out, scale, bias, last = n.outputs[0], None, "", n
         mul = _affine(m, out, "Mul")
         if mul is not None:
@@ -322,8 +390,13 @@ def fuse_layer_norm(nodes: list[NodeView], consts: dict[str, np.ndarray], uses: 
             if add is not None:
                 absorbed.append(add[0])
                 bias, out, last = add[1], add[0].outputs[0], add[0]
-        if any(id(a) in replaced for a in absorbed):
+        if any(id(a) in replaced for a in [*absorbed, *([transpose] if transpose else [])]):
             continue
+        if transpose is not None:  # the normalization reads Transpose(x), under t's name
+            t = transpose.outputs[0]
+            replaced[id(transpose)] = NodeView(transpose.name, "Transpose", "", [x], [t],
+                                               dict(transpose.attrs), transpose.origin)
+            x = t
         if scale is None:
             scale = f"{n.name}/layer_norm_scale"
             consts[scale] = np.ones((), np.float32)

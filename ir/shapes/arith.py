@@ -15,12 +15,21 @@ kept.
 from __future__ import annotations
 
 from qfuse.ir.graph import Graph, Node
-from qfuse.ir.ops import AxisAttrs, CastAttrs, GemmAttrs, LayerNormAttrs
+from qfuse.ir.ops import (
+    AxisAttrs,
+    CastAttrs,
+    GemmAttrs,
+    LayerNormAttrs,
+    LrnAttrs,
+    Op,
+    ReduceAttrs,
+)
 from qfuse.ir.shapes._common import (
     Shape,
     broadcast,
     broadcast_to,
     fail,
+    keep_quant,
     norm_axis,
     optional,
     required,
@@ -80,6 +89,33 @@ def layer_norm(graph: Graph, node: Node) -> list[TensorInfo]:
     bias = optional(graph, node, 2)
     if bias is not None:
         broadcast_to(node, bias.shape, normalized, "bias")
+    return [same_info(x)]
+
+
+def reduce(graph: Graph, node: Node) -> list[TensorInfo]:
+    """Reduce*: the reduced axes become 1 (keepdims) or disappear; x's element type.
+    ReduceMax / ReduceMin of quantized values pick one of them: a per-tensor quantization is
+    kept (a per-axis one is dropped, which declines passes/propagate_dequantize)."""
+    attrs: ReduceAttrs = node.attrs
+    x = required(graph, node, 0)
+    axes = set(attrs.axes)
+    if not axes or any(not 0 <= a < x.rank for a in axes) or len(axes) != len(attrs.axes):
+        raise fail(node, f"axes {attrs.axes} are not distinct axes of rank {x.rank}")
+    if attrs.keepdims:
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    else:
+        shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+    if node.op in (Op.REDUCE_MAX, Op.REDUCE_MIN) and x.dtype.is_integer:
+        return [keep_quant(x, shape, None)]
+    return [same_info(x, shape)]
+
+
+def lrn(graph: Graph, node: Node) -> list[TensorInfo]:
+    attrs: LrnAttrs = node.attrs
+    x = required(graph, node, 0)
+    if x.rank < 3 or attrs.size < 1:
+        raise fail(node, f"LRN wants x of rank >= 3 and size >= 1, got shape {x.shape} and "
+                         f"size {attrs.size}")
     return [same_info(x)]
 
 

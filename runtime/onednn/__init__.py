@@ -21,7 +21,9 @@ from qfuse.runtime.onednn.attr import AttrInfo, PostOpRecord, PostOps, Primitive
 from qfuse.runtime.onednn.enums import (
     BINARY_ALGS,
     ELTWISE_ALGS,
+    LRN_ALGS,
     POOLING_ALGS,
+    REDUCTION_ALGS,
     RESAMPLING_ALGS,
     Alg,
     Arg,
@@ -57,8 +59,10 @@ from qfuse.runtime.onednn.primitives import (
     filled,
     inner_product,
     layer_normalization,
+    lrn,
     matmul,
     pooling,
+    reduction,
     reorder,
     resampling,
     softmax,
@@ -74,7 +78,8 @@ from qfuse.runtime.onednn.threads import (
 )
 
 __all__ = [
-    "BINARY_ALGS", "ELTWISE_ALGS", "LIBRARY_PATH", "POOLING_ALGS", "RESAMPLING_ALGS",
+    "BINARY_ALGS", "ELTWISE_ALGS", "LIBRARY_PATH", "LRN_ALGS", "POOLING_ALGS",
+    "REDUCTION_ALGS", "RESAMPLING_ALGS",
     "Alg", "Arg", "AttrInfo",
     "BoundPrimitive", "CpuIsa", "DataType", "DnnlError", "Engine", "EngineKind", "ExpectedArg",
     "FormatKind", "FormatTag", "FpMathMode", "Memory", "MemoryDesc", "NormFlags",
@@ -82,7 +87,8 @@ __all__ = [
     "PrimitiveDesc", "PrimitiveKind", "PropKind", "Query", "Status", "Stream", "Version",
     "arg_name", "binary", "check", "concat", "convolution", "data_type_of", "deconvolution",
     "default_engine", "default_stream", "effective_cpu_isa", "eltwise", "filled", "get_num_threads",
-    "inner_product", "layer_normalization", "matmul", "pooling", "reorder", "resampling",
+    "inner_product", "layer_normalization", "lrn", "matmul", "pooling", "reduction", "reorder",
+    "resampling",
     "set_max_cpu_isa",
     "set_num_threads", "set_verbose", "softmax", "version",
 ]

@@ -266,6 +266,14 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
         _S,
         [HandlePtr, Handle, _E, _E, Handle, Handle, c_int, Handle],
     ),
+    "dnnl_reduction_primitive_desc_create": (
+        _S,
+        [HandlePtr, Handle, _E, Handle, Handle, c_float, c_float, Handle],
+    ),
+    "dnnl_lrn_forward_primitive_desc_create": (
+        _S,
+        [HandlePtr, Handle, _E, _E, Handle, Handle, c_int64, c_float, c_float, c_float, Handle],
+    ),
     "dnnl_layer_normalization_forward_primitive_desc_create": (
         _S,
         [HandlePtr, Handle, _E, Handle, Handle, Handle, c_float, c_uint, Handle],

@@ -168,6 +168,8 @@ class Alg(IntEnum):
     pooling_max = 0x1FF
     pooling_avg_include_padding = 0x2FF
     pooling_avg_exclude_padding = 0x3FF
+    lrn_across_channels = 0xAFF
+    lrn_within_channel = 0xBFF
     binary_add = 0x1FFF0
     binary_mul = 0x1FFF1
     binary_max = 0x1FFF2
@@ -176,6 +178,15 @@ class Alg(IntEnum):
     binary_sub = 0x1FFF5
     resampling_nearest = 0x2FFF0
     resampling_linear = 0x2FFF1
+    reduction_max = 0x2FFF2
+    reduction_min = 0x2FFF3
+    reduction_sum = 0x2FFF4
+    reduction_mul = 0x2FFF5
+    reduction_mean = 0x2FFF6
+    reduction_norm_lp_max = 0x2FFF7
+    reduction_norm_lp_sum = 0x2FFF8
+    reduction_norm_lp_power_p_max = 0x2FFF9
+    reduction_norm_lp_power_p_sum = 0x2FFFA
     softmax_accurate = 0x30000
     softmax_log = 0x30001
 
@@ -185,6 +196,8 @@ BINARY_ALGS = frozenset(a for a in Alg if a.name.startswith("binary_"))
 POOLING_ALGS = frozenset(a for a in Alg if a.name.startswith("pooling_"))
 SOFTMAX_ALGS = frozenset(a for a in Alg if a.name.startswith("softmax_"))
 RESAMPLING_ALGS = frozenset(a for a in Alg if a.name.startswith("resampling_"))
+REDUCTION_ALGS = frozenset(a for a in Alg if a.name.startswith("reduction_"))
+LRN_ALGS = frozenset(a for a in Alg if a.name.startswith("lrn_"))
 
 
 class Query(IntEnum):

@@ -27,7 +27,9 @@ from qfuse.runtime.onednn._lib import C, check
 from qfuse.runtime.onednn.attr import PrimitiveAttr
 from qfuse.runtime.onednn.enums import (
     ELTWISE_ALGS,
+    LRN_ALGS,
     POOLING_ALGS,
+    REDUCTION_ALGS,
     RESAMPLING_ALGS,
     SOFTMAX_ALGS,
     Alg,
@@ -309,6 +311,59 @@ def layer_normalization(src: MemoryDesc, dst: MemoryDesc | None = None, *,
     detail = f"epsilon={epsilon} flags={flags!r} " + _desc(src=src, dst=dst, stat=stat)
     return _finish(PrimitiveKind.layer_normalization, call, status, handle, attr, engine,
                    detail)
+
+
+def reduction(alg: Alg, src: MemoryDesc, dst: MemoryDesc, *, p: float = 0.0, eps: float = 0.0,
+              attr: PrimitiveAttr | None = None, engine: Engine | None = None) -> PrimitiveDesc:
+    """Reduce src over the dims where dst has size 1 (same rank; oneDNN 3.2 dev guide,
+    "Reduction"): max, min, sum, mul (product), mean (sum / R); with ``p`` and ``eps``
+
+        norm_lp_max          (max(Σ|x|^p, eps))^(1/p)    norm_lp_sum          (Σ|x|^p + eps)^(1/p)
+        norm_lp_power_p_max   max(Σ|x|^p, eps)           norm_lp_power_p_sum   Σ|x|^p + eps
+
+    (p and eps are ignored by the other algorithms). No prop_kind: reduction has no backward."""
+    if alg not in REDUCTION_ALGS:
+        raise ValueError(f"{alg!r} is not a reduction algorithm")
+    if dst.ndims != src.ndims:
+        raise ValueError(f"reduction needs src and dst of the same rank, got {src.describe()} "
+                         f"and {dst.describe()}")
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_reduction_primitive_desc_create(
+        byref(handle), engine.handle, alg, src.handle, dst.handle, float(p), float(eps),
+        attr.handle)
+    detail = f"{Alg(alg).name} p={p} eps={eps} " + _desc(src=src, dst=dst)
+    return _finish(PrimitiveKind.reduction, "dnnl_reduction_primitive_desc_create", status,
+                   handle, attr, engine, detail)
+
+
+def lrn(src: MemoryDesc, dst: MemoryDesc | None = None, *, local_size: int, alpha: float,
+        beta: float, k: float, alg: Alg = Alg.lrn_across_channels,
+        attr: PrimitiveAttr | None = None, engine: Engine | None = None,
+        prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """Local response normalization (oneDNN 3.2 dev guide, "LRN"), across channels:
+
+        dst(n, c, ...) = src(n, c, ...) · (k + alpha/local_size · Σ_i src(n, c + i, ...)²)^-beta
+
+    i from -(local_size - 1)/2 (C division) over local_size channels, clipped at the edges,
+    the divisor local_size either way; within channel the window is spatial (local_size per
+    spatial dim, divisor local_size^spatial). dst defaults to src's descriptor."""
+    if alg not in LRN_ALGS:
+        raise ValueError(f"{alg!r} is not an LRN algorithm")
+    if local_size < 1:
+        raise ValueError(f"local_size must be >= 1, got {local_size}")
+    dst = dst or src
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    status = C.dnnl_lrn_forward_primitive_desc_create(
+        byref(handle), engine.handle, prop_kind, alg, src.handle, dst.handle, int(local_size),
+        float(alpha), float(beta), float(k), attr.handle)
+    detail = (f"{Alg(alg).name} local_size={local_size} alpha={alpha} beta={beta} k={k} "
+              + _desc(src=src, dst=dst))
+    return _finish(PrimitiveKind.lrn, "dnnl_lrn_forward_primitive_desc_create", status, handle,
+                   attr, engine, detail)
 
 
 def filled(md: MemoryDesc, values: np.ndarray, *, engine: Engine | None = None) -> Memory:

@@ -21,6 +21,7 @@ from qfuse.runtime.reference import (  # noqa: F401
     ops_island,
     ops_nn,
     ops_quant,
+    ops_reduce,
     ops_shape,
 )
 from qfuse.runtime.reference.fused import evaluate_fused

@@ -247,3 +247,30 @@ def test_resampling_matches_headers() -> None:
     argtypes = getattr(_lib.C, name).argtypes
     assert argtypes[4] is ctypes.POINTER(ctypes.c_float)
     assert argtypes[2] is argtypes[3] is ctypes.c_int  # enums
+
+
+# C parameter type (as spelled in dnnl.h, spaces removed) -> the ctypes type it must be
+_CTYPES = {"dnnl_primitive_desc_t*": _lib.HandlePtr, "dnnl_engine_t": ctypes.c_void_p,
+           "const_dnnl_memory_desc_t": ctypes.c_void_p,
+           "const_dnnl_primitive_attr_t": ctypes.c_void_p, "dnnl_prop_kind_t": ctypes.c_int,
+           "dnnl_alg_kind_t": ctypes.c_int, "float": ctypes.c_float,
+           "dnnl_dim_t": ctypes.c_int64}
+
+
+@pytest.mark.parametrize("name", ["dnnl_reduction_primitive_desc_create",
+                                  "dnnl_lrn_forward_primitive_desc_create"])
+def test_reduction_and_lrn_prototypes_match_headers(name: str) -> None:
+    """Parameter by parameter (a float passed where the header has a dnnl_dim_t, or one
+    parameter too few, would be read as garbage or segfault), and the algorithm kinds."""
+    text = re.sub(r"\s+", " ", _strip((header_dir() / "dnnl.h").read_text()))
+    params = re.search(rf"\b{name}\s*\(([^)]*)\)\s*;", text)
+    assert params, name
+    c_types = [re.sub(r"\w+$", "", p.strip()).replace(" ", "") for p in params.group(1).split(",")]
+    assert list(getattr(_lib.C, name).argtypes) == [_CTYPES[t] for t in c_types], c_types
+    algs = c_enums()["dnnl_alg_kind_t"]
+    kinds = c_enums()["dnnl_primitive_kind_t"]
+    assert PrimitiveKind.reduction == kinds["dnnl_reduction"]
+    assert PrimitiveKind.lrn == kinds["dnnl_lrn"]
+    for member in Alg:
+        if member.name.startswith(("reduction_", "lrn_")):
+            assert member == algs[f"dnnl_{member.name}"], member

@@ -1,0 +1,173 @@
+"""Reduce* → oneDNN reduction, LRN → oneDNN LRN (float32; u8/s8 ReduceMax / ReduceMin, which
+pick one of their inputs, in their own type; other integer ones run in numpy).
+
+Reductions. oneDNN's reduction reduces src over the dims where dst has size 1 (dst has src's
+rank: the keepdims shape; without keepdims the output slot is a row-major view of it). Its
+algorithms (oneDNN 3.2 dev guide, "Reduction"; p and eps are the primitive's parameters)
+against ONNX's definitions (https://onnx.ai/onnx/operators/, Reduce*):
+
+    ReduceMean       Σx / R                reduction_mean
+    ReduceSum        Σx                    reduction_sum
+    ReduceProd       Πx                    reduction_mul
+    ReduceMax / Min  max / min             reduction_max / reduction_min
+    ReduceL1         Σ|x|                  norm_lp_sum, p=1, eps=0: (Σ|x|^1 + 0)^(1/1)
+    ReduceL2         √(Σx²)                norm_lp_sum, p=2, eps=0: (Σ|x|² + 0)^(1/2)
+    ReduceSumSquare  Σx²                   norm_lp_power_p_sum, p=2, eps=0: Σ|x|² + 0
+
+(norm_lp_max takes max(Σ|x|^p, eps) instead of the sum with eps: with eps=0 and Σ|x|^p ≥ 0
+the same value; the _sum forms are used.) oneDNN 3.2 has no jit kernel for the norm_lp
+algorithms (jit_uni_reduction.cpp: max, min, sum, mul, mean): ReduceL1 / L2 / SumSquare run
+``ref:any``. oneDNN sums in float32 in its own order: results
+differ from the float64 reference (runtime/reference/ops_reduce.py) by sum rounding,
+bounded relative to Σ|x| (tests/compiler/test_lower_reduce.py states the tolerance); max and
+min are exact. oneDNN's jit reduction (``jit:avx2`` here) takes row-major src and dst with the
+reduced dims innermost (jit_uni_reduction.cpp: plain tags, reduced dims trailing); other axes
+run ``ref:any`` (scalar loops). So x is then reordered with its reduced axes innermost and the
+jit kernel reads it as the permuted dims; the kept dims keep their order, so its output bytes
+are the row-major output (``reduced_axes_innermost`` in inspect).
+
+LRN. ONNX: ``y = x / (bias + alpha/size · Σ x²)^beta`` over channels c - floor((size-1)/2) ..
+c + ceil((size-1)/2). oneDNN ``lrn_across_channels`` computes ``x · (k + alpha/n · Σ x²)^-beta``
+over c - (n-1)/2 .. c + (n-1)/2 (ref_lrn.cpp: ``half_size = (size - 1) / 2``, both sides),
+dividing by n either way: the same for odd sizes with k = bias, n = size. For an even size
+oneDNN's window has size - 1 channels, one fewer than ONNX's, so even sizes run in numpy.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.layouts import is_slow, plain_md
+from qfuse.ir import DType, Node, Op
+from qfuse.ir.ops import LrnAttrs, ReduceAttrs
+from qfuse.runtime.onednn import (
+    Alg,
+    Arg,
+    DataType,
+    DnnlError,
+    MemoryDesc,
+    PrimitiveDesc,
+    lrn,
+    reduction,
+)
+
+log = logging.getLogger(__name__)
+
+# op -> (algorithm, p, eps)
+REDUCTIONS: dict[Op, tuple[Alg, float, float]] = {
+    Op.REDUCE_MEAN: (Alg.reduction_mean, 0.0, 0.0),
+    Op.REDUCE_SUM: (Alg.reduction_sum, 0.0, 0.0),
+    Op.REDUCE_PROD: (Alg.reduction_mul, 0.0, 0.0),
+    Op.REDUCE_MAX: (Alg.reduction_max, 0.0, 0.0),
+    Op.REDUCE_MIN: (Alg.reduction_min, 0.0, 0.0),
+    Op.REDUCE_L1: (Alg.reduction_norm_lp_sum, 1.0, 0.0),
+    Op.REDUCE_L2: (Alg.reduction_norm_lp_sum, 2.0, 0.0),
+    Op.REDUCE_SUM_SQUARE: (Alg.reduction_norm_lp_power_p_sum, 2.0, 0.0),
+}
+
+
+def _float_only(ctx: LowerContext, node: Node) -> bool:
+    return all(ctx.info(v).dtype is DType.F32 for v in [*node.inputs, *node.outputs] if v)
+
+
+def _int8_pick(ctx: LowerContext, node: Node) -> bool:
+    """ReduceMax / Min of u8 or s8 into the same type (passes/propagate_dequantize moved the
+    dequantize after it): the picked element itself, exact."""
+    types = {ctx.info(v).dtype for v in [*node.inputs, *node.outputs] if v}
+    return node.op in (Op.REDUCE_MAX, Op.REDUCE_MIN) and types in ({DType.U8}, {DType.S8})
+
+
+def lower_reduce(ctx: LowerContext, node: Node) -> None:
+    int8 = _int8_pick(ctx, node)
+    if not int8 and not _float_only(ctx, node):
+        lower_numpy(ctx, node, note="integer reduction other than an int8 max / min")
+        return
+    attrs: ReduceAttrs = node.attrs
+    alg, p, eps = REDUCTIONS[node.op]
+    x, y = node.inputs[0], node.outputs[0]
+    home = ctx.md_of(x)
+    kept = tuple(1 if i in attrs.axes else d for i, d in enumerate(home.dims))
+    dtype = home.dtype if int8 else DataType.f32
+    dst_md = plain_md(kept, dtype)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return reduction(alg, md, dst_md, p=p, eps=eps)
+
+    shape = ctx.info(y).shape
+    pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, dtype)])
+    if is_slow(pd.impl_name, "reduction") and _reduced_innermost(ctx, node, alg, p, eps, dtype,
+                                                                  kept):
+        return
+    src_md = pd.src_md
+    assert src_md is not None
+    src = ctx.source(x, src_md)
+    if shape == kept:
+        dst = ctx.define(y, dst_md)
+    else:  # keepdims=0: the row-major output seen with the kept dims (same bytes)
+        dst = ctx.temp(f"{y}@kept", dst_md, alias=ctx.define(y, plain_md(shape, dtype)))
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
+                      info=ctx.info_for(node))
+
+
+def _reduced_innermost(ctx: LowerContext, node: Node, alg: Alg, p: float, eps: float,
+                       dtype: DataType, kept: tuple[int, ...]) -> bool:
+    """The jit reduction for axes that are not the trailing ones: x reordered so the reduced
+    axes are innermost (one reorder), the primitive reading that buffer as a row-major tensor
+    of the permuted dims and writing the kept dims' row-major bytes (the size-1 dims do not
+    move anything: the output is already in place). False when the jit kernel declines that
+    too (the ref: one found first is used then)."""
+    attrs: ReduceAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    dims = ctx.info(x).shape
+    order = [a for a in range(len(dims)) if a not in attrs.axes] + list(attrs.axes)
+    moved_dims = tuple(dims[a] for a in order)
+    moved_kept = tuple(kept[a] for a in order)
+    try:
+        pd = reduction(alg, plain_md(moved_dims, dtype), plain_md(moved_kept, dtype), p=p,
+                       eps=eps)
+    except DnnlError:
+        return False
+    if is_slow(pd.impl_name, "reduction"):
+        return False
+    strides = [0] * len(dims)
+    step = 1
+    for a in reversed(order):  # memory order = ``order``
+        strides[a] = step
+        step *= dims[a]
+    src = ctx.source(x, MemoryDesc.from_strides(dims, dtype, strides))
+    view = ctx.temp(f"{x}@reduce_order", plain_md(moved_dims, dtype), alias=src)
+    out = ctx.define(y, plain_md(ctx.info(y).shape, dtype))
+    dst = ctx.temp(f"{y}@reduce_order", plain_md(moved_kept, dtype), alias=out)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): view, int(Arg.DST): dst},
+                      info=ctx.info_for(node, optimizations=["reduced_axes_innermost"]))
+    return True
+
+
+def lower_lrn(ctx: LowerContext, node: Node) -> None:
+    attrs: LrnAttrs = node.attrs
+    if not _float_only(ctx, node):
+        lower_numpy(ctx, node, note="integer LRN")
+        return
+    if attrs.size % 2 == 0:
+        lower_numpy(ctx, node, note=(
+            f"even size {attrs.size}: oneDNN's LRN window is c ± {(attrs.size - 1) // 2} "
+            f"({attrs.size - 1} channels), ONNX's c - {(attrs.size - 1) // 2} .. "
+            f"c + {attrs.size // 2} ({attrs.size})"))
+        return
+    x, y = node.inputs[0], node.outputs[0]
+    home = ctx.md_of(x)
+
+    def make(md: MemoryDesc) -> PrimitiveDesc:
+        return lrn(md, md, local_size=attrs.size, alpha=attrs.alpha, beta=attrs.beta,
+                   k=attrs.bias)
+
+    pd = ctx.try_layouts("lrn", make, [home, plain_md(home.dims, DataType.f32)])
+    src_md = pd.src_md
+    assert src_md is not None
+    src = ctx.source(x, src_md)
+    # never in place: each output reads its neighbours' inputs
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): ctx.define(y, src_md)},
+                      info=ctx.info_for(node))
+
