@@ -19,7 +19,6 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.ir import DType, Op, TensorInfo
 from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryDesc
-from qfuse.runtime.onednn.memory import unit_strides
 
 DNNL_TYPES = {DType.F32: DataType.f32, DType.S32: DataType.s32, DType.S8: DataType.s8,
               DType.U8: DataType.u8, DType.F16: DataType.f16}
@@ -146,9 +145,22 @@ def nocopy_strides(dims: Sequence[int], strides: Sequence[int],
 
 
 def unit_strides_like_tags(dims: Sequence[int], strides: Sequence[int]) -> tuple[int, ...]:
-    """``strides`` with each size-1 dim's stride as a format tag gives it (what
-    ``MemoryDesc.from_strides`` does to every descriptor: runtime/onednn/memory.unit_strides)."""
-    return unit_strides(tuple(dims), tuple(strides))
+    """``strides`` with each size-1 dim's stride set as a oneDNN format tag sets it for a dim
+    in that logical place: the extent of the non-unit dims logically inside it,
+    ``max(stride·dim)`` over them (1 when there are none). A unit dim's stride addresses
+    nothing, but oneDNN 3.2 reads it when it orders the dims: a view (1, 82, 400) strides
+    (82, 1, 82) of a channels-last tensor — the unit dim tying with an outer one — sends a
+    binary primitive to ``ref:any`` (measured: YOLOv8n's requantizations before its head
+    Concat, 15 % of the run), while (32800, 1, 82), what the tag ``acb`` gives, runs
+    ``jit:uni``. Applied to views only: descriptors made from a tag keep the tag's strides
+    (nhwc gives a trailing unit W the stride C, nchw 1), and a binary whose src and dst
+    disagree on them runs ``ref:any``."""
+    out = list(strides)
+    for k, d in enumerate(dims):
+        if d == 1:
+            inner = [strides[j] * dims[j] for j in range(k + 1, len(dims)) if dims[j] != 1]
+            out[k] = max(inner, default=1)
+    return tuple(out)
 
 
 def strided(dims: Sequence[int], dtype: DataType,

@@ -110,25 +110,6 @@ def default_stream() -> Stream:
     return stream
 
 
-def unit_strides(dims: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
-    """``strides`` with each size-1 dim's stride set as a oneDNN format tag sets it: the
-    extent of the non-unit dims logically inside it, ``max(stride·dim)`` over them (1 when
-    there are none). The stride of a size-1 dim addresses nothing, but oneDNN 3.2 reads it
-    when it orders dims: a (1, 82, 400) view of a channels-last tensor with strides
-    (82, 1, 82) sends a binary primitive to ``ref:any``, and a softmax then quantize over
-    (1, 2, 1, 3) whose descriptors had the unit dim's stride 6 (softmax) and 3 (the quantize's
-    dst) gave wrong values, up to 249 steps, on jit kernels (tests/fuzz regressions
-    softmax_unit_dim_strides_*). With tag strides everywhere neither happens."""
-    if len(strides) != len(dims):
-        return strides
-    out = list(strides)
-    for k, d in enumerate(dims):
-        if d == 1:
-            inner = [strides[j] * dims[j] for j in range(k + 1, len(dims)) if dims[j] != 1]
-            out[k] = max(inner, default=1)
-    return tuple(out)
-
-
 class MemoryDesc(Native):
     """An owned dnnl_memory_desc_t. Build with `from_tag`, `from_strides` or `clone_of`."""
 
@@ -155,10 +136,9 @@ class MemoryDesc(Native):
     @classmethod
     def from_strides(cls, dims: tuple[int, ...] | list[int], dtype: DataType,
                      strides: tuple[int, ...] | list[int]) -> MemoryDesc:
-        """Descriptor of `dims` and `dtype` with element `strides` (not bytes). A size-1 dim's
-        stride addresses nothing and is set as a format tag sets it (``unit_strides``)."""
+        """Descriptor of `dims` and `dtype` with element `strides` (not bytes)."""
         dims = tuple(int(d) for d in dims)
-        strides = unit_strides(dims, tuple(int(s) for s in strides))
+        strides = tuple(int(s) for s in strides)
         _check_dims(dims, dtype)
         if len(strides) != len(dims) or any(st < 0 for st in strides):
             raise ValueError(f"strides {strides} do not fit dims {dims}")
