@@ -161,18 +161,26 @@ def scale_after_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def fold_bias_add(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``Add(conv(x), b)`` with a per-output-channel constant b as the conv's bias."""
+def _indexed_copy(model: onnx.ModelProto) -> tuple[
+        onnx.ModelProto, dict[str, onnx.TensorProto], dict[str, int],
+        dict[str, onnx.NodeProto], set[str]]:
+    """A copy of ``model`` to rewrite, with its initializers by name, the number of readers of
+    each value, each value's producer and the graph output names."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    inits = {t.name: t for t in g.initializer}
     readers: dict[str, int] = {}
     for n in g.node:
         for v in n.input:
             readers[v] = readers.get(v, 0) + 1
-    producer = {o: n for n in g.node for o in n.output}
-    outputs = {o.name for o in g.output}
+    return (out, {t.name: t for t in g.initializer}, readers,
+            {o: n for n in g.node for o in n.output}, {o.name for o in g.output})
+
+
+def fold_bias_add(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``Add(conv(x), b)`` with a per-output-channel constant b as the conv's bias."""
+    out, inits, readers, producer, outputs = _indexed_copy(model)
+    g = out.graph
     removed = []
     for add in g.node:
         if add.op_type != "Add" or len(add.input) != 2:
@@ -214,16 +222,8 @@ def fold_bias_add(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def fold_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out, inits, readers, producer, outputs = _indexed_copy(model)
     g = out.graph
-    inits = {t.name: t for t in g.initializer}
-    readers: dict[str, int] = {}
-    for n in g.node:
-        for v in n.input:
-            readers[v] = readers.get(v, 0) + 1
-    producer = {o: n for n in g.node for o in n.output}
-    outputs = {o.name for o in g.output}
     removed = []
     for bn in g.node:
         if bn.op_type != "BatchNormalization" or len(bn.output) != 1:
