@@ -37,7 +37,7 @@ import logging
 from dataclasses import dataclass
 
 from qfuse.compiler.lower.layouts import same_bytes
-from qfuse.compiler.lower.plan import Kernel, Slot
+from qfuse.compiler.lower.plan import Kernel, Slot, root_slot
 from qfuse.ir import Graph
 from qfuse.runtime.onednn import Arg, MemoryDesc, reorder
 
@@ -55,14 +55,6 @@ class Placed:
     removed: bool
 
 
-def _root(slots: dict[str, Slot], name: str) -> tuple[str, int]:
-    offset = 0
-    while (alias := slots[name].alias) is not None:
-        offset += slots[name].offset
-        name = alias
-    return name, offset
-
-
 def _axis(graph: Graph, kernel: Kernel) -> int | None:
     node = kernel.info.node
     if node is None or not graph.has_node(node):
@@ -78,13 +70,13 @@ class _Groups:
         self.members: dict[str, list[tuple[str, int]]] = {}
         for name, slot in slots.items():
             if slot.const is None:
-                root, offset = _root(slots, name)
+                root, offset = root_slot(slots, name)
                 self.members.setdefault(root, []).append((name, offset))
         self.touched: dict[str, list[tuple[int, bool]]] = {}  # root -> (kernel, writes)
         for index, kernel in enumerate(kernels):
             for name in kernel.reads + kernel.writes:
                 if slots[name].const is None:
-                    root = _root(slots, name)[0]
+                    root = root_slot(slots, name)[0]
                     self.touched.setdefault(root, []).append((index, name in kernel.writes))
 
 
@@ -100,7 +92,7 @@ def _why_not(groups: _Groups, slot: str, view: MemoryDesc, index: int, ends: set
                 "are not 1 in the output's layout)")
     if not same_bytes(md, view):
         return f"laid out as {md.describe()}, not as its region {view.describe()}"
-    root, offset = _root(slots, slot)
+    root, offset = root_slot(slots, slot)
     if root == out_root or root in taken:
         return "its buffer is shared with the output or another input"
     for kernel, writes in groups.touched.get(root, ()):
@@ -156,7 +148,7 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
         return result
     axis = axis + len(out_md.dims) if axis < 0 else axis
     groups = _Groups(slots, kernels)
-    out_root = _root(slots, dst)[0]
+    out_root = root_slot(slots, dst)[0]
     strides = out_md.strides or ()
     itemsize = out_md.numpy_dtype.itemsize
     views: list[tuple[MemoryDesc, int]] = []
@@ -170,14 +162,14 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
         reason = _why_not(groups, src, view, index, ends, taken, out_root)
         if reason is None:
             result.in_place.append(i)
-            taken.add(_root(slots, src)[0])
+            taken.add(root_slot(slots, src)[0])
         else:
             result.reasons[i] = reason
     rest = [i for i in range(len(srcs)) if i not in result.in_place]
     if not result.in_place or len(rest) > 1:
         return result
     for i in result.in_place:
-        root, offset = _root(slots, srcs[i])
+        root, offset = root_slot(slots, srcs[i])
         members = {name for name, _ in groups.members[root]}
         for writer in kernels[:index]:
             if members.intersection(writer.writes):

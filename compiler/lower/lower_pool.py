@@ -38,6 +38,7 @@ import logging
 
 import numpy as np
 
+from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import unfused
 from qfuse.compiler.lower.attrs import build_attr
 from qfuse.compiler.lower.context import LowerContext
@@ -58,7 +59,6 @@ from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
-    DnnlError,
     Memory,
     MemoryDesc,
     PrimitiveAttr,
@@ -179,19 +179,20 @@ def _pool(ctx: LowerContext, node: Node, x: str, alg: Alg, geometry: dict,
 
 def _int8_pool_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg: Alg,
                        geometry: dict, attr: PrimitiveAttr, dst_type: DataType) -> bool:
-    """Whether oneDNN 3.2 has only a slow implementation of this int8 pooling in every layout
-    ``_pool`` tries: its jit int8 pooling needs enough channels for a vector (measured here:
-    a u8 global average pool over 8 channels is ``ref:any``, 16 channels ``jit_int:sse41``,
-    32 ``jit_int:avx2``), while f32 pooling is jit for any channel count."""
+    """Whether the best layout ``_pool`` could pick still gives a slow implementation: oneDNN
+    3.2's jit int8 pooling needs enough channels for a vector (measured here: a u8 global
+    average pool over 8 channels is ``ref:any``, 16 channels ``jit_int:sse41``, 32
+    ``jit_int:avx2``), while f32 pooling is jit for any channel count."""
     home = ctx.md_of(x)
-    for src in (home, channels_last(home.dims, home.dtype)):
-        try:
-            pd = pooling(alg, src, any_md(out_dims, dst_type), attr=attr, **geometry)
-        except DnnlError:
-            continue
-        if not is_slow(pd.impl_name, "pooling"):
-            return False
-    return True
+
+    def make(src: MemoryDesc) -> PrimitiveDesc:
+        return pooling(alg, src, any_md(out_dims, dst_type), attr=attr, **geometry)
+
+    try:
+        pd = ctx.try_layouts("pooling", make, [home, channels_last(home.dims, home.dtype)])
+    except UnsupportedModelError:  # no int8 pooling at all: the f32 one
+        return True
+    return is_slow(pd.impl_name, "pooling")
 
 
 def _pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict,

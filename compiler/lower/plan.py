@@ -111,7 +111,9 @@ class DynamicOutput:
         return value
 
 
-def _root(slots: dict[str, Slot], name: str) -> tuple[str, int]:
+def root_slot(slots: dict[str, Slot], name: str) -> tuple[str, int]:
+    """The slot owning ``name``'s bytes (followed through aliases) and ``name``'s byte offset
+    in it."""
     offset = 0
     while (alias := slots[name].alias) is not None:
         offset += slots[name].offset
@@ -127,7 +129,7 @@ def plan_buffers(slots: dict[str, Slot], kernels: list[Kernel], inputs: list[str
     for name, slot in slots.items():
         if slot.const is not None:
             continue
-        root, offset = _root(slots, name)
+        root, offset = root_slot(slots, name)
         root_of[name] = root
         need[root] = max(need.get(root, 0), offset + slot.md.size)
     end = len(kernels)
@@ -216,7 +218,7 @@ class Plan:
 
     def root(self, slot: str) -> tuple[str, int]:
         """The slot whose buffer ``slot`` shares, and ``slot``'s byte offset in it."""
-        return _root(self.slots, slot)
+        return root_slot(self.slots, slot)
 
     # ------------------------------------------------------------------- inspect
     def distinct_buffers(self) -> int:

@@ -92,6 +92,10 @@ def test_inexact_int8_keeps_onednns_kernels(resnet: Path, tmp_path: Path, capsys
     feeds = random_inputs(model, seed=0)
     a, b = model.run(feeds), compile_model(resnet).run(feeds)
     for name in model.outputs:
+        if not exact["exact_int8"]:  # nothing split: the same plan, the same outputs
+            np.testing.assert_array_equal(a[name], b[name])
+            continue
+        # saturated pair sums move some outputs; the result stays the same model's
         cos = float(np.dot(a[name].ravel(), b[name].ravel())
                     / (np.linalg.norm(a[name]) * np.linalg.norm(b[name])))
         assert cos > 0.9, cos
