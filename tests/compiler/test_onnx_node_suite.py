@@ -35,9 +35,13 @@ with warnings.catch_warnings():  # the suite's generators overflow casts on purp
 
 _NO_DTYPE = "element type numpy has no dtype for (float8, float4, int4, int2, bfloat16)"
 
+# Random ops: the expected output is one draw, which a run matches only by chance; they must run
+# without an error, their values are not compared (a strict "known failure" flaked when a draw
+# matched).
+RANDOM = re.compile(r"test_bernoulli.*")
+
 # (pattern, reason): the cases that fail, in both modes.
 KNOWN = [
-    (r"test_bernoulli.*", "Bernoulli draws random numbers; the expected output is one draw"),
     (r"test_cast(like)?_(no_saturate_|e8m0_)?.*(FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|BFLOAT16).*",
      _NO_DTYPE),
     (r"test_(de)?quantizelinear_(e4m3fn.*|e5m2|float4e2m1|u?int[24])", _NO_DTYPE),
@@ -107,6 +111,12 @@ def _params(mode: str) -> list[object]:
 def _check(name: str, mode: str) -> None:
     logging.disable(logging.WARNING)
     try:
+        if RANDOM.fullmatch(name):
+            try:
+                run_case(name, mode)
+            except AssertionError:  # another draw than the recorded one
+                pass
+            return
         reason = known_failure(name, mode)
         if reason is None:
             run_case(name, mode)
