@@ -28,9 +28,10 @@ def add_parser(sub: Any) -> None:
                    help="with --method percentile: percent of values kept (default 99.99)")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--per-channel", dest="per_channel", action="store_true", default=True,
-                       help="weights per output channel (default)")
+                       help="weights per output channel, inputs of depthwise convs "
+                            "per channel (default)")
     group.add_argument("--per-tensor", dest="per_channel", action="store_false",
-                       help="one weight scale per tensor")
+                       help="one scale per tensor everywhere")
     p.add_argument("--activations", default="u8", choices=["u8", "s8"],
                    help="activation type (default u8; weights are always s8)")
     p.add_argument("--symmetric", action="store_true",

@@ -3,6 +3,8 @@
 The float model runs in ONNX Runtime with every tensor to observe added as a graph output (ORT
 keeps graph outputs through its graph optimizations). Each scale group (placement.py) has one
 histogram fed by all its tensors, so a group's range is the union of its members' values.
+Tensors quantized per channel (placement.py, depthwise inputs) also get their per-channel
+minima and maxima (``ChannelRange``).
 """
 
 from __future__ import annotations
@@ -88,10 +90,31 @@ def feeds(model: onnx.ModelProto, chunks: list[dict[str, np.ndarray]], *,
         yield {k: np.asarray(v, types.get(k, np.float32)) for k, v in f.items()}
 
 
+class ChannelRange:
+    """The running minimum and maximum of each channel (along ``axis``) of a tensor."""
+
+    def __init__(self, axis: int) -> None:
+        self.axis = axis
+        self.min: np.ndarray | None = None
+        self.max: np.ndarray | None = None
+
+    def add(self, values: np.ndarray) -> None:
+        x = np.moveaxis(np.asarray(values, np.float64), self.axis, 0)
+        x = x.reshape(x.shape[0], -1)
+        finite = np.isfinite(x)
+        lo = np.where(finite, x, np.inf).min(axis=1)
+        hi = np.where(finite, x, -np.inf).max(axis=1)
+        self.min = lo if self.min is None else np.minimum(self.min, lo)
+        self.max = hi if self.max is None else np.maximum(self.max, hi)
+
+
 def collect(model: onnx.ModelProto, groups: dict[int, list[str]],
             chunks: list[dict[str, np.ndarray]], *, bins: int = DEFAULT_BINS,
-            progress: bool = False) -> dict[int, Histogram]:
-    """One histogram per scale group over every calibration batch."""
+            progress: bool = False, channels: dict[str, ChannelRange] | None = None
+            ) -> dict[int, Histogram]:
+    """One histogram per scale group over every calibration batch; ``channels`` (tensor →
+    its ChannelRange) are filled in the same pass."""
+    channels = channels or {}
     inputs = {vi.name for vi in graph_inputs(model)}
     observed = sorted({t for members in groups.values() for t in members} - inputs)
     sess = session(model, observed)
@@ -104,6 +127,8 @@ def collect(model: onnx.ModelProto, groups: dict[int, list[str]],
         for gid, members in groups.items():
             for t in members:
                 hists[gid].add(values[t])
+        for t, rng in channels.items():
+            rng.add(values[t])
         n += 1
     if n == 0:
         raise InputError("the calibration data gave no batch of the model's batch size "

@@ -32,6 +32,15 @@ from prefix sums of the histogram (O(D) per candidate, not O(bins)); on histogra
 extend [lo, hi] to contain 0; ``scale = (hi - lo) / (qmax - qmin)``; zero point from the end
 with the smaller rounding error, nudged into [qmin, qmax]. Symmetric: s8 zero point 0 and
 ``scale = max(-lo/128, hi/127)``; u8 zero point 128 when the range straddles 0.
+
+Per-channel scales with one zero point (``channel_scales``; depthwise inputs, placement.py):
+the tensor's (scale, zero point) as above from its range [lo, hi]; channel c's range
+[lo_c, hi_c] (its min / max, clipped to [lo, hi], extended to contain 0) gets the smallest
+scale that keeps it on the grid at that zero point:
+``s_c = max(hi_c / (qmax - zp), lo_c / (qmin - zp))`` (a term dropped when its denominator is
+0, where the tensor's range has no room either), never above the tensor's scale (the zero
+point's rounding can leave the tensor's own end up to half a step off its grid: that channel
+clips as it would per tensor); a channel that is all zero keeps the tensor's scale.
 """
 
 from __future__ import annotations
@@ -65,6 +74,20 @@ def choose_qparams(lo: float, hi: float, qmin: int, qmax: int,
     err_min, err_max = abs(qmin) + abs(lo / scale), abs(qmax) + abs(hi / scale)
     zp = from_min if err_min < err_max else from_max
     return scale, int(min(max(np.rint(zp), qmin), qmax))
+
+
+def channel_scales(ch_lo: np.ndarray, ch_hi: np.ndarray, lo: float, hi: float, scale: float,
+                   zero_point: int, qmin: int, qmax: int) -> np.ndarray:
+    """Per-channel float32 scales at the common ``zero_point`` (module docstring)."""
+    c_lo = np.minimum(np.maximum(np.asarray(ch_lo, np.float64), lo), 0.0)
+    c_hi = np.maximum(np.minimum(np.asarray(ch_hi, np.float64), hi), 0.0)
+    s = np.zeros_like(c_lo)
+    if qmax > zero_point:
+        s = np.maximum(s, c_hi / (qmax - zero_point))
+    if qmin < zero_point:
+        s = np.maximum(s, c_lo / (qmin - zero_point))
+    s = np.minimum(s, scale).astype(np.float32)
+    return np.where(s >= np.finfo(np.float32).tiny, s, np.float32(scale)).astype(np.float32)
 
 
 def _safe_scale(scale: float) -> float:

@@ -23,6 +23,16 @@ therefore the *output* of an activation / BatchNorm / bias chain, never between 
 what it absorbs; activation ranges are narrowed by what the chain ends in (a ReLU's output
 starts at 0: DNNLOWP's ``followed_by``).
 
+A tensor whose readers are all depthwise convolutions (Conv with ``group`` = input channels =
+output channels, one input channel per group) gets one scale per channel (axis 1) and one zero
+point, when weights are per channel: as NNCF's CPU configuration quantizes depthwise inputs
+per channel (its hardware config allows per-channel activations for DepthwiseConvolution). A
+depthwise conv's channel c reads only input channel c, so the compiler folds the input's
+channel scale into the weight scale of channel c, and the producer writes the channels with a
+per-channel output scale (a post-op), in the same kernels as per tensor; the zero point stays
+common because oneDNN's convolution takes one source zero point (mask 0). The tensor must be
+alone in its scale group, made by a node (not a graph input) and read directly by the convs.
+
 Weights (initializers of compute ops): s8 symmetric, per output channel (Conv and Gemm with
 transB: axis 0; ConvTranspose with group 1 and Gemm without transB: axis 1; MatMul: the last
 axis) unless per tensor is asked for (and for grouped ConvTranspose, whose output channels
@@ -47,10 +57,13 @@ DATA_MOVEMENT = frozenset({"Reshape", "Flatten", "Transpose", "Squeeze", "Unsque
 @dataclass
 class Placement:
     """``activations``: tensor → scale-group id (tensors sharing an id share one scale);
-    ``weights``: initializer → quantization axis (None: per tensor)."""
+    ``weights``: initializer → quantization axis (None: per tensor); ``channel_axis``:
+    activation tensor → the axis of its per-channel scales (depthwise inputs; module
+    docstring), absent for per-tensor activations."""
 
     activations: dict[str, int] = field(default_factory=dict)
     weights: dict[str, int | None] = field(default_factory=dict)
+    channel_axis: dict[str, int] = field(default_factory=dict)
 
     def groups(self) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
@@ -146,6 +159,32 @@ def _residual_add_in_chain(g: _Graph, t: str, exclude: set[str]) -> onnx.NodePro
     return None
 
 
+def _is_depthwise(g: _Graph, node: onnx.NodeProto) -> bool:
+    """A Conv with one input and one output channel per group (weights [C, 1, ...], group
+    C)."""
+    if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in g.inits:
+        return False
+    dims = g.inits[node.input[1]].dims
+    group = g.attr(node, "group", 1)
+    return len(dims) >= 3 and dims[1] == 1 and group > 1 and group == dims[0]
+
+
+def _depthwise_inputs(g: _Graph, activations: dict[str, int],
+                      exclude: set[str]) -> dict[str, int]:
+    """Placed tensors quantized per channel: read only by depthwise convs (module docstring)."""
+    size: dict[int, int] = {}
+    for gid in activations.values():
+        size[gid] = size.get(gid, 0) + 1
+    out = {}
+    for t, gid in activations.items():
+        readers = g.readers.get(t, [])
+        if (size[gid] == 1 and t in g.producer and t not in g.outputs and readers
+                and all(_is_depthwise(g, n) and n.name not in exclude and n.input[0] == t
+                        for n in readers)):
+            out[t] = 1
+    return out
+
+
 def _weight_axis(g: _Graph, node: onnx.NodeProto, per_channel: bool) -> int | None:
     """The output-channel axis of the node's weights (input 1), None for per tensor."""
     if not per_channel:
@@ -229,4 +268,5 @@ def place(model: onnx.ModelProto, *, per_channel: bool = True,
     activations = {}
     for t in sorted(placed, key=lambda v: g.order.get(v, -1)):
         activations[t] = roots.setdefault(find(t), len(roots))
-    return Placement(activations, weights)
+    channels = _depthwise_inputs(g, activations, exclude) if per_channel else {}
+    return Placement(activations, weights, channels)

@@ -8,7 +8,8 @@ producer, and every reader of ``t`` reads the DQ's output (graph outputs keep th
 FakeQuantize (domain ``org.openvinotoolkit``, as NNCF exports it and
 compiler/onnx_import/convert_quant.py reads it): activations ``FQ(t, il, ih, ol, oh,
 levels=256)`` with ``il = ol = s·(qmin - zp)`` and ``ih = oh = s·(qmax - zp)`` — the same grid
-as the Q/DQ pair; weights ``FQ(w, -127·s, 127·s, -127·s, 127·s, levels=255)`` on the float
+as the Q/DQ pair (per-channel scales: a scale vector on the Q/DQ pair with ``axis``, bounds
+shaped to broadcast along the axis in FakeQuantize); weights ``FQ(w, -127·s, 127·s, -127·s, 127·s, levels=255)`` on the float
 weight, bounds shaped to broadcast along the channel axis.
 """
 
@@ -26,9 +27,13 @@ WEIGHT_QMAX = 127  # s8 symmetric, narrow range [-127, 127] (as quantize_static'
 
 @dataclass(frozen=True)
 class ActParams:
-    scale: float
+    """An activation's quantizer: ``scale`` a float, or with ``axis`` one float32 scale per
+    channel along that axis (the zero point is common)."""
+
+    scale: float | np.ndarray
     zero_point: int
     dtype: str  # "u8" | "s8"
+    axis: int | None = None
 
     @property
     def qrange(self) -> tuple[int, int]:
@@ -117,19 +122,23 @@ def write(model: onnx.ModelProto, activations: dict[str, ActParams],
     graph_inputs = {v.name for v in g.input}
     for t, p in activations.items():
         deq = names(f"{t}_dequantized")
+        s = np.asarray(p.scale, np.float32)
         if fmt == "qdq":
-            scale = const(f"{t}_scale", np.array(p.scale, np.float32))
-            zp = const(f"{t}_zero_point",
-                       np.array(p.zero_point, np.uint8 if p.dtype == "u8" else np.int8))
+            scale = const(f"{t}_scale", s)
+            zp = const(f"{t}_zero_point", np.full(s.shape, p.zero_point,
+                                                  np.uint8 if p.dtype == "u8" else np.int8))
             qv = names(f"{t}_quantized")
+            attrs = {"axis": p.axis} if p.axis is not None else {}
             nodes = [helper.make_node("QuantizeLinear", [t, scale, zp], [qv],
-                                      names(f"{t}_QuantizeLinear")),
+                                      names(f"{t}_QuantizeLinear"), **attrs),
                      helper.make_node("DequantizeLinear", [qv, scale, zp], [deq],
-                                      names(f"{t}_DequantizeLinear"))]
+                                      names(f"{t}_DequantizeLinear"), **attrs)]
         else:
             qmin, qmax = p.qrange
-            lo = const(f"{t}_low", np.array(p.scale * (qmin - p.zero_point), np.float32))
-            hi = const(f"{t}_high", np.array(p.scale * (qmax - p.zero_point), np.float32))
+            if p.axis is not None:  # bounds broadcast along the axis: (1, C, 1, ...)
+                s = s.reshape([-1] + [1] * (_rank(g, t) - 1 - p.axis))
+            lo = const(f"{t}_low", (s * np.float32(qmin - p.zero_point)).astype(np.float32))
+            hi = const(f"{t}_high", (s * np.float32(qmax - p.zero_point)).astype(np.float32))
             nodes = [helper.make_node("FakeQuantize", [t, lo, hi, lo, hi], [deq],
                                       names(f"{t}_FakeQuantize"), levels=256,
                                       domain=OPENVINO_DOMAIN)]
@@ -153,6 +162,20 @@ def write(model: onnx.ModelProto, activations: dict[str, ActParams],
     if fmt == "fakequantize" and not any(o.domain == OPENVINO_DOMAIN for o in out.opset_import):
         out.opset_import.append(helper.make_opsetid(OPENVINO_DOMAIN, 1))
     return out
+
+
+def _rank(graph: onnx.GraphProto, tensor: str) -> int:
+    """The rank of ``tensor``: from the graph's value infos, else from the weights of a Conv
+    reading it (a conv's input has its weights' rank)."""
+    for vi in list(graph.value_info) + list(graph.input) + list(graph.output):
+        if vi.name == tensor and len(vi.type.tensor_type.shape.dim):
+            return len(vi.type.tensor_type.shape.dim)
+    inits = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Conv" and node.input[0] == tensor and node.input[1] in inits:
+            return len(inits[node.input[1]].dims)
+    raise ValueError(f"the rank of '{tensor}' is unknown: FakeQuantize bounds per channel "
+                     f"need it")
 
 
 def ensure_opset(model: onnx.ModelProto, minimum: int = 13) -> onnx.ModelProto:
