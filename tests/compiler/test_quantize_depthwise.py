@@ -108,9 +108,8 @@ def test_channel_scales_are_the_smallest_that_cover_each_channel(qmin: int, qmax
     assert got.dtype == np.float32 and got.shape == (16,)
     steps = min(n for n in (qmax - zp, zp - qmin) if n > 0)
     for c in range(16):
-        assert got[c] <= np.float32(scale)  # never coarser than the tensor's scale
-        if got[c] == np.float32(scale):
-            continue  # the tensor's own extreme channel (or the all-zero one)
+        if c == 3:
+            continue  # all zero: the tensor's scale
         want = _smallest_covering_scale(ch_lo[c], ch_hi[c], zp, qmin, qmax, scale)
         # on the grid (an end exactly on qmax or qmin), and at most half a step coarser than
         # the smallest scale that keeps both ends on the grid
@@ -118,7 +117,7 @@ def test_channel_scales_are_the_smallest_that_cover_each_channel(qmin: int, qmax
         assert want * (1 - 1e-6) <= got[c] <= want * (1 + 0.5 / steps) * (1 + 1e-6), \
             (c, want, got[c])
     assert got[3] == np.float32(scale)
-    assert np.count_nonzero(got < np.float32(scale)) >= 12
+    assert np.count_nonzero(got < np.float32(scale)) >= 12  # finer than per tensor
 
 
 def test_channel_ranges_are_clipped_to_the_methods_range() -> None:
