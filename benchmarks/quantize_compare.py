@@ -9,6 +9,9 @@ tool, its 8 held-out evaluation inputs, and besides quantize_static MinMax (the 
 model) and Entropy (run here, as the zoo's quantize.py runs MinMax) also NNCF (the zoo's
 ``nncf`` model). Each row adds ``agree``: the task's own decision of qfuse fused against the
 float model's (realzoo/table.py ``agreement``: top-1, CTC argmax, DB mask IoU, YOLO F1).
+``--per-tensor-depthwise`` adds a row per qfuse method with the depthwise inputs quantized per
+tensor (as before per-channel depthwise inputs, compiler/quantize/placement.py), from the
+same calibration pass.
 
 Every tool gets the same calibration inputs (zoo.sample_inputs, seed 0) and is measured on
 held-out inputs (seed 99) with compiler/quantize/evaluate.measure (kernels, kernels a VNNI CPU
@@ -19,6 +22,7 @@ the float model in ONNX Runtime), plus the tool's own time. quantize_static runs
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import tempfile
 import time
@@ -113,6 +117,8 @@ def main_real(args: argparse.Namespace) -> int:
         for t in tools:
             if t == "qfuse":
                 jobs += [(f"qfuse {m}", m) for m in args.methods.split(",")]
+                if args.per_tensor_depthwise:
+                    jobs += [(f"qfuse {m} dw/tensor", m) for m in args.methods.split(",")]
             elif t in ("MinMax", "Entropy"):
                 jobs.append((f"quantize_static {t}", t))
             elif t == "nncf":
@@ -124,7 +130,10 @@ def main_real(args: argparse.Namespace) -> int:
                     if stats is None:  # one calibration pass serves every method
                         stats = calibrate(fm, entry.calibration)
                         calib_s = time.perf_counter() - start
-                    model = run(fm, entry.calibration, method=how, statistics=stats).model
+                    use = stats
+                    if tool.endswith("dw/tensor"):  # the same pass, depthwise per tensor
+                        use = dataclasses.replace(stats, channels={})
+                    model = run(fm, entry.calibration, method=how, statistics=use).model
                 elif how == "nncf" or (how == "MinMax" and "qdq" in entry.quantized):
                     key = "nncf" if how == "nncf" else "qdq"
                     if key not in entry.quantized:
@@ -164,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="minmax,percentile,l2,kl")
     p.add_argument("--tools", default="qfuse,MinMax,Entropy,nncf",
                    help="with --real: which of qfuse, MinMax, Entropy, nncf to run")
+    p.add_argument("--per-tensor-depthwise", action="store_true",
+                   help="with --real: also qfuse with depthwise inputs per tensor")
     p.add_argument("--calib", type=int, default=8)
     p.add_argument("--held-out", type=int, default=16)
     p.add_argument("--json", type=Path)
