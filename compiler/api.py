@@ -120,7 +120,11 @@ def compile_model(
     from qfuse.runtime.executor import Executor
 
     work = graph.copy()
-    ctx = PassContext(composer=composer or ComposerOptions())
+    from qfuse.compiler.lower.no_vnni import isa_is_exact
+
+    composer = composer or ComposerOptions()
+    ctx = PassContext(composer=composer, unsigned_activations=(
+        composer.on("unsigned_activations") and not isa_is_exact()))
     results = run_passes(work, mode, ctx)
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
     plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,

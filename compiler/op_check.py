@@ -35,7 +35,7 @@ import onnx
 
 from qfuse.compiler.api import CompiledModel, ModelLike, compile_model
 from qfuse.compiler.errors import InputError
-from qfuse.ir import Graph
+from qfuse.ir import DType, Graph, TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
             except Exception as exc:  # noqa: BLE001  reported, not fatal: one value unchecked
                 check.skipped[value] = f"its meaning cannot be computed: {exc}"
             continue
-        ref = np.asarray(reference[value])
+        ref = _in_plan_type(np.asarray(reference[value]), info)
         if info.shape != ref.shape or info.dtype.np != ref.dtype:
             check.skipped[value] = (f"{info.dtype.np}{list(info.shape)} in the plan, "
                                     f"{ref.dtype}{list(ref.shape)} in the reference")
@@ -238,6 +238,15 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
     return check
 
 
+def _in_plan_type(ref: np.ndarray, info: TensorInfo) -> np.ndarray:
+    """The reference's s8 tensor as the u8 one the plan holds where it decomposed the s8
+    activation as u8 with zero point + 128 (passes/decompose_fake_quantize.py, unsigned
+    activations): ``q + 128``, the same dequantized values; anything else unchanged."""
+    if ref.dtype == np.int8 and info.dtype is DType.U8 and ref.shape == info.shape:
+        return (ref.astype(np.int16) + 128).astype(np.uint8)
+    return ref
+
+
 class _Meaning:
     """A value only the compiled graph has (a requantize into a Concat's scale, the integer
     form of a Reshape, a sign shift): its node's reference semantics (the interpreter's op
@@ -259,6 +268,8 @@ class _Meaning:
             return np.asarray(self.feeds[name])
         info = graph.info(name)
         ref = self.reference.get(name)
+        if ref is not None:
+            ref = _in_plan_type(np.asarray(ref), info)
         if ref is not None and ref.shape == info.shape and ref.dtype == info.dtype.np:
             return ref
         if name not in self.memo:

@@ -45,6 +45,7 @@ OPTIMIZATIONS = (
     "in_place_concat",
     "fold_output_dequantize",
     "fold_float_dequantize",
+    "unsigned_activations",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
 

@@ -50,6 +50,10 @@ class PassContext:
 
     composer: ComposerOptions = field(default_factory=ComposerOptions)
     disabled_passes: frozenset[str] = frozenset()
+    # s8 activations written as u8 with zero point + 128 (decompose_fake_quantize): set by
+    # compile_model where oneDNN's int8 kernels have no VNNI / AMX (they read u8 sources only
+    # exactly, so every s8 source would be shifted by a reorder before each reader)
+    unsigned_activations: bool = False
     current: PassResult | None = None
     current_node: Node | None = None
 

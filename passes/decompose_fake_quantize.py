@@ -24,6 +24,18 @@ level k is computed by the same float32 expression before and after, so it is bi
 the dequantized value So·(q - zp) differs from k/(L-1)·(oh - ol) + ol by float32 rounding
 only (a few ulps), and for pairs from Q/DQ it *is* ONNX's DequantizeLinear.
 
+Unsigned activations (``PassContext.unsigned_activations``, set where oneDNN's int8 kernels
+have no VNNI / AMX): an s8 choice becomes u8 with every zero point and q bound + 128. Exact:
+``q' = q + 128`` for every input (ONNX's ``saturate(rint(x/s) + zp)`` saturates to [0, 255]
+where it saturated to [-128, 127]; the FakeQuantize form adds 128 to its integer output
+range), and ``(q' − (zp + 128))·s = (q − zp)·s``. Without VNNI those kernels read only a u8
+source exactly (compiler/lower/no_vnni.py), so an s8 tensor (NNCF's symmetric activations) was
+shifted by its own reorder before its convolutions read it: one kernel per tensor (NNCF
+YOLOv8n: 88). Kept s8 (``_may_shift``): a tensor read as a matmul's or convolution's second
+operand (oneDNN takes s8 weights), and one written or read by an op whose int8 form folds the
+zero point into float sums or roundings of its own (LayerNorm, Softmax, average pooling,
+reductions: ``rint(x/s + zp)``, ``avg(q) − zp``), where the shift could move a tie.
+
 Declined (reason recorded): ranges not constant, L > 256 or < 2, ranges varying along more
 than one axis, il >= ih, oh <= ol, a non-integral T (no integer zero point), a range that
 fits neither u8 nor s8, a level count whose integers are not exact in float32. FakeQuantize
@@ -161,6 +173,63 @@ def plan(graph: Graph, node: Node) -> Decomposition | str:
                          axis if channels > 1 else None)  # type: ignore[arg-type]
 
 
+def unsigned(d: Decomposition) -> Decomposition:
+    """``d`` as u8 with zero points and q bounds + 128 (module docstring)."""
+    onnx = d.onnx
+    if onnx is not None:
+        quant = onnx.quant
+        shifted = QuantParams(quant.scale, tuple(z + 128 for z in quant.zero_point), quant.axis)
+        onnx = OnnxQuantize(DType.U8, shifted, dequantize=onnx.dequantize)
+    return Decomposition(DType.U8, d.scale, d.zero_point + 128, d.q_low + 128, d.levels,
+                         d.axis, onnx)
+
+
+_VIEWS = frozenset({Op.RESHAPE, Op.FLATTEN, Op.TRANSPOSE, Op.SQUEEZE, Op.UNSQUEEZE,
+                    Op.IDENTITY})
+# ops whose int8 forms compute with (q - zp) exactly, whatever zp is: the shift cannot move
+# a rounding (a LayerNorm's or Softmax's int8 source and store, a pooling average, fold the
+# zero point into float sums or roundings of their own, so their tensors stay s8)
+_SHIFT_SAFE = frozenset({
+    Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL, Op.GEMM, Op.ADD, Op.SUB, Op.MUL, Op.RELU, Op.CLIP,
+    Op.LEAKY_RELU, Op.PRELU, Op.SIGMOID, Op.SWISH, Op.TANH, Op.HARD_SIGMOID, Op.HARD_SWISH,
+    Op.GELU, Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD,
+    Op.RESIZE, Op.FAKE_QUANTIZE, *_VIEWS})
+_COMPUTE = frozenset({Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL, Op.GEMM})
+
+
+def _may_shift(graph: Graph, fq: Node) -> bool:
+    """Can the tensor ``fq`` quantizes become u8 without moving a rounding? What computes it
+    (``_writer``) and every reader (through reshapes and transposes) are ops whose int8 forms
+    use (q - zp) exactly, and none reads it as a compute op's second operand (oneDNN takes s8
+    weights)."""
+    writer = _writer(graph, fq.inputs[0])
+    return (writer is None or writer.op in _SHIFT_SAFE) and \
+        _readers_shift_safe(graph, fq.outputs[0])
+
+
+def _writer(graph: Graph, value: str) -> Node | None:
+    """The op that computes ``value`` up a chain of elementwise ops with constant operands
+    (a decomposed BatchNorm's Mul and Add after a convolution, a LayerNorm's ``x·γ + β`` after
+    its division), None for a graph input."""
+    node = graph.producer(value)
+    while node is not None and node.op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
+        runtime = [v for v in node.inputs if v and graph.constant(v) is None]
+        if len(runtime) != 1:
+            return node
+        node = graph.producer(runtime[0])
+    return node
+
+
+def _readers_shift_safe(graph: Graph, value: str) -> bool:
+    for reader, port in graph.consumers(value):
+        if reader.op not in _SHIFT_SAFE or (reader.op in _COMPUTE and port > 0):
+            return False
+        if reader.op in _VIEWS and not all(_readers_shift_safe(graph, out)
+                                            for out in reader.outputs):
+            return False
+    return True
+
+
 def integers_exact(q_low: np.ndarray, levels: int) -> bool:
     """Does the quantize-only formula k/(L-1)·(L-1) + ol' give exactly k + ol' in float32?"""
     k = np.arange(levels, dtype=F32)
@@ -213,6 +282,9 @@ def run(graph: Graph, ctx: PassContext) -> int:
             ctx.decline(fq, f"levels={found.levels}: k/(L-1)·(L-1) is not exact in float32, "
                             "a quantize-only FakeQuantize would not give integers")
             continue
+        if ctx.unsigned_activations and found.dtype is DType.S8 \
+                and _may_shift(graph, fq):
+            found = unsigned(found)
         _rewrite(graph, fq, found)
         changed += 1
     if changed:
