@@ -32,6 +32,7 @@ OPTIMIZATIONS = (
     "dst_zero_point",
     "dst_scale",
     "mul_to_weight_scales",
+    "scale_past_bias",
     "add_to_bias",
     "relu_mul_swap",
     "sum_scale",
@@ -45,7 +46,8 @@ OPTIMIZATIONS = (
     "in_place_concat",
     "fold_output_dequantize",
 )
-DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
+DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
+                         "scale_past_bias"})
 
 
 @dataclass(frozen=True)
