@@ -45,6 +45,7 @@ OPTIMIZATIONS = (
     "clip_shift",
     "in_place_concat",
     "fold_output_dequantize",
+    "fold_float_dequantize",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

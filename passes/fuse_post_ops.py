@@ -35,7 +35,12 @@ result is exactly the graph's. A fourth case: the DequantizeLinear's output is a
 (composer option ``fold_output_dequantize``): the node writes float32 ``(q - zp)·s`` itself,
 the dequantize's multiply marked exact (ir/chain.Scale.exact: its own linear(s, 0) after the
 round, + zp, clip and linear(1, -zp), never folded), which is bit for bit what the standalone
-dequantize computes. A third case keeps it: the dequantized value read by a Softmax
+dequantize computes. A fifth, the same way (composer option ``fold_float_dequantize``): the
+DequantizeLinear's output has two or more readers and every one computes in float32 from it
+(activations, Mul, Add / Sub by a constant, Softmax: quantize_static's SiLU ``x·Q(sigmoid(x))``
+and HardSwish ``x·Q(relu6(x + 3))/6`` read x twice, the gate chain below then reads the f32 x);
+not when a reader is a compute node or an Add of two run-time tensors, which could read the
+8-bit source (a residual summed from it). A third case keeps it: the dequantized value read by a Softmax
 alone, which has no compute node to move into and no integer source in oneDNN (its src scale
 multiplies the output: passes/fuse_quantized_norm.py); the node then writes the float32 values
 ``(Q(x) - zp)·s`` (one FakeQuantize in float32) instead of a standalone dequantize kernel.
@@ -294,6 +299,9 @@ def _walk(
             elif state.pending and stop.reader is None and state.value in graph.outputs \
                     and ctx.composer.on("fold_output_dequantize"):
                 best = _output_dequantize(state, channels, ctx) or best
+            elif state.pending and stop.reader is None and _float_readers(graph, state.value) \
+                    and ctx.composer.on("fold_float_dequantize"):
+                best = _output_dequantize(state, channels, ctx) or best
             # without its traceback: its frames would hold the whole compile in a cycle
             return best, state, stop.with_traceback(None)
         reader = new.absorbed[-1]
@@ -322,6 +330,27 @@ def _output_dequantize(state: _State, channels: int, ctx: PassContext) -> _State
     except ComposeError:
         return None
     return new
+
+
+def _float_readers(graph: Graph, value: str) -> bool:
+    """Every reader of ``value`` (two or more) computes in float32 from it and none could read
+    its integer source instead: activations, Mul, Add / Sub by a constant, Softmax — a
+    SiLU's Sigmoid and Mul, a HardSwish's Add(x, 3) and Mul. Not an Add of two run-time
+    tensors (another node's chain may sum its 8-bit source as a residual) and not a compute
+    node (it takes the integer source)."""
+    readers = graph.consumers(value)
+    if len(readers) < 2:
+        return False
+    for reader, _ in readers:
+        if reader.fused is not None or reader.op in COMPUTE_OPS:
+            return False
+        if _activation(reader) is not None or reader.op in (Op.MUL, *_FLOAT_ONLY):
+            continue
+        if reader.op in (Op.ADD, Op.SUB) and any(
+                constant_operand(graph, v)[0] is not None for v in reader.inputs if v != value):
+            continue
+        return False
+    return True
 
 
 def _lost_int_residual(state: _State, best: _State) -> bool:

@@ -6,7 +6,9 @@ from x — the op itself is the chain's first item — e.g. SiLU with the gate's
 
     x·Q(sigmoid(x))  →  [logistic, quantize, dequantize, mul input 0, quantize]
 
-as a single oneDNN binary primitive: ``max(x, x) = x`` (exact), then the composed post-ops —
+as a single oneDNN binary primitive: ``x·1 = x`` (exact for every float32, signed zeros and NaN
+included; the 1 is a broadcast one-element tensor, so the kernel reads x once for its source,
+not twice as ``max(x, x)`` did), then the composed post-ops —
 the activation as an eltwise post-op, the quantize as linear/round/clip, ``binary_mul`` reading
 x again, and the store's scale and zero point as eltwise linear (attrs.store_post_ops: the
 same float32 operations as the int8 store, since the binary primitive takes no dst scale) —
@@ -19,10 +21,12 @@ The unfused mode runs the chain one primitive per basic operation on a copy of x
 
 from __future__ import annotations
 
+import numpy as np
+
 from qfuse.compiler.lower import lower_misc, unfused
 from qfuse.compiler.lower.attrs import build_attr, scale_bias_post_ops, store_post_ops
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import dnnl_type, md_like, plain_md
+from qfuse.compiler.lower.layouts import const_memory, dnnl_type, md_like, plain_md
 from qfuse.ir import DType, Node
 from qfuse.ir.postops import Composed, channel_in_the_middle
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, binary
@@ -71,10 +75,11 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
                        dst_type=DataType.f32, tensor_slot=tensor_slot)
     dst_md = md_like(f32, dnnl_type(yinfo.dtype))
     assert dst_md is not None
-    pd = binary(Alg.binary_max, f32, f32, dst_md, attr=built.attr)
+    one = plain_md((1,) * len(yinfo.shape), DataType.f32)
+    pd = binary(Alg.binary_mul, f32, one, dst_md, attr=built.attr)
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
                         post_op_details=built.details, rounding=composed.rounding())
-    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): src,
-                                      int(Arg.DST): ctx.define(y, dst_md),
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.DST): ctx.define(y, dst_md),
                                       **built.slot_args},
-                      dict(built.fixed), info=info)
+                      {**built.fixed, int(Arg.SRC_1): const_memory(np.ones(one.dims, np.float32))},
+                      info=info)

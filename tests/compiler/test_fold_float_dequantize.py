@@ -1,0 +1,87 @@
+"""A DequantizeLinear whose readers all compute in float32 written by the kernel before it
+(passes/fuse_post_ops.py, composer option ``fold_float_dequantize``): quantize_static's SiLU
+``conv → Q → DQ → x; x·Q(sigmoid(x))`` and HardSwish ``x·Q(relu6(x + 3))/6`` read x twice, in
+float. The convolution then writes f32 ``(q - zp)·s`` itself (one kernel less, no u8 tensor
+dequantized by a reorder): bit-exact against the plan with the standalone dequantize. Where a
+reader could take the 8-bit source instead (a residual Add of two run-time tensors, a
+convolution), the dequantize stays."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from qfuse.compiler.api import compile_model, random_inputs
+from qfuse.ir.postops import ComposerOptions
+from tests.compiler.onnx_builders import init, model
+
+OFF = ComposerOptions().without("fold_float_dequantize")
+
+
+def _qdq(name: str, src: str, dst: str) -> list[onnx.NodeProto]:
+    return [helper.make_node("QuantizeLinear", [src, f"{name}s", f"{name}z"], [f"{name}q"]),
+            helper.make_node("DequantizeLinear", [f"{name}q", f"{name}s", f"{name}z"], [dst])]
+
+
+def _conv_gate(gate: str) -> onnx.ModelProto:
+    """x → Q/DQ → Conv (weights up to ±120: split on CPUs without VNNI) → Q/DQ → c, then a
+    gate reading c twice, → Q/DQ → y. ``residual``: the second reader of c is an Add of c and
+    the input (a run-time tensor), not a gate."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(-120, 121, size=(16, 8, 3, 3)).astype(np.int8)
+    inits = [init("xs", np.float32(0.02)), init("xz", np.uint8(128)), init("w", w),
+             init("ws", rng.uniform(0.001, 0.004, 16).astype(np.float32)),
+             init("wz", np.zeros(16, np.int8)),
+             init("b", rng.normal(0, 0.3, 16).astype(np.float32)),
+             init("cs", np.float32(0.0371)), init("cz", np.uint8(97)),
+             init("gs", np.float32(1 / 255)), init("gz", np.uint8(0)),
+             init("ys", np.float32(0.0213)), init("yz", np.uint8(11)),
+             init("three", np.float32(3)), init("zero", np.float32(0)), init("six", np.float32(6))]
+    nodes = [*_qdq("x", "x", "xd"),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "b"], ["conv"], pads=[1, 1, 1, 1]),
+             *_qdq("c", "conv", "c")]
+    if gate == "silu":
+        nodes += [helper.make_node("Sigmoid", ["c"], ["sig"]), *_qdq("g", "sig", "g"),
+                  helper.make_node("Mul", ["c", "g"], ["m"])]
+    elif gate == "hardswish":
+        nodes += [helper.make_node("Add", ["c", "three"], ["a"]),
+                  helper.make_node("Clip", ["a", "zero", "six"], ["r"]),
+                  *_qdq("g", "r", "g"), helper.make_node("Mul", ["c", "g"], ["m6"]),
+                  helper.make_node("Div", ["m6", "six"], ["m"])]
+    else:  # residual
+        nodes += [helper.make_node("Sigmoid", ["c"], ["sig"]),
+                  helper.make_node("Add", ["c", "sig"], ["m"])]
+    nodes += _qdq("y", "m", "y")
+    return model(nodes, {"x": ([1, 8, 20, 20], TensorProto.FLOAT)}, ["y"], inits)
+
+
+def _dequantize_kernels(compiled: object) -> list[str]:
+    return [k.name for k in compiled.plan.kernels  # type: ignore[attr-defined]
+            if k.kind == "reorder" and any(a.startswith("DequantizeLinear")
+                                           for a in k.info.absorbed)]
+
+
+@pytest.mark.parametrize("gate", ["silu", "hardswish"])
+def test_the_convolution_writes_the_dequantized_values_bit_exact(gate: str) -> None:
+    m = _conv_gate(gate)
+    on, off = compile_model(m), compile_model(m, composer=OFF)
+    assert len(on.plan.kernels) == len(off.plan.kernels) - 1
+    assert _dequantize_kernels(off) and not _dequantize_kernels(on)
+    conv = next(k for k in on.plan.kernels if k.kind == "convolution" and not
+                k.name.endswith(":lo"))
+    assert on.plan.slots[conv.writes[0]].md.dtype.name == "f32"
+    for seed in range(4):
+        feeds = random_inputs(on, seed=seed)
+        feeds["x"] *= 2  # saturate the conv's quantize at both ends too
+        want, got = off.run(feeds)["y"], on.run(feeds)["y"]
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_a_reader_that_is_not_a_float_elementwise_op_keeps_the_dequantize() -> None:
+    """c + sigmoid(c): an Add of two run-time tensors, which another node's chain could sum
+    from c's 8-bit source; the dequantize stays a kernel of its own."""
+    on = compile_model(_conv_gate("residual"))
+    assert _dequantize_kernels(on)
