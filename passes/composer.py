@@ -58,11 +58,12 @@ quantization step, and rarely):
   the bias (an eltwise linear, which a following per-tensor add joins by fold_into_linear),
   so the kernel rounds the conv-plus-bias and then the multiply, in the model's order, as
   the reference does (an affine block after a conv: conv → ·a → +b). Measured on the real
-  zoo (docs/numerics.md, "Multiply after the bias"): only the PP-OCR NNCF models have one;
-  folded, one recurring near-tie value of one backbone conv each made it differ from exact
-  QDQ on 18 and 8 values over 8 inputs, unfolded on 2 and 2 (the det one then on float64's
-  side everywhere); the other differences are unchanged in number. A per-channel multiply
-  still folds (as a binary post-op it would read a vector per element).
+  zoo (docs/numerics.md, "Multiply after the bias"): 12 of 15 plans change (also the x·(1/s)
+  of a gate's inner quantization after its bias), the results only on the two PP-OCR NNCF
+  models: folded, one recurring near-tie value of one backbone conv each made them differ
+  from exact QDQ on 18 and 8 values over 8 inputs, unfolded on 2 and 2 (the det one then on
+  float64's side everywhere). A per-channel multiply still folds (as a binary post-op it
+  would read a vector per element).
 - add_to_bias: an add before any post-op goes into the bias: acc·w + b + a.
 - relu_mul_swap: relu(x)·s = relu(x·s) when every s > 0 (OpenVINO applies it without checking
   the sign; a negative s makes it wrong, so here it is checked).
