@@ -248,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", default="fused", choices=[Mode.FUSED, Mode.UNFUSED],
                    help="which compiled form to check (default: fused)")
     p.add_argument("--all", action="store_true", help="list identical tensors too")
+    p.add_argument("--blame", action="store_true",
+                   help="per differing tensor, the output cosine with only its difference "
+                        "(the reference run from it on) and with only it fixed")
+    p.add_argument("--blame-draws", dest="blame_draws", type=int, default=20, metavar="N",
+                   help="with --blame: N random draws of as many one-step changes in the "
+                        "most costly tensor (the model's own sensitivity; 0: none)")
     p.set_defaults(func=_cmd_check)
 
     from qfuse.compiler.quantize.cli import add_parser as add_quantize_parser

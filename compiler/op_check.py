@@ -331,6 +331,16 @@ def main_check(args: Any) -> int:
              else random_inputs(compiled, seed=0))
     result = check_op_by_op(args.model, feeds, compiled=compiled, engine=args.engine,
                             reference_model=args.reference_model)
-    emit(args.json, result.to_json(), lambda: format_text(result, all_rows=args.all))
+    if not getattr(args, "blame", False):
+        emit(args.json, result.to_json(), lambda: format_text(result, all_rows=args.all))
+        return 0
+    from qfuse.compiler.op_blame import blame, format_blame
+
+    if args.engine != "onnxruntime":
+        raise InputError("--blame runs the reference in onnxruntime; use --engine onnxruntime")
+    found = blame(args.model, feeds, compiled=compiled, reference_model=args.reference_model,
+                  draws=args.blame_draws)
+    emit(args.json, {**result.to_json(), "blame": found.to_json()},
+         lambda: format_text(result, all_rows=args.all) + "\n\n" + format_blame(found))
     return 0
 

@@ -32,6 +32,7 @@ OPTIMIZATIONS = (
     "dst_zero_point",
     "dst_scale",
     "mul_to_weight_scales",
+    "scale_past_bias",
     "add_to_bias",
     "relu_mul_swap",
     "sum_scale",
@@ -47,7 +48,8 @@ OPTIMIZATIONS = (
     "fold_float_dequantize",
     "unsigned_activations",
 )
-DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round"})
+DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
+                         "scale_past_bias"})
 
 
 @dataclass(frozen=True)

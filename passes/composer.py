@@ -53,6 +53,17 @@ quantization step, and rarely):
   dst scale is s itself, as the model states it).
 - mul_to_weight_scales: first multiply before any post-op: acc·w·v = acc·(w·v); with a bias
   already set, (acc·w + b)·v = acc·(w·v) + b·v.
+- scale_past_bias (off by default): mul_to_weight_scales and relu_mul_swap for a per-tensor
+  multiply after the bias, (acc·w + b)·v = acc·(w·v) + b·v. Off, that multiply stays after
+  the bias (an eltwise linear, which a following per-tensor add joins by fold_into_linear),
+  so the kernel rounds the conv-plus-bias and then the multiply, in the model's order, as
+  the reference does (an affine block after a conv: conv → ·a → +b). Measured on the real
+  zoo (docs/numerics.md, "Multiply after the bias"): 12 of 15 plans change (also the x·(1/s)
+  of a gate's inner quantization after its bias), the results only on the two PP-OCR NNCF
+  models: folded, one recurring near-tie value of one backbone conv each made them differ
+  from exact QDQ on 18 and 8 values over 8 inputs, unfolded on 2 and 2 (the det one then on
+  float64's side everywhere). A per-channel multiply still folds (as a binary post-op it
+  would read a vector per element).
 - add_to_bias: an add before any post-op goes into the bias: acc·w + b + a.
 - relu_mul_swap: relu(x)·s = relu(x·s) when every s > 0 (OpenVINO applies it without checking
   the sign; a negative s makes it wrong, so here it is checked).
@@ -345,12 +356,13 @@ def _append_mul(out: Composed, values: np.ndarray, options: ComposerOptions) -> 
     if options.on("skip_identity") and np.all(values == 1.0):
         out.fired.append("skip_identity")
         return
-    if not out.post_ops and options.on("mul_to_weight_scales"):
+    past_bias = out.bias is not None and per_tensor and not options.on("scale_past_bias")
+    if not out.post_ops and options.on("mul_to_weight_scales") and not past_bias:
         _scale_bias(out, values)
         out.fired.append("mul_to_weight_scales")
         return
     relu_only = all(isinstance(p, Eltwise) and p.alg == "relu" for p in out.post_ops)
-    if relu_only and options.on("relu_mul_swap") and np.all(values > 0):
+    if relu_only and options.on("relu_mul_swap") and np.all(values > 0) and not past_bias:
         _scale_bias(out, values)
         out.fired.append("relu_mul_swap")
         return

@@ -256,3 +256,42 @@ def test_each_optimization_can_be_switched_off(name: str, case) -> None:
     options = ComposerOptions().without(name)
     assert name not in compose(chain, channels=C, dst_dtype=dtype, options=options).fired
     _check(chain, dtype, options, bound=1)
+
+
+def _affine_after_bias(scale: object) -> list[ChainOp]:
+    """conv dequantize · w + b, then an affine block ·v + c (PP-LCNetV3's after a conv)."""
+    return [Scale.of(np.linspace(0.0005, 0.002, C)), Shift.of(np.linspace(-2, 2, C)),
+            Scale.of(scale), Shift.of(1.9782163)]
+
+
+def _f32_mismatches(chain: list[ChainOp], options: ComposerOptions) -> int:
+    acc = np.random.default_rng(0).integers(-20000, 20000, size=(4, C, 6, 6)).astype(np.int32)
+    ref = apply_chain(acc, chain, {}, channel_axis=1, dst_dtype=DType.F32)
+    got = apply_composed(acc, compose(chain, channels=C, dst_dtype=DType.F32, options=options),
+                         {}, channel_axis=1)
+    return int(np.count_nonzero(ref != got))
+
+
+def test_per_tensor_multiply_after_the_bias_stays_after_it() -> None:
+    chain = _affine_after_bias(0.5936148)
+    out = compose(chain, channels=C, dst_dtype=DType.F32)
+    assert out.fired.count("mul_to_weight_scales") == 1  # the dequantize's scale only
+    assert np.array_equal(out.bias, np.linspace(-2, 2, C).astype(np.float32))
+    assert out.post_ops == [Eltwise("linear", pytest.approx(0.5936148),
+                                    pytest.approx(1.9782163))]
+    folded = compose(chain, channels=C, dst_dtype=DType.F32,
+                     options=ComposerOptions().with_("scale_past_bias"))
+    assert folded.post_ops == [] and folded.fired.count("mul_to_weight_scales") == 2
+    # in the model's order: one float32 rounding per op, bit for bit (without the multiply-add
+    # merge); with it, closer to that order than folded across the bias
+    unmerged = ComposerOptions().without("fold_into_linear")
+    assert _f32_mismatches(chain, unmerged) == 0
+    assert 0 < _f32_mismatches(chain, ComposerOptions()) < _f32_mismatches(
+        chain, ComposerOptions().with_("scale_past_bias"))
+
+
+def test_per_channel_multiply_after_the_bias_still_folds() -> None:
+    out = compose(_affine_after_bias(np.linspace(0.5, 1.5, C)), channels=C,
+                  dst_dtype=DType.F32)
+    assert out.fired.count("mul_to_weight_scales") == 2
+    assert not any(isinstance(p, Binary) and p.alg == "mul" for p in out.post_ops)
