@@ -9,7 +9,7 @@ scale group; methods.py turns each histogram into a range and (scale, zero point
 writes QDQ or FakeQuantize. With per-channel weights (the default), inputs of depthwise
 convolutions get one scale per channel and a common zero point (placement.py,
 methods.channel_scales). The default method is minmax: on the real-model zoo percentile
-is closer to float on the detector (min cosine 0.874 against 0.834) but further on PP-LCNet
+is closer to float on the detector (min cosine 0.872 against 0.835) but further on PP-LCNet
 (0.974 against 0.991) and drops YOLOv8n's detection agreement from 0.949 to 0.824; with
 depthwise inputs per tensor it clipped outliers the PP-OCRv4 recognizer's attention needs
 (0.835 against 0.942); l2 and kl are not better than minmax everywhere either (README,
