@@ -19,8 +19,9 @@ amplify one-step differences; this module measures that, per value, with the out
   differences in that value move the output whichever engine makes them.
 
 A value is compared (and forced) where the plan materializes it with the reference's name,
-shape and dtype (``op_check``'s "reference" rows; values only the compiled graph has are not
-injected: the reference has no tensor to replace).
+shape and dtype (``op_check``'s "reference" rows; an s8 tensor the plan holds as u8 + 128 is
+compared and injected shifted, ``op_check.in_plan_type``; values only the compiled graph has
+are not injected: the reference has no tensor to replace).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 import onnx
 
 from qfuse.compiler.api import CompiledModel, ModelLike, compile_model
-from qfuse.compiler.op_check import reference_values
+from qfuse.compiler.op_check import in_plan_type, in_reference_type, reference_values
 from qfuse.runtime.numerics import cosine
 
 __all__ = ["Blame", "BlameRow", "blame", "format_blame", "reference_with", "sensitivity"]
@@ -106,7 +107,8 @@ def _forceable(compiled: CompiledModel, reference: Mapping[str, np.ndarray]
     for value in plan.homes:
         if value in plan.inputs or value not in graph.values or value not in reference:
             continue
-        info, ref = graph.info(value), np.asarray(reference[value])
+        info = graph.info(value)
+        ref = in_plan_type(np.asarray(reference[value]), info)
         if info.shape == ref.shape and info.dtype.np == ref.dtype:
             found[value] = np.ascontiguousarray(ref)
     return found
@@ -145,7 +147,9 @@ def blame(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
         result.rows.append(BlameRow(
             value, str(mine.dtype), int(mine.size),
             int(np.count_nonzero(mine != forced[value])),
-            cosine(want, mine if last else reference_with(proto, feeds, {value: mine}, output)),
+            cosine(want, mine if last else reference_with(
+                proto, feeds, {value: in_reference_type(mine, reference[value].dtype)},
+                output)),
             1.0 if last else cosine(want, run(dict(feeds), {value: forced[value]})[output])))
     ints = [r for r in result.rows if np.dtype(r.dtype).kind in "iu"]
     if draws and ints:

@@ -196,7 +196,7 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
             except Exception as exc:  # noqa: BLE001  reported, not fatal: one value unchecked
                 check.skipped[value] = f"its meaning cannot be computed: {exc}"
             continue
-        ref = _in_plan_type(np.asarray(reference[value]), info)
+        ref = in_plan_type(np.asarray(reference[value]), info)
         if info.shape != ref.shape or info.dtype.np != ref.dtype:
             check.skipped[value] = (f"{info.dtype.np}{list(info.shape)} in the plan, "
                                     f"{ref.dtype}{list(ref.shape)} in the reference")
@@ -238,13 +238,20 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
     return check
 
 
-def _in_plan_type(ref: np.ndarray, info: TensorInfo) -> np.ndarray:
+def in_plan_type(ref: np.ndarray, info: TensorInfo) -> np.ndarray:
     """The reference's s8 tensor as the u8 one the plan holds where it decomposed the s8
     activation as u8 with zero point + 128 (passes/decompose_fake_quantize.py, unsigned
     activations): ``q + 128``, the same dequantized values; anything else unchanged."""
     if ref.dtype == np.int8 and info.dtype is DType.U8 and ref.shape == info.shape:
         return (ref.astype(np.int16) + 128).astype(np.uint8)
     return ref
+
+
+def in_reference_type(mine: np.ndarray, ref_dtype: np.dtype) -> np.ndarray:
+    """The inverse of ``in_plan_type``: the plan's u8 + 128 tensor as the reference's s8."""
+    if mine.dtype == np.uint8 and np.dtype(ref_dtype) == np.int8:
+        return (mine.astype(np.int16) - 128).astype(np.int8)
+    return mine
 
 
 class _Meaning:
@@ -269,7 +276,7 @@ class _Meaning:
         info = graph.info(name)
         ref = self.reference.get(name)
         if ref is not None:
-            ref = _in_plan_type(np.asarray(ref), info)
+            ref = in_plan_type(np.asarray(ref), info)
         if ref is not None and ref.shape == info.shape and ref.dtype == info.dtype.np:
             return ref
         if name not in self.memo:

@@ -145,11 +145,10 @@ def run(
         log.debug("group %d %s: range [%g, %g] -> scale %g zp %d", gid, members, lo, hi,
                   scale, zp)
         for t in members:
-            params[t] = ActParams(scale, zp, activations)
-            if t in stats.channels:
-                rng = stats.channels[t]
-                params[t] = ActParams(channel_scales(rng.min, rng.max, lo, hi, scale, zp, qmin,
-                                                     qmax), zp, activations, rng.axis)
+            rng = stats.channels.get(t)
+            params[t] = ActParams(scale, zp, activations) if rng is None else ActParams(
+                channel_scales(rng.min, rng.max, lo, hi, scale, zp, qmin, qmax), zp,
+                activations, rng.axis)
     keep = set(exclude)
     qdq = write(float_model, params, placement.weights, "qdq", keep)
     written = qdq if format == "qdq" else write(float_model, params, placement.weights, format,

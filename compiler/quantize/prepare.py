@@ -177,6 +177,25 @@ def _indexed_copy(model: onnx.ModelProto) -> tuple[
             {o: n for n in g.node for o in n.output}, {o.name for o in g.output})
 
 
+def _conv_bias(conv: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
+               channels: int) -> np.ndarray:
+    """The conv's bias in float64 (zeros when it has none)."""
+    if len(conv.input) > 2 and conv.input[2]:
+        return numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
+    return np.zeros(channels)
+
+
+def _set_conv_bias(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto],
+                   conv: onnx.NodeProto, bias: np.ndarray, name: str) -> None:
+    """A new float32 initializer ``name`` holding ``bias`` as the conv's bias input."""
+    g.initializer.append(numpy_helper.from_array(bias.astype(np.float32), name))
+    inits[name] = g.initializer[-1]
+    if len(conv.input) > 2:
+        conv.input[2] = name
+    else:
+        conv.input.append(name)
+
+
 def fold_bias_add(model: onnx.ModelProto) -> onnx.ModelProto:
     """``Add(conv(x), b)`` with a per-output-channel constant b as the conv's bias."""
     out, inits, readers, producer, outputs = _indexed_copy(model)
@@ -204,16 +223,8 @@ def fold_bias_add(model: onnx.ModelProto) -> onnx.ModelProto:
                 or b.size == channels and b.ndim in (rank, rank - 1)
                 and b.shape[b.ndim - rank + 1] == channels):
             continue
-        bias = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
-                if len(conv.input) > 2 and conv.input[2] else np.zeros(channels))
-        bias = bias + np.broadcast_to(b.reshape(-1), (channels,))
-        name = f"{add.output[0]}_bias_folded"
-        g.initializer.append(numpy_helper.from_array(bias.astype(np.float32), name))
-        inits[name] = g.initializer[-1]
-        if len(conv.input) > 2:
-            conv.input[2] = name
-        else:
-            conv.input.append(name)
+        bias = _conv_bias(conv, inits, channels) + np.broadcast_to(b.reshape(-1), (channels,))
+        _set_conv_bias(g, inits, conv, bias, f"{add.output[0]}_bias_folded")
         conv.output[0] = add.output[0]
         removed.append(add)
     for add in removed:
@@ -245,17 +256,11 @@ def fold_batchnorm(model: onnx.ModelProto) -> onnx.ModelProto:
             blocks = w.reshape(group, w.shape[0] // group, w.shape[1], *w.shape[2:])
             blocks = blocks * s.reshape(group, 1, w.shape[1], *([1] * (w.ndim - 2)))
             w = blocks.reshape(w.shape)
-        b = (numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64)
-             if len(conv.input) > 2 and conv.input[2] else np.zeros_like(s))
-        b = (b - mean) * s + beta
-        w_name, b_name = f"{conv.input[1]}_bn_folded", f"{bn.output[0]}_bias_bn_folded"
+        b = (_conv_bias(conv, inits, s.size) - mean) * s + beta
+        w_name = f"{conv.input[1]}_bn_folded"
         g.initializer.append(numpy_helper.from_array(w.astype(np.float32), w_name))
-        g.initializer.append(numpy_helper.from_array(b.astype(np.float32), b_name))
         conv.input[1] = w_name
-        if len(conv.input) > 2:
-            conv.input[2] = b_name
-        else:
-            conv.input.append(b_name)
+        _set_conv_bias(g, inits, conv, b, f"{bn.output[0]}_bias_bn_folded")
         conv.output[0] = bn.output[0]
         removed.append(bn)
     for bn in removed:

@@ -106,3 +106,22 @@ def run_reference(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.n
     from onnx.reference import ReferenceEvaluator
 
     return [np.asarray(r) for r in ReferenceEvaluator(m).run(None, feeds)]
+
+
+def qdq_pair(name: str, src: str, dst: str) -> list[onnx.NodeProto]:
+    """QuantizeLinear → DequantizeLinear of ``src`` into ``dst`` with initializers ``{name}s``
+    (scale) and ``{name}z`` (zero point) the caller provides."""
+    return [helper.make_node("QuantizeLinear", [src, f"{name}s", f"{name}z"], [f"{name}q"]),
+            helper.make_node("DequantizeLinear", [f"{name}q", f"{name}s", f"{name}z"], [dst])]
+
+
+def image_repro() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Issue 13's repro: one Q/DQ pair (scale 2/255, zero point 128) fed an image normalized
+    as (p/255 - 0.5)/0.5 in float32, p = 0..255 in three channels."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
+    inits = [init("s", np.array(2 / 255, np.float32)), init("z", np.array(128, np.uint8))]
+    m = model(nodes, {"x": ((1, 3, 16, 16), TensorProto.FLOAT)}, ["y"], inits, opset=13)
+    p = np.arange(256, dtype=np.float32)
+    x = (p / np.float32(255) - np.float32(0.5)) / np.float32(0.5)
+    return m, {"x": np.stack([x, x, x]).reshape(1, 3, 16, 16).astype(np.float32)}

@@ -15,14 +15,9 @@ from onnx import TensorProto, helper
 
 from qfuse.compiler.api import compile_model, random_inputs
 from qfuse.ir.postops import ComposerOptions
-from tests.compiler.onnx_builders import init, model
+from tests.compiler.onnx_builders import init, model, qdq_pair
 
 OFF = ComposerOptions().without("fold_float_dequantize")
-
-
-def _qdq(name: str, src: str, dst: str) -> list[onnx.NodeProto]:
-    return [helper.make_node("QuantizeLinear", [src, f"{name}s", f"{name}z"], [f"{name}q"]),
-            helper.make_node("DequantizeLinear", [f"{name}q", f"{name}s", f"{name}z"], [dst])]
 
 
 def _conv_gate(gate: str) -> onnx.ModelProto:
@@ -39,22 +34,22 @@ def _conv_gate(gate: str) -> onnx.ModelProto:
              init("gs", np.float32(1 / 255)), init("gz", np.uint8(0)),
              init("ys", np.float32(0.0213)), init("yz", np.uint8(11)),
              init("three", np.float32(3)), init("zero", np.float32(0)), init("six", np.float32(6))]
-    nodes = [*_qdq("x", "x", "xd"),
+    nodes = [*qdq_pair("x", "x", "xd"),
              helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
              helper.make_node("Conv", ["xd", "wd", "b"], ["conv"], pads=[1, 1, 1, 1]),
-             *_qdq("c", "conv", "c")]
+             *qdq_pair("c", "conv", "c")]
     if gate == "silu":
-        nodes += [helper.make_node("Sigmoid", ["c"], ["sig"]), *_qdq("g", "sig", "g"),
+        nodes += [helper.make_node("Sigmoid", ["c"], ["sig"]), *qdq_pair("g", "sig", "g"),
                   helper.make_node("Mul", ["c", "g"], ["m"])]
     elif gate == "hardswish":
         nodes += [helper.make_node("Add", ["c", "three"], ["a"]),
                   helper.make_node("Clip", ["a", "zero", "six"], ["r"]),
-                  *_qdq("g", "r", "g"), helper.make_node("Mul", ["c", "g"], ["m6"]),
+                  *qdq_pair("g", "r", "g"), helper.make_node("Mul", ["c", "g"], ["m6"]),
                   helper.make_node("Div", ["m6", "six"], ["m"])]
     else:  # residual
         nodes += [helper.make_node("Sigmoid", ["c"], ["sig"]),
                   helper.make_node("Add", ["c", "sig"], ["m"])]
-    nodes += _qdq("y", "m", "y")
+    nodes += qdq_pair("y", "m", "y")
     return model(nodes, {"x": ([1, 8, 20, 20], TensorProto.FLOAT)}, ["y"], inits)
 
 

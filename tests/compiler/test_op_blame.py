@@ -15,7 +15,7 @@ import json
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+import pytest
 
 from qfuse import compile_model
 from qfuse.compiler.cli import main
@@ -23,19 +23,9 @@ from qfuse.compiler.op_blame import blame, format_blame, reference_with, sensiti
 from qfuse.compiler.op_check import reference_values
 from qfuse.examples import zoo
 from qfuse.ir.postops import ComposerOptions
-from tests.compiler.onnx_builders import init, model
+from tests.compiler.onnx_builders import image_repro
 
 F32 = np.float32
-
-
-def _image_repro() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
-             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
-    inits = [init("s", np.array(2 / 255, F32)), init("z", np.array(128, np.uint8))]
-    m = model(nodes, {"x": ((1, 3, 16, 16), TensorProto.FLOAT)}, ["y"], inits, opset=13)
-    p = np.arange(256, dtype=F32)
-    x = (p / F32(255) - F32(0.5)) / F32(0.5)
-    return m, {"x": np.stack([x, x, x]).reshape(1, 3, 16, 16).astype(F32)}
 
 
 def test_reference_cut_at_its_own_value_is_the_reference() -> None:
@@ -53,7 +43,7 @@ def test_reference_cut_at_its_own_value_is_the_reference() -> None:
 
 
 def test_blame_names_the_differing_tensor() -> None:
-    m, feeds = _image_repro()
+    m, feeds = image_repro()
     level = compile_model(m, composer=ComposerOptions().with_("zero_point_before_round"))
     found = blame(m, feeds, compiled=level, draws=4)
     rows = {r.tensor: r for r in found.rows}
@@ -70,7 +60,7 @@ def test_blame_names_the_differing_tensor() -> None:
 
 
 def test_sensitivity_is_one_step_changes() -> None:
-    m, feeds = _image_repro()
+    m, feeds = image_repro()
     a = sensitivity(m, feeds, "q", 1, 5, seed=7)
     b = sensitivity(m, feeds, "q", 1, 5, seed=7)
     assert np.array_equal(a, b) and a.shape == (5,)
@@ -78,7 +68,7 @@ def test_sensitivity_is_one_step_changes() -> None:
 
 
 def test_cli_check_blame(tmp_path, capsys) -> None:
-    m, feeds = _image_repro()
+    m, feeds = image_repro()
     path, inputs = tmp_path / "repro.onnx", tmp_path / "x.npy"
     onnx.save(m, str(path))
     np.save(inputs, feeds["x"])
@@ -88,3 +78,24 @@ def test_cli_check_blame(tmp_path, capsys) -> None:
     assert main(["check", str(path), "--inputs", str(inputs), "--blame",
                  "--blame-draws", "0"]) == 0
     assert "plan cosine 1.00000" in capsys.readouterr().out
+
+
+def test_an_s8_tensor_held_as_u8_is_compared_and_injected_shifted() -> None:
+    """Where the plan decomposes an s8 activation as u8 + 128 (unsigned activations, CPUs
+    without VNNI), blame still forces and injects it: shifted into the plan's type and back."""
+    from qfuse.compiler.lower.no_vnni import isa_is_exact
+    from qfuse.compiler.op_blame import _forceable
+    from qfuse.compiler.op_check import in_reference_type
+    from tests.passes.test_unsigned_activations import _nncf_like
+
+    if isa_is_exact():
+        pytest.skip("VNNI / AMX: s8 activations stay s8")
+    m = _nncf_like()
+    compiled = compile_model(m)
+    feeds = {"x": np.random.default_rng(1).normal(0, 2, (1, 8, 12, 12)).astype(F32)}
+    reference = reference_values(m, feeds)
+    forced = _forceable(compiled, reference)
+    assert reference["aq"].dtype == np.int8 and forced["aq"].dtype == np.uint8
+    assert np.array_equal(forced["aq"].astype(np.int16) - 128, reference["aq"])
+    assert np.array_equal(in_reference_type(forced["aq"], np.int8), reference["aq"])
+    assert blame(m, feeds, compiled=compiled).cos_plan > 0.99

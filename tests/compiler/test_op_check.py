@@ -19,31 +19,20 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from qfuse import compile_model
 from qfuse.compiler.cli import main
 from qfuse.compiler.op_check import check_op_by_op, format_text, reference_values
 from qfuse.examples import zoo
 from qfuse.ir.postops import ComposerOptions
-from tests.compiler.onnx_builders import init, model, run_ort
+from tests.compiler.onnx_builders import image_repro, run_ort
 
 F32 = np.float32
 NEAR_TIE = 1e-3
 
 
-def _image_repro() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
-             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])]
-    inits = [init("s", np.array(2 / 255, F32)), init("z", np.array(128, np.uint8))]
-    m = model(nodes, {"x": ((1, 3, 16, 16), TensorProto.FLOAT)}, ["y"], inits, opset=13)
-    p = np.arange(256, dtype=F32)
-    x = (p / F32(255) - F32(0.5)) / F32(0.5)
-    return m, {"x": np.stack([x, x, x]).reshape(1, 3, 16, 16).astype(F32)}
-
-
 def test_check_sees_the_level_form_one_step_off() -> None:
-    m, feeds = _image_repro()
+    m, feeds = image_repro()
     level = compile_model(m, composer=ComposerOptions().with_("zero_point_before_round"))
     rows = {r.tensor: r for r in check_op_by_op(m, feeds, compiled=level).ints}
     assert rows["q"].differing == 189 and rows["q"].max_lsb == 1
@@ -105,7 +94,7 @@ def test_example_zoo_within_one_lsb_op_by_op(name: str, mode: str) -> None:
 
 
 def test_cli_check(tmp_path, capsys) -> None:
-    m, feeds = _image_repro()
+    m, feeds = image_repro()
     path, inputs = tmp_path / "repro.onnx", tmp_path / "x.npy"
     onnx.save(m, str(path))
     np.save(inputs, feeds["x"])

@@ -17,14 +17,9 @@ from qfuse.compiler.pipeline import run_pipeline
 from qfuse.ir import DType, Op
 from qfuse.ir.postops import ComposerOptions
 from qfuse.passes.base import PassContext
-from tests.compiler.onnx_builders import init, model
+from tests.compiler.onnx_builders import init, model, qdq_pair
 
 OFF = ComposerOptions().without("unsigned_activations")
-
-
-def _qdq(name: str, src: str, dst: str) -> list[onnx.NodeProto]:
-    return [helper.make_node("QuantizeLinear", [src, f"{name}s", f"{name}z"], [f"{name}q"]),
-            helper.make_node("DequantizeLinear", [f"{name}q", f"{name}s", f"{name}z"], [dst])]
 
 
 def _conv(i: int, src: str, dst: str, rng: np.random.Generator) -> tuple[list, list]:
@@ -47,9 +42,9 @@ def _nncf_like() -> onnx.ModelProto:
     inits = [*i1, *i2, init("xs", np.float32(0.03)), init("xz", np.int8(0)),
              init("as", np.float32(0.05)), init("az", np.int8(0)),
              init("ys", np.float32(0.07)), init("yz", np.int8(0))]
-    nodes = [*_qdq("x", "x", "xd"), *c1, helper.make_node("Sigmoid", ["c1"], ["sg"]),
-             helper.make_node("Mul", ["c1", "sg"], ["a"]), *_qdq("a", "a", "ad"), *c2,
-             helper.make_node("Add", ["c2", "ad"], ["r"]), *_qdq("y", "r", "y")]
+    nodes = [*qdq_pair("x", "x", "xd"), *c1, helper.make_node("Sigmoid", ["c1"], ["sg"]),
+             helper.make_node("Mul", ["c1", "sg"], ["a"]), *qdq_pair("a", "a", "ad"), *c2,
+             helper.make_node("Add", ["c2", "ad"], ["r"]), *qdq_pair("y", "r", "y")]
     return model(nodes, {"x": ([1, 8, 12, 12], TensorProto.FLOAT)}, ["y"], inits)
 
 
@@ -96,15 +91,15 @@ def test_tensors_whose_rounding_could_move_stay_signed(case: str) -> None:
              init("bs", np.float32(0.04)), init("bz", np.int8(0)),
              init("ys", np.float32(0.1)), init("yz", np.int8(0))]
     if case == "matmul_weights":
-        nodes = [*_qdq("a", "x", "ad"), *_qdq("b", "w", "bd"),
-                 helper.make_node("MatMul", ["ad", "bd"], ["m"]), *_qdq("y", "m", "y")]
+        nodes = [*qdq_pair("a", "x", "ad"), *qdq_pair("b", "w", "bd"),
+                 helper.make_node("MatMul", ["ad", "bd"], ["m"]), *qdq_pair("y", "m", "y")]
         inputs = {"x": ([1, 4, 6], TensorProto.FLOAT), "w": ([1, 6, 5], TensorProto.FLOAT)}
         signed = {"w"}
     else:
         inits += [init("g", np.ones(6, np.float32)), init("beta", np.zeros(6, np.float32))]
-        nodes = [*_qdq("a", "x", "ad"),
+        nodes = [*qdq_pair("a", "x", "ad"),
                  helper.make_node("LayerNormalization", ["ad", "g", "beta"], ["n"], axis=-1),
-                 *_qdq("y", "n", "y")]
+                 *qdq_pair("y", "n", "y")]
         inputs = {"x": ([1, 4, 6], TensorProto.FLOAT)}
         signed = {"n", "x"}  # the LayerNorm writes n and reads x
     types = _types_after_decompose(model(nodes, inputs, ["y"], inits))
