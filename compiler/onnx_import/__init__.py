@@ -93,6 +93,7 @@ _DEFAULT: dict[str, Converter] = {
     "Concat": convert_layout.concat,
     "Split": convert_layout.split,
     "Slice": convert_layout.slice_,
+    "Gather": convert_layout.gather,
     "Reshape": convert_layout.reshape,
     "Flatten": convert_layout.flatten,
     "Transpose": convert_layout.transpose,

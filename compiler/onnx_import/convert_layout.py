@@ -1,5 +1,5 @@
-"""Data movement: Concat, Split, Slice, Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Pad,
-Cast. Every index input (split sizes, starts/ends, target shapes, axes, pads) must be a
+"""Data movement: Concat, Split, Slice, Gather, Reshape, Flatten, Transpose, Squeeze, Unsqueeze,
+Pad, Cast. Every index input (split sizes, starts/ends, target shapes, axes, pads) must be a
 constant after folding; the IR stores them resolved: non-negative axes, Reshape without 0 or
 -1, Slice clamped as ONNX clamps (ends for a negative step that runs through index 0 are
 ``-(dim + 1)``, which Python slicing and ONNX both read as "past the beginning").
@@ -98,6 +98,35 @@ def slice_(ctx: Context, node: NodeView) -> None:
         resolved_ends.append(indices.stop if indices.stop >= 0 else -(x.shape[axis] + 1))
     attrs = SliceAttrs(tuple(resolved_starts), tuple(resolved_ends), axes, tuple(steps))
     ctx.emit(node, Op.SLICE, node.inputs[:1], attrs)
+
+
+def gather(ctx: Context, node: NodeView) -> None:
+    """Gather with constant indices that pick one index or a run of consecutive ones is a
+    Slice (ONNX spec: ``out[..., j, ...] = data[..., indices[j], ...]`` along ``axis``), plus a
+    Squeeze of ``axis`` for a scalar index: PyTorch writes ``x[:, 0]`` (a class token) and
+    ``qkv[0]`` / ``unbind`` (attention's q, k, v) so. Bit-exact: the values are moved, not
+    computed. Other indices (run-time, repeated, out of order) stay a float island."""
+    x = ctx.input_info(node, 0)
+    axis = _axis(ctx, node, int(node.attr("axis", 0)), x.rank)
+    if not ctx.is_const(node.input(1)):
+        raise ctx.unsupported(node, "indices known only at run time")
+    indices = np.asarray(ctx.const(node, 1, "indices"))
+    dim = x.shape[axis]
+    flat = [int(i) for i in indices.reshape(-1).tolist()]
+    if not flat or indices.ndim > 1:
+        raise ctx.unsupported(node, f"indices of shape {indices.shape}")
+    if any(not -dim <= i < dim for i in flat):
+        raise ctx.malformed(node, f"indices {flat} are out of range for dim {axis} of size {dim}")
+    first = flat[0] % dim
+    if [i % dim for i in flat] != list(range(first, first + len(flat))):
+        raise ctx.unsupported(node, f"indices {flat} are not consecutive")
+    attrs = SliceAttrs((first,), (first + len(flat),), (axis,), (1,))
+    if indices.ndim == 1:
+        ctx.emit(node, Op.SLICE, node.inputs[:1], attrs)
+        return
+    sliced = ctx.graph.unique_name(f"{node.outputs[0]}@slice")
+    ctx.emit(node, Op.SLICE, node.inputs[:1], attrs, outputs=[sliced])
+    ctx.emit(node, Op.SQUEEZE, [sliced], AxesAttrs((axis,)))
 
 
 def reshape(ctx: Context, node: NodeView) -> None:

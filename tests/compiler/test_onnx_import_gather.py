@@ -1,0 +1,81 @@
+"""Gather with constant indices: one index, or a run of consecutive ones, is a Slice (plus a
+Squeeze for a scalar index), exact in every mode; other indices stay a float island."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from island_helpers import assert_island
+from onnx import TensorProto, helper
+from onnx_builders import init, model, qdq_pair, run_ort, single
+
+from qfuse.compiler.api import compile_model
+from qfuse.compiler.errors import MalformedModelError
+from qfuse.compiler.onnx_import import import_model
+from qfuse.ir import Op
+
+F = np.float32
+SHAPE = (3, 2, 5, 4)
+
+
+def _feeds(shape: tuple[int, ...] = SHAPE) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(0).standard_normal(shape).astype(F)}
+
+
+@pytest.mark.parametrize(("indices", "axis"), [
+    (np.array(0, np.int64), 0),      # qkv[0]: a scalar index drops the axis
+    (np.array(-1, np.int64), 2),     # negative, from the end
+    (np.array(1, np.int32), -3),     # int32 indices, negative axis
+    (np.array([2], np.int64), 2),    # one index, axis kept
+    (np.array([1, 2, 3], np.int64), 2),  # a run
+    (np.array([-2, -1], np.int64), 3),   # a run written from the end
+])
+def test_a_run_of_indices_is_a_slice_and_equal_to_onnxruntime(indices: np.ndarray,
+                                                               axis: int) -> None:
+    m = single("Gather", SHAPE, [init("i", indices)], axis=axis)
+    ops = [n.op for n in import_model(m)]
+    assert Op.ISLAND not in ops and Op.SLICE in ops
+    assert (Op.SQUEEZE in ops) == (indices.ndim == 0)
+    want = run_ort(m, _feeds())[0]
+    for mode in ("reference", "fused", "unfused"):
+        got = compile_model(m, mode=mode).run(_feeds())
+        np.testing.assert_array_equal(next(iter(got.values())), want)
+
+
+@pytest.mark.parametrize(("indices", "why"), [
+    (np.array([2, 1], np.int64), "not consecutive"),
+    (np.array([0, 0], np.int64), "not consecutive"),
+    (np.array([[0, 1]], np.int64), "indices of shape"),
+])
+def test_other_constant_indices_stay_an_island(indices: np.ndarray, why: str) -> None:
+    assert_island(single("Gather", SHAPE, [init("i", indices)], axis=2), {"Gather"}, why,
+                  feeds=_feeds())
+
+
+def test_run_time_indices_stay_an_island() -> None:
+    node = helper.make_node("Gather", ["x", "i"], ["y"], name="n", axis=1)
+    m = model([node], {"x": (SHAPE, TensorProto.FLOAT), "i": ((), TensorProto.INT64)}, ["y"])
+    assert_island(m, {"Gather"}, "run time", run=False)
+
+
+def test_an_index_out_of_range_is_refused_naming_the_node() -> None:
+    m = single("Gather", SHAPE, [init("i", np.array(5, np.int64))], axis=1)
+    with pytest.raises(MalformedModelError, match=r"node 'n'.*out of range"):
+        import_model(m)
+
+
+def test_an_int8_tensor_is_gathered_in_int8() -> None:
+    """DQ → Gather → Q (attention's q, k, v picked out of one quantized projection): the
+    Slice moves the int8 values (only the graph output is dequantized), bit-exact."""
+    nodes = [*qdq_pair("a", "x", "xd"),
+             helper.make_node("Gather", ["xd", "i"], ["g"], axis=0),
+             *qdq_pair("b", "g", "y")]
+    inits = [init("as", np.array(0.02, F)), init("az", np.array(128, np.uint8)),
+             init("bs", np.array(0.02, F)), init("bz", np.array(128, np.uint8)),
+             init("i", np.array(1, np.int64))]
+    m = model(nodes, {"x": (SHAPE, TensorProto.FLOAT)}, ["y"], inits, opset=13)
+    compiled = compile_model(m)
+    kernels = compiled.inspect()["kernels"]
+    moved = [k for k in kernels if k["node"] and "Gather" in k["node"]]
+    assert [(k["src_dtype"], k["dst_dtype"]) for k in moved] == [("u8", "u8")], kernels
+    np.testing.assert_array_equal(compiled.run(_feeds())["y"], run_ort(m, _feeds())[0])
