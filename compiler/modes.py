@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 FP32_CLEANUP = ("drop_identity", "constant_fold", "fold_batchnorm", "gemm_to_matmul",
                 "canonicalize_arith")
-FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops")
+FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "flatten_matmul_rows")
 
 
 def run_passes(graph: Graph, mode: Mode | str, ctx: PassContext | None = None) -> list[PassResult]:

@@ -35,7 +35,8 @@ import onnx
 
 from qfuse.compiler.api import CompiledModel, ModelLike, compile_model
 from qfuse.compiler.errors import InputError
-from qfuse.ir import DType, Graph, TensorInfo
+from qfuse.compiler.lower.layouts import RESHAPES
+from qfuse.ir import DType, Graph, Node, TensorInfo
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,7 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
             check.skipped[value] = "not materialized by the plan (absorbed or zero-copy)"
             continue
         mine = got[value]
-        producer = graph.producer(value)
+        producer = _computing_producer(graph, value)
         node = producer.name if producer is not None else ""
         op = producer.op.value if producer is not None else ""
         if ref.dtype.kind in "iu":
@@ -351,3 +352,12 @@ def main_check(args: Any) -> int:
          lambda: format_text(result, all_rows=args.all) + "\n\n" + format_blame(found))
     return 0
 
+
+def _computing_producer(graph: Graph, value: str) -> Node | None:
+    """The node that computes ``value``: its producer, or through reshapes (views that move
+    no value: flatten_matmul_rows' ``/unflatten``) the node before them."""
+    producer = graph.producer(value)
+    while (producer is not None and producer.op in RESHAPES and producer.fused is None
+           and graph.producer(producer.inputs[0]) is not None):
+        producer = graph.producer(producer.inputs[0])
+    return producer

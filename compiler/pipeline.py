@@ -19,6 +19,7 @@ from qfuse.passes import (
     fuse_bias,
     fuse_gated_activation,
     fuse_post_ops,
+    flatten_matmul_rows,
     fuse_quantized_norm,
     gemm_to_matmul,
     move_dequantize,
@@ -59,6 +60,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("signed_matmul_weights", signed_matmul_weights.run),
     # 7. the composer's mapping, recorded on each fused node
     ("compose_post_ops", compose_post_ops.run),
+    # a MatMul over the rows of a rank > 2 tensor as one 2-D matmul (views, no copies)
+    ("flatten_matmul_rows", flatten_matmul_rows.run),
 ]
 
 

@@ -230,6 +230,29 @@ class Graph:
                 count += 1
         return count
 
+    def insert_after(self, node: Node, port: int, op: Op, attrs: Any, info: TensorInfo, *,
+                     name: str | None = None) -> Node:
+        """Make a new ``op`` node produce ``node``'s output ``port`` (same name, same readers,
+        graph outputs included), reading a new value of ``info`` that ``node`` writes instead."""
+        value = node.outputs[port]
+        readers = self.consumers(value)
+        for reader, reader_port in readers:
+            self._unlink(value, reader.name, reader_port)
+        inner = self.unique_name(f"{value}@{op.value.lower()}")
+        self._new_value(inner, info)
+        self._producer[inner] = node.name
+        node.outputs[port] = inner
+        new_name = self.unique_name(name or f"{node.name}/{op.value.lower()}")
+        new = Node(new_name, op, attrs, [inner], [value], list(node.origin))
+        self._nodes[new_name] = new
+        self._seq[new_name] = next(self._seq_counter)
+        self._nx.add_node(new_name)
+        self._producer[value] = new_name
+        self._link(inner, new_name, 0)
+        for reader, reader_port in readers:
+            self._link(value, reader.name, reader_port)
+        return new
+
     def remove_node(self, node: Node) -> None:
         """Remove a node whose outputs nobody reads; its output values go with it."""
         for out in node.outputs:

@@ -47,6 +47,7 @@ OPTIMIZATIONS = (
     "fold_output_dequantize",
     "fold_float_dequantize",
     "unsigned_activations",
+    "flatten_matmul_rows",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})
