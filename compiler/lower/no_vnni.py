@@ -472,7 +472,14 @@ def _split_runtime(ctx: LowerContext, value: str) -> tuple[str, str]:
 def unsigned_source(ctx: LowerContext, node: Node, src_zp: int) -> tuple[Node, int]:
     """``node`` reading its s8 src shifted to u8 (``x + 128``, one reorder shared by every
     reader), and the src zero point that goes with it."""
-    x = node.inputs[0]
+    clone = Node(node.name, node.op, node.attrs, [shifted(ctx, node.inputs[0]),
+                                                  *node.inputs[1:]],
+                 list(node.outputs), list(node.origin), node.meta, node.fused)
+    return clone, src_zp + 128
+
+
+def shifted(ctx: LowerContext, x: str, why: str = f"exact_int8: {SHIFT}") -> str:
+    """The value ``x + 128`` (u8) of an s8 value ``x``: one reorder, shared by every reader."""
     name = f"{x}@u8"
     if name not in ctx.home:
         md = ctx.md_of(x)
@@ -480,11 +487,9 @@ def unsigned_source(ctx: LowerContext, node: Node, src_zp: int) -> tuple[Node, i
         ctx.add_reorder(ctx.home_slot(x), slot,
                         attr=PrimitiveAttr().set_zero_points_mask(Arg.DST, 0),
                         fixed={Arg.zero_points(Arg.DST): Memory.zero_points(128)}, role="op",
-                        note=f"exact_int8: {SHIFT}: '{x}' + 128")
+                        note=f"{why}: '{x}' + 128")
         ctx.home[name] = slot
-    clone = Node(node.name, node.op, node.attrs, [name, *node.inputs[1:]], list(node.outputs),
-                 list(node.origin), node.meta, node.fused)
-    return clone, src_zp + 128
+    return name
 
 
 def isa_notes(ctx: LowerContext, int8: bool) -> dict[str, Any]:

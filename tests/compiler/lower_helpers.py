@@ -167,12 +167,13 @@ S8, U8 = DType.S8, DType.U8
 
 def matmul_graph(a_shape: tuple[int, ...], b_shape: tuple[int, ...], *, b_const: bool,
                   b_dtype: DType = S8, wei_zp: int = 0, dst: DType = U8,
-                  per_column: bool = True) -> tuple[Graph, dict[str, np.ndarray]]:
+                  per_column: bool = True, a_dtype: DType = U8
+                  ) -> tuple[Graph, dict[str, np.ndarray]]:
     """An int8 MatMul with a fused chain (per-column or per-tensor scale, shift, quantize)."""
     rng = np.random.default_rng(7)
     g = Graph("matmul")
-    feeds = {"a": random_int(rng, a_shape, U8)}
-    int_input(g, "a", a_shape, U8, 0.02, 9)
+    feeds = {"a": random_int(rng, a_shape, a_dtype)}
+    int_input(g, "a", a_shape, a_dtype, 0.02, 9)
     b = random_int(rng, b_shape, b_dtype)
     if b_const:
         g.add_constant("b", b)
@@ -202,6 +203,10 @@ MATMUL_CASES = {
                          "wei_zp": -4, "per_column": False},
     "act_x_act_u8": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
                          "b_dtype": U8, "wei_zp": 128, "per_column": False},
+    # an s8 src (a LayerNorm's output, which keeps s8: no dst zero point there)
+    "s8_src": {"a_shape": (1, 6, 64), "b_shape": (64, 32), "b_const": True, "a_dtype": S8},
+    "s8_src_act_x_act": {"a_shape": (2, 3, 8, 16), "b_shape": (2, 3, 16, 8), "b_const": False,
+                         "a_dtype": S8, "wei_zp": -4, "per_column": False},
 }
 
 
