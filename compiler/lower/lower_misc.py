@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -143,6 +144,8 @@ def lower_eltwise(ctx: LowerContext, node: Node) -> None:
                       info=ctx.info_for(node))
 
 
+# Largest constant a binary operand is expanded to (from a broadcast oneDNN runs on ref:any).
+BROADCAST_CONSTANT_BYTES = 64 << 20
 BINARY = {Op.ADD: Alg.binary_add, Op.SUB: Alg.binary_sub, Op.MUL: Alg.binary_mul,
           Op.DIV: Alg.binary_div, Op.SUM: Alg.binary_add}
 
@@ -180,6 +183,15 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
         return binary(BINARY[node.op], c[0], c[1], c[0])
 
     pd = ctx.try_layouts("binary", make, [c for c in candidates if c[1] is not None])
+    if (pd.impl_name.startswith("ref") and bconst is not None and b_dims != out
+            and math.prod(out) * 4 <= BROADCAST_CONSTANT_BYTES):
+        # oneDNN 3.2's jit binary takes a src1 broadcast per tensor, per channel or not at
+        # all; another broadcast (Swin's attention mask, [1, 64, 1, 49, 49] added to
+        # [1, 64, 3, 49, 49]) runs on ref:any. A constant is stored broadcast instead: the
+        # same sums, on jit.
+        b_array = np.ascontiguousarray(np.broadcast_to(b_array, out))
+        full = [(home, md_like(home, DataType.f32)), (plain, plain_md(out, DataType.f32))]
+        pd = ctx.try_layouts("binary", make, [c for c in full if c[1] is not None])
     src0_md = pd.arg_md(Arg.SRC_0)
     assert src0_md is not None
     args = {int(Arg.SRC_0): ctx.source(a, src0_md)}

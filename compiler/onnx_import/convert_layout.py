@@ -16,6 +16,7 @@ from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
+    NoAttrs,
     Op,
     PadAttrs,
     PadMode,
@@ -217,6 +218,9 @@ def pad(ctx: Context, node: NodeView) -> None:
     full = [0] * (2 * x.rank)
     for i, axis in enumerate(axes):
         full[axis], full[x.rank + axis] = pads[i], pads[len(axes) + i]
+    if not any(full):  # nothing to pad (torchvision's Swin pads to a window multiple): a copy
+        ctx.emit(node, Op.IDENTITY, node.inputs[:1], NoAttrs())
+        return
     value = 0.0
     if value_in is not None and value_in.size:
         if value_in.size != 1:

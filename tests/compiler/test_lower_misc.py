@@ -105,6 +105,21 @@ def test_binary_broadcast(op: Op, b_shape: tuple[int, ...], const: bool) -> None
     _check(g, 1e-6 if op is Op.DIV else 0.0)
 
 
+@pytest.mark.parametrize("op", [Op.ADD, Op.MUL])
+def test_binary_with_a_constant_broadcast_in_the_middle_runs_on_jit(op: Op) -> None:
+    """Swin's shifted-window mask [1, 6, 1, 7, 7] added to [1, 6, 3, 7, 7]: oneDNN 3.2 has
+    that broadcast on ref:any only, so the constant is stored expanded; bit-exact."""
+    shape = (1, 6, 3, 7, 7)
+    g = _graph({"a": shape})
+    g.add_constant("b", RNG.uniform(-2.0, 2.0, (1, 6, 1, 7, 7)).astype(F32))
+    g.add_node(op, ["a", "b"], ["y"], NoAttrs(), infos=[TensorInfo(shape, DType.F32)])
+    g.outputs.append("y")
+    _check(g)
+    _, plan = run_plan(g, _feeds(g))
+    assert [k.impl for k in plan.kernels if k.kind == "binary"][0].startswith("jit"), \
+        [k.impl for k in plan.kernels]
+
+
 def test_binary_with_broadcast_first_operand() -> None:
     g = _graph({"a": (2, 8, 5, 5), "b": (1, 8, 1, 1)})
     g.add_node(Op.ADD, ["b", "a"], ["y"], NoAttrs(), infos=[TensorInfo((2, 8, 5, 5), DType.F32)])

@@ -12,7 +12,7 @@ from onnx_builders import init, model, run_ort, single
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.errors import MalformedModelError, QfuseError
 from qfuse.compiler.onnx_import import import_model
-from qfuse.ir import Graph, Node
+from qfuse.ir import Graph, Node, Op
 from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
@@ -197,6 +197,17 @@ def test_pad(mode: str, value: float | None, axes: list[int] | None) -> None:
     attrs = only(g).attrs
     assert isinstance(attrs, PadAttrs) and attrs.mode is PadMode(mode)
     assert len(attrs.pads) == 6 and attrs.value == (value or 0.0)
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect"])
+def test_pad_by_nothing_is_an_identity(mode: str) -> None:
+    """torchvision's Swin pads each stage to a multiple of its window, by 0 at 224x224."""
+    m = single("Pad", [1, 7, 7, 8], [init("pads", np.zeros(8, I64))], opset=18, mode=mode)
+    g = check_against_ort(m, (1, 7, 7, 8))
+    assert only(g).op is Op.IDENTITY
+    x = np.random.default_rng(0).standard_normal((1, 7, 7, 8)).astype(F)
+    for mode_ in ("reference", "fused"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode_).run({"x": x})["y"], x)
 
 
 def test_pad_wrap_is_unsupported() -> None:
