@@ -65,6 +65,7 @@ _DEFAULT: dict[str, Converter] = {
     "Resize": convert_spatial.resize,
     "Gemm": convert_math.gemm,
     "MatMul": convert_math.matmul,
+    "Einsum": convert_math.einsum,
     "Add": convert_math.binary,
     "Sub": convert_math.binary,
     "Mul": convert_math.binary,

@@ -25,6 +25,7 @@ from qfuse.ir.ops import (
     HardSigmoidAttrs,
     LayerNormAttrs,
     Op,
+    TransposeAttrs,
 )
 
 _BINARY = {"Add": Op.ADD, "Sub": Op.SUB, "Mul": Op.MUL, "Div": Op.DIV}
@@ -134,6 +135,66 @@ def gemm(ctx: Context, node: NodeView) -> None:
 
 def matmul(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.MATMUL, node.inputs[:2])
+
+
+def einsum(ctx: Context, node: NodeView) -> None:
+    """A two-operand Einsum that is a batched matrix product (attention's
+    ``bgnid,bgnjd->bgnij`` and ``bgnij,bgnjd->bgnid`` in MaxViT) becomes Transposes around a
+    MatMul: the same batch letters, in the same order, lead both operands and the output, one
+    letter is summed over, and each operand has one letter of its own (ONNX spec:
+    https://onnx.ai/onnx/operators/onnx__Einsum.html). The sums are MatMul's, in the same
+    order of k. Any other equation (a trace, a broadcast ellipsis, a letter repeated, three
+    operands) stays a float island."""
+    parsed = _matmul_einsum(str(node.attr("equation", "")),
+                            [ctx.input_info(node, i).rank for i in range(len(node.inputs))])
+    if isinstance(parsed, str):
+        raise ctx.unsupported(node, f"equation {node.attr('equation')!r}: {parsed}")
+    perm_a, perm_b, perm_out = parsed
+    operands = []
+    for port, perm in ((0, perm_a), (1, perm_b)):
+        value = node.inputs[port]
+        if perm != tuple(range(len(perm))):
+            moved = ctx.graph.unique_name(f"{node.outputs[0]}@operand{port}")
+            ctx.emit(node, Op.TRANSPOSE, [value], TransposeAttrs(perm), outputs=[moved])
+            value = moved
+        operands.append(value)
+    if perm_out == tuple(range(len(perm_out))):
+        ctx.emit(node, Op.MATMUL, operands)
+        return
+    product = ctx.graph.unique_name(f"{node.outputs[0]}@matmul")
+    ctx.emit(node, Op.MATMUL, operands, outputs=[product])
+    ctx.emit(node, Op.TRANSPOSE, [product], TransposeAttrs(perm_out))
+
+
+def _matmul_einsum(equation: str, ranks: list[int]
+                   ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | str:
+    """(perm of A to [batch.., i, k], of B to [batch.., k, j], of MatMul's [batch.., i, j]
+    to the output) for an Einsum equation, or why it is no batched matrix product."""
+    text = equation.replace(" ", "")
+    if "->" not in text or "." in text:
+        return "no explicit output, or an ellipsis"
+    inputs, out = text.split("->")
+    terms = inputs.split(",")
+    if len(terms) != 2 or [len(t) for t in terms] != ranks:
+        return "not two operands with a letter per dim"
+    a, b = terms
+    if any(len(set(t)) != len(t) for t in (a, b, out)):
+        return "a letter repeats within a term"
+    summed = (set(a) & set(b)) - set(out)
+    batch = [c for c in out if c in a and c in b]
+    own_a = [c for c in a if c not in b]
+    own_b = [c for c in b if c not in a]
+    if len(summed) != 1 or len(own_a) != 1 or len(own_b) != 1 or set(out) != set(
+            batch + own_a + own_b) or [c for c in a if c in batch] != batch or [
+            c for c in b if c in batch] != batch:
+        return "not a batched matrix product"
+    k = summed.pop()
+    i, j = own_a[0], own_b[0]
+    perm_a = tuple(a.index(c) for c in [*batch, i, k])
+    perm_b = tuple(b.index(c) for c in [*batch, k, j])
+    product = [*batch, i, j]
+    perm_out = tuple(product.index(c) for c in out)
+    return perm_a, perm_b, perm_out
 
 
 def dropout(ctx: Context, node: NodeView) -> None:

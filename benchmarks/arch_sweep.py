@@ -1,0 +1,240 @@
+"""Published architectures, quantized the ways users quantize, compiled by qfuse: what compiles,
+what runs where, how close, how fast.
+
+    pip install -e '.[archs]'                       # torch + torchvision, CPU wheels from PyPI
+    .venv/bin/python benchmarks/arch_sweep.py export --out sweep      # needs torch
+    .venv/bin/python benchmarks/arch_sweep.py run --out sweep         # needs qfuse's test extra
+    .venv/bin/python benchmarks/arch_sweep.py all --out sweep --models resnet18,vit_b_16
+
+``export`` builds each torchvision architecture from its code (random weights: no weights are
+downloaded), sets every BatchNorm's statistics from four batches of N(0, 1) data as training
+would, and exports it with ``torch.onnx.export`` (TorchScript exporter, opset 17, batch 1);
+``bert`` is PyTorch's own ``nn.TransformerEncoder`` (2 layers, d_model 256, 4 heads, GELU) on
+64 tokens. ``run`` quantizes each float model the three ways of examples/realzoo/quantize.py
+(quantize_static QDQ and QOperator after quant_pre_process, NNCF with its defaults) on 8 N(0, 1)
+calibration inputs, compiles it with qfuse fused and prints one row per model and quantizer:
+
+- kernels, numpy kernels (islands included) and ``ref:`` kernels of the fused plan;
+- ``cos ref``: the lowest cosine over 2 held-out N(0, 1) inputs between qfuse fused and the
+  reference (the quantized model in ONNX Runtime with graph optimizations off; a QOperator
+  model's exact QDQ form, examples/realzoo/exact.py), and ``cos ort`` the same for ONNX Runtime
+  with its optimizations (its own int8 kernels): random weights make these networks sensitive,
+  so one-LSB differences grow with depth (``qfuse check`` shows each kernel within 1 LSB);
+- ``ms``: qfuse fused median latency, and ``ort/f``: ONNX Runtime's median over qfuse's (> 1:
+  qfuse is faster), 12 runs each, interleaved, at ``--threads``.
+
+A row with an error says what failed (quantizer, compile, run). Random-weight outputs of a
+classifier whose head is zero-initialized (torchvision's ViT) are all zero: its cosines read 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np
+
+IMAGE_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0",
+                "regnet_y_400mf", "resnext50_32x4d", "densenet121", "squeezenet1_1",
+                "shufflenet_v2_x1_0", "googlenet", "mnasnet1_0", "convnext_tiny", "vit_b_16",
+                "swin_t", "maxvit_t", "efficientnet_v2_s", "alexnet")
+OTHER_MODELS = ("bert", "seg_lraspp_mobilenet_v3_large", "seg_deeplabv3_mobilenet_v3_large",
+                "video_r3d_18")
+MODELS = IMAGE_MODELS + OTHER_MODELS
+QUANTIZERS = ("qdq", "qoperator", "nncf")
+
+
+# ------------------------------------------------------------------------------- export
+def _torch_model(name: str, size: int) -> tuple[Any, Any]:
+    """(module in eval mode, example input) for ``name``."""
+    import torch
+    import torchvision
+
+    if name == "bert":
+        layer = torch.nn.TransformerEncoderLayer(256, 4, 1024, batch_first=True,
+                                                 activation="gelu")
+        return torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False), \
+            torch.randn(1, 64, 256)
+    if name.startswith("seg_"):
+        model = getattr(torchvision.models.segmentation, name[4:])(
+            weights=None, weights_backbone=None, num_classes=21, aux_loss=False)
+        return model, torch.randn(1, 3, size, size)
+    if name.startswith("video_"):
+        return getattr(torchvision.models.video, name[6:])(weights=None), \
+            torch.randn(1, 3, 8, 112, 112)
+    kwargs: dict[str, Any] = {}
+    if name in ("googlenet", "inception_v3"):
+        kwargs = {"aux_logits": False, "init_weights": True}
+    return getattr(torchvision.models, name)(weights=None, **kwargs), \
+        torch.randn(1, 3, size, size)
+
+
+def export(names: list[str], out: Path, size: int) -> None:
+    import torch
+
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    (out / "float").mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = out / "float" / f"{name}.onnx"
+        if path.exists():
+            continue
+        model, x = _torch_model(name, size)
+        for module in model.modules():  # statistics from data, as a trained model has them
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.momentum = None
+                module.reset_running_stats()
+        model.train()
+        with torch.no_grad():
+            for _ in range(4):
+                model(torch.randn(2, *x.shape[1:]))
+        model.eval()
+
+        class Tensor(torch.nn.Module):  # segmentation models return a dict
+            def __init__(self, inner: torch.nn.Module) -> None:
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                y = self.inner(x)
+                return y["out"] if isinstance(y, dict) else y
+
+        torch.onnx.export(Tensor(model), x, str(path), opset_version=17, dynamo=False,
+                          input_names=["input"], output_names=["output"])
+        print(f"exported {name}", flush=True)
+
+
+# ---------------------------------------------------------------------------------- run
+def _cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.ravel().astype(np.float64), b.ravel().astype(np.float64)
+    norm = np.linalg.norm(a) * np.linalg.norm(b)
+    return float(a @ b / norm) if norm else 0.0
+
+
+def _session(path: Path, optimize: bool, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
+                                        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _quantized(float_path: Path, out: Path, quantizer: str,
+               calibration: list[dict[str, np.ndarray]]) -> tuple[Path, Path]:
+    """(the quantized model, the model whose unoptimized ONNX Runtime run is the reference)."""
+    import onnx
+
+    from qfuse.examples.realzoo.exact import exact_qdq
+    from qfuse.examples.realzoo.quantize import quantize
+
+    path = out / "quantized" / f"{float_path.stem}.{quantizer}.onnx"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        model, _ = quantize(onnx.load(float_path), calibration, quantizer)
+        onnx.save(model, path)
+    if quantizer != "qoperator":
+        return path, path
+    exact = path.with_suffix(".exact.onnx")
+    if not exact.exists():
+        onnx.save(exact_qdq(onnx.load(path)), exact)
+    return path, exact
+
+
+def measure(name: str, quantizer: str, out: Path, threads: int) -> dict[str, Any]:
+    import onnx
+
+    from qfuse import compile_model
+
+    row: dict[str, Any] = {"model": name, "quantizer": quantizer}
+    float_path = out / "float" / f"{name}.onnx"
+    graph_input = onnx.load(float_path, load_external_data=False).graph.input[0]
+    shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
+    rng = np.random.default_rng(0)
+    draw = lambda: {graph_input.name: rng.standard_normal(shape).astype(np.float32)}  # noqa: E731
+    calibration = [draw() for _ in range(8)]
+    held_out = [draw() for _ in range(2)]
+    try:
+        path, reference = _quantized(float_path, out, quantizer, calibration)
+        ref = [_session(reference, False, threads).run(None, f)[0] for f in held_out]
+        ort = _session(path, True, threads)
+        theirs = [ort.run(None, f)[0] for f in held_out]
+    except Exception as exc:  # noqa: BLE001 - a failure is the measurement
+        row["error"] = f"quantize / reference: {type(exc).__name__}: {str(exc)[:200]}"
+        return row
+    try:
+        compiled = compile_model(str(path), threads=threads)
+        ours = [compiled.run(f)[compiled.outputs[0]] for f in held_out]
+    except Exception as exc:  # noqa: BLE001
+        row["error"] = f"qfuse: {type(exc).__name__}: {str(exc)[:200]}"
+        return row
+    kernels = compiled.inspect()["kernels"]
+    row["kernels"] = len(kernels)
+    row["numpy"] = sum(k["impl"] == "numpy" for k in kernels)
+    row["ref"] = sum(k["impl"].startswith("ref") for k in kernels)
+    row["cos_ref"] = min(_cosine(r, g) for r, g in zip(ref, ours, strict=True))
+    row["cos_ort"] = min(_cosine(r, g) for r, g in zip(ref, theirs, strict=True))
+    times: dict[str, list[float]] = {"qfuse": [], "ort": []}
+    runs = {"qfuse": lambda: compiled.run(held_out[0]), "ort": lambda: ort.run(None, held_out[0])}
+    for run in runs.values():
+        for _ in range(3):
+            run()
+    for _ in range(12):
+        for engine, run in runs.items():
+            start = time.perf_counter()
+            run()
+            times[engine].append(time.perf_counter() - start)
+    row["ms"] = 1e3 * float(np.median(times["qfuse"]))
+    row["ort_over_qfuse"] = float(np.median(times["ort"]) / np.median(times["qfuse"]))
+    return row
+
+
+def format_row(row: dict[str, Any]) -> str:
+    head = f"{row['model']:<34} {row['quantizer']:<10}"
+    if "error" in row:
+        return f"{head} {row['error']}"
+    return (f"{head} {row['kernels']:>7} {row['numpy']:>5} {row['ref']:>4} "
+            f"{row['cos_ref']:>8.5f} {row['cos_ort']:>8.5f} {row['ms']:>9.2f} "
+            f"{row['ort_over_qfuse']:>6.2f}")
+
+
+HEADER = (f"{'model':<34} {'quantizer':<10} {'kernels':>7} {'numpy':>5} {'ref':>4} "
+          f"{'cos ref':>8} {'cos ort':>8} {'ms':>9} {'ort/f':>6}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=("export", "run", "all"))
+    parser.add_argument("--out", type=Path, default=Path("arch_sweep"))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--quantizers", default=",".join(QUANTIZERS))
+    parser.add_argument("--size", type=int, default=224, help="image side (default 224)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    if args.step in ("export", "all"):
+        export(names, args.out, args.size)
+    if args.step == "export":
+        return 0
+    rows = []
+    print(HEADER, flush=True)
+    for name in names:
+        for quantizer in args.quantizers.split(","):
+            rows.append(measure(name, quantizer, args.out, args.threads))
+            print(format_row(rows[-1]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
