@@ -243,7 +243,8 @@ class Graph:
         self._producer[inner] = node.name
         node.outputs[port] = inner
         new_name = self.unique_name(name or f"{node.name}/{op.value.lower()}")
-        new = Node(new_name, op, attrs, [inner], [value], list(node.origin))
+        new = Node(new_name, op, ATTRS[op]() if attrs is None else attrs, [inner], [value],
+                   list(node.origin))
         self._nodes[new_name] = new
         self._seq[new_name] = next(self._seq_counter)
         self._nx.add_node(new_name)

@@ -47,6 +47,20 @@ def test_replace_all_uses_and_bypass() -> None:
     assert not g.has_node("clip") and "c" not in g.values
 
 
+def test_insert_after_keeps_the_value_name_and_its_readers() -> None:
+    g = small_graph()
+    g.outputs.append("y")  # y is read by relu and is a graph output
+    mm = g.node("mm")
+    new = g.insert_after(mm, 0, Op.RELU, None, TensorInfo((1, 4), DType.F32), name="after")
+    g.verify()
+    inner = mm.outputs[0]
+    assert inner != "y" and new.inputs == [inner] and new.outputs == ["y"]
+    assert g.producer("y") is new and g.producer(inner) is mm
+    assert [(n.name, p) for n, p in g.consumers("y")] == [("relu", 0)]
+    assert [n.name for n in g.topo_order()] == ["mm", "after", "relu"]
+    assert g.outputs == ["z", "y"]
+
+
 def test_remove_node_refuses_when_read() -> None:
     g = small_graph()
     with pytest.raises(GraphError, match="'mm'.*still read"):
