@@ -32,6 +32,7 @@ from qfuse.compiler.lower.layouts import (
     is_row_major,
     md_like,
     plain_md,
+    same_bytes,
 )
 from qfuse.ir import Node, Op
 from qfuse.ir.chain import Act
@@ -278,6 +279,20 @@ def lower_transpose(ctx: LowerContext, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
     yinfo = ctx.info(y)
     dtype = dnnl_type(yinfo.dtype)
+    home = ctx.home_slot(x)
+    md = ctx.slots[home].md
+    if md.is_plain and ctx.slots[home].const is None and not ctx.is_output(y):
+        # x's bytes may already be y's row-major layout (a channels-last NCHW tensor permuted
+        # to NHWC, as ConvNeXt and tf2onnx models do): y is then a view of x, no copy
+        strides = tuple((md.strides or ())[p] for p in attrs.perm)
+        row_major = plain_md(yinfo.shape, dtype)
+        try:
+            permuted = MemoryDesc.from_strides(yinfo.shape, dtype, strides)
+        except DnnlError:
+            permuted = None
+        if permuted is not None and same_bytes(permuted, row_major):
+            ctx.home[y] = ctx.temp(f"{y}@perm", row_major, alias=home)
+            return
     wanted = ctx.preferred(y, dtype)
     out = ctx.define(y, wanted if wanted is not None and wanted.is_plain
                      else plain_md(yinfo.shape, dtype))
