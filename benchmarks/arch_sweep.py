@@ -76,6 +76,22 @@ def _torch_model(name: str, size: int) -> tuple[Any, Any]:
         torch.randn(1, 3, size, size)
 
 
+def _Tensor(inner: Any) -> Any:
+    """``inner`` returning a tensor (segmentation models return a dict)."""
+    import torch
+
+    class Tensor(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.inner(x)
+            return y["out"] if isinstance(y, dict) else y
+
+    return Tensor()
+
+
 def export(names: list[str], out: Path, size: int) -> None:
     import torch
 
@@ -96,17 +112,7 @@ def export(names: list[str], out: Path, size: int) -> None:
             for _ in range(4):
                 model(torch.randn(2, *x.shape[1:]))
         model.eval()
-
-        class Tensor(torch.nn.Module):  # segmentation models return a dict
-            def __init__(self, inner: torch.nn.Module) -> None:
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, x: torch.Tensor) -> torch.Tensor:
-                y = self.inner(x)
-                return y["out"] if isinstance(y, dict) else y
-
-        torch.onnx.export(Tensor(model), x, str(path), opset_version=17, dynamo=False,
+        torch.onnx.export(_Tensor(model), x, str(path), opset_version=17, dynamo=False,
                           input_names=["input"], output_names=["output"])
         print(f"exported {name}", flush=True)
 
@@ -159,9 +165,9 @@ def measure(name: str, quantizer: str, out: Path, threads: int) -> dict[str, Any
     graph_input = onnx.load(float_path, load_external_data=False).graph.input[0]
     shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
     rng = np.random.default_rng(0)
-    draw = lambda: {graph_input.name: rng.standard_normal(shape).astype(np.float32)}  # noqa: E731
-    calibration = [draw() for _ in range(8)]
-    held_out = [draw() for _ in range(2)]
+    feeds = [{graph_input.name: rng.standard_normal(shape).astype(np.float32)}
+             for _ in range(10)]
+    calibration, held_out = feeds[:8], feeds[8:]
     try:
         path, reference = _quantized(float_path, out, quantizer, calibration)
         ref = [_session(reference, False, threads).run(None, f)[0] for f in held_out]

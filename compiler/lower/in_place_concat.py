@@ -175,7 +175,7 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
             if members.intersection(writer.writes):
                 note = (f"writes in place into concat '{kernel.info.node}' (input {i}, "
                         f"byte {views[i][1]})")
-                writer.info.note = f"{writer.info.note}; {note}" if writer.info.note else note
+                writer.info.add_note(note)
         slots[root] = dataclasses.replace(slots[root], alias=dst,
                                           offset=views[i][1] - offset)
     replacement: list[Kernel] = []

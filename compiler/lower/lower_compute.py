@@ -276,7 +276,7 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
     attrs: ConvAttrs | ConvTransposeAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     xinfo, yinfo = ctx.info(x), ctx.info(y)
-    g, channels = attrs.group, yinfo.shape[1]
+    g = attrs.group
     w = conv_weights(ctx.need_const(node, 1, "the weights"), g, deconv)
     integer = xinfo.dtype.is_integer
     if integer and node.fused is None:
@@ -285,30 +285,27 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
     geometry = conv_geometry(node)
     if deconv and integer:
         w, geometry = cover_every_output(w, geometry)
-    if not deconv and g > 1 and w.shape[1] * w.shape[2] > 1 and g <= MAX_DENSE_GROUPS:
+    dense = None
+    if not deconv and 1 < g <= MAX_DENSE_GROUPS and w.shape[1] * w.shape[2] > 1:
         dense = _dense_if_faster(xinfo, yinfo, w, geometry)
-        if dense is not None:
-            first, groups = len(ctx.kernels), g
-            w, g = dense, 1
-            lower_conv_weights(ctx, node, w, geometry)
-            note = (f"{groups} groups as one dense convolution (block-diagonal weights): "
-                    "oneDNN has only ref:any for the grouped one")
-            for kernel in ctx.kernels[first:]:
-                if kernel.info.node == node.name:
-                    kernel.info.note = f"{kernel.info.note}; {note}" if kernel.info.note \
-                        else note
-            return
-    lower_conv_weights(ctx, node, w, geometry)
+    if dense is None:
+        _lower_conv(ctx, node, w, g, geometry)
+        return
+    first = len(ctx.kernels)
+    _lower_conv(ctx, node, dense, 1, geometry)
+    for kernel in ctx.kernels[first:]:
+        if kernel.info.node == node.name:
+            kernel.info.add_note(f"{g} groups as one dense convolution (block-diagonal "
+                                 "weights): oneDNN has only ref:any for the grouped one")
 
 
-def lower_conv_weights(ctx: LowerContext, node: Node, w: np.ndarray,
-                       geometry: dict[str, Sequence[int]]) -> None:
-    """lower_conv with oneDNN's logical weights ``w`` ([G, O/G, I/G, k…] when grouped) and
-    geometry decided."""
+def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
+                geometry: dict[str, Sequence[int]]) -> None:
+    """lower_conv once oneDNN's logical weights ``w`` ([G, O/G, I/G, k…] when ``g`` > 1) and
+    the geometry are decided."""
     deconv = node.op is Op.CONV_TRANSPOSE
     x, y = node.inputs[0], node.outputs[0]
     xinfo, yinfo = ctx.info(x), ctx.info(y)
-    g = node.attrs.group if w.ndim == len(yinfo.shape) + 1 else 1
     channels = yinfo.shape[1]
     integer = xinfo.dtype.is_integer
     make_pd = deconvolution if deconv else convolution

@@ -398,7 +398,7 @@ class Exactness:
     def record(self, ctx: LowerContext, kernel: Kernel) -> None:
         ctx.exact_int8[kernel.name] = self.how
         note = f"exact_int8: {self.how}"
-        kernel.info.note = f"{kernel.info.note}; {note}" if kernel.info.note else note
+        kernel.info.add_note(note)
 
 
 def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:

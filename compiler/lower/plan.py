@@ -67,6 +67,10 @@ class KernelInfo:
     # writes no quantized value.
     rounding: str = ""
 
+    def add_note(self, text: str) -> None:
+        """Append ``text`` to the note ("; " between notes)."""
+        self.note = f"{self.note}; {text}" if self.note else text
+
 
 @dataclass(frozen=True)
 class Kernel:
