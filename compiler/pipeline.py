@@ -20,6 +20,7 @@ from qfuse.passes import (
     fuse_gated_activation,
     fuse_post_ops,
     flatten_matmul_rows,
+    fold_resize_dequantize,
     fuse_quantized_norm,
     gemm_to_matmul,
     move_dequantize,
@@ -58,6 +59,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # Softmax / LayerNorm reading and writing int8; u8 matmul weights written as s8
     ("fuse_quantized_norm", fuse_quantized_norm.run),
     ("signed_matmul_weights", signed_matmul_weights.run),
+    # a dequantize still standing after an int8 nearest Resize: the Resize writes float32
+    ("fold_resize_dequantize", fold_resize_dequantize.run),
     # 7. the composer's mapping, recorded on each fused node
     ("compose_post_ops", compose_post_ops.run),
     # a MatMul over the rows of a rank > 2 tensor as one 2-D matmul (views, no copies)

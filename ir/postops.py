@@ -46,6 +46,7 @@ OPTIMIZATIONS = (
     "in_place_concat",
     "fold_output_dequantize",
     "fold_float_dequantize",
+    "fold_resize_dequantize",
     "unsigned_activations",
     "flatten_matmul_rows",
 )

@@ -173,8 +173,10 @@ def strided(dims: Sequence[int], dtype: DataType,
         return None
 
 
-def dense_in_order(md: MemoryDesc, dims: Sequence[int]) -> MemoryDesc:
-    """``dims`` densely laid out in ``md``'s dimension order (outermost = largest stride)."""
+def dense_in_order(md: MemoryDesc, dims: Sequence[int],
+                   dtype: DataType | None = None) -> MemoryDesc:
+    """``dims`` densely laid out in ``md``'s dimension order (outermost = largest stride), of
+    ``md``'s element type unless ``dtype`` is given."""
     strides = md.strides or ()
     order = sorted(range(len(dims)), key=lambda i: (-strides[i], i))
     out = [0] * len(dims)
@@ -182,7 +184,7 @@ def dense_in_order(md: MemoryDesc, dims: Sequence[int]) -> MemoryDesc:
     for i in reversed(order):
         out[i] = step
         step *= dims[i]
-    return MemoryDesc.from_strides(tuple(dims), md.dtype, out)
+    return MemoryDesc.from_strides(tuple(dims), md.dtype if dtype is None else dtype, out)
 
 
 def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:

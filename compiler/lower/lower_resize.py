@@ -60,15 +60,18 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
+from qfuse.compiler.lower import unfused
+from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, scale_bias_post_ops, store_post_ops
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md
 from qfuse.ir import DType, Node
+from qfuse.ir.postops import Composed
 from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
 from qfuse.runtime.onednn.reference import resampling_nearest_index
@@ -131,10 +134,14 @@ def resize_decision(ctx: LowerContext, node: Node) -> ResizeDecision:
     info = ctx.info(node.inputs[0])
     if tuple(attrs.sizes) == info.shape:
         return ResizeDecision("alias", "no dim changes size: the input itself")
-    if node.fused is not None:
+    if node.fused is not None and attrs.mode is not ResizeMode.NEAREST:
         return ResizeDecision("numpy", "a fused chain")
     if attrs.mode is ResizeMode.NEAREST:
-        return nearest_decision(attrs, info.shape, info.dtype)
+        decision = nearest_decision(attrs, info.shape, info.dtype)
+        if node.fused is not None and decision.how == "onednn":
+            return ResizeDecision("onednn", decision.note + "; writes the dequantized values "
+                                            "(post-ops: - zp, then · s rounded once)")
+        return decision
     rank = len(info.shape)
     if info.dtype is DType.F32 and 3 <= rank <= 5 and tuple(
             linear_taps(attrs, info.shape)) == tuple(range(2, rank)):
@@ -157,24 +164,53 @@ def lower_resize(ctx: LowerContext, node: Node) -> None:
 
 
 def _lower_nearest(ctx: LowerContext, node: Node, note: str) -> None:
-    """resampling_nearest in the input's own layout (the output in the same dim order)."""
+    """resampling_nearest in the input's own layout (the output in the same dim order); a
+    fused chain (the dequantize of passes/fold_resize_dequantize.py) as post-ops, or in the
+    unfused mode one primitive per operation after the resampling."""
     x, y = node.inputs[0], node.outputs[0]
     out = ctx.info(y).shape
     dtype = dnnl_type(ctx.info(y).dtype)
+    built = _chain_attr(ctx, node) if node.fused is not None else None
     home = ctx.md_of(x)
-    own = (home, dense_in_order(home, out) if home.is_plain else any_md(out, dtype))
-    candidates = [own, (plain_md(home.dims, dtype), plain_md(out, dtype))]
+    own = (home, dense_in_order(home, out, dtype) if home.is_plain else any_md(out, dtype))
+    candidates = [own, (plain_md(home.dims, home.dtype), plain_md(out, dtype))]
+    attr = built.attr if built is not None else None
 
     def make(mds: tuple[MemoryDesc, MemoryDesc]) -> PrimitiveDesc:
-        return resampling(Alg.resampling_nearest, mds[0], mds[1])
+        return resampling(Alg.resampling_nearest, mds[0], mds[1], attr=attr)
 
     pd = ctx.try_layouts("resampling", make, candidates)
     src_md, dst_md = pd.src_md, pd.dst_md
     assert src_md is not None and dst_md is not None
     src = ctx.source(x, src_md)
+    if node.fused is not None and ctx.options.mode == "unfused":
+        work = ctx.temp(f"{y}@chain", dst_md)
+        ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): work},
+                          info=ctx.info_for(node, note=note))
+        unfused.finish_chain(ctx, node, work, channel_axis=1)
+        return
     dst = ctx.define(y, dst_md)
-    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
-                      info=ctx.info_for(node, note=note))
+    fixed = built.fixed if built is not None else {}
+    info = ctx.info_for(node, note=note) if built is None else ctx.info_for(
+        node, note=note, post_ops=built.names, post_op_details=built.details)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst}, fixed, info=info)
+
+
+def _chain_attr(ctx: LowerContext, node: Node) -> BuiltAttr | None:
+    """The composed chain as float32 post-ops (None in the unfused mode, which runs them one
+    primitive each); a bias equal on every channel as one eltwise linear."""
+    if ctx.options.mode == "unfused":
+        return None
+    composed = node.meta.get("composed")
+    assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"
+    bias = composed.bias
+    if bias is not None and np.unique(bias).size == 1:
+        composed = replace(composed, bias=np.asarray(bias, F32).ravel()[:1])
+    finish = Composed(composed.channels, DType.F32,
+                      post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
+                                *store_post_ops(composed)])
+    return build_attr(finish, ndims=len(ctx.info(node.outputs[0]).shape), channel_axis=1,
+                      wei_mask=0, dst_type=DataType.f32, scales=False)
 
 
 def _lower_linear(ctx: LowerContext, node: Node, note: str) -> None:

@@ -85,6 +85,9 @@ def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
             x = (src.astype(np.int64) - np.int64(fused.src_zero_point)).astype(F32) * F32(
                 fused.src_scale)
         return IMPLS[node.op](plain, [x, *inputs[1:]])[0]
+    if node.op is Op.RESIZE:  # nearest, with its dequantize (passes/fold_resize_dequantize)
+        return IMPLS[node.op](plain, [_shifted(src, fused.src_zero_point, "source").astype(F32),
+                                      *inputs[1:]])[0]
     if src.dtype.kind == "f":  # an activation carrying a gate chain: the chain starts at x
         return src.astype(F32)
     raise ValueError(f"no fused reference for {node.op.value}")

@@ -1,0 +1,108 @@
+"""fold_resize_dequantize: the DequantizeLinear left after an int8 nearest Resize (PP-OCRv4
+det's FPN upsampling added to a float chain) is written by the Resize kernel itself —
+one kernel less, bit-exact against the plan without it in every mode."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+
+from qfuse.compiler.api import compile_model
+from qfuse.ir.postops import ComposerOptions
+from tests.compiler.onnx_builders import init, model, qdq_pair
+
+OFF = ComposerOptions().without("fold_resize_dequantize")
+C, H, W = 8, 6, 5
+
+
+def _model(*, per_channel: bool = False, mode: str = "asymmetric",
+           scales: tuple[float, float] = (2.0, 2.0), readers: int = 1) -> onnx.ModelProto:
+    """x → Q/DQ → Conv → Q/DQ(a) → Resize nearest → + sigmoid(g) → out (float).
+
+    ``readers`` 2: an int8 Conv also reads the resized values (the fold must not happen)."""
+    rng = np.random.default_rng(5)
+    out_hw = (int(H * scales[0]), int(W * scales[1]))
+    a_scale = (rng.uniform(0.02, 0.05, C).astype(np.float32) if per_channel
+               else np.float32(0.03))
+    a_zp = np.full(C, 7, np.uint8) if per_channel else np.uint8(7)
+    inits = [init("xs", np.float32(0.02)), init("xz", np.uint8(128)),
+             init("as", a_scale), init("az", a_zp),
+             init("w", rng.integers(-90, 91, (C, C, 3, 3)).astype(np.int8)),
+             init("ws", np.float32(0.003)), init("wz", np.int8(0)),
+             init("b", rng.standard_normal(C).astype(np.float32)),
+             init("roi", np.zeros(0, np.float32)),
+             init("scales", np.array([1, 1, *scales], np.float32))]
+    a_pair = [h.make_node("QuantizeLinear", ["conv", "as", "az"], ["aq"], axis=1),
+              h.make_node("DequantizeLinear", ["aq", "as", "az"], ["ad"], axis=1)]
+    nodes = [*qdq_pair("x", "x", "xd"),
+             h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             h.make_node("Conv", ["xd", "wd", "b"], ["conv"], pads=[1, 1, 1, 1]),
+             *a_pair,
+             h.make_node("Resize", ["ad", "roi", "scales"], ["up"], mode="nearest",
+                         coordinate_transformation_mode=mode, nearest_mode="floor"),
+             h.make_node("Sigmoid", ["g"], ["gs"]),
+             h.make_node("Add", ["up", "gs"], ["out"])]
+    outputs = ["out"]
+    if readers == 2:  # an int8 Conv reads the resized values too (the requantize drops)
+        nodes += [h.make_node("QuantizeLinear", ["up", "as", "az"], ["uq"], axis=1),
+                  h.make_node("DequantizeLinear", ["uq", "as", "az"], ["ud"], axis=1),
+                  h.make_node("Conv", ["ud", "wd"], ["c2"], pads=[1, 1, 1, 1])]
+        outputs.append("c2")
+    m = model(nodes, {"x": ((1, C, H, W), TensorProto.FLOAT),
+                      "g": ((1, C, *out_hw), TensorProto.FLOAT)}, outputs, inits)
+    onnx.checker.check_model(m)
+    return m
+
+
+def _feeds(m: onnx.ModelProto) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(2)
+    return {i.name: rng.uniform(-2, 2, [d.dim_value for d in i.type.tensor_type.shape.dim])
+            .astype(np.float32) for i in m.graph.input}
+
+
+def _dequantize_kernels(compiled: object) -> list[dict]:
+    return [k for k in compiled.inspect()["kernels"] if k["op"] == "DequantizeLinear"]
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_resize_writes_the_dequantized_values_bit_exact(per_channel: bool) -> None:
+    m = _model(per_channel=per_channel)
+    on, off = compile_model(m), compile_model(m, composer=OFF)
+    assert on.inspect()["passes"]["fold_resize_dequantize"] == 1
+    assert len(_dequantize_kernels(off)) == 1 and not _dequantize_kernels(on)
+    assert len(on.inspect()["kernels"]) == len(off.inspect()["kernels"]) - 1
+    resize = next(k for k in on.inspect()["kernels"] if k["op"] == "Resize")
+    assert resize["primitive"] == "resampling" and not resize["impl"].startswith("ref")
+    assert resize["dst_dtype"] == "f32" and resize["post_ops"], resize
+    assert any("DequantizeLinear" in a for a in resize["absorbed"]), resize["absorbed"]
+    assert not any(d["op"] == "DequantizeLinear" for d in on.inspect()["not_fused"])
+    feeds = _feeds(m)
+    want = off.run(feeds)["out"]
+    np.testing.assert_array_equal(on.run(feeds)["out"], want)
+    for mode in ("unfused", "reference"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode).run(feeds)["out"],
+                                      compile_model(m, mode=mode, composer=OFF).run(feeds)["out"])
+
+
+def test_indices_onednn_does_not_share_run_the_reference_with_the_chain() -> None:
+    # align_corners ×3: oneDNN's nearest reads other input elements (lower_resize.py table)
+    m = _model(mode="align_corners", scales=(3.0, 3.0))
+    on, off = compile_model(m), compile_model(m, composer=OFF)
+    assert on.inspect()["passes"]["fold_resize_dequantize"] == 1
+    resize = next(k for k in on.inspect()["kernels"] if k["op"] == "Resize")
+    assert resize["impl"] == "numpy"
+    feeds = _feeds(m)
+    np.testing.assert_array_equal(on.run(feeds)["out"], off.run(feeds)["out"])
+
+
+def test_not_folded_when_the_integer_resize_output_has_another_reader() -> None:
+    m = _model(readers=2)
+    on = compile_model(m)
+    assert on.inspect()["passes"]["fold_resize_dequantize"] == 0
+    feeds = _feeds(m)
+    got, want = on.run(feeds), compile_model(m, composer=OFF).run(feeds)
+    for name in ("out", "c2"):
+        np.testing.assert_array_equal(got[name], want[name])
