@@ -9,6 +9,8 @@ tool, its 8 held-out evaluation inputs, and besides quantize_static MinMax (the 
 model) and Entropy (run here, as the zoo's quantize.py runs MinMax) also NNCF (the zoo's
 ``nncf`` model). Each row adds ``agree``: the task's own decision of qfuse fused against the
 float model's (realzoo/table.py ``agreement``: top-1, CTC argmax, DB mask IoU, YOLO F1).
+``--bias-correction`` adds a row per qfuse method with ``--bias-correction`` (compiler/quantize/
+bias_correction.py), from the same calibration pass.
 ``--per-tensor-depthwise`` adds a row per qfuse method with the depthwise inputs quantized per
 tensor (as before per-channel depthwise inputs, compiler/quantize/placement.py), from the
 same calibration pass.
@@ -117,6 +119,8 @@ def main_real(args: argparse.Namespace) -> int:
         for t in tools:
             if t == "qfuse":
                 jobs += [(f"qfuse {m}", m) for m in args.methods.split(",")]
+                if args.bias_correction:
+                    jobs += [(f"qfuse {m} bc", m) for m in args.methods.split(",")]
                 if args.per_tensor_depthwise:
                     jobs += [(f"qfuse {m} dw/tensor", m) for m in args.methods.split(",")]
             elif t in ("MinMax", "Entropy"):
@@ -128,12 +132,14 @@ def main_real(args: argparse.Namespace) -> int:
             try:
                 if tool.startswith("qfuse"):
                     if stats is None:  # one calibration pass serves every method
-                        stats = calibrate(fm, entry.calibration)
+                        stats = calibrate(fm, entry.calibration,
+                                          correct_bias=args.bias_correction)
                         calib_s = time.perf_counter() - start
                     use = stats
                     if tool.endswith("dw/tensor"):  # the same pass, depthwise per tensor
                         use = dataclasses.replace(stats, channels={})
-                    model = run(fm, entry.calibration, method=how, statistics=use).model
+                    model = run(fm, entry.calibration, method=how, statistics=use,
+                                correct_bias=tool.endswith(" bc")).model
                 elif how == "nncf" or (how == "MinMax" and "qdq" in entry.quantized):
                     key = "nncf" if how == "nncf" else "qdq"
                     if key not in entry.quantized:
@@ -173,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", default="minmax,percentile,l2,kl")
     p.add_argument("--tools", default="qfuse,MinMax,Entropy,nncf",
                    help="with --real: which of qfuse, MinMax, Entropy, nncf to run")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="--real: also each qfuse method with bias correction")
     p.add_argument("--per-tensor-depthwise", action="store_true",
                    help="with --real: also qfuse with depthwise inputs per tensor")
     p.add_argument("--calib", type=int, default=8)

@@ -31,6 +31,7 @@ from google.protobuf.message import DecodeError
 
 from qfuse.compiler.errors import InputError, MalformedModelError
 from qfuse.compiler.files import regular_file
+from qfuse.compiler.quantize import bias_correction
 from qfuse.compiler.quantize import data as calib
 from qfuse.compiler.quantize.collect import ChannelRange, collect, graph_inputs
 from qfuse.compiler.quantize.histogram import DEFAULT_BINS, Histogram
@@ -89,6 +90,7 @@ def quantize(
     percentile: float = 0.9999,
     bins: int = DEFAULT_BINS,
     progress: bool = False,
+    correct_bias: bool = False,
 ) -> onnx.ModelProto:
     """Quantize the float ``model`` on ``calibration`` data; write it to ``output`` if given.
 
@@ -98,10 +100,13 @@ def quantize(
     convolutions per channel (placement.py); False: one scale per tensor everywhere.
     ``percentile``: the fraction of values the percentile method keeps.
     ``format``: qdq | fakequantize. ``exclude``: node names left in float.
+    ``correct_bias``: subtract each layer's mean output error from its weights' quantization,
+    measured on the calibration data, from its bias (bias_correction.py).
     """
     return run(model, calibration, output, method=method, per_channel=per_channel,
                activations=activations, symmetric=symmetric, format=format, exclude=exclude,
-               percentile=percentile, bins=bins, progress=progress).model
+               percentile=percentile, bins=bins, progress=progress,
+               correct_bias=correct_bias).model
 
 
 def run(
@@ -119,6 +124,7 @@ def run(
     bins: int = DEFAULT_BINS,
     progress: bool = False,
     statistics: Statistics | None = None,
+    correct_bias: bool = False,
 ) -> Quantized:
     """``quantize`` returning everything it made (the CLI's --report needs it); with
     ``statistics`` (``calibrate``), from those instead of a new calibration pass."""
@@ -132,7 +138,10 @@ def run(
         raise InputError(f"cannot write the quantized model '{output}': its folder does not "
                          f"exist or is not a folder")
     stats = statistics or calibrate(model, calibration, per_channel=per_channel,
-                                    exclude=exclude, bins=bins, progress=progress)
+                                    exclude=exclude, bins=bins, progress=progress,
+                                    correct_bias=correct_bias)
+    if correct_bias and stats.corrections is None:
+        raise InputError("the statistics were collected without bias correction")
     if stats.per_channel != per_channel or stats.exclude != frozenset(exclude):
         raise InputError("the statistics were collected with other per_channel / exclude")
     float_model, placement, hists = stats.float_model, stats.placement, stats.histograms
@@ -150,8 +159,12 @@ def run(
                 channel_scales(rng.min, rng.max, lo, hi, scale, zp, qmin, qmax), zp,
                 activations, rng.axis)
     keep = set(exclude)
-    qdq = write(float_model, params, placement.weights, "qdq", keep)
-    written = qdq if format == "qdq" else write(float_model, params, placement.weights, format,
+    source = float_model  # the float model the report compares against stays as it was
+    if correct_bias:
+        assert stats.corrections is not None
+        source = bias_correction.apply(float_model, stats.corrections)
+    qdq = write(source, params, placement.weights, "qdq", keep)
+    written = qdq if format == "qdq" else write(source, params, placement.weights, format,
                                                 keep)
     written.producer_name = qdq.producer_name = "qfuse quantize"
     onnx.checker.check_model(written)
@@ -176,12 +189,15 @@ class Statistics:
     per_channel: bool
     exclude: frozenset[str]
     channels: dict[str, ChannelRange]
+    corrections: bias_correction.Corrections | None = None
 
 
 def calibrate(model: ModelLike, calibration: calib.CalibrationData, *,
               per_channel: bool = True, exclude: list[str] | tuple[str, ...] = (),
-              bins: int = DEFAULT_BINS, progress: bool = False) -> Statistics:
-    """The prepared float model, its placement and one histogram per scale group."""
+              bins: int = DEFAULT_BINS, progress: bool = False,
+              correct_bias: bool = False) -> Statistics:
+    """The prepared float model, its placement, one histogram per scale group and (with
+    ``correct_bias``) each layer's bias correction."""
     float_model = fold_batchnorm(fold_bias_add(scale_after_matmul(drop_identity_arithmetic(
         constants_to_initializers(ensure_opset(load_model(model)))))))
     names = {n.name for n in float_model.graph.node}
@@ -193,5 +209,8 @@ def calibrate(model: ModelLike, calibration: calib.CalibrationData, *,
     channels = {t: ChannelRange(axis) for t, axis in placement.channel_axis.items()}
     hists = collect(float_model, placement.groups(), chunks, bins=bins, progress=progress,
                     channels=channels)
+    corrections = bias_correction.measure(
+        float_model, placement.weights, chunks, exclude=frozenset(exclude),
+        progress=progress) if correct_bias else None
     return Statistics(float_model, placement, hists, chunks, per_channel, frozenset(exclude),
-                      channels)
+                      channels, corrections)

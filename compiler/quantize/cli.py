@@ -41,6 +41,9 @@ def add_parser(sub: Any) -> None:
                         "FakeQuantize")
     p.add_argument("--exclude", nargs="+", default=[], metavar="NODE",
                    help="node names to leave in float")
+    p.add_argument("--bias-correction", action="store_true",
+                   help="lower each layer's bias by the mean error its weights' quantization "
+                        "adds, measured on the calibration data (off by default: README)")
     p.add_argument("--report", action="store_true",
                    help="per-layer SQNR against the float model on the calibration data, "
                         "worst first")
@@ -56,11 +59,13 @@ def main(args: argparse.Namespace) -> int:
     result = run(args.model, args.calibration, args.output, method=args.method,
                  per_channel=args.per_channel, activations=args.activations,
                  symmetric=args.symmetric, format=args.format, exclude=args.exclude,
-                 percentile=args.percentile / 100, progress=True)
+                 percentile=args.percentile / 100, progress=True,
+                 correct_bias=args.bias_correction)
     nodes = result.model.graph.node
     quantizers = sum(n.op_type in ("QuantizeLinear", "FakeQuantize") for n in nodes)
     payload: dict[str, Any] = {"output": str(args.output), "format": args.format,
-                               "method": args.method, "quantizers": quantizers}
+                               "method": args.method, "quantizers": quantizers,
+                               "bias_correction": args.bias_correction}
     lines = [f"wrote {args.output}: {args.format}, {args.method}, {quantizers} quantizers"]
     if args.report:
         rows = sqnr_report(result.float_model, result.qdq, result.calibration, progress=True)

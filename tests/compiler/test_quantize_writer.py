@@ -184,9 +184,12 @@ def test_cli_quantize_with_report(resnet, tmp_path, capsys) -> None:
     onnx.checker.check_model(onnx.load(str(tmp_path / "q.onnx")))
     code = cli_main(["quantize", str(tmp_path / "f.onnx"), str(tmp_path / "q2.onnx"),
                      "--calibration", str(tmp_path / "c.npz"), "--method", "minmax",
-                     "--format", "fakequantize", "--report", "--json"])
+                     "--format", "fakequantize", "--report", "--json", "--bias-correction"])
     payload = json.loads(capsys.readouterr().out)
     assert code == 0 and payload["format"] == "fakequantize" and payload["quantizers"] > 0
+    assert payload["bias_correction"] is True
+    names = {t.name for t in onnx.load(str(tmp_path / "q2.onnx")).graph.initializer}
+    assert any(n.endswith("_bias_corrected") for n in names)
     assert [r["sqnr_db"] for r in payload["layers"]] == sorted(
         r["sqnr_db"] for r in payload["layers"])
 
