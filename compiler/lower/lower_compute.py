@@ -413,6 +413,24 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)
         return built, residual_md
 
+    def binary_sum_if_slow(built: BuiltAttr, residual_md: MemoryDesc | None, comp: Composed,
+                           zp: int) -> tuple[BuiltAttr, MemoryDesc | None,
+                                             tuple[PrimitiveDesc, Memory | None]]:
+        """oneDNN's GEMM-based matmul takes the sum only as the first post-op (else ref:any):
+        then the residual is a binary add (attrs.py, sum_as_binary) when that is faster."""
+        nonlocal sum_binary
+        made = create(built, residual_md, comp)
+        if built.sum_port is None or not is_slow(made[0].impl_name, kind):
+            return built, residual_md, made
+        sum_binary = True
+        retry, _ = attributes(comp, zp)
+        again = create(retry, None, comp)
+        if is_slow(again[0].impl_name, kind):
+            sum_binary = False
+            return built, residual_md, made
+        log.info("node %s: residual sum as a binary add (%s)", node, again[0].impl_name)
+        return retry, None, again
+
     built, residual_md = attributes(composed, wei_zp)
     made = None
     multiply = node.meta.get("composed_multiply")
@@ -433,20 +451,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
                        f" ({alt[0].impl_name} without it)"))
             composed, built, residual_md, made = multiply, alt_built, alt_md, alt
     if built.sum_port is not None and not isinstance(composed.post_ops[0], Sum):
-        # oneDNN's GEMM-based matmul takes the sum only as the first post-op (else ref:any):
-        # then the residual is a binary add (attrs.py, sum_as_binary), decided before the
-        # exactness of the implementation is
-        made = create(built, residual_md, composed)
-        if is_slow(made[0].impl_name, kind):
-            sum_binary = True
-            retry, _ = attributes(composed, wei_zp)
-            again = create(retry, None, composed)
-            if is_slow(again[0].impl_name, kind):
-                sum_binary = False
-            else:
-                log.info("node %s: residual sum as a binary add (%s)", node,
-                         again[0].impl_name)
-                built, residual_md, made = retry, None, again
+        # decided before the exactness of the implementation is
+        built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
     if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
         made = made or create(built, residual_md, composed)
         if not exact.needed(made[0].impl_name):
@@ -474,9 +480,9 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             ctx, node, composed, create=create, weights_slot=weights_slot,
             channel_axis=channel_axis, wei_mask=wei_mask, src_zp=src_zp, wei_zp=wei_zp,
             unsplit=unsplit)
-        if exact.splits:
+        if exact.splits:  # the low half's binary add now comes before a sum
             built, residual_md = attributes(composed, wei_zp)
-            made = None
+            built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
     pd, wmem = made if made is not None else create(built, residual_md, composed)
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
     fixed = dict(built.fixed)
