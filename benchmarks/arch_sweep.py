@@ -20,8 +20,10 @@ calibration inputs, compiles it with qfuse fused and prints one row per model an
   model's exact QDQ form, examples/realzoo/exact.py), and ``cos ort`` the same for ONNX Runtime
   with its optimizations (its own int8 kernels): random weights make these networks sensitive,
   so one-LSB differences grow with depth (``qfuse check`` shows each kernel within 1 LSB);
-- ``ms``: qfuse fused median latency, and ``ort/f``: ONNX Runtime's median over qfuse's (> 1:
-  qfuse is faster), 12 runs each, interleaved, at ``--threads``.
+- ``ms``: qfuse fused median latency, ``ort/f``: ONNX Runtime's median over qfuse's and
+  ``ov/f`` OpenVINO's CPU plugin's (compiler/bench_engines.py: latency hint, ``--threads``
+  inference threads; > 1: qfuse is faster), 12 runs each, interleaved, at ``--threads``;
+  ``-`` where OpenVINO refuses the model (it reads no QOperator ops) or ``--no-openvino``.
 
 A row with an error says what failed (quantizer, compile, run). Random-weight outputs of a
 classifier whose head is zero-initialized (torchvision's ViT) are all zero: its cosines read 0.
@@ -155,7 +157,8 @@ def _quantized(float_path: Path, out: Path, quantizer: str,
     return path, exact
 
 
-def measure(name: str, quantizer: str, out: Path, threads: int) -> dict[str, Any]:
+def measure(name: str, quantizer: str, out: Path, threads: int,
+            openvino: bool = True) -> dict[str, Any]:
     import onnx
 
     from qfuse import compile_model
@@ -182,14 +185,26 @@ def measure(name: str, quantizer: str, out: Path, threads: int) -> dict[str, Any
     except Exception as exc:  # noqa: BLE001
         row["error"] = f"qfuse: {type(exc).__name__}: {str(exc)[:200]}"
         return row
+    ov = None
+    if openvino:
+        from qfuse.compiler.bench_engines import make_engine
+
+        try:
+            ov = make_engine("openvino", path, threads, held_out[0])
+            ov.run()
+        except Exception as exc:  # noqa: BLE001 - OpenVINO refusing or failing is a result
+            row["ov_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+            ov = None
     kernels = compiled.inspect()["kernels"]
     row["kernels"] = len(kernels)
     row["numpy"] = sum(k["impl"] == "numpy" for k in kernels)
     row["ref"] = sum(k["impl"].startswith("ref") for k in kernels)
     row["cos_ref"] = min(_cosine(r, g) for r, g in zip(ref, ours, strict=True))
     row["cos_ort"] = min(_cosine(r, g) for r, g in zip(ref, theirs, strict=True))
-    times: dict[str, list[float]] = {"qfuse": [], "ort": []}
     runs = {"qfuse": lambda: compiled.run(held_out[0]), "ort": lambda: ort.run(None, held_out[0])}
+    if ov is not None:
+        runs["ov"] = ov.run
+    times: dict[str, list[float]] = {engine: [] for engine in runs}
     for run in runs.values():
         for _ in range(3):
             run()
@@ -200,6 +215,8 @@ def measure(name: str, quantizer: str, out: Path, threads: int) -> dict[str, Any
             times[engine].append(time.perf_counter() - start)
     row["ms"] = 1e3 * float(np.median(times["qfuse"]))
     row["ort_over_qfuse"] = float(np.median(times["ort"]) / np.median(times["qfuse"]))
+    if ov is not None:
+        row["ov_over_qfuse"] = float(np.median(times["ov"]) / np.median(times["qfuse"]))
     return row
 
 
@@ -209,11 +226,12 @@ def format_row(row: dict[str, Any]) -> str:
         return f"{head} {row['error']}"
     return (f"{head} {row['kernels']:>7} {row['numpy']:>5} {row['ref']:>4} "
             f"{row['cos_ref']:>8.5f} {row['cos_ort']:>8.5f} {row['ms']:>9.2f} "
-            f"{row['ort_over_qfuse']:>6.2f}")
+            f"{row['ort_over_qfuse']:>6.2f} "
+            + (f"{row['ov_over_qfuse']:>6.2f}" if "ov_over_qfuse" in row else f"{'-':>6}"))
 
 
 HEADER = (f"{'model':<34} {'quantizer':<10} {'kernels':>7} {'numpy':>5} {'ref':>4} "
-          f"{'cos ref':>8} {'cos ort':>8} {'ms':>9} {'ort/f':>6}")
+          f"{'cos ref':>8} {'cos ort':>8} {'ms':>9} {'ort/f':>6} {'ov/f':>6}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=224, help="image side (default 224)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, help="also write the rows here")
+    parser.add_argument("--no-openvino", dest="openvino", action="store_false",
+                        help="time ONNX Runtime only")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     if args.step in ("export", "all"):
@@ -235,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER, flush=True)
     for name in names:
         for quantizer in args.quantizers.split(","):
-            rows.append(measure(name, quantizer, args.out, args.threads))
+            rows.append(measure(name, quantizer, args.out, args.threads, args.openvino))
             print(format_row(rows[-1]), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -50,10 +50,11 @@ CORRECTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 
 @dataclass
 class Corrections:
-    """Per node name: the amount to subtract from each output channel's bias."""
+    """Per layer, keyed by its output's name (a node may have none of its own): the amount to
+    subtract from each output channel's bias."""
 
     shifts: dict[str, np.ndarray] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)  # node name → why not corrected
+    skipped: dict[str, str] = field(default_factory=dict)  # output name → why not corrected
 
 
 def _bias_target(model: onnx.ModelProto, node: onnx.NodeProto,
@@ -98,9 +99,10 @@ def measure(model: onnx.ModelProto, weights: dict[str, int | None],
         if node.op_type not in CORRECTED or node.name in exclude or len(node.input) < 2 \
                 or node.input[1] not in weights:
             continue
+        key = node.output[0]
         why = _bias_target(model, node, inits)
         if why:
-            out.skipped[node.name] = why
+            out.skipped[key] = why
             continue
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         axis = weights[node.input[1]]
@@ -109,14 +111,14 @@ def measure(model: onnx.ModelProto, weights: dict[str, int | None],
         if axis is not None:
             shape[axis] = -1
         delta = q.astype(np.float32) * scale.reshape(shape) - w  # exact in float32 here
-        tag = f"{node.name}__bias_correction"
+        tag = f"{key}__bias_correction"
         extra_inits.append(numpy_helper.from_array(delta.astype(np.float32), f"{tag}_dw"))
         ins = [node.input[0], f"{tag}_dw"]
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
                  if not (node.op_type == "Gemm" and a.name in ("alpha", "beta"))}
         extra_nodes.append(helper.make_node(node.op_type, ins, [f"{tag}_y"], f"{tag}_op",
                                             **attrs))
-        outputs[node.name] = (f"{tag}_y", node)
+        outputs[key] = (f"{tag}_y", node)
     if not outputs:
         return out
     probe.graph.node.extend(extra_nodes)
@@ -149,7 +151,7 @@ def apply(model: onnx.ModelProto, corrections: Corrections) -> onnx.ModelProto:
     g = fixed.graph
     inits = {t.name: t for t in g.initializer}
     taken = {t.name for t in g.initializer} | {v for n in g.node for v in (*n.input, *n.output)}
-    nodes = {n.name: n for n in g.node}
+    nodes = {n.output[0]: n for n in g.node if n.output}
 
     def fresh(base: str) -> str:
         name, k = base, 0

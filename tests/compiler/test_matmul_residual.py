@@ -41,7 +41,13 @@ def _model() -> onnx.ModelProto:
              h.make_node("MatMul", ["xd", "wd"], ["mm"]), h.make_node("Add", ["mm", "b"], ["mb"]),
              *qdq("m", "mb", "md"), h.make_node("Add", ["md", "rd"], ["sum"]),
              *qdq("o", "sum", "out")]
-    graph = h.make_graph(nodes, "mm_residual",
+    return _graph(nodes, inits, "mm_residual")
+
+
+def _graph(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto], name: str
+           ) -> onnx.ModelProto:
+    """The model reading x [1, M, K] and r [1, M, N], writing out [1, M, N]."""
+    graph = h.make_graph(nodes, name,
                          [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K]),
                           h.make_tensor_value_info("r", TensorProto.FLOAT, [1, M, N])],
                          [h.make_tensor_value_info("out", TensorProto.FLOAT, [1, M, N])], inits)
@@ -50,11 +56,15 @@ def _model() -> onnx.ModelProto:
     return model
 
 
+def _feeds(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"x": rng.uniform(-2, 2, (1, M, K)).astype(np.float32),
+            "r": rng.uniform(-3, 3, (1, M, N)).astype(np.float32)}
+
+
 def test_matmul_with_an_inner_quantize_before_the_residual_is_not_a_reference_kernel() -> None:
     model = _model()
-    rng = np.random.default_rng(1)
-    feeds = {"x": rng.uniform(-2, 2, (1, M, K)).astype(np.float32),
-             "r": rng.uniform(-3, 3, (1, M, N)).astype(np.float32)}
+    feeds = _feeds(1)
     compiled = compile_model(model)
     impls = [k["impl"] for k in compiled.inspect()["kernels"]]
     assert not any(i.startswith("ref") for i in impls), impls
@@ -77,13 +87,7 @@ def _float_residual_model() -> onnx.ModelProto:
              h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
              h.make_node("MatMul", ["xd", "wd"], ["mm"]), h.make_node("Add", ["mm", "b"], ["mb"]),
              h.make_node("Add", ["mb", "r"], ["out"])]
-    graph = h.make_graph(nodes, "mm_float_residual",
-                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, M, K]),
-                          h.make_tensor_value_info("r", TensorProto.FLOAT, [1, M, N])],
-                         [h.make_tensor_value_info("out", TensorProto.FLOAT, [1, M, N])], inits)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    onnx.checker.check_model(model)
-    return model
+    return _graph(nodes, inits, "mm_float_residual")
 
 
 def test_split_weights_put_the_residual_sum_second_and_it_becomes_a_binary_add() -> None:
@@ -91,9 +95,7 @@ def test_split_weights_put_the_residual_sum_second_and_it_becomes_a_binary_add()
     so the sum would be the second post-op (ref:any, measured: the recognizer's four SVTR
     MatMuls); the residual is then added as a binary. Equal to the reference interpreter."""
     model = _float_residual_model()
-    rng = np.random.default_rng(2)
-    feeds = {"x": rng.uniform(-2, 2, (1, M, K)).astype(np.float32),
-             "r": rng.uniform(-3, 3, (1, M, N)).astype(np.float32)}
+    feeds = _feeds(2)
     compiled = compile_model(model)
     impls = [k["impl"] for k in compiled.inspect()["kernels"]]
     assert not any(i.startswith("ref") for i in impls), impls

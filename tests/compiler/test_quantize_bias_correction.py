@@ -63,10 +63,11 @@ def _conv2d(x: np.ndarray, w: np.ndarray, pad: int, group: int) -> np.ndarray:
 def test_conv_shift_is_the_mean_of_the_convolution_with_the_weight_error(group: int) -> None:
     c, k = 8, 3
     w = RNG.standard_normal((c, c // group, k, k)).astype(np.float32)
-    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], "conv", pads=[1] * 4,
-                                     group=group)], {"w": w}, [1, c, 5, 6])
+    # an unnamed node: corrections are keyed by the output's name
+    model = _model([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1] * 4, group=group)],
+                   {"w": w}, [1, c, 5, 6])
     calib = _calibration([1, c, 5, 6], 6, seed=1)
-    got = bias_correction.measure(model, {"w": 0}, calib).shifts["conv"]
+    got = bias_correction.measure(model, {"w": 0}, calib).shifts["y"]
     dw = _delta(w, 0)
     want = np.mean([_conv2d(f["x"], dw, 1, group) for f in calib], axis=(0, 1, 3, 4))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
@@ -75,7 +76,7 @@ def test_conv_shift_is_the_mean_of_the_convolution_with_the_weight_error(group: 
         (o // (c // group)) * (c // group):(o // (c // group) + 1) * (c // group)]).sum()
         for o in range(c)])
     assert np.abs(naive - want).max() > 10 * np.abs(got - want).max()
-    fixed = bias_correction.apply(model, bias_correction.Corrections({"conv": got}))
+    fixed = bias_correction.apply(model, bias_correction.Corrections({"y": got}))
     conv = fixed.graph.node[0]
     bias = numpy_helper.to_array(next(t for t in fixed.graph.initializer
                                       if t.name == conv.input[2]))
@@ -97,16 +98,16 @@ def test_gemm_alpha_beta_and_matmul_bias_add() -> None:
     calib = _calibration([3, k], 5, seed=2)
     shifts = bias_correction.measure(model, {"wg": 0, "wm": 1}, calib).shifts
     xs = np.concatenate([f["x"] for f in calib]).astype(np.float64)
-    np.testing.assert_allclose(shifts["gemm"], 0.5 * (xs @ _delta(wg, 0).T).mean(0),
+    np.testing.assert_allclose(shifts["g"], 0.5 * (xs @ _delta(wg, 0).T).mean(0),
                                rtol=1e-5, atol=1e-7)
     gs = 0.5 * xs @ wg.T.astype(np.float64) + 2.0 * c  # the Gemm's float output, MatMul's input
-    np.testing.assert_allclose(shifts["mm"], (gs @ _delta(wm, 1)).mean(0), rtol=1e-4,
+    np.testing.assert_allclose(shifts["m"], (gs @ _delta(wm, 1)).mean(0), rtol=1e-4,
                                atol=1e-6)
     fixed = bias_correction.apply(model, bias_correction.Corrections(shifts))
     inits = {t.name: numpy_helper.to_array(t) for t in fixed.graph.initializer}
     gemm, _, add = fixed.graph.node
-    np.testing.assert_allclose(inits[gemm.input[2]], c - shifts["gemm"] / 2.0, rtol=1e-6)
-    np.testing.assert_allclose(inits[add.input[1]], b - shifts["mm"], rtol=1e-6)
+    np.testing.assert_allclose(inits[gemm.input[2]], c - shifts["g"] / 2.0, rtol=1e-6)
+    np.testing.assert_allclose(inits[add.input[1]], b - shifts["m"], rtol=1e-6)
     assert "c" in inits and "b" in inits  # the originals are left for other readers
 
 
