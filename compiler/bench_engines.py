@@ -15,7 +15,11 @@ returns the outputs as a list in the model's output order (for the agreement che
 - OpenVINO: ``Core().read_model`` of the QDQ ONNX file (its LPT turns Q/DQ into int8), compiled
   on "CPU" with ``INFERENCE_NUM_THREADS=N`` and ``PERFORMANCE_HINT=LATENCY``, one infer request.
   The runtime model (the executed graph) is read back to count the layers that ran in I8/U8,
-  so a silent fall-back to f32/bf16 shows up in the table.
+  so a silent fall-back to f32/bf16 shows up in the table. OpenVINO first compiles and runs
+  the model once in a child process (``_openvino_survives``): OpenVINO 2026.4.1 dies with a
+  segmentation fault compiling torchvision's DenseNet-121 quantized by quantize_static, which
+  in-process would take the whole bench down; such a model makes the engine unavailable, with
+  the signal named.
 
 A missing optional package raises ``EngineUnavailable`` with a message; the bench skips that
 engine and says why.
@@ -25,6 +29,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -140,10 +148,11 @@ def _openvino(model: Path, threads: int, feeds: dict[str, np.ndarray],
     otherwise picks bf16/f16 for float layers on CPUs that have them)."""
     ov = _import("openvino")
     core = ov.Core()
-    start = time.perf_counter()
     config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
     if precision is not None:
         config["INFERENCE_PRECISION_HINT"] = precision
+    _openvino_survives(model, config, feeds)
+    start = time.perf_counter()
     try:
         network = core.read_model(str(model))
         compiled = core.compile_model(network, "CPU", config)
@@ -175,6 +184,43 @@ def _openvino(model: Path, threads: int, feeds: dict[str, np.ndarray],
                     info["compute_layers"] - info["compute_int8"], info["compute_layers"])
     return Engine("openvino" if precision is None else f"openvino-{precision}", run, outputs,
                   seconds, info)
+
+
+# Compiles and runs the model once: argv = model, config (k=v ...); feeds in FEEDS (.npz).
+_OV_PROBE = """
+import sys, numpy as np, openvino as ov
+model, feeds, *pairs = sys.argv[1:]
+config = dict(p.split("=", 1) for p in pairs)
+core = ov.Core()
+compiled = core.compile_model(core.read_model(model), "CPU", config)
+arrays = dict(np.load(feeds))
+compiled.create_infer_request().infer({p.any_name: arrays[p.any_name] for p in compiled.inputs
+                                       if p.any_name in arrays} or list(arrays.values()))
+"""
+OV_PROBE_SECONDS = 600
+
+
+def _openvino_survives(model: Path, config: dict[str, Any], feeds: dict[str, np.ndarray]
+                       ) -> None:
+    """Raise EngineUnavailable when OpenVINO dies (a signal) compiling or running ``model`` in
+    a child process; its own Python errors are left for the in-process call to report."""
+    with tempfile.TemporaryDirectory(prefix="qfuse-ov-") as tmp:
+        path = Path(tmp) / "feeds.npz"
+        np.savez(path, **feeds)
+        args = [sys.executable, "-c", _OV_PROBE, str(model), str(path),
+                *(f"{k}={v}" for k, v in config.items())]
+        try:
+            done = subprocess.run(args, capture_output=True, timeout=OV_PROBE_SECONDS)
+        except subprocess.TimeoutExpired:
+            raise EngineUnavailable(f"openvino did not compile and run the model in "
+                                    f"{OV_PROBE_SECONDS} s") from None
+    if done.returncode < 0:
+        try:
+            name = signal.Signals(-done.returncode).name
+        except ValueError:
+            name = f"signal {-done.returncode}"
+        raise EngineUnavailable(f"openvino crashed ({name}) compiling or running the model "
+                                "(checked in a child process)")
 
 
 def _ov_name(port: Any, feeds: dict[str, np.ndarray], index: int) -> str:
