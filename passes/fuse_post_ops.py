@@ -317,10 +317,12 @@ def _walk(
 
 def _output_dequantize(state: _State, channels: int, ctx: PassContext) -> _State | None:
     """The pending state ending in a graph output's DequantizeLinear, its multiply made
-    exact (module docstring), or None when the composer cannot take it or the state is not
-    valid (an 8-bit residual summed into what is now a float32 dst)."""
+    exact (module docstring), or None when the composer cannot take it, the state is not
+    valid (an 8-bit residual summed into what is now a float32 dst), or the walk went on past
+    the dequantize (a float op after it: the chain then does not end in its multiply)."""
     *head, scale = state.chain
-    assert isinstance(scale, Scale)
+    if not isinstance(scale, Scale) or not head or not isinstance(head[-1], Shift):
+        return None
     new = dataclasses.replace(state, chain=[*head, dataclasses.replace(scale, exact=True)],
                               pending=False)
     if not _valid(new):
