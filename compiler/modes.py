@@ -26,7 +26,8 @@ log = logging.getLogger(__name__)
 
 FP32_CLEANUP = ("drop_identity", "constant_fold", "fold_batchnorm", "gemm_to_matmul",
                 "canonicalize_arith")
-FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "flatten_matmul_rows")
+FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "flatten_matmul_rows",
+               "strided_pointwise_conv")
 
 
 def run_passes(graph: Graph, mode: Mode | str, ctx: PassContext | None = None) -> list[PassResult]:

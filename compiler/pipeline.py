@@ -27,6 +27,7 @@ from qfuse.passes import (
     propagate_dequantize,
     qdq_to_fake_quantize,
     signed_matmul_weights,
+    strided_pointwise_conv,
 )
 from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
 
@@ -65,6 +66,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("compose_post_ops", compose_post_ops.run),
     # a MatMul over the rows of a rank > 2 tensor as one 2-D matmul (views, no copies)
     ("flatten_matmul_rows", flatten_matmul_rows.run),
+    # a 1x1 conv with strides reads a strided Slice (oneDNN's own copy for it goes wrong);
+    # last, so the Slice changes no fusion decision (nodes are visited in topological order)
+    ("strided_pointwise_conv", strided_pointwise_conv.run),
 ]
 
 
