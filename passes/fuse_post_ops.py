@@ -241,7 +241,7 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     if start_items is None:
         return False
     inputs, items = start_items
-    x, out = inputs[0], node.outputs[0]
+    out = node.outputs[0]
     info = graph.info(out)
     node.fused = Fused()
     start = _State(items, inputs, out, info)

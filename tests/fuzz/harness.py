@@ -198,8 +198,6 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
 
 def run_spec(spec: Spec, *, threads: int | None = None) -> Result:
     """Build, compile, run and classify one spec (exceptions become classes, not raised)."""
-    from qfuse.compiler.api import compile_model
-
     model = quantized_model(spec)
     summary = summarize(model, spec)
     return run_model(model, fuzz_inputs(spec), spec.seed, summary, threads=threads)
