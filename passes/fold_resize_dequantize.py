@@ -27,6 +27,7 @@ are ONNX's, and the reference (``evaluate_fused``) in numpy otherwise.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from qfuse.ir import Graph, Node, Op
@@ -34,7 +35,7 @@ from qfuse.ir.chain import Fused, Scale, Shift
 from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.passes.base import PassContext
 from qfuse.passes.post_op_match import retarget
-from qfuse.passes.quant_utils import dq_params
+from qfuse.passes.quant_utils import DqParams, dq_params
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +51,18 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if resize is None or resize.op is not Op.RESIZE:
             continue
         ctx.visit(dq)
-        why = _why_not(graph, resize, dq)
-        if why:
-            ctx.decline(dq, f"fold_resize_dequantize: {why}")
+        found = _params(graph, resize, dq)
+        if isinstance(found, str):
+            ctx.decline(dq, f"fold_resize_dequantize: {found}")
             continue
-        _fold(graph, resize, dq)
+        _fold(graph, resize, dq, found)
         changed += 1
     return changed
 
 
-def _why_not(graph: Graph, resize: Node, dq: Node) -> str | None:
+def _params(graph: Graph, resize: Node, dq: Node) -> DqParams | str:
+    """The dequantize's parameters when the Resize can write it (module docstring), or why
+    not."""
     attrs: ResizeAttrs = resize.attrs
     q = resize.outputs[0]
     info = graph.info(q)
@@ -83,13 +86,11 @@ def _why_not(graph: Graph, resize: Node, dq: Node) -> str | None:
         return "scale or zero point is not a constant"
     if not p.per_tensor and (p.axis != 1 or info.rank < 2):
         return f"per-axis along {p.axis}, not the channel axis 1"
-    return None
+    return p
 
 
-def _fold(graph: Graph, resize: Node, dq: Node) -> None:
-    p = dq_params(graph, dq)
-    assert p is not None
-    chain = [Shift.of(-p.zero_point.astype("float32")), Scale(Scale.of(p.scale).values, exact=True)]
+def _fold(graph: Graph, resize: Node, dq: Node, p: DqParams) -> None:
+    chain = [Shift.of(-p.zero_point), dataclasses.replace(Scale.of(p.scale), exact=True)]
     fused = Fused(chain=chain, absorbed=list(dq.origin))
     out = dq.outputs[0]
     retarget(graph, resize, inputs=list(resize.inputs), output=out, absorbed=[dq], fused=fused,

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from qfuse.compiler.lower.layouts import const_memory
+from qfuse.ir import DType
 from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Prelu, Sum, TensorBinary
 from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
 
@@ -164,6 +165,16 @@ def store_post_ops(composed: Composed) -> list[PostOp]:
     if composed.dst_zero_point:
         ops.append(Eltwise("linear", 1.0, float(composed.dst_zero_point)))
     return ops
+
+
+def as_float_post_ops(composed: Composed) -> Composed:
+    """``composed`` with no attributes of its own: weight scales and bias
+    (``scale_bias_post_ops``), its post-ops, then the int8 store's scale and zero point
+    (``store_post_ops``), all as post-ops of a float32 primitive (a binary or resampling
+    primitive, or the finishing binary of split weights, which take no such attributes)."""
+    return Composed(composed.channels, DType.F32,
+                    post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
+                              *store_post_ops(composed)])
 
 
 def scale_bias_post_ops(composed: Composed) -> list[PostOp]:

@@ -24,10 +24,10 @@ from __future__ import annotations
 import numpy as np
 
 from qfuse.compiler.lower import lower_misc, unfused
-from qfuse.compiler.lower.attrs import build_attr, scale_bias_post_ops, store_post_ops
+from qfuse.compiler.lower.attrs import as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import const_memory, dnnl_type, md_like, plain_md
-from qfuse.ir import DType, Node
+from qfuse.ir import Node
 from qfuse.ir.postops import Composed, channel_in_the_middle
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, binary
 
@@ -62,9 +62,7 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         return
     composed = node.meta.get("composed")
     assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"
-    finish = Composed(composed.channels, DType.F32,
-                      post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
-                                *store_post_ops(composed)])
+    finish = as_float_post_ops(composed)
 
     def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
         value = node.inputs[port]  # a full-size operand in x's layout; a broadcast one as is

@@ -66,7 +66,7 @@ from typing import Literal
 import numpy as np
 
 from qfuse.compiler.lower import unfused
-from qfuse.compiler.lower.attrs import BuiltAttr, build_attr, scale_bias_post_ops, store_post_ops
+from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md
@@ -206,9 +206,7 @@ def _chain_attr(ctx: LowerContext, node: Node) -> BuiltAttr | None:
     bias = composed.bias
     if bias is not None and np.unique(bias).size == 1:
         composed = replace(composed, bias=np.asarray(bias, F32).ravel()[:1])
-    finish = Composed(composed.channels, DType.F32,
-                      post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
-                                *store_post_ops(composed)])
+    finish = as_float_post_ops(composed)
     return build_attr(finish, ndims=len(ctx.info(node.outputs[0]).shape), channel_axis=1,
                       wei_mask=0, dst_type=DataType.f32, scales=False)
 

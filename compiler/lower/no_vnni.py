@@ -94,9 +94,9 @@ import numpy as np
 from qfuse.compiler.lower.attrs import (
     BuiltAttr,
     TensorAdd,
+    as_float_post_ops,
     build_attr,
     scale_bias_post_ops,
-    store_post_ops,
 )
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
@@ -302,9 +302,7 @@ class Exactness:
         hi_attr = build_attr(hi_comp, ndims=ndims, channel_axis=channel_axis,
                              wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp)
         hi_pd, hi_wmem = create(hi_attr, t_md, hi_comp, weights=self.halves[0])
-        finish = Composed(composed.channels, DType.F32,
-                          post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
-                                    *store_post_ops(composed)])
+        finish = as_float_post_ops(composed)
         flat = single_pixel_batch(yinfo.shape)
         b_md = plain_md(yinfo.shape[:2], DataType.f32) if flat else t_md
         built = build_attr(finish, ndims=2 if flat else ndims,
