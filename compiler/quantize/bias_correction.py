@@ -42,7 +42,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qfuse.compiler.quantize.collect import feeds, session
-from qfuse.compiler.quantize.writer import quantize_weight
+from qfuse.compiler.quantize.writer import Names, quantize_weight
 
 log = logging.getLogger(__name__)
 CORRECTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -145,21 +145,15 @@ def measure(model: onnx.ModelProto, weights: dict[str, int | None],
 
 def apply(model: onnx.ModelProto, corrections: Corrections) -> onnx.ModelProto:
     """A copy of ``model`` with each corrected layer's bias lowered by its shift (a bias
-    initializer of its own, so a shared one is not corrected twice)."""
+    initializer of its own, so a shared one is not corrected twice). A layer whose bias
+    cannot take the shift (a bias of another shape, a Gemm with beta 0) keeps it and is
+    added to ``corrections.skipped``."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     g = fixed.graph
     inits = {t.name: t for t in g.initializer}
-    taken = {t.name for t in g.initializer} | {v for n in g.node for v in (*n.input, *n.output)}
+    fresh = Names(fixed)
     nodes = {n.output[0]: n for n in g.node if n.output}
-
-    def fresh(base: str) -> str:
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
 
     for name, shift in corrections.shifts.items():
         node = nodes[name]

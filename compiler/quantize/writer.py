@@ -60,7 +60,10 @@ def quantize_weight(w: np.ndarray, axis: int | None) -> tuple[np.ndarray, np.nda
     return q, scale
 
 
-class _Names:
+class Names:
+    """Fresh names in ``model``: ``names(base)`` is ``base`` or ``base_1``, ``base_2``, ...,
+    whichever no initializer, graph input, node output or node has yet (then taken)."""
+
     def __init__(self, model: onnx.ModelProto) -> None:
         g = model.graph
         self.used = {t.name for t in g.initializer} | {v.name for v in g.input} | {
@@ -84,7 +87,7 @@ def write(model: onnx.ModelProto, activations: dict[str, ActParams],
     out = onnx.ModelProto()
     out.CopyFrom(model)
     g = out.graph
-    names = _Names(out)
+    names = Names(out)
     inits = {t.name: t for t in g.initializer}
     new_inits: list[onnx.TensorProto] = []
     rename: dict[str, str] = {}  # original value → what its readers read now
