@@ -24,8 +24,8 @@ from qfuse.passes.base import PassContext, PassResult, run_pass
 
 log = logging.getLogger(__name__)
 
-FP32_CLEANUP = ("drop_identity", "constant_fold", "fold_batchnorm", "gemm_to_matmul",
-                "canonicalize_arith")
+FP32_CLEANUP = ("drop_identity", "constant_fold", "merge_duplicates", "fold_batchnorm",
+                "gemm_to_matmul", "canonicalize_arith")
 FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "flatten_matmul_rows",
                "strided_pointwise_conv")
 

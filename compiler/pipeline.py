@@ -23,6 +23,7 @@ from qfuse.passes import (
     fold_resize_dequantize,
     fuse_quantized_norm,
     gemm_to_matmul,
+    merge_duplicates,
     move_dequantize,
     propagate_dequantize,
     qdq_to_fake_quantize,
@@ -38,6 +39,7 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # 1. import cleanup
     ("drop_identity", drop_identity.run),
     ("constant_fold", constant_fold.run),
+    ("merge_duplicates", merge_duplicates.run),
     ("fold_batchnorm", fold_batchnorm.run),
     ("decompose_batchnorm", decompose_batchnorm.run),
     ("gemm_to_matmul", gemm_to_matmul.run),
