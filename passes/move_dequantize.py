@@ -20,9 +20,24 @@ ulps, so a following quantization picks the same level except within ulps of a .
 Preconditions (oneDNN 3.x int8, docs/onednn.md), each declined with its reason:
 - activation: DQ of a non-constant u8/s8 tensor, per tensor (src scale and zero point mask 0);
   or per channel (NNCF quantizes depthwise inputs so) into a Conv / ConvTranspose whose every
-  group reads one input channel, with one zero point: input channel c then reaches only the
-  output channels of group c, so ``sx[c]`` joins their weight scales exactly as a per-tensor
-  sx does — ``Scale(f32(sx[g(oc)])·f32(sw[oc]))``;
+  group reads one input channel: input channel c then reaches only the output channels of
+  group c, so ``sx[c]`` joins their weight scales exactly as a per-tensor sx does —
+  ``Scale(f32(sx[g(oc)])·f32(sw[oc]))``. Per-channel zero points (NNCF's MIXED preset and
+  ``model_type=TRANSFORMER``: asymmetric activations) have no oneDNN form (a per-channel src
+  zero point runs on ``ref:any`` only), so the node reads x_q with zero point 0 and its chain
+  first adds the integer correction ``C = acc − acc₀``:
+
+      acc  = Σ_in-bounds w·(x_q − zx[c])      (a padding tap is the real 0: no term)
+      acc₀ = Σ_in-bounds w·x_q                 (oneDNN with src zero point 0 pads with 0)
+      C    = −Σ_in-bounds w·zx[c] = −op(zx broadcast over x's shape, w)
+
+  C is computed once by the reference op (int64, exact) on an image of the zero points; it
+  varies over the output only where windows cross the padding, so it is stored per output
+  channel ``[1, OC, 1, 1]`` when it does not, else whole ``[1, OC, OH, OW]``. The chain is
+  ``[TensorOperand(+C), Scale, Shift]``; ``f32(acc₀) + C`` is ``f32(acc)`` exactly while every
+  partial sum stays below 2^24 (checked: ``255·Σ|w|`` per output channel), so the rewrite is
+  bit-exact with the per-tensor form. The multiply then runs as a post-op (binary_mul), not
+  as oneDNN's weight scale: the same single float32 product;
 - Conv / ConvTranspose weights: DQ of a constant s8 tensor, zero point 0 (no weight zero
   points), per tensor or per output channel — Conv axis 0; ConvTranspose axis 1 of
   [Cin, Cout/g, k..], whose Cout/g scales repeat per group (output channel g·(Cout/g) + j
@@ -45,18 +60,20 @@ import logging
 
 import numpy as np
 
-from qfuse.ir.chain import Fused, Scale, Shift
+from qfuse.ir.chain import Fused, Scale, Shift, TensorOperand
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.quant_utils import DqParams, dq_params, is_op, remove_if_unused
+from qfuse.runtime.reference import IMPLS
 from qfuse.runtime.reference.ops_quant import dequantize_linear
 
 log = logging.getLogger(__name__)
 
 F32 = np.float32
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)
+F32_EXACT = 1 << 24  # integers up to 2^24 are exact in float32
 
 
 class Plan:
@@ -68,6 +85,7 @@ class Plan:
         self.fused = Fused()
         self.dqs: list[Node] = []
         self.wei_data: np.ndarray | None = None  # weights rewritten to s8 (zero point 0)
+        self.correction: np.ndarray | None = None  # per-channel zero points: C (docstring)
 
 
 def _activation(graph: Graph, value: str, what: str, per_channel: bool = False
@@ -98,9 +116,31 @@ def _source_scales(graph: Graph, node: Node, px: DqParams, out_channels: int) ->
                 f"{group} group(s) read {px.scale.size // max(group, 1)} channels each: a "
                 "per-channel source scale folds into the weight scales only when each group "
                 "reads one channel; oneDNN takes one source scale")
-    if len(set(px.zero_point.tolist())) != 1:
-        return "activation zero points differ per channel (oneDNN takes one source zero point)"
     return np.repeat(px.scale.astype(F32), out_channels // group)
+
+
+def _zero_point_correction(graph: Graph, node: Node, zero_points: np.ndarray,
+                           weights: np.ndarray) -> np.ndarray | str:
+    """C = −op(zero points over x's shape, w), exact (docstring); [1, OC, 1...] when it is
+    the same at every output position."""
+    x_shape = graph.info(node.inputs[0]).shape
+    w = weights.astype(np.int64)
+    taps = tuple(range(2, w.ndim))
+    per_out = np.abs(w).sum(axis=(1, *taps))  # Conv [OC, C/g, k...]: one output's terms
+    if node.op is Op.CONV_TRANSPOSE:  # [C, OC/g, k...]: at most every input and tap
+        per_out = np.abs(w).sum(axis=(0, *taps))
+    if 255 * int(per_out.max()) >= F32_EXACT:
+        return ("activation zero points differ per channel and a partial sum could pass 2^24 "
+                "(255·Σ|w|), where float32 would round the correction")
+    image = np.broadcast_to(zero_points.astype(np.int64).reshape(
+        (1, -1) + (1,) * (len(x_shape) - 2)), (1, *x_shape[1:]))
+    probe = Node(node.name, node.op, node.attrs, ["x", "w"], ["y"])
+    acc = IMPLS[node.op](probe, [np.ascontiguousarray(image), w])[0].astype(np.int64)
+    correction = -acc
+    flat = correction.reshape(correction.shape[:2] + (-1,))
+    if np.all(flat == flat[:, :, :1]):
+        correction = flat[:, :, :1].reshape((1, -1) + (1,) * (correction.ndim - 2))
+    return correction.astype(F32)
 
 
 Weights = tuple[Node, DqParams, np.ndarray | None]  # (dq, params, new s8 data or None)
@@ -190,6 +230,16 @@ def plan_conv(graph: Graph, node: Node) -> Plan | str:
     if bias[0] is not None:
         plan.fused.chain.append(Shift.of(bias[0]))
     plan.fused.src_zero_point = int(px.zero_point[0])
+    if len(set(px.zero_point.tolist())) > 1:
+        w = w_data if w_data is not None else graph.constant(w_dq.inputs[0])
+        correction = _zero_point_correction(graph, node, px.zero_point, w)
+        if isinstance(correction, str):
+            return correction
+        plan.correction = correction
+        plan.fused.src_zero_point = 0
+        plan.fused.chain.insert(0, TensorOperand(2, "add"))
+        plan.fused.notes.append("per-channel source zero points: 0 in the kernel, the "
+                                "integer correction added to the accumulator")
     plan.dqs = [x_dq, w_dq] + ([bias[1]] if bias[1] is not None else [])
     return plan
 
@@ -233,6 +283,11 @@ def rewrite(graph: Graph, node: Node, plan: Plan) -> None:
     while len(node.inputs) > 2:
         graph.set_input(node, len(node.inputs) - 1, "")
         node.inputs.pop()
+    if plan.correction is not None:  # read by the chain's TensorOperand at port 2
+        name = graph.add_constant(graph.unique_name(f"{node.name}@zero_point_correction"),
+                                  plan.correction).name
+        node.inputs.append("")
+        graph.set_input(node, 2, name)
     plan.fused.absorbed = [o for dq in plan.dqs for o in dq.origin]
     node.fused = plan.fused
     out = node.outputs[0]

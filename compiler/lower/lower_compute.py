@@ -396,7 +396,14 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         return unfused.dequantized(ctx, node.inputs[port], scale, zp)
 
     def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
-        return unfused.dequantized(ctx, node.inputs[port], 1.0, 0)
+        value = node.inputs[port]
+        info = ctx.info(value)
+        if ctx.const(value) is not None and info.shape == yinfo.shape and len(info.shape) > 2:
+            # a full-size constant (move_dequantize's zero-point correction): channels-last,
+            # as the int8 kernels write their dst; a plain src1 sends them to ref:any
+            return unfused.dequantized(ctx, value, 1.0, 0,
+                                       channels_last(info.shape, DataType.f32))
+        return unfused.dequantized(ctx, value, 1.0, 0)
 
     if not scales and composed.wei_scales.size == 1 and float(composed.wei_scales[0]) != 1.0:
         composed = _scale_as_post_op(composed)

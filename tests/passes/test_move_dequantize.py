@@ -36,7 +36,7 @@ from qfuse.compiler.onnx_import import import_model
 from qfuse.compiler.pipeline import run_pipeline
 from qfuse.examples.zoo.quantize import quantize
 from qfuse.ir import DType, Op, QuantParams, TensorInfo
-from qfuse.ir.chain import Scale, Shift
+from qfuse.ir.chain import Scale, Shift, TensorOperand
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DequantizeAttrs
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.reference import IMPLS
@@ -137,12 +137,47 @@ def test_depthwise_per_channel_activation_scales_join_the_weight_scales():
     _numerics(before, g)
 
 
-def test_per_channel_activation_with_differing_zero_points_declined():
+@pytest.mark.parametrize(("stride", "pad", "multiplier"), [(1, 1, 1), (2, 1, 2), (1, 0, 1)])
+def test_depthwise_per_channel_zero_points_add_an_integer_correction(stride, pad, multiplier):
+    """NNCF's MIXED preset quantizes depthwise inputs per channel with their own zero points:
+    the node reads x_q with zero point 0 and adds C = −op(zx image, w) to the accumulator
+    first; the result is bit-identical to the exact integer sum Σ w·(x_q − zx[c]) (padding
+    contributes 0) times the scale. Without padding C is one value per output channel."""
+    sx = np.array([0.02, 0.05, 0.03, 0.04], F32)
+    zx = [0, 37, 128, 255]
+    g, xd = int_input((2, 4, 7, 6), sx, zx, axis=1)
+    sw = np.linspace(0.002, 0.004, 4 * multiplier).astype(F32)
+    w_q = _w((4 * multiplier, 1, 3, 3))
+    w = weights(g, "w", w_q, sw)
+    attrs = ConvAttrs((3, 3), (stride, stride), (pad,) * 4, (1, 1), 4)
+    add(g, Op.CONV, [xd, w], "conv", attrs)
+    _quantized_output(g, "conv")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    conv = g.node("conv")
+    scale = np.repeat(sx, multiplier) * sw
+    assert conv.fused.chain == [TensorOperand(2, "add"), Scale.of(scale)]
+    assert conv.fused.src_zero_point == 0
+    correction = g.constant(conv.inputs[2])
+    out_shape = g.info("conv").shape
+    assert correction.shape == ((1, 4 * multiplier, *out_shape[2:]) if pad else
+                                (1, 4 * multiplier, 1, 1))
+    for seed in range(3):
+        f = feeds(before, seed)
+        x_q = f["x"].astype(np.int64)
+        shifted = x_q - np.array(zx).reshape(1, 4, 1, 1)
+        acc = IMPLS[Op.CONV](before.node("conv"), [shifted, w_q.astype(np.int64)])[0]
+        want = (acc.astype(F32) * scale.reshape(1, -1, 1, 1)).astype(F32)
+        np.testing.assert_array_equal(reference(g, f, keep=True)["conv"], want)
+    _numerics(before, g)
+
+
+def test_per_channel_zero_points_into_a_dense_conv_declined():
     g, xd = int_input((1, 4, 6, 6), np.full(4, 0.02, F32), [0, 1, 0, 0], axis=1)
-    w = weights(g, "w", _w((4, 1, 3, 3)), F32(0.01))
-    add(g, Op.CONV, [xd, w], "y", ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 4))
+    w = weights(g, "w", _w((4, 4, 3, 3)), F32(0.01))
+    add(g, Op.CONV, [xd, w], "y", CONV)
     result = apply(M, finish(g, "y"))
-    assert result.changed == 0 and "zero points differ per channel" in reasons(result)[0]
+    assert result.changed == 0 and "each group reads one channel" in reasons(result)[0]
 
 
 def test_matmul_constant_weights_per_column_and_batched():
@@ -325,3 +360,26 @@ def test_grouped_conv_transpose_as_onnxruntime_quantizes_it():
     for f in calib:
         most, share = step_diff(reference(g, f)["y"], reference(original, f)["y"], s_out)
         assert most <= 1 and share >= 0.999
+
+
+def test_depthwise_conv_transpose_per_channel_zero_points():
+    """The same correction for a depthwise ConvTranspose (w [C, 1, k, k], group C): C is
+    −deconv(zx image, w), position-dependent where the taps overlap; bit-exact."""
+    sx = np.array([0.02, 0.05, 0.03, 0.04], F32)
+    zx = [3, 200, 0, 90]
+    g, xd = int_input((1, 4, 5, 4), sx, zx, axis=1)
+    sw = F32(0.003)  # axis 1 of [C, 1, k, k] has one scale: per tensor here
+    w_q = _w((4, 1, 3, 3))
+    w = weights(g, "w", w_q, sw)
+    attrs = ConvTransposeAttrs((3, 3), (2, 2), (1, 1, 1, 1), (1, 1), (1, 1), 4)
+    add(g, Op.CONV_TRANSPOSE, [xd, w], "deconv", attrs)
+    _quantized_output(g, "deconv")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    node = g.node("deconv")
+    assert node.fused.chain[0] == TensorOperand(2, "add") and node.fused.src_zero_point == 0
+    f = feeds(before, 0)
+    shifted = f["x"].astype(np.int64) - np.array(zx).reshape(1, 4, 1, 1)
+    acc = IMPLS[Op.CONV_TRANSPOSE](before.node("deconv"), [shifted, w_q.astype(np.int64)])[0]
+    want = (acc.astype(F32) * (sx * sw).reshape(1, -1, 1, 1)).astype(F32)
+    np.testing.assert_array_equal(reference(g, f, keep=True)["deconv"], want)

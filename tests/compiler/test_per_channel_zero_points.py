@@ -1,0 +1,90 @@
+"""NNCF's MIXED preset (asymmetric activations; also what ``model_type=TRANSFORMER`` sets)
+quantizes a depthwise conv's input per channel, each channel with its own zero point. oneDNN
+takes a per-channel source zero point only on ``ref:any``; passes/move_dequantize.py gives the
+kernel zero point 0 and adds the exact integer correction to its accumulator (a binary_add
+post-op). Checked here on NNCF's own output: the depthwise convs run int8 on a jit kernel, no
+numpy kernel is left, and every integer tensor is within 1 LSB of onnxruntime's exact QDQ
+evaluation op by op (`qfuse check`), ties only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from qfuse import compile_model
+from qfuse.compiler.op_check import check_op_by_op
+
+
+def _float_model() -> onnx.ModelProto:
+    """conv → HardSwish → depthwise conv (pads 1) → HardSwish → 1x1 conv, as MobileNetV3's
+    blocks: HardSwish outputs are signed, so MIXED quantizes them asymmetrically."""
+    rng = np.random.default_rng(0)
+    inits = [nh.from_array(rng.standard_normal(s).astype(np.float32) * k, n)
+             for n, s, k in (("w0", (16, 3, 3, 3), 0.4), ("b0", (16,), 0.5),
+                             ("w1", (16, 1, 3, 3), 0.5), ("b1", (16,), 0.5),
+                             ("w2", (8, 16, 1, 1), 0.3))]
+    nodes = [h.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
+             h.make_node("HardSwish", ["c0"], ["a0"]),
+             h.make_node("Conv", ["a0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], group=16),
+             h.make_node("HardSwish", ["c1"], ["a1"]),
+             h.make_node("Conv", ["a1", "w2"], ["y"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                               [1, 3, 20, 20])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 20, 20])],
+                         inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import nncf
+
+    rng = np.random.default_rng(1)
+    calibration = [{"x": rng.standard_normal((1, 3, 20, 20)).astype(np.float32)}
+                   for _ in range(4)]
+    model = nncf.quantize(_float_model(), nncf.Dataset(calibration), subset_size=4,
+                          preset=nncf.QuantizationPreset.MIXED)
+    path = tmp_path_factory.mktemp("mixed") / "mixed.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_nncf_mixed_depthwise_input_has_per_channel_zero_points(mixed: Path) -> None:
+    model = onnx.load(mixed)
+    inits = {i.name: nh.to_array(i) for i in model.graph.initializer}
+    dw_input = next(n.input[0] for n in model.graph.node
+                    if n.op_type == "Conv" and any(a.name == "group" and a.i == 16
+                                                   for a in n.attribute))
+    dq = next(n for n in model.graph.node if dw_input in n.output)
+    assert dq.op_type == "DequantizeLinear"
+    zero_points = inits[dq.input[2]]
+    assert zero_points.size == 16 and len(set(zero_points.tolist())) > 1  # the premise
+
+
+def test_depthwise_conv_runs_int8_with_the_correction(mixed: Path) -> None:
+    compiled = compile_model(str(mixed))
+    kernels = compiled.inspect()["kernels"]
+    assert not [k["name"] for k in kernels if k["impl"] == "numpy" or "ref" in k["impl"]]
+    depthwise = [k for k in kernels if k["primitive"] == "convolution"
+                 and "binary_add(input 2)" in k["post_op_details"]]
+    assert len(depthwise) == 1 and depthwise[0]["src_dtype"] == "u8", kernels
+    x = {"x": np.random.default_rng(3).standard_normal((1, 3, 20, 20)).astype(np.float32)}
+    check = check_op_by_op(str(mixed), x, compiled=compiled)
+    assert len(check.ints) >= 3 and check.max_lsb <= 1, check.to_json()
+    dw_output = [r for r in check.ints if r.node == depthwise[0]["node"]]
+    assert dw_output and dw_output[0].max_lsb <= 1
+
+
+def test_outputs_match_the_reference(mixed: Path) -> None:
+    x = {"x": np.random.default_rng(2).standard_normal((1, 3, 20, 20)).astype(np.float32)}
+    fused = compile_model(str(mixed)).run(x)["y"]
+    reference = compile_model(str(mixed), mode="reference").run(x)["y"]
+    cosine = float(np.sum(fused * reference) / np.linalg.norm(fused) / np.linalg.norm(reference))
+    assert cosine > 0.9999, cosine
