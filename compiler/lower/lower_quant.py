@@ -43,8 +43,17 @@ quantizations stay reorders:
 
 The layout of the reorder's output is chosen for its consumer: what a convolution reading it
 would pick (``preferred_md``), or channels-last for int8 pooling, else the source's layout.
-Anything else (per-channel zero points, narrow output ranges, a full f32 → f32 FakeQuantize)
-runs the reference semantics in numpy (fallback.py).
+Per-channel zero points (NNCF's MIXED preset on depthwise inputs; a oneDNN reorder takes one
+zero point) are binary primitives as well, the zero points a per-channel f32 operand:
+
+    dequantize (int → f32):  reorder to f32, then binary_sub(·, zp[c]) → binary_mul(s[c])
+                             (f32(q - zp)·s; oneDNN 3.2's jit binary takes an integer source
+                             only with an integer dst, ref:any otherwise)
+    quantize   (f32 → int):  binary_div(x, s[c]) → eltwise_round → binary_add(zp[c])
+
+both ONNX's formulas in the same float32 operations (q - zp and rint(x/s) + zp are exact
+integers). Anything else (narrow output ranges, a full f32 → f32 FakeQuantize) runs the
+reference semantics in numpy (fallback.py).
 """
 
 from __future__ import annotations
@@ -84,6 +93,7 @@ class QuantSide:
     scale: np.ndarray
     zero_point: int
     axis: int | None = None
+    zero_points: np.ndarray | None = None  # per channel along ``axis`` (zero_point unused)
 
 
 def preferred_md(ctx: LowerContext, value: str, dtype: DataType,
@@ -126,7 +136,13 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     posts.append_eltwise(Alg.eltwise_round)
     names.append("eltwise_round")
     details.append("eltwise_round")
-    if dst.zero_point:
+    if dst.zero_points is not None:
+        posts.append_binary(Alg.binary_add, scale_md)
+        fixed[Arg.post_op(len(posts) - 1, Arg.SRC_1)] = const_memory(
+            dst.zero_points.astype(F32).reshape(scale_dims))
+        names.append("binary_add")
+        details.append(f"binary_add([{dst.zero_points.size} zero points, axis {dst.axis}])")
+    elif dst.zero_point:
         posts.append_eltwise(Alg.eltwise_linear, 1.0, float(dst.zero_point))
         names.append("eltwise_linear")
         details.append(f"eltwise_linear(alpha=1, beta={dst.zero_point})")
@@ -174,6 +190,38 @@ def _reorder(ctx: LowerContext, node: Node, src_value: str, src: QuantSide | Non
         kernel.info.rounding = "round(x·(1/s)+zp)" if dst.zero_point else "round(x·(1/s))"
 
 
+def _binary_dequantize(ctx: LowerContext, node: Node, side: QuantSide) -> None:
+    """A DequantizeLinear with per-channel zero points: ``f32(q - zp[c])·s[c]`` as a binary
+    primitive (module docstring), dst f32 in the source's layout (jit binary needs it)."""
+    x, y = node.inputs[0], node.outputs[0]
+    home = ctx.home_slot(x)
+    src_md = ctx.slots[home].md
+    ndims = len(src_md.dims)
+    assert side.axis is not None and side.zero_points is not None
+    dims = per_channel_dims(ndims, side.axis, side.zero_points.size)
+    posts = PostOps()
+    fixed = {int(Arg.SRC_1): const_memory(side.zero_points.astype(F32).reshape(dims))}
+    if side.scale.size == 1:
+        posts.append_eltwise(Alg.eltwise_linear, float(side.scale[0]), 0.0)
+        names, details = ["eltwise_linear"], [f"eltwise_linear(alpha={float(side.scale[0]):.6g}, beta=0)"]
+    else:
+        posts.append_binary(Alg.binary_mul, MemoryDesc.from_tag(dims, DataType.f32))
+        fixed[Arg.post_op(0, Arg.SRC_1)] = const_memory(side.scale.astype(F32).reshape(dims))
+        names, details = ["binary_mul"], [f"binary_mul([{side.scale.size} scales, axis {side.axis}])"]
+    attr = PrimitiveAttr()
+    attr.set_post_ops(posts)
+    dst_md = md_like(src_md, DataType.f32) or plain_md(src_md.dims, DataType.f32)
+    converted = ctx.temp(f"{y}@f32", dst_md)
+    ctx.add_reorder(home, converted, role="op", node=node,
+                    note=f"'{x}' to f32 for its per-channel zero points")
+    pd = binary(Alg.binary_sub, dst_md, MemoryDesc.from_tag(dims, DataType.f32), dst_md,
+                attr=attr)
+    info = ctx.info_for(node, role="op", post_ops=names, post_op_details=details,
+                        note=f"binary_sub: x - zero point per channel (axis {side.axis})")
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): converted,
+                                      int(Arg.DST): ctx.define(y, dst_md)}, fixed, info=info)
+
+
 def _uniform_zp(zp: np.ndarray | None) -> int | None:
     if zp is None:
         return 0
@@ -184,9 +232,15 @@ def _uniform_zp(zp: np.ndarray | None) -> int | None:
 def _side(scale: np.ndarray, zp: np.ndarray | None, axis: int, ndim: int) -> QuantSide | None:
     z = _uniform_zp(zp)
     s = np.asarray(scale, F32).ravel()
-    if z is None or not np.all(np.isfinite(s)) or np.any(s == 0):
+    if not np.all(np.isfinite(s)) or np.any(s == 0):
         return None
-    return QuantSide(s, z, None if s.size == 1 else (axis + ndim if axis < 0 else axis))
+    axis = axis + ndim if axis < 0 else axis
+    if z is None:  # per-channel zero points (with as many scales): binary primitives only
+        zps = np.asarray(zp).astype(np.int64).ravel()
+        if s.size != zps.size:
+            return None
+        return QuantSide(s, 0, axis, zps)
+    return QuantSide(s, z, None if s.size == 1 else axis)
 
 
 def _take_deferred(ctx: LowerContext, x: str) -> tuple[str, QuantSide | None, list[str]]:
@@ -204,7 +258,10 @@ def lower_dequantize(ctx: LowerContext, node: Node) -> None:
     zp = ctx.const(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
     side = _side(scale, zp, attrs.axis, len(ctx.info(x).shape))
     if side is None:
-        lower_numpy(ctx, node, note="per-channel zero points")
+        lower_numpy(ctx, node, note="a zero or non-finite scale")
+        return
+    if side.zero_points is not None:
+        _binary_dequantize(ctx, node, side)
         return
     readers = ctx.graph.consumers(y)
     if (side.axis is None and len(readers) == 1 and not ctx.is_output(y)
@@ -232,9 +289,12 @@ def _quantize_side(ctx: LowerContext, node: Node) -> QuantSide | None:
     if fq.onnx is not None and not fq.onnx.dequantize and fq.onnx.dtype is out:
         quant = fq.onnx.quant
         zps = np.unique(quant.zero_point_array())
+        axis = None if quant.axis is None else quant.axis % ndim
         if zps.size == 1:
-            axis = None if quant.axis is None else quant.axis % ndim
             return QuantSide(quant.scale_array(), int(zps[0]), axis)
+        if axis is not None and quant.scale_array().size == quant.zero_point_array().size:
+            return QuantSide(quant.scale_array(), 0, axis,
+                             quant.zero_point_array().astype(np.int64).ravel())
     consts = [ctx.const(v) for v in node.inputs[1:5]]
     if any(c is None for c in consts):
         return None
@@ -260,8 +320,13 @@ def lower_quantize(ctx: LowerContext, node: Node) -> None:
             _undefer(ctx, node.inputs[0])
         lower_numpy(ctx, node, note="not expressible as a reorder")
         return
+    if side.zero_points is not None and not _onnx_rounding(node):
+        lower_numpy(ctx, node, note="per-channel zero points in the level form")
+        return
+    if side.zero_points is not None and node.inputs[0] in ctx.deferred:
+        _undefer(ctx, node.inputs[0])
     src_value, src_side, absorbed = _take_deferred(ctx, node.inputs[0])
-    if ctx.options.onnx_rounding and _onnx_rounding(node):
+    if side.zero_points is not None or (ctx.options.onnx_rounding and _onnx_rounding(node)):
         _onnx_quantize(ctx, node, src_value, src_side, side, absorbed)
         return
     _reorder(ctx, node, src_value, src_side, side, absorbed)
