@@ -13,7 +13,12 @@ not a graph output, turning each reader into chain items (ir/chain.py):
     (Add(x, r) of a gate chain, below: TensorOperand(port of r, "add"))
 
 fuse_gate_chain (``run_gates``, after this pass) starts chains at float elementwise ops
-whose chain reads a second tensor and ends in a quantize (``_fuse_gate``).
+whose chain reads a second tensor and ends in a quantize (``_fuse_gate``), and at float
+elementwise ops on a dequantized 8-bit tensor whose chain ends in a quantize (``DQ → f(x) →
+... → Q``: attention's q·(1/√d), a decomposed LayerNorm's ·γ and +β, an activation between
+quantizers), which then read the 8-bit source with ``Fused.src_scale`` / ``src_zero_point``:
+``x = f32(q − zp)·s`` is the DequantizeLinear exactly, and the node is one binary primitive
+from int8 to int8 (compiler/lower/lower_gate.py) instead of three kernels.
     quantize-only FakeQuantize (integer output)                    → Quantize (ends the chain)
 
 A residual read through ``DequantizeLinear(r_q, s, zp)`` (per tensor) is summed from r_q:
@@ -73,6 +78,8 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import (
@@ -246,15 +253,47 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     node.fused = Fused()
     start = _State(items, inputs, out, info)
     best, _, _ = _walk(graph, ctx, node, start, info.shape[1])
-    # worth a kernel only when the chain reads a second tensor (the gate's x, a residual)
-    # and ends in a quantize: a lone activation then quantize stays as it was
+    source = _integer_source(graph, best)
+    # worth a kernel when the chain reads a second tensor (the gate's x, a residual) and ends
+    # in a quantize, or reads its source as 8-bit integers and ends in a quantize (then one
+    # int8 → int8 kernel replaces the dequantize, the op and the quantize)
     gated = any(isinstance(i, TensorOperand) for i in best.chain)
-    if not (gated and (best.quantized or best.output_dequantized)):
+    if source is None and not (gated and (best.quantized or best.output_dequantized)):
         node.fused = None
         return False
     ctx.visit(node)
+    if source is not None:
+        dq, (scale, zero_point) = source
+        node.fused = dataclasses.replace(node.fused, src_scale=scale,
+                                         src_zero_point=zero_point)
+        best = dataclasses.replace(best, inputs=[dq.inputs[0], *best.inputs[1:]],
+                                   extra=[*best.extra, dq])
     _commit(graph, node, best)
     return True
+
+
+def _integer_source(graph: Graph, best: _State) -> tuple[Node, tuple[float, int]] | None:
+    """The DequantizeLinear the chain's source x comes from, and its (scale, zero point),
+    when the node can read the 8-bit tensor instead (module docstring): x = DQ(q) per tensor
+    of a non-constant u8/s8 q, the chain ending in a quantize (an 8-bit dst: oneDNN's jit
+    binary takes an 8-bit source only with an 8-bit dst) and no chain item reading x itself."""
+    if not best.quantized or not best.info.dtype.is_quantized:
+        return None
+    if any(isinstance(i, Residual | TensorOperand) and i.port == 0 for i in best.chain):
+        return None
+    dq = graph.producer(best.inputs[0])
+    if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR or graph.constant(dq.inputs[0]) is not None:
+        return None
+    q_info = graph.info(dq.inputs[0])
+    if not q_info.dtype.is_quantized or q_info.shape != graph.info(dq.outputs[0]).shape:
+        return None
+    scale = graph.constant(dq.inputs[1])
+    zero_point = graph.constant(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] else 0
+    if scale is None or zero_point is None or np.size(scale) != 1 or np.size(zero_point) != 1:
+        return None
+    if not np.isfinite(scale).all() or float(np.ravel(scale)[0]) == 0.0:
+        return None
+    return dq, (float(np.float32(np.ravel(scale)[0])), int(np.ravel(zero_point)[0]))
 
 
 def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:

@@ -15,11 +15,19 @@ same float32 operations as the int8 store, since the binary primitive takes no d
 written as u8/s8 with rint and saturation. oneDNN's eltwise primitive has no jit kernel with
 binary post-ops (``ref:any``); its binary primitive has (``jit:uni``).
 
+A chain on a dequantized 8-bit source (``fused.src_scale`` set) reads q itself: the binary
+primitive is ``q − zp`` (``binary_sub`` with a one-element zp; u8/s8 to f32 exactly) with a first
+post-op ``linear(s, 0)`` — ``f32(q − zp)·s``, the DequantizeLinear's own arithmetic — then the
+same post-ops, into an 8-bit dst (oneDNN 3.2's jit binary takes an 8-bit source only with an
+8-bit dst; the pass makes sure the chain ends in a quantize).
+
 The unfused mode runs the chain one primitive per basic operation on a copy of x
 (unfused.finish_chain).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -28,7 +36,7 @@ from qfuse.compiler.lower.attrs import as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import const_memory, dnnl_type, md_like, plain_md
 from qfuse.ir import Node
-from qfuse.ir.postops import Composed, channel_in_the_middle
+from qfuse.ir.postops import Composed, Eltwise, channel_in_the_middle
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, binary
 
 
@@ -54,15 +62,26 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     f32 = md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32)
     if channel_in_the_middle(f32.dims, f32.strides or ()):  # oneDNN's per-channel bug
         f32 = plain_md(home.dims, DataType.f32)
-    src = ctx.source(x, f32)
+    fused = node.fused
+    int_source = fused is not None and fused.src_scale is not None
     if ctx.options.mode == "unfused":
+        if int_source:
+            assert fused is not None and fused.src_scale is not None
+            src, _ = unfused.dequantized(ctx, x, fused.src_scale, fused.src_zero_point, f32)
+        else:
+            src = ctx.source(x, f32)
         work = ctx.temp(f"{y}@chain", f32)
         ctx.add_reorder(src, work, role="op", note=f"unfused copy of the input of {node}")
         unfused.finish_chain(ctx, node, work, channel_axis=1)
         return
+    src = ctx.source(x, md_like(f32, home.dtype) if int_source else f32)
     composed = node.meta.get("composed")
     assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"
     finish = as_float_post_ops(composed)
+    if int_source:
+        assert fused is not None and fused.src_scale is not None
+        finish = replace(finish, post_ops=[Eltwise("linear", float(fused.src_scale), 0.0),
+                                           *finish.post_ops])
 
     def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
         value = node.inputs[port]  # a full-size operand in x's layout; a broadcast one as is
@@ -74,10 +93,16 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     dst_md = md_like(f32, dnnl_type(yinfo.dtype))
     assert dst_md is not None
     one = plain_md((1,) * len(yinfo.shape), DataType.f32)
-    pd = binary(Alg.binary_mul, f32, one, dst_md, attr=built.attr)
+    operand = np.ones(one.dims, np.float32)
+    if int_source:  # q - zp, then linear(s, 0) first among the post-ops
+        assert fused is not None
+        operand = np.full(one.dims, fused.src_zero_point, np.float32)
+        pd = binary(Alg.binary_sub, ctx.slots[src].md, one, dst_md, attr=built.attr)
+    else:
+        pd = binary(Alg.binary_mul, f32, one, dst_md, attr=built.attr)
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
                         post_op_details=built.details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.DST): ctx.define(y, dst_md),
                                       **built.slot_args},
-                      {**built.fixed, int(Arg.SRC_1): const_memory(np.ones(one.dims, np.float32))},
+                      {**built.fixed, int(Arg.SRC_1): const_memory(operand)},
                       info=info)

@@ -18,7 +18,8 @@
   ``src_scale`` is set, else ``x = src``; the op is its plain reference (ONNX Runtime's float32
   kernels), and the chain (empty, or one Quantize) follows.
 - An activation carrying a gate chain (passes/fuse_post_ops.py ``_fuse_gate``): acc = its
-  float32 source; the chain starts with the activation itself.
+  float32 source, or ``f32(src - src_zero_point)·src_scale`` when ``src_scale`` is set (it
+  reads the 8-bit tensor its DequantizeLinear read); the chain starts with the op itself.
 - channel axis of the chain: 1, except MatMul: the last dim.
 - ``residuals``: every chain ``Residual`` item reads the node's input ``port``.
 
@@ -88,6 +89,9 @@ def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
     if node.op is Op.RESIZE:  # nearest, with its dequantize (passes/fold_resize_dequantize)
         return IMPLS[node.op](plain, [_shifted(src, fused.src_zero_point, "source").astype(F32),
                                       *inputs[1:]])[0]
+    if fused.src_scale is not None and src.dtype.kind in "iu":  # a gate chain's int8 source
+        return (src.astype(np.int64) - np.int64(fused.src_zero_point)).astype(F32) * F32(
+            fused.src_scale)
     if src.dtype.kind == "f":  # an activation carrying a gate chain: the chain starts at x
         return src.astype(F32)
     raise ValueError(f"no fused reference for {node.op.value}")

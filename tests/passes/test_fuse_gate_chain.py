@@ -22,6 +22,7 @@ from qfuse.compiler.modes import run_passes
 from qfuse.ir import Op
 from qfuse.passes.base import PassContext
 from qfuse.runtime.executor import Executor
+from qfuse.runtime.onednn import Arg, DataType
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.reference import evaluate
 
@@ -123,3 +124,67 @@ def test_a_lone_activation_then_quantize_stays() -> None:
     # only the Mul g·g (a chain reading a second run-time tensor, then a quantize) fuses
     fused = [n.op for n in graph.topo_order() if n.fused is not None and n.op is not Op.CONV]
     assert gate.changed == 1 and fused == [Op.MUL], (gate.changed, fused)
+
+
+def _requantize_model(op: onnx.NodeProto, inits: list[onnx.TensorProto]) -> onnx.ModelProto:
+    """input → Q/DQ → x → ``op`` → m → Q/DQ → Relu → out: an elementwise op between
+    quantizers (the Relu reads the dequantized value in float32, as a next layer would)."""
+    nodes = [*_qdq("x", S_X, ZP_X, "input", "x"), op, *_qdq("y", S_Y, ZP_Y, "m", "md"),
+             h.make_node("Relu", ["md"], ["out"])]
+    graph = h.make_graph(nodes, "requantize",
+                         [h.make_tensor_value_info("input", TensorProto.FLOAT, SHAPE)],
+                         [h.make_tensor_value_info("out", TensorProto.FLOAT, SHAPE)],
+                         [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y), *inits])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+REQUANTIZE = {
+    # attention's q·(1/√d) between quantize_static's quantizers (ViT, BERT, Swin)
+    "mul_scalar": (h.make_node("Mul", ["x", "c"], ["m"]),
+                   [h.make_tensor("c", TensorProto.FLOAT, [], [0.35])]),
+    # a per-channel affine (a decomposed BatchNorm / LayerNorm's β on channels)
+    "add_per_channel": (h.make_node("Add", ["x", "c"], ["m"]),
+                        [h.make_tensor("c", TensorProto.FLOAT, [1, 8, 1, 1],
+                                       np.linspace(-1, 1, 8).tolist())]),
+    "sigmoid": (h.make_node("Sigmoid", ["x"], ["m"]), []),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REQUANTIZE))
+def test_op_between_quantizers_reads_the_8_bit_source(case: str) -> None:
+    """DQ → f(x) → Q: one binary primitive from u8 to u8 (q − zp, linear(s), f, quantize)
+    instead of the dequantize reorder, the op and the quantize; bit-exact against the same
+    model with the pass off and against the unfused mode, within 1 LSB of the reference
+    interpreter (sigmoid: oneDNN's formula against float64, ulps apart)."""
+    model = _requantize_model(*REQUANTIZE[case])
+    rng = np.random.default_rng(4)
+    feeds = {"input": rng.uniform(-6, 6, SHAPE).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=frozenset({"fuse_gate_chain"}))
+    ops = [k for k in kernels if k.info.absorbed and any(a.startswith(("Mul", "Add", "Sigmoid"))
+                                                         for a in k.info.absorbed)]
+    assert len(ops) == 1 and ops[0].kind == "binary", [(k.name, k.kind) for k in kernels]
+    pd = ops[0].primitive.pd
+    assert (pd.arg_md(Arg.SRC_0).dtype, pd.arg_md(Arg.DST).dtype) == (DataType.u8, DataType.u8)
+    assert pd.impl_name.startswith("jit"), pd.impl_name
+    assert any(a.startswith("DequantizeLinear") for a in ops[0].info.absorbed)
+    assert len(kernels) == len(old) - 2, ([k.name for k in kernels], [k.name for k in old])
+    np.testing.assert_array_equal(fused, before)
+    unfused, _ = _run(model, feeds, mode="unfused")
+    np.testing.assert_array_equal(fused, unfused)
+    steps, identical = step_diff(np.rint(fused / S_Y),
+                                 np.rint(evaluate(import_graph(model), feeds)["out"] / S_Y))
+    assert steps <= 1 and identical >= 0.99, (steps, identical)
+
+
+def test_op_between_quantizers_with_a_float_output_stays() -> None:
+    """Without the quantize after it the node would write f32 from an 8-bit source, which
+    oneDNN's jit binary does not do: nothing changes."""
+    op, inits = REQUANTIZE["mul_scalar"]
+    model = _requantize_model(op, inits)
+    for _ in range(3):  # Q, DQ, Relu
+        model.graph.node.remove(model.graph.node[-1])
+    model.graph.node[-1].output[0] = "out"  # the Mul writes the graph output
+    graph = import_graph(model)
+    run_passes(graph, "fused", PassContext())
+    assert not [n for n in graph.topo_order() if n.op is Op.MUL and n.fused is not None]
