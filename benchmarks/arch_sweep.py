@@ -25,6 +25,10 @@ calibration inputs, compiles it with qfuse fused and prints one row per model an
   inference threads; > 1: qfuse is faster), 12 runs each, interleaved, at ``--threads``;
   ``-`` where OpenVINO refuses the model (it reads no QOperator ops) or ``--no-openvino``.
 
+``--quantizers`` also takes the variants of examples/realzoo/quantize.py ``VARIANTS`` (other
+options users set: dedicated Q/DQ pairs, s8 symmetric activations, per-tensor reduce-range,
+u8 weights, QOperator s8, NNCF MIXED and TRANSFORMER, quantize_dynamic).
+
 A row with an error says what failed (quantizer, compile, run). Random-weight outputs of a
 classifier whose head is zero-initialized (torchvision's ViT) are all zero: its cosines read 0.
 """
@@ -149,7 +153,7 @@ def _quantized(float_path: Path, out: Path, quantizer: str,
     if not path.exists():
         model, _ = quantize(onnx.load(float_path), calibration, quantizer)
         onnx.save(model, path)
-    if quantizer != "qoperator":
+    if not quantizer.startswith("qoperator"):
         return path, path
     exact = path.with_suffix(".exact.onnx")
     if not exact.exists():
@@ -221,7 +225,7 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
 
 
 def format_row(row: dict[str, Any]) -> str:
-    head = f"{row['model']:<34} {row['quantizer']:<10}"
+    head = f"{row['model']:<34} {row['quantizer']:<16}"
     if "error" in row:
         return f"{head} {row['error']}"
     return (f"{head} {row['kernels']:>7} {row['numpy']:>5} {row['ref']:>4} "
@@ -230,7 +234,7 @@ def format_row(row: dict[str, Any]) -> str:
             + (f"{row['ov_over_qfuse']:>6.2f}" if "ov_over_qfuse" in row else f"{'-':>6}"))
 
 
-HEADER = (f"{'model':<34} {'quantizer':<10} {'kernels':>7} {'numpy':>5} {'ref':>4} "
+HEADER = (f"{'model':<34} {'quantizer':<16} {'kernels':>7} {'numpy':>5} {'ref':>4} "
           f"{'cos ref':>8} {'cos ort':>8} {'ms':>9} {'ort/f':>6} {'ov/f':>6}")
 
 

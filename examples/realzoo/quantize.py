@@ -19,6 +19,21 @@
 
 Both quantize_static calls use the options the project's other zoo uses (and ORT's x86
 guidance): u8 activations, s8 per-channel weights, MinMax calibration, ``reduce_range=False``.
+
+``VARIANTS``: the other options users set, each one change from those recipes (for
+benchmarks/arch_sweep.py ``--quantizers``):
+
+- ``qdq-dedicated``: ``extra_options={"DedicatedQDQPair": True}`` (a Q/DQ pair per reader);
+- ``qdq-s8``: s8 activations, ``ActivationSymmetric`` (zero point 0);
+- ``qdq-tensor``: per-tensor weights with ``reduce_range=True`` (7-bit weights);
+- ``qdq-u8w``: u8 weights (``weight_type=QUInt8``: weight zero points);
+- ``qoperator-s8``: QOperator with s8 activations;
+- ``nncf-mixed``: NNCF ``preset=MIXED`` (asymmetric activations: per-channel zero points on
+  depthwise inputs);
+- ``nncf-transformer``: NNCF ``model_type=TRANSFORMER`` (MIXED plus SmoothQuant's scales);
+- ``dynamic``: ``quantize_dynamic`` (DynamicQuantizeLinear, MatMulInteger / ConvInteger; no
+  calibration). Its reference, the model in onnxruntime, runs onnxruntime's own integer
+  kernels, which sum u8·s8 pairs in int16 on CPUs without VNNI (not exact there).
 """
 
 from __future__ import annotations
@@ -31,6 +46,18 @@ import numpy as np
 import onnx
 
 QUANTIZERS = ("qdq", "qoperator", "nncf")
+#: variant -> (base quantizer, changed options) (module docstring)
+VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
+    "qdq-dedicated": ("qdq", {"extra_options": {"DedicatedQDQPair": True}}),
+    "qdq-s8": ("qdq", {"activation_type": "QInt8",
+                       "extra_options": {"ActivationSymmetric": True}}),
+    "qdq-tensor": ("qdq", {"per_channel": False, "reduce_range": True}),
+    "qdq-u8w": ("qdq", {"weight_type": "QUInt8"}),
+    "qoperator-s8": ("qoperator", {"activation_type": "QInt8"}),
+    "nncf-mixed": ("nncf", {"preset": "MIXED"}),
+    "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),
+    "dynamic": ("dynamic", {}),
+}
 # DequantizeLinear has an `axis` (per-channel scales) from this opset on.
 PER_CHANNEL_QDQ_OPSET = 13
 
@@ -63,8 +90,10 @@ class _Reader:
 
 
 def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
-                 fmt: str) -> tuple[onnx.ModelProto, list[str]]:
-    """quant_pre_process + quantize_static in ``fmt`` ('qdq' or 'qoperator')."""
+                 fmt: str, options: dict[str, object] | None = None
+                 ) -> tuple[onnx.ModelProto, list[str]]:
+    """quant_pre_process + quantize_static in ``fmt`` ('qdq' or 'qoperator'); ``options``
+    change quantize_static's keyword arguments (QuantType members by name)."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -86,6 +115,9 @@ def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, n
             "weight_type": QuantType.QInt8,
             "calibrate_method": CalibrationMethod.MinMax,
         }
+        for key, value in (options or {}).items():
+            kwargs[key] = (QuantType[value] if key.endswith("_type")
+                           else dict(value) if isinstance(value, dict) else value)
         quantize_static(str(work / "pre.onnx"), str(work / "q.onnx"), reader, **kwargs)
         problem = _invalid(work / "q.onnx")
         opset = _opset(float_model)
@@ -123,21 +155,45 @@ def _invalid(path: Path) -> str | None:
     return None
 
 
-def quantize_nncf(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]]
+def quantize_nncf(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
+                  options: dict[str, object] | None = None
                   ) -> tuple[onnx.ModelProto, list[str]]:
-    """nncf.quantize with NNCF's defaults on the ONNX backend."""
+    """nncf.quantize with NNCF's defaults on the ONNX backend (``options``: ``preset`` /
+    ``model_type`` by member name)."""
     import nncf
 
+    kwargs: dict[str, object] = {}
+    for key, value in (options or {}).items():
+        kind = {"preset": nncf.QuantizationPreset, "model_type": nncf.ModelType}[key]
+        kwargs[key] = kind[str(value)]
     dataset = nncf.Dataset(list(calibration))
-    quantized = nncf.quantize(float_model, dataset, subset_size=len(calibration))
+    quantized = nncf.quantize(float_model, dataset, subset_size=len(calibration), **kwargs)
     return quantized, []
+
+
+def quantize_dynamic(float_model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """quant_pre_process + onnxruntime's quantize_dynamic (s8 weights, its defaults)."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
+
+    with tempfile.TemporaryDirectory(prefix="qfuse-realzoo-") as tmp:
+        work = Path(tmp)
+        onnx.save(float_model, work / "float.onnx")
+        notes = pre_process(work / "float.onnx", work / "pre.onnx")
+        ort_quantize_dynamic(str(work / "pre.onnx"), str(work / "q.onnx"),
+                             weight_type=QuantType.QInt8)
+        return onnx.load(work / "q.onnx"), notes
 
 
 def quantize(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.ndarray]],
              quantizer: str) -> tuple[onnx.ModelProto, list[str]]:
     """The model quantized by ``quantizer`` (one of QUANTIZERS) and notes on what happened."""
-    if quantizer in ("qdq", "qoperator"):
-        return quantize_ort(float_model, calibration, quantizer)
-    if quantizer == "nncf":
-        return quantize_nncf(float_model, calibration)
-    raise ValueError(f"unknown quantizer {quantizer!r}; choose one of {', '.join(QUANTIZERS)}")
+    base, options = VARIANTS.get(quantizer, (quantizer, {}))
+    if base in ("qdq", "qoperator"):
+        return quantize_ort(float_model, calibration, base, options)
+    if base == "nncf":
+        return quantize_nncf(float_model, calibration, options)
+    if base == "dynamic":
+        return quantize_dynamic(float_model)
+    raise ValueError(f"unknown quantizer {quantizer!r}; choose one of "
+                     f"{', '.join((*QUANTIZERS, *VARIANTS))}")
