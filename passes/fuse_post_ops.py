@@ -211,11 +211,16 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
             return None
         data, _ = constant_operand(graph, b)
         alg = "add" if node.op is Op.ADD else "mul"
-        if data is not None:
-            values, _ = channel_values(data, info.shape, 1)
-            if values is None:
-                return None
+        values = channel_values(data, info.shape, 1)[0] if data is not None else None
+        if values is not None:
             items: list[ChainOp] = [Shift.of(values) if alg == "add" else Scale.of(values)]
+        elif data is not None:
+            # a constant along other axes (attention's position bias [1, H, N, N], LayerNorm's
+            # γ / β on [N, T, C]): the binary primitive's own second operand, broadcast
+            # (compiler/lower/lower_gate.py), as a standalone Add / Mul reads it
+            if graph.info(a).shape != info.shape or not _broadcast_f32(graph.info(b), info.shape):
+                return None
+            items = [TensorOperand(1, alg)]
         else:  # two run-time tensors: x is the one of the output's shape
             if graph.info(a).shape != info.shape:
                 a, b = b, a
@@ -272,6 +277,12 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     return True
 
 
+def _post_op_operand(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
+    """Does a binary post-op read an operand of ``shape`` on jit kernels: the output's own
+    shape, or one value per channel (dim 1)? Other broadcasts run on ref:any."""
+    return tuple(shape) == tuple(out) or all(d == 1 for i, d in enumerate(shape) if i != 1)
+
+
 def _integer_source(graph: Graph, best: _State) -> tuple[Node, tuple[float, int]] | None:
     """The DequantizeLinear the chain's source x comes from, and its (scale, zero point),
     when the node can read the 8-bit tensor instead (module docstring): x = DQ(q) per tensor
@@ -281,6 +292,10 @@ def _integer_source(graph: Graph, best: _State) -> tuple[Node, tuple[float, int]
         return None
     if any(isinstance(i, Residual | TensorOperand) and i.port == 0 for i in best.chain):
         return None
+    first = best.chain[0]
+    if isinstance(first, TensorOperand) and not _post_op_operand(
+            graph.info(best.inputs[first.port]).shape, best.info.shape):
+        return None  # a broadcast the binary primitive's own operand takes (lower_gate)
     dq = graph.producer(best.inputs[0])
     if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR or graph.constant(dq.inputs[0]) is not None:
         return None

@@ -21,12 +21,19 @@ post-op ``linear(s, 0)`` — ``f32(q − zp)·s``, the DequantizeLinear's own ar
 same post-ops, into an 8-bit dst (oneDNN 3.2's jit binary takes an 8-bit source only with an
 8-bit dst; the pass makes sure the chain ends in a quantize).
 
+A chain whose first item is an Add / Mul reading a second tensor (a run-time one, or a
+constant along other axes than the channels: attention's position bias, a LayerNorm's γ / β
+on [N, T, C]) makes that the primitive's own operation, ``x ∘ r`` with r its second operand:
+oneDNN's binary primitive broadcasts its operand on jit kernels where a binary *post-op*
+with such a broadcast runs on ``ref:any`` (measured: [1, 1, C] on [1, T, C]).
+
 The unfused mode runs the chain one primitive per basic operation on a copy of x
 (unfused.finish_chain).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -34,9 +41,10 @@ import numpy as np
 from qfuse.compiler.lower import lower_misc, unfused
 from qfuse.compiler.lower.attrs import as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import const_memory, dnnl_type, md_like, plain_md
+from qfuse.compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
+from qfuse.compiler.lower.lower_misc import BROADCAST_CONSTANT_BYTES
 from qfuse.ir import Node
-from qfuse.ir.postops import Composed, Eltwise, channel_in_the_middle
+from qfuse.ir.postops import Composed, Eltwise, TensorBinary, channel_in_the_middle
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, binary
 
 
@@ -88,21 +96,64 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         return unfused.dequantized(ctx, value, 1.0, 0,
                                    f32 if ctx.info(value).shape == yinfo.shape else None)
 
+    first = finish.post_ops[0] if finish.post_ops else None
+    own = (not int_source and isinstance(first, TensorBinary) and first.port != 0
+           and first.alg in ("add", "mul"))
+    if own:  # the chain's first x ∘ r is the primitive's operation (module docstring)
+        assert isinstance(first, TensorBinary)
+        finish = replace(finish, post_ops=finish.post_ops[1:])
     built = build_attr(finish, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
                        dst_type=DataType.f32, tensor_slot=tensor_slot)
     dst_md = md_like(f32, dnnl_type(yinfo.dtype))
     assert dst_md is not None
     one = plain_md((1,) * len(yinfo.shape), DataType.f32)
-    operand = np.ones(one.dims, np.float32)
-    if int_source:  # q - zp, then linear(s, 0) first among the post-ops
-        assert fused is not None
-        operand = np.full(one.dims, fused.src_zero_point, np.float32)
-        pd = binary(Alg.binary_sub, ctx.slots[src].md, one, dst_md, attr=built.attr)
+    args = {int(Arg.SRC_0): src, int(Arg.DST): ctx.define(y, dst_md), **built.slot_args}
+    fixed = dict(built.fixed)
+    if own:
+        assert isinstance(first, TensorBinary)
+        slot, md = tensor_slot(first.port)
+        pd = binary(Alg[f"binary_{first.alg}"], f32, md, dst_md, attr=built.attr)
+        operand = ctx.const(node.inputs[first.port])
+        if (is_slow(pd.impl_name, "binary") and operand is not None
+                and math.prod(yinfo.shape) * 4 <= BROADCAST_CONSTANT_BYTES):
+            # oneDNN 3.2's jit binary takes a broadcast per tensor, per channel or none; a
+            # constant broadcast otherwise (Swin's window mask [1, W, 1, N, N] on
+            # [1, W, H, N, N]) is stored broadcast, as lower_misc.lower_binary does
+            full = np.broadcast_to(np.asarray(operand, np.float32).reshape(md.dims),
+                                   yinfo.shape)
+            wide = binary(Alg[f"binary_{first.alg}"], f32, f32, dst_md, attr=built.attr)
+            if not is_slow(wide.impl_name, "binary"):
+                pd, slot = wide, ""
+                fixed[int(Arg.SRC_1)] = ctx.weights(np.ascontiguousarray(full), f32)
+        if is_slow(pd.impl_name, "binary"):
+            # else the operation alone into f32 (jit without post-ops), then the chain on it
+            plain = binary(Alg[f"binary_{first.alg}"], f32, md, f32)
+            if not is_slow(plain.impl_name, "binary"):
+                inner = ctx.temp(f"{y}@{first.alg}", f32)
+                ctx.add_primitive(f"{node.name}:{first.alg}", plain,
+                                  {int(Arg.SRC_0): src, int(Arg.SRC_1): slot,
+                                   int(Arg.DST): inner},
+                                  info=ctx.info_for(node, note="the chain's first operation "
+                                                    "alone: with post-ops it runs on "
+                                                    f"{pd.impl_name}"))
+                pd = binary(Alg.binary_mul, f32, one, dst_md, attr=built.attr)
+                args[int(Arg.SRC_0)] = inner
+                fixed[int(Arg.SRC_1)] = const_memory(np.ones(one.dims, np.float32))
+                slot = ""
+        if slot:
+            args[int(Arg.SRC_1)] = slot
+        names, details = [f"binary_{first.alg}", *built.names], [
+            f"binary_{first.alg}(input {first.port}) (the primitive's own)", *built.details]
     else:
-        pd = binary(Alg.binary_mul, f32, one, dst_md, attr=built.attr)
-    info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
-                        post_op_details=built.details, rounding=composed.rounding())
-    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): src, int(Arg.DST): ctx.define(y, dst_md),
-                                      **built.slot_args},
-                      {**built.fixed, int(Arg.SRC_1): const_memory(operand)},
-                      info=info)
+        operand = np.ones(one.dims, np.float32)
+        if int_source:  # q - zp, then linear(s, 0) first among the post-ops
+            assert fused is not None
+            operand = np.full(one.dims, fused.src_zero_point, np.float32)
+            pd = binary(Alg.binary_sub, ctx.slots[src].md, one, dst_md, attr=built.attr)
+        else:
+            pd = binary(Alg.binary_mul, f32, one, dst_md, attr=built.attr)
+        fixed[int(Arg.SRC_1)] = const_memory(operand)
+        names, details = built.names, built.details
+    info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
+                        post_op_details=details, rounding=composed.rounding())
+    ctx.add_primitive(node.name, pd, args, fixed, info=info)

@@ -188,3 +188,39 @@ def test_op_between_quantizers_with_a_float_output_stays() -> None:
     graph = import_graph(model)
     run_passes(graph, "fused", PassContext())
     assert not [n for n in graph.topo_order() if n.op is Op.MUL and n.fused is not None]
+
+
+@pytest.mark.parametrize("shape,operand", [
+    ([1, 10, 16], [1, 1, 16]),  # a LayerNorm's γ on [N, T, C] (decomposed, paddle2onnx)
+    ([1, 4, 3, 7, 7], [1, 4, 1, 7, 7]),  # Swin's shifted-window mask, broadcast over heads
+])
+def test_broadcast_constant_is_the_binary_primitives_own_operand(shape, operand) -> None:
+    """x ∘ C then a quantize, C a constant broadcast along axes other than the channels: one
+    binary primitive x ∘ C with the quantize as post-ops (oneDNN's binary post-op would run
+    such a broadcast on ref:any; the primitive's own operand does not, or C is stored
+    broadcast where it would). Bit-exact with the pass off (the standalone op and quantize)
+    and with the unfused mode."""
+    rng = np.random.default_rng(5)
+    c = h.make_tensor("c", TensorProto.FLOAT, operand,
+                      rng.uniform(-2, 2, operand).astype(np.float32).ravel().tolist())
+    nodes = [*_qdq("x", S_X, ZP_X, "input", "x"), h.make_node("Add", ["x", "c"], ["m"]),
+             *_qdq("y", S_Y, ZP_Y, "m", "md"), h.make_node("Relu", ["md"], ["out"])]
+    graph = h.make_graph(nodes, "bcast", [h.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                   shape)],
+                         [h.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
+                         [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y), c])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=frozenset({"fuse_gate_chain"}))
+    add = [k for k in kernels if any(a.startswith("Add") for a in k.info.absorbed)]
+    assert len(add) == 1 and add[0].kind == "binary", [(k.name, k.kind) for k in kernels]
+    assert add[0].primitive.pd.impl_name.startswith("jit"), add[0].primitive.pd.impl_name
+    assert "the primitive's own" in add[0].info.post_op_details[0]
+    assert add[0].info.post_ops[1:3] == ["binary_div", "eltwise_round"]  # then the quantize
+    assert not [k.name for k in kernels
+                if k.primitive is not None and "ref" in k.primitive.pd.impl_name]
+    assert len(kernels) == len(old) - 1
+    np.testing.assert_array_equal(fused, before)
+    unfused, _ = _run(model, feeds, mode="unfused")
+    np.testing.assert_array_equal(fused, unfused)
