@@ -218,9 +218,10 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
             # a constant along other axes (attention's position bias [1, H, N, N], LayerNorm's
             # γ / β on [N, T, C]): the binary primitive's own second operand, broadcast
             # (compiler/lower/lower_gate.py), as a standalone Add / Mul reads it
-            if graph.info(a).shape != info.shape or not _broadcast_f32(graph.info(b), info.shape):
+            if graph.info(a).shape != info.shape or not _broadcast_f32(
+                    graph.info(b), info.shape, lower_rank=True):
                 return None
-            items = [TensorOperand(1, alg)]
+            items = [TensorOperand(1, alg)]  # a lower-rank one is padded (_fuse_gate)
         else:  # two run-time tensors: x is the one of the output's shape
             if graph.info(a).shape != info.shape:
                 a, b = b, a
@@ -273,7 +274,7 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
                                          src_zero_point=zero_point)
         best = dataclasses.replace(best, inputs=[dq.inputs[0], *best.inputs[1:]],
                                    extra=[*best.extra, dq])
-    _commit(graph, node, best)
+    _commit(graph, node, _same_rank_operands(graph, best))
     return True
 
 
@@ -635,10 +636,35 @@ def _tensor_operand(graph: Graph, node: Node, state: _State, mul: Node, other: s
     return new
 
 
-def _broadcast_f32(info: TensorInfo, shape: tuple[int, ...]) -> bool:
-    """A float32 tensor of ``shape`` or one that broadcasts to it dim by dim."""
-    return info.dtype is DType.F32 and info.rank == len(shape) and all(
-        d in (1, s) for d, s in zip(info.shape, shape, strict=True))
+def _broadcast_f32(info: TensorInfo, shape: tuple[int, ...], *, lower_rank: bool = False
+                   ) -> bool:
+    """A float32 tensor of ``shape`` or one that broadcasts to it dim by dim (``lower_rank``:
+    also one of lower rank, aligned on the trailing dims as ONNX broadcasts)."""
+    dims = tuple(info.shape)
+    if lower_rank and len(dims) < len(shape):
+        dims = (1,) * (len(shape) - len(dims)) + dims
+    return info.dtype is DType.F32 and len(dims) == len(shape) and all(
+        d in (1, s) for d, s in zip(dims, shape, strict=True))
+
+
+def _same_rank_operands(graph: Graph, best: _State) -> _State:
+    """A constant operand of lower rank than the chain (a LayerNorm's γ [C] on [N, T, C]) as a
+    new constant of the chain's rank, left-padded with 1s: ONNX broadcasting's own alignment,
+    the same values, so the primitive and the unfused mode read a same-rank operand."""
+    rank = len(best.info.shape)
+    inputs = list(best.inputs)
+    for item in best.chain:
+        if not isinstance(item, TensorOperand):
+            continue
+        value = inputs[item.port]
+        info = graph.info(value)
+        data, _ = constant_operand(graph, value)
+        if data is None or info.rank >= rank:
+            continue
+        padded = np.asarray(data, np.float32).reshape((1,) * (rank - info.rank) + tuple(info.shape))
+        inputs[item.port] = graph.add_constant(graph.unique_name(f"{value}@rank{rank}"),
+                                               padded).name
+    return dataclasses.replace(best, inputs=inputs)
 
 
 def _no_post_op(reader: Node, *, quantized: bool) -> str:
