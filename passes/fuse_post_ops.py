@@ -280,8 +280,10 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
 
 def _post_op_operand(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
     """Does a binary post-op read an operand of ``shape`` on jit kernels: the output's own
-    shape, or one value per channel (dim 1)? Other broadcasts run on ref:any."""
-    return tuple(shape) == tuple(out) or all(d == 1 for i, d in enumerate(shape) if i != 1)
+    shape, or one value per channel (dim 1)? Other broadcasts run on ref:any. A lower-rank
+    shape is aligned on the trailing dims first, as ONNX broadcasts it."""
+    shape = (1,) * (len(out) - len(shape)) + tuple(shape)
+    return shape == tuple(out) or all(d == 1 for i, d in enumerate(shape) if i != 1)
 
 
 def _integer_source(graph: Graph, best: _State) -> tuple[Node, tuple[float, int]] | None:

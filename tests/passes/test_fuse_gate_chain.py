@@ -194,6 +194,7 @@ def test_op_between_quantizers_with_a_float_output_stays() -> None:
     ([1, 10, 16], [1, 1, 16]),  # a LayerNorm's γ on [N, T, C] (decomposed, paddle2onnx)
     ([1, 4, 3, 7, 7], [1, 4, 1, 7, 7]),  # Swin's shifted-window mask, broadcast over heads
     ([1, 10, 16], [16]),  # γ of lower rank, as paddle2onnx writes it (padded to [1, 1, 16])
+    ([1, 4, 20], [1, 20]),  # YOLOv8's anchor strides: dim 1 of [1, 20] is not the channels
 ])
 def test_broadcast_constant_is_the_binary_primitives_own_operand(shape, operand) -> None:
     """x ∘ C then a quantize, C a constant broadcast along axes other than the channels: one
