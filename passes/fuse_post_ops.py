@@ -117,6 +117,7 @@ from qfuse.passes.post_op_match import (
     retarget,
     sole_reader,
 )
+from qfuse.passes.quant_utils import dq_params
 
 log = logging.getLogger(__name__)
 
@@ -278,11 +279,16 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     return True
 
 
+def _aligned(shape: tuple[int, ...], rank: int) -> tuple[int, ...]:
+    """``shape`` left-padded with 1s to ``rank``: how ONNX broadcasting aligns a lower rank."""
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
 def _post_op_operand(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
     """Does a binary post-op read an operand of ``shape`` on jit kernels: the output's own
-    shape, or one value per channel (dim 1)? Other broadcasts run on ref:any. A lower-rank
-    shape is aligned on the trailing dims first, as ONNX broadcasts it."""
-    shape = (1,) * (len(out) - len(shape)) + tuple(shape)
+    shape, or one value per channel (dim 1, after ``_aligned``)? Other broadcasts run on
+    ref:any."""
+    shape = _aligned(shape, len(out))
     return shape == tuple(out) or all(d == 1 for i, d in enumerate(shape) if i != 1)
 
 
@@ -302,16 +308,12 @@ def _integer_source(graph: Graph, best: _State) -> tuple[Node, tuple[float, int]
     dq = graph.producer(best.inputs[0])
     if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR or graph.constant(dq.inputs[0]) is not None:
         return None
-    q_info = graph.info(dq.inputs[0])
-    if not q_info.dtype.is_quantized or q_info.shape != graph.info(dq.outputs[0]).shape:
+    p = dq_params(graph, dq)
+    if p is None or not p.per_tensor or p.zero_point.size != 1 or not p.dtype.is_quantized:
         return None
-    scale = graph.constant(dq.inputs[1])
-    zero_point = graph.constant(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] else 0
-    if scale is None or zero_point is None or np.size(scale) != 1 or np.size(zero_point) != 1:
+    if not np.isfinite(p.scale[0]) or p.scale[0] == 0:
         return None
-    if not np.isfinite(scale).all() or float(np.ravel(scale)[0]) == 0.0:
-        return None
-    return dq, (float(np.float32(np.ravel(scale)[0])), int(np.ravel(zero_point)[0]))
+    return dq, (float(p.scale[0]), int(p.zero_point[0]))
 
 
 def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:
@@ -642,9 +644,7 @@ def _broadcast_f32(info: TensorInfo, shape: tuple[int, ...], *, lower_rank: bool
                    ) -> bool:
     """A float32 tensor of ``shape`` or one that broadcasts to it dim by dim (``lower_rank``:
     also one of lower rank, aligned on the trailing dims as ONNX broadcasts)."""
-    dims = tuple(info.shape)
-    if lower_rank and len(dims) < len(shape):
-        dims = (1,) * (len(shape) - len(dims)) + dims
+    dims = _aligned(info.shape, len(shape)) if lower_rank else tuple(info.shape)
     return info.dtype is DType.F32 and len(dims) == len(shape) and all(
         d in (1, s) for d, s in zip(dims, shape, strict=True))
 
@@ -663,7 +663,7 @@ def _same_rank_operands(graph: Graph, best: _State) -> _State:
         data, _ = constant_operand(graph, value)
         if data is None or info.rank >= rank:
             continue
-        padded = np.asarray(data, np.float32).reshape((1,) * (rank - info.rank) + tuple(info.shape))
+        padded = np.asarray(data, np.float32).reshape(_aligned(info.shape, rank))
         inputs[item.port] = graph.add_constant(graph.unique_name(f"{value}@rank{rank}"),
                                                padded).name
     return dataclasses.replace(best, inputs=inputs)

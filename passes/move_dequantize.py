@@ -66,6 +66,7 @@ from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.quant_utils import DqParams, dq_params, is_op, remove_if_unused
+from qfuse.runtime.numerics.rounding import F32_EXACT
 from qfuse.runtime.reference import IMPLS
 from qfuse.runtime.reference.ops_quant import dequantize_linear
 
@@ -73,7 +74,6 @@ log = logging.getLogger(__name__)
 
 F32 = np.float32
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)
-F32_EXACT = 1 << 24  # integers up to 2^24 are exact in float32
 
 
 class Plan:

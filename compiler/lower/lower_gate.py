@@ -33,7 +33,7 @@ The unfused mode runs the chain one primitive per basic operation on a copy of x
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
@@ -42,10 +42,19 @@ from qfuse.compiler.lower import lower_misc, unfused
 from qfuse.compiler.lower.attrs import as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
-from qfuse.compiler.lower.lower_misc import BROADCAST_CONSTANT_BYTES
+from qfuse.compiler.lower.lower_misc import stored_broadcast
 from qfuse.ir import Node
 from qfuse.ir.postops import Composed, Eltwise, TensorBinary, channel_in_the_middle
-from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, binary
+from qfuse.runtime.onednn import (
+    Alg,
+    Arg,
+    DataType,
+    Memory,
+    MemoryDesc,
+    PrimitiveAttr,
+    PrimitiveDesc,
+    binary,
+)
 
 
 def lower_activation(ctx: LowerContext, node: Node) -> None:
@@ -111,37 +120,10 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     fixed = dict(built.fixed)
     if own:
         assert isinstance(first, TensorBinary)
-        slot, md = tensor_slot(first.port)
-        pd = binary(Alg[f"binary_{first.alg}"], f32, md, dst_md, attr=built.attr)
-        operand = ctx.const(node.inputs[first.port])
-        if (is_slow(pd.impl_name, "binary") and operand is not None
-                and math.prod(yinfo.shape) * 4 <= BROADCAST_CONSTANT_BYTES):
-            # oneDNN 3.2's jit binary takes a broadcast per tensor, per channel or none; a
-            # constant broadcast otherwise (Swin's window mask [1, W, 1, N, N] on
-            # [1, W, H, N, N]) is stored broadcast, as lower_misc.lower_binary does
-            full = np.broadcast_to(np.asarray(operand, np.float32).reshape(md.dims),
-                                   yinfo.shape)
-            wide = binary(Alg[f"binary_{first.alg}"], f32, f32, dst_md, attr=built.attr)
-            if not is_slow(wide.impl_name, "binary"):
-                pd, slot = wide, ""
-                fixed[int(Arg.SRC_1)] = ctx.weights(np.ascontiguousarray(full), f32)
-        if is_slow(pd.impl_name, "binary"):
-            # else the operation alone into f32 (jit without post-ops), then the chain on it
-            plain = binary(Alg[f"binary_{first.alg}"], f32, md, f32)
-            if not is_slow(plain.impl_name, "binary"):
-                inner = ctx.temp(f"{y}@{first.alg}", f32)
-                ctx.add_primitive(f"{node.name}:{first.alg}", plain,
-                                  {int(Arg.SRC_0): src, int(Arg.SRC_1): slot,
-                                   int(Arg.DST): inner},
-                                  info=ctx.info_for(node, note="the chain's first operation "
-                                                    "alone: with post-ops it runs on "
-                                                    f"{pd.impl_name}"))
-                pd = binary(Alg.binary_mul, f32, one, dst_md, attr=built.attr)
-                args[int(Arg.SRC_0)] = inner
-                fixed[int(Arg.SRC_1)] = const_memory(np.ones(one.dims, np.float32))
-                slot = ""
-        if slot:
-            args[int(Arg.SRC_1)] = slot
+        pd, operands, consts = _own_operation(ctx, node, first, src, f32, dst_md, built.attr,
+                                              tensor_slot)
+        args.update(operands)
+        fixed.update(consts)
         names, details = [f"binary_{first.alg}", *built.names], [
             f"binary_{first.alg}(input {first.port}) (the primitive's own)", *built.details]
     else:
@@ -157,3 +139,35 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
                         post_op_details=details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
+
+
+def _own_operation(ctx: LowerContext, node: Node, first: TensorBinary, src: str,
+                   f32: MemoryDesc, dst_md: MemoryDesc, attr: PrimitiveAttr,
+                   tensor_slot: Callable[[int], tuple[str, MemoryDesc]]
+                   ) -> tuple[PrimitiveDesc, dict[int, str], dict[int, Memory]]:
+    """The binary primitive ``x ∘ r`` carrying the chain's post-ops (module docstring), with
+    the slots and constants it reads: r as oneDNN broadcasts it on jit; a constant r stored
+    broadcast where that broadcast is ref:any only (lower_misc.stored_broadcast); else the
+    operation alone into f32 (jit without post-ops) and the chain as ``x·1`` on that."""
+    alg = Alg[f"binary_{first.alg}"]
+    slot, md = tensor_slot(first.port)
+    shape = tuple(f32.dims)
+    pd = binary(alg, f32, md, dst_md, attr=attr)
+    if not is_slow(pd.impl_name, "binary"):
+        return pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): slot}, {}
+    wide = stored_broadcast(ctx.const(node.inputs[first.port]), tuple(md.dims), shape)
+    if wide is not None:
+        stored = binary(alg, f32, f32, dst_md, attr=attr)
+        if not is_slow(stored.impl_name, "binary"):
+            return stored, {int(Arg.SRC_0): src}, {int(Arg.SRC_1): ctx.weights(wide, f32)}
+    alone = binary(alg, f32, md, f32)
+    if is_slow(alone.impl_name, "binary"):
+        return pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): slot}, {}
+    inner = ctx.temp(f"{node.outputs[0]}@{first.alg}", f32)
+    ctx.add_primitive(f"{node.name}:{first.alg}", alone,
+                      {int(Arg.SRC_0): src, int(Arg.SRC_1): slot, int(Arg.DST): inner},
+                      info=ctx.info_for(node, note="the chain's first operation alone: with "
+                                        f"post-ops it runs on {pd.impl_name}"))
+    one = plain_md((1,) * len(shape), DataType.f32)
+    return (binary(Alg.binary_mul, f32, one, dst_md, attr=attr), {int(Arg.SRC_0): inner},
+            {int(Arg.SRC_1): const_memory(np.ones(one.dims, np.float32))})

@@ -151,6 +151,20 @@ BINARY = {Op.ADD: Alg.binary_add, Op.SUB: Alg.binary_sub, Op.MUL: Alg.binary_mul
           Op.DIV: Alg.binary_div, Op.SUM: Alg.binary_add}
 
 
+def stored_broadcast(operand: np.ndarray | None, dims: tuple[int, ...],
+                     out: tuple[int, ...]) -> np.ndarray | None:
+    """A constant operand of ``dims`` broadcast to ``out`` and stored so, float32: oneDNN 3.2's
+    jit binary takes a src1 broadcast per tensor, per channel or not at all; another broadcast
+    (Swin's attention mask, [1, 64, 1, 49, 49] added to [1, 64, 3, 49, 49]) runs on ref:any.
+    The same sums, on jit. None when not a constant, already full size, or the stored copy
+    would pass BROADCAST_CONSTANT_BYTES."""
+    too_big = math.prod(out) * 4 > BROADCAST_CONSTANT_BYTES
+    if operand is None or tuple(dims) == tuple(out) or too_big:
+        return None
+    return np.ascontiguousarray(np.broadcast_to(
+        np.asarray(operand, F32).reshape(dims), out))
+
+
 def lower_binary(ctx: LowerContext, node: Node) -> None:
     if len(node.inputs) != 2 or not _float_inputs(ctx, node):
         lower_numpy(ctx, node, note="integer or n-ary elementwise op")
@@ -184,13 +198,9 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
         return binary(BINARY[node.op], c[0], c[1], c[0])
 
     pd = ctx.try_layouts("binary", make, [c for c in candidates if c[1] is not None])
-    if (pd.impl_name.startswith("ref") and bconst is not None and b_dims != out
-            and math.prod(out) * 4 <= BROADCAST_CONSTANT_BYTES):
-        # oneDNN 3.2's jit binary takes a src1 broadcast per tensor, per channel or not at
-        # all; another broadcast (Swin's attention mask, [1, 64, 1, 49, 49] added to
-        # [1, 64, 3, 49, 49]) runs on ref:any. A constant is stored broadcast instead: the
-        # same sums, on jit.
-        b_array = np.ascontiguousarray(np.broadcast_to(b_array, out))
+    wide = stored_broadcast(bconst, b_dims, out) if pd.impl_name.startswith("ref") else None
+    if wide is not None:
+        b_array = wide
         full = [(home, md_like(home, DataType.f32)), (plain, plain_md(out, DataType.f32))]
         pd = ctx.try_layouts("binary", make, [c for c in full if c[1] is not None])
     src0_md = pd.arg_md(Arg.SRC_0)

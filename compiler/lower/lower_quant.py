@@ -203,11 +203,13 @@ def _binary_dequantize(ctx: LowerContext, node: Node, side: QuantSide) -> None:
     fixed = {int(Arg.SRC_1): const_memory(side.zero_points.astype(F32).reshape(dims))}
     if side.scale.size == 1:
         posts.append_eltwise(Alg.eltwise_linear, float(side.scale[0]), 0.0)
-        names, details = ["eltwise_linear"], [f"eltwise_linear(alpha={float(side.scale[0]):.6g}, beta=0)"]
+        names = ["eltwise_linear"]
+        details = [f"eltwise_linear(alpha={float(side.scale[0]):.6g}, beta=0)"]
     else:
         posts.append_binary(Alg.binary_mul, MemoryDesc.from_tag(dims, DataType.f32))
         fixed[Arg.post_op(0, Arg.SRC_1)] = const_memory(side.scale.astype(F32).reshape(dims))
-        names, details = ["binary_mul"], [f"binary_mul([{side.scale.size} scales, axis {side.axis}])"]
+        names = ["binary_mul"]
+        details = [f"binary_mul([{side.scale.size} scales, axis {side.axis}])"]
     attr = PrimitiveAttr()
     attr.set_post_ops(posts)
     dst_md = md_like(src_md, DataType.f32) or plain_md(src_md.dims, DataType.f32)
@@ -319,9 +321,6 @@ def lower_quantize(ctx: LowerContext, node: Node) -> None:
         if node.inputs[0] in ctx.deferred:
             _undefer(ctx, node.inputs[0])
         lower_numpy(ctx, node, note="not expressible as a reorder")
-        return
-    if side.zero_points is not None and not _onnx_rounding(node):
-        lower_numpy(ctx, node, note="per-channel zero points in the level form")
         return
     if side.zero_points is not None and node.inputs[0] in ctx.deferred:
         _undefer(ctx, node.inputs[0])

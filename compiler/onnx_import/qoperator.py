@@ -51,9 +51,9 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
+from qfuse.runtime.numerics.rounding import F32_EXACT
 
 MS_DOMAIN = "com.microsoft"
-F32_EXACT = 1 << 24  # integers up to 2^24 are exact in float32
 
 _REFUSED = {
     "DynamicQuantizeLinear": "its scale and zero point are computed at run time, and qfuse's "

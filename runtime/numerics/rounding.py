@@ -38,6 +38,9 @@ from typing import Final
 import numpy as np
 import numpy.typing as npt
 
+#: Integers up to 2^24 in magnitude are exact in float32 (a 24-bit significand).
+F32_EXACT: Final = 1 << 24
+
 __all__ = [
     "Rounding",
     "dtype_range",

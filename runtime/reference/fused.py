@@ -58,6 +58,11 @@ def _shifted(x: np.ndarray, zero_point: int, what: str) -> np.ndarray:
     return x
 
 
+def _dequantized(src: np.ndarray, zero_point: int, scale: float) -> np.ndarray:
+    """``f32(src - zero_point)·scale``: the DequantizeLinear a fused node absorbed."""
+    return (src.astype(np.int64) - np.int64(zero_point)).astype(F32) * F32(scale)
+
+
 def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
     """``op(src - zp_src, wei - zp_wei)`` of a fused node, before its chain."""
     fused = node.fused
@@ -81,17 +86,14 @@ def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
         shifted = _shifted(src, fused.src_zero_point, "source").astype(F32)
         return IMPLS[node.op](plain, [shifted])[0]
     if node.op in NORMS:
-        x = src
-        if fused.src_scale is not None:
-            x = (src.astype(np.int64) - np.int64(fused.src_zero_point)).astype(F32) * F32(
-                fused.src_scale)
+        x = src if fused.src_scale is None else _dequantized(src, fused.src_zero_point,
+                                                              fused.src_scale)
         return IMPLS[node.op](plain, [x, *inputs[1:]])[0]
     if node.op is Op.RESIZE:  # nearest, with its dequantize (passes/fold_resize_dequantize)
         return IMPLS[node.op](plain, [_shifted(src, fused.src_zero_point, "source").astype(F32),
                                       *inputs[1:]])[0]
     if fused.src_scale is not None and src.dtype.kind in "iu":  # a gate chain's int8 source
-        return (src.astype(np.int64) - np.int64(fused.src_zero_point)).astype(F32) * F32(
-            fused.src_scale)
+        return _dequantized(src, fused.src_zero_point, fused.src_scale)
     if src.dtype.kind == "f":  # an activation carrying a gate chain: the chain starts at x
         return src.astype(F32)
     raise ValueError(f"no fused reference for {node.op.value}")

@@ -14,43 +14,21 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto
-from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from qfuse import compile_model
 from qfuse.compiler.op_check import check_op_by_op
-
-
-def _float_model() -> onnx.ModelProto:
-    """conv → HardSwish → depthwise conv (pads 1) → HardSwish → 1x1 conv, as MobileNetV3's
-    blocks: HardSwish outputs are signed, so MIXED quantizes them asymmetrically."""
-    rng = np.random.default_rng(0)
-    inits = [nh.from_array(rng.standard_normal(s).astype(np.float32) * k, n)
-             for n, s, k in (("w0", (16, 3, 3, 3), 0.4), ("b0", (16,), 0.5),
-                             ("w1", (16, 1, 3, 3), 0.5), ("b1", (16,), 0.5),
-                             ("w2", (8, 16, 1, 1), 0.3))]
-    nodes = [h.make_node("Conv", ["x", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1]),
-             h.make_node("HardSwish", ["c0"], ["a0"]),
-             h.make_node("Conv", ["a0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], group=16),
-             h.make_node("HardSwish", ["c1"], ["a1"]),
-             h.make_node("Conv", ["a1", "w2"], ["y"])]
-    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                               [1, 3, 20, 20])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 20, 20])],
-                         inits)
-    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+from qfuse.examples.realzoo.quantize import quantize
+from tests.examples.test_quantize_variants import SHAPE, float_block
 
 
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import nncf
-
+    """The MobileNetV3-like block without its residual (HardSwish outputs are signed, so
+    MIXED quantizes them asymmetrically, the depthwise input per channel) quantized by NNCF with ``preset=MIXED`` (the zoo's ``nncf-mixed``)."""
     rng = np.random.default_rng(1)
-    calibration = [{"x": rng.standard_normal((1, 3, 20, 20)).astype(np.float32)}
-                   for _ in range(4)]
-    model = nncf.quantize(_float_model(), nncf.Dataset(calibration), subset_size=4,
-                          preset=nncf.QuantizationPreset.MIXED)
+    calibration = [{"x": rng.standard_normal(SHAPE).astype(np.float32)} for _ in range(4)]
+    model, _ = quantize(float_block(residual=False), calibration, "nncf-mixed")
     path = tmp_path_factory.mktemp("mixed") / "mixed.onnx"
     onnx.save(model, path)
     return path
@@ -75,7 +53,7 @@ def test_depthwise_conv_runs_int8_with_the_correction(mixed: Path) -> None:
     depthwise = [k for k in kernels if k["primitive"] == "convolution"
                  and "binary_add(input 2)" in k["post_op_details"]]
     assert len(depthwise) == 1 and depthwise[0]["src_dtype"] == "u8", kernels
-    x = {"x": np.random.default_rng(3).standard_normal((1, 3, 20, 20)).astype(np.float32)}
+    x = {"x": np.random.default_rng(3).standard_normal(SHAPE).astype(np.float32)}
     check = check_op_by_op(str(mixed), x, compiled=compiled)
     assert len(check.ints) >= 3 and check.max_lsb <= 1, check.to_json()
     dw_output = [r for r in check.ints if r.node == depthwise[0]["node"]]
@@ -83,7 +61,7 @@ def test_depthwise_conv_runs_int8_with_the_correction(mixed: Path) -> None:
 
 
 def test_outputs_match_the_reference(mixed: Path) -> None:
-    x = {"x": np.random.default_rng(2).standard_normal((1, 3, 20, 20)).astype(np.float32)}
+    x = {"x": np.random.default_rng(2).standard_normal(SHAPE).astype(np.float32)}
     fused = compile_model(str(mixed)).run(x)["y"]
     reference = compile_model(str(mixed), mode="reference").run(x)["y"]
     cosine = float(np.sum(fused * reference) / np.linalg.norm(fused) / np.linalg.norm(reference))

@@ -20,9 +20,11 @@ from qfuse.examples.realzoo.quantize import VARIANTS, quantize
 SHAPE = (1, 3, 16, 16)
 
 
-def _float_model() -> onnx.ModelProto:
+def float_block(residual: bool = True) -> onnx.ModelProto:
     """A MobileNetV3-like block: conv → HardSwish → depthwise conv → HardSwish → 1x1 conv,
-    a residual from the first activation, global pooling and a linear head."""
+    a residual from the first activation (``residual``), global pooling and a linear head.
+    Without the residual the depthwise conv is its input's only reader, and NNCF's MIXED
+    preset quantizes that input per channel (tests/compiler/test_per_channel_zero_points.py)."""
     rng = np.random.default_rng(0)
     inits = [nh.from_array(rng.standard_normal(s).astype(np.float32) * k, n)
              for n, s, k in (("w0", (16, 3, 3, 3), 0.4), ("b0", (16,), 0.3),
@@ -33,8 +35,8 @@ def _float_model() -> onnx.ModelProto:
              h.make_node("Conv", ["a0", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1], group=16),
              h.make_node("HardSwish", ["c1"], ["a1"]),
              h.make_node("Conv", ["a1", "w2"], ["c2"]),
-             h.make_node("Add", ["c2", "a0"], ["r"]),
-             h.make_node("GlobalAveragePool", ["r"], ["p"]),
+             *([h.make_node("Add", ["c2", "a0"], ["r"])] if residual else []),
+             h.make_node("GlobalAveragePool", ["r" if residual else "c2"], ["p"]),
              h.make_node("Flatten", ["p"], ["f"]),
              h.make_node("MatMul", ["f", "fc"], ["y"])]
     graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TensorProto.FLOAT, SHAPE)],
@@ -46,7 +48,7 @@ def _float_model() -> onnx.ModelProto:
 def test_variant_quantizes_and_compiles(variant: str, tmp_path) -> None:
     rng = np.random.default_rng(1)
     calibration = [{"x": rng.standard_normal(SHAPE).astype(np.float32)} for _ in range(4)]
-    model, _ = quantize(_float_model(), calibration, variant)
+    model, _ = quantize(float_block(), calibration, variant)
     path = tmp_path / f"{variant}.onnx"
     onnx.save(model, path)
     options = ort.SessionOptions()
