@@ -188,10 +188,15 @@ class Fused:
     ``src_scale`` (Softmax / LayerNormalization, passes/fuse_quantized_norm.py): these ops do
     not commute with scaling, so an integer source is dequantized *before* the op, exactly as
     a DequantizeLinear: ``x = f32(src - src_zero_point)·src_scale``; None everywhere else.
+
+    ``src_zero_point_port`` (dynamic quantization: onnxruntime's quantize_dynamic writes
+    ``DynamicQuantizeLinear → MatMulInteger / ConvInteger``): the src zero point is the node's
+    input at this port, a u8 scalar computed at run time; ``src_zero_point`` is then 0.
     """
 
     chain: list[ChainOp] = dataclasses.field(default_factory=list)
     src_zero_point: int = 0
+    src_zero_point_port: int | None = None
     wei_zero_point: int = 0
     src_scale: float | None = None
     absorbed: list[str] = dataclasses.field(default_factory=list)

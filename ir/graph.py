@@ -218,6 +218,15 @@ class Graph:
         node.inputs[port] = value
         self._link(value, node.name, port)
 
+    def append_input(self, node: Node, value: str) -> int:
+        """Make ``node`` read ``value`` at a new last input port; returns the port."""
+        if value not in self.values:
+            raise GraphError(f"node {node} cannot read unknown value '{value}'")
+        node.inputs.append(value)
+        port = len(node.inputs) - 1
+        self._link(value, node.name, port)
+        return port
+
     def replace_all_uses(self, old: str, new: str) -> int:
         """Every reader of ``old`` (graph outputs included) reads ``new``; returns the count."""
         count = 0

@@ -77,7 +77,7 @@ def _why_not(graph: Graph, node: Node) -> str | None:
     if _flat_info(out, _rows(out)) is None or _flat_info(graph.info(node.inputs[0]), (1, 1)) \
             is None:
         return "quantized per channel on an axis other than the last"
-    for value in node.inputs[2:]:
+    for value in (node.inputs[port] for port in _operand_ports(node)):
         shape = graph.info(value).shape
         if shape != out.shape and (len(shape) > len(out.shape)
                                    or any(d != 1 for d in shape[:-1])):
@@ -85,6 +85,12 @@ def _why_not(graph: Graph, node: Node) -> str | None:
         if _flat_info(graph.info(value), (1, 1)) is None:
             return f"the chain's operand '{value}' is quantized per channel"
     return None
+
+
+def _operand_ports(node: Node) -> list[int]:
+    """The ports of the chain's operands (a run-time src zero point is a scalar, not one)."""
+    zp_port = node.fused.src_zero_point_port if node.fused is not None else None
+    return [p for p in range(2, len(node.inputs)) if p != zp_port]
 
 
 def _reshaped(graph: Graph, node: Node, value: str, shape: tuple[int, ...]) -> str:
@@ -103,7 +109,7 @@ def _rewrite(graph: Graph, node: Node) -> None:
     rows, n = _rows(out)
     k = graph.info(node.inputs[0]).shape[-1]
     graph.set_input(node, 0, _reshaped(graph, node, node.inputs[0], (rows, k)))
-    for port in range(2, len(node.inputs)):
+    for port in _operand_ports(node):
         value = node.inputs[port]
         shape = graph.info(value).shape
         target = (rows, n) if shape == out.shape else (1, shape[-1] if shape else 1)

@@ -10,6 +10,9 @@ not a graph output, turning each reader into chain items (ir/chain.py):
     Add(x, r), r non-constant of the output's shape                → Residual(port of r)
     Mul(x, r), r a float tensor broadcast to the output, not computed from the node
                                                                    → TensorOperand(port of r)
+    Cast(acc) to float32 of an int32 accumulator (dynamic quantization's MatMulInteger /
+    ConvInteger, compiler/onnx_import/convert_dynamic.py), first in the chain
+                                                                   → nothing: x = f32(acc)
     (Add(x, r) of a gate chain, below: TensorOperand(port of r, "add"))
 
 fuse_gate_chain (``run_gates``, after this pass) starts chains at float elementwise ops
@@ -481,6 +484,9 @@ def _step(graph: Graph, node: Node, state: _State) -> _State:
         return state.extended([], reader, info=out_info)
     if state.quantized:
         return _after_quantize(graph, node, state, reader, out_info)
+    if (reader.op is Op.CAST and state.info.dtype is DType.S32 and not state.chain
+            and out_info.dtype is DType.F32):
+        return state.extended([], reader, info=out_info)  # x = f32(acc): the chain's start
     if state.info.dtype is not DType.F32:
         raise _Stop(reader, f"post-op: {reader} reads {state.info.dtype.name}, not float32")
     if out_info.shape != state.info.shape:
@@ -626,7 +632,7 @@ def _tensor_operand(graph: Graph, node: Node, state: _State, mul: Node, other: s
         raise _Stop(mul, f"post-op: {mul}: a {node.op.value} kernel takes no run-time operand")
     info = graph.info(other)
     shape = state.info.shape
-    if not _broadcast_f32(info, shape):
+    if not _broadcast_f32(info, shape, lower_rank=node.op in COMPUTE_OPS):
         raise _Stop(mul, f"post-op: {mul}: operand '{other}' ({info.dtype.name} "
                          f"{list(info.shape)}) is not a float32 tensor broadcast to "
                          f"{list(shape)}")

@@ -152,6 +152,8 @@ def write_slot(context: ExecutionContext, slot: str, values: np.ndarray, what: s
     memory = context.memories[slot]
     if memory.md.is_plain:
         target = context.view(slot)
+        if values.size == target.size == 1:  # a scalar as [] or [1] (DynamicQuantizeLinear's)
+            values = values.reshape(target.shape)
         if values.shape != target.shape or values.dtype != target.dtype:
             raise ValueError(f"cannot force '{what}': {values.dtype}{list(values.shape)} into "
                              f"{target.dtype}{list(target.shape)}")

@@ -45,10 +45,22 @@ DTYPE_SIZE = {DataType.f32: 4, DataType.s32: 4, DataType.s8: 1, DataType.u8: 1}
 class BuiltAttr:
     attr: PrimitiveAttr
     fixed: dict[int, Memory] = field(default_factory=dict)  # scales, zero points, operands
-    slot_args: dict[int, str] = field(default_factory=dict)  # full-tensor binary residuals
+    # run-time arguments: full-tensor binary operands, a run-time src zero point
+    slot_args: dict[int, str] = field(default_factory=dict)
     sum_port: int | None = None  # residual read in place through the sum post-op
     names: list[str] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RuntimeZeroPoint:
+    """A src zero point the primitive reads at run time (dynamic quantization): ``slot`` holds
+    it as one s32 element, oneDNN's zero-point type."""
+
+    slot: str
+
+
+SrcZeroPoint = int | RuntimeZeroPoint
 
 
 @dataclass(frozen=True)
@@ -80,7 +92,7 @@ def build_attr(
     channel_axis: int,
     wei_mask: int,
     dst_type: DataType,
-    src_zp: int = 0,
+    src_zp: SrcZeroPoint = 0,
     wei_zp: int = 0,
     residual_type: Callable[[int], DataType] | None = None,
     residual_f32: Callable[[int, float, int], tuple[str, MemoryDesc]] | None = None,
@@ -97,7 +109,10 @@ def build_attr(
         mask = wei_mask if composed.wei_scales.size > 1 else 0
         attr.set_scales_mask(Arg.WEIGHTS, mask)
         fixed[Arg.scales(Arg.WEIGHTS)] = Memory.scales(composed.wei_scales.astype(F32))
-    if src_zp:
+    if isinstance(src_zp, RuntimeZeroPoint):
+        attr.set_zero_points_mask(Arg.SRC, 0)
+        built.slot_args[Arg.zero_points(Arg.SRC)] = src_zp.slot
+    elif src_zp:
         attr.set_zero_points_mask(Arg.SRC, 0)
         fixed[Arg.zero_points(Arg.SRC)] = Memory.zero_points(src_zp)
     if wei_zp:

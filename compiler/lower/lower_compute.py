@@ -37,7 +37,7 @@ import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import no_vnni, unfused
-from qfuse.compiler.lower.attrs import BuiltAttr, build_attr
+from qfuse.compiler.lower.attrs import BuiltAttr, RuntimeZeroPoint, SrcZeroPoint, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
     any_md,
@@ -46,6 +46,8 @@ from qfuse.compiler.lower.layouts import (
     dnnl_type,
     is_slow,
     md_like,
+    plain_md,
+    same_bytes,
 )
 from qfuse.ir import DType, Node, Op, TensorInfo
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
@@ -314,7 +316,7 @@ def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
     bias = None
     if node.fused is None and len(node.inputs) > 2 and node.inputs[2]:
         bias = ctx.need_const(node, 2, "the bias").astype(F32)
-    src_zp = node.fused.src_zero_point if (node.fused and integer) else 0
+    src_zp = src_zero_point(ctx, node) if integer else 0
     if node.fused is not None and node.fused.wei_zero_point:
         raise UnsupportedModelError(f"node {node}: oneDNN convolutions take no weight zero "
                                     "point")
@@ -376,8 +378,32 @@ def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
          wei_zp=0, scales=integer, create=create, exact=exact)
 
 
+def src_zero_point(ctx: LowerContext, node: Node) -> SrcZeroPoint:
+    """The src zero point of an int8 compute node: its constant, or (dynamic quantization,
+    ``Fused.src_zero_point_port``) the run-time u8 scalar as one s32 element, oneDNN's
+    zero-point type: one reorder, shared by every reader."""
+    fused = node.fused
+    if fused is None:
+        return 0
+    if fused.src_zero_point_port is None:
+        return fused.src_zero_point
+    value = node.inputs[fused.src_zero_point_port]
+    name = f"{value}@s32"
+    if name not in ctx.home:
+        home = ctx.home_slot(value)
+        one = plain_md((1,), DataType.u8)
+        if not same_bytes(ctx.slots[home].md, one):
+            raise UnsupportedModelError(f"node {node}: run-time src zero point '{value}' is "
+                                        f"not one u8 element")
+        src = ctx.temp(f"{value}@u8", one, alias=home)
+        slot = ctx.temp(name, plain_md((1,), DataType.s32))
+        ctx.add_reorder(src, slot, role="op", note=f"run-time src zero point '{value}' as s32")
+        ctx.home[name] = slot
+    return RuntimeZeroPoint(ctx.home[name])
+
+
 def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channel_axis: int,
-         wei_mask: int, src_zp: int, wei_zp: int, scales: bool,
+         wei_mask: int, src_zp: SrcZeroPoint, wei_zp: int, scales: bool,
          create: Create,
          weights_slot: Callable[[PrimitiveDesc], str] | None = None,
          exact: no_vnni.Exactness | None = None) -> None:
@@ -398,6 +424,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
     def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
         value = node.inputs[port]
         info = ctx.info(value)
+        if ctx.const(value) is None and len(info.shape) < ndims:
+            return unfused.dequantized(ctx, unfused.operand(ctx, value, ndims), 1.0, 0)
         if ctx.const(value) is not None and info.shape == yinfo.shape and len(info.shape) > 2:
             # a full-size constant (move_dequantize's zero-point correction): channels-last,
             # as the int8 kernels write their dst; a plain src1 sends them to ref:any

@@ -35,7 +35,12 @@ from qfuse.compiler.lower.attrs import BuiltAttr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md
-from qfuse.compiler.lower.lower_compute import composed_for, emit, scale_weights
+from qfuse.compiler.lower.lower_compute import (
+    composed_for,
+    emit,
+    scale_weights,
+    src_zero_point,
+)
 from qfuse.ir import DType, Node
 from qfuse.ir.ops import GemmAttrs
 from qfuse.ir.postops import Composed
@@ -63,7 +68,7 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
         raise UnsupportedModelError(f"node {node}: integer MatMul without a fused output stage")
     if len(ainfo.shape) < 2 or len(binfo.shape) < 2:
         raise UnsupportedModelError(f"node {node}: MatMul of 1-D operands is not supported")
-    src_zp = node.fused.src_zero_point if (node.fused and integer) else 0
+    src_zp = src_zero_point(ctx, node) if integer else 0
     wei_zp = node.fused.wei_zero_point if (node.fused and integer) else 0
     a_dims = (1,) * (nd - len(ainfo.shape)) + ainfo.shape
     b_dims = (1,) * (nd - len(binfo.shape)) + binfo.shape
@@ -74,7 +79,8 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
         view = ctx.view(a, a_dims)
         ctx.home[f"{a}@rank{nd}"] = view
         src_value = f"{a}@rank{nd}"
-    if integer and ctx.md_of(src_value).dtype == DataType.s8 and not no_vnni.isa_is_exact():
+    if (integer and ctx.md_of(src_value).dtype == DataType.s8 and not no_vnni.isa_is_exact()
+            and isinstance(src_zp, int)):
         # without VNNI oneDNN's GEMM runs an s8 src 2.5x slower than the same src as u8 + 128
         # with a zero point ([197, 768]·[768, 3072] on AVX2: 9.9-12.3 ms against 3.7-4.2 ms)
         src_value, src_zp = no_vnni.shifted(ctx, src_value, "s8 src as u8 (no VNNI)"), \

@@ -93,6 +93,7 @@ import numpy as np
 
 from qfuse.compiler.lower.attrs import (
     BuiltAttr,
+    SrcZeroPoint,
     TensorAdd,
     as_float_post_ops,
     build_attr,
@@ -232,7 +233,7 @@ class Exactness:
 
     def apply(self, ctx: LowerContext, node: Node, composed: Composed, *, create: Create,
               weights_slot: WeightsSlot | None, channel_axis: int, wei_mask: int,
-              src_zp: int, wei_zp: int, unsplit: Callable[[], PrimitiveDesc]
+              src_zp: SrcZeroPoint, wei_zp: int, unsplit: Callable[[], PrimitiveDesc]
               ) -> tuple[Composed, Create, WeightsSlot | None, int]:
         """Add the ``lo`` primitive; return what the main primitive is created with.
         ``unsplit()`` creates the node's primitive as it would be without the split: when
@@ -265,7 +266,8 @@ class Exactness:
                                  *scale_bias_post_ops(composed), *composed.post_ops])
 
     def lower_with_binary(self, ctx: LowerContext, node: Node, composed: Composed, *,
-                          create: Create, channel_axis: int, wei_mask: int, src_zp: int,
+                          create: Create, channel_axis: int, wei_mask: int,
+                          src_zp: SrcZeroPoint,
                           unsplit: Callable[[], PrimitiveDesc],
                           main_is_slow: Callable[[Composed], bool] | None = None,
                           into: str | None = None) -> str | None:
@@ -327,7 +329,7 @@ class Exactness:
                           f"the split weights of '{node.name}' (no VNNI)")
         kernel = ctx.add_primitive(f"{node.name}:hi", hi_pd,
                                    {int(Arg.SRC): ctx.source(node.inputs[0], hi_pd.src_md),
-                                    int(Arg.DST): h},
+                                    int(Arg.DST): h, **hi_attr.slot_args},
                                    {**hi_attr.fixed, int(Arg.WEIGHTS): hi_wmem}, info=info)
         ctx.exact_int8[kernel.name] = HIGH_HALF
         info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=built.names,
@@ -358,7 +360,7 @@ class Exactness:
 
     def _add_lo(self, ctx: LowerContext, node: Node, create: Create, t_md: MemoryDesc,
                 runtime: tuple[str, str] | None, *, channel_axis: int, wei_mask: int,
-                src_zp: int, wei_zp: int) -> str:
+                src_zp: SrcZeroPoint, wei_zp: int) -> str:
         """The ``lo`` kernel (no scales, f32 dst T); returns T's slot."""
         y = node.outputs[0]
         empty = Composed(ctx.info(y).shape[channel_axis], DType.F32)
@@ -367,7 +369,7 @@ class Exactness:
                            wei_zp=wei_zp)
         lo = None if self.halves is None else self.halves[1]
         pd, wmem = create(built, t_md, empty, weights=lo)
-        args = {int(Arg.SRC): ctx.source(node.inputs[0], pd.src_md)}
+        args = {int(Arg.SRC): ctx.source(node.inputs[0], pd.src_md), **built.slot_args}
         fixed = dict(built.fixed)
         if runtime is not None:
             args[int(Arg.WEIGHTS)] = ctx.source(runtime[1], pd.weights_md)

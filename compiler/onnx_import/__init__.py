@@ -25,6 +25,7 @@ from qfuse.compiler.errors import (
     UnsupportedModelError,
 )
 from qfuse.compiler.onnx_import import (
+    convert_dynamic,
     convert_layout,
     convert_math,
     convert_quant,
@@ -102,6 +103,9 @@ _DEFAULT: dict[str, Converter] = {
     "Unsqueeze": convert_layout.unsqueeze,
     "Pad": convert_layout.pad,
     "Cast": convert_layout.cast,
+    # reached only with a run-time src zero point (else qoperator.py rewrites them)
+    "MatMulInteger": convert_dynamic.integer_op,
+    "ConvInteger": convert_dynamic.integer_op,
 }
 
 # (domain, op_type) -> converter; the default domain is spelled "".

@@ -50,6 +50,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
+from qfuse.compiler.onnx_import import convert_dynamic
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
 from qfuse.runtime.numerics.rounding import F32_EXACT
 
@@ -122,6 +123,8 @@ def expand(ctx: Context, node: NodeView) -> list[NodeView] | None:
         rule = _requantized
     elif rule is _integer_resize and not _is_integer_linear_resize(ctx, node):
         return None
+    elif rule in _INTEGER_RULES.values() and convert_dynamic.runtime_zero_point(ctx, node):
+        return None  # the converter's int8 node (convert_dynamic.py)
     if rule is None:
         if (domain in ("", MS_DOMAIN)) and node.op_type in _REFUSED:
             raise ctx.unsupported(node, _REFUSED[node.op_type])
@@ -233,6 +236,9 @@ def _integer(op_type: str) -> object:
         y = b.add(op_type.removesuffix("Integer"), [x, w], name=n.name, **attrs)
         b.add("Cast", [y], n.outputs[0], b.fresh("Cast"), to=TensorProto.INT32)
     return rule
+
+
+_INTEGER_RULES = {op: _integer(op) for op in ("ConvInteger", "MatMulInteger")}
 
 
 def _centered(b: _Builder, axis: int) -> np.ndarray | None:
@@ -417,8 +423,8 @@ _RULES = {
     ("", "Resize"): _integer_resize,
     ("", "QLinearConv"): _qlinear_conv,
     ("", "QLinearMatMul"): _qlinear_matmul,
-    ("", "ConvInteger"): _integer("ConvInteger"),
-    ("", "MatMulInteger"): _integer("MatMulInteger"),
+    ("", "ConvInteger"): _INTEGER_RULES["ConvInteger"],
+    ("", "MatMulInteger"): _INTEGER_RULES["MatMulInteger"],
     (MS_DOMAIN, "QGemm"): _qgemm,
     (MS_DOMAIN, "QLinearAdd"): _binary("Add"),
     (MS_DOMAIN, "QLinearMul"): _binary("Mul"),

@@ -16,6 +16,12 @@ computes in float32 exactly as a QDQ model's reference does:
     QLinearMatMul(a, sa, za, b, sb, zb, sy, zy)   = Q(MatMul(DQ(a), DQ(b; last axis)))
     QGemm(A, sa, za, B, sb, zb, C, sy, zy; alpha) = Q(Gemm(DQ(A), DQ(B), DQ(C; alpha·sa·sb)))
     QLinearAdd / QLinearMul(A, sA, zA, B, sB, zB, sC, zC) = Q(DQ(A) + DQ(B)), Q(DQ(A)·DQ(B))
+    MatMulInteger / ConvInteger(x, w, zx, zw)     = Cast_int32(op(DQ(x; 1, zx), DQ(w; 1, zw)))
+
+(MatMulInteger and ConvInteger, quantize_dynamic's ops, run on the same saturating MLAS
+kernels. Their float form is exact while every partial sum stays below 2^24 in magnitude —
+255·128·K for K ≤ 514 taps whatever the data; the convolution's padding is 0 after the
+DequantizeLinear, i.e. x padded with zx, as ONNX Runtime's ConvInteger pads.)
 
 (QLinearAdd: MLAS adds ``a·(sA/sC) + b·(sB/sC) + bias`` with the ratios rounded to float32,
 which puts exact ties of the real sum on either side: on PP-OCRv4 rec, fed the same inputs, 11
@@ -37,7 +43,7 @@ from onnx import numpy_helper as nh
 
 MS_DOMAIN = "com.microsoft"
 # Bump when the rewrite changes (the cached reference outputs are keyed on it).
-EXACT_VERSION = "2"
+EXACT_VERSION = "3"
 
 
 class _Rewrite:
@@ -149,9 +155,22 @@ def _binary(op_type: str):  # noqa: ANN202 - a rule
     return rule
 
 
+def _integer(op_type: str):  # noqa: ANN202 - a rule
+    def rule(r: _Rewrite, node: onnx.NodeProto) -> None:
+        x, w, zx, zw = _inputs(node, 4)
+        one = r.const(f"{node.name}/unit_scale", np.array(1.0, np.float32))
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        axis = 0 if op_type == "Conv" else -1
+        y = r.node(op_type, [r.dq(node, x, one, zx, 1, "x"), r.dq(node, w, one, zw, axis, "w")],
+                   None, node.name, **attrs)
+        r.node("Cast", [y], node.output[0], node.name, to=onnx.TensorProto.INT32)
+    return rule
+
+
 _RULES = {("", "QLinearConv"): _qlinear_conv, ("", "QLinearMatMul"): _qlinear_matmul,
           (MS_DOMAIN, "QGemm"): _qgemm, (MS_DOMAIN, "QLinearAdd"): _binary("Add"),
-          (MS_DOMAIN, "QLinearMul"): _binary("Mul")}
+          (MS_DOMAIN, "QLinearMul"): _binary("Mul"), ("", "MatMulInteger"): _integer("MatMul"),
+          ("", "ConvInteger"): _integer("Conv")}
 
 
 def exact_qdq(model: onnx.ModelProto) -> onnx.ModelProto:

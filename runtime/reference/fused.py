@@ -4,7 +4,8 @@
     acc = op(src - src_zero_point, wei - wei_zero_point)
     out = apply_chain(acc, chain, residuals, channel_axis, dst_dtype = the output's type)
 
-- Conv / ConvTranspose / MatMul on integers: the zero points are subtracted in int64 *before*
+- Conv / ConvTranspose / MatMul on integers (the src zero point a constant, or a run-time
+  scalar input with dynamic quantization): the zero points are subtracted in int64 *before*
   the op, so a padding tap of a convolution contributes 0 (oneDNN: "padding taps contribute
   0"); the op then accumulates exactly (int64, returned as int32 — no overflow for int8
   operands up to 2^31 / 2^14 = 131072 products per output). On float operands the op runs in
@@ -63,6 +64,19 @@ def _dequantized(src: np.ndarray, zero_point: int, scale: float) -> np.ndarray:
     return (src.astype(np.int64) - np.int64(zero_point)).astype(F32) * F32(scale)
 
 
+def src_zero_point(node: Node, inputs: list[np.ndarray | None]) -> int:
+    """The src zero point: ``fused.src_zero_point``, or the run-time scalar at
+    ``fused.src_zero_point_port`` (dynamic quantization)."""
+    fused = node.fused
+    assert fused is not None
+    if fused.src_zero_point_port is None:
+        return fused.src_zero_point
+    zp = inputs[fused.src_zero_point_port]
+    if zp is None or zp.size != 1:
+        raise ValueError("the run-time src zero point is missing or not a scalar")
+    return int(zp.reshape(-1)[0])
+
+
 def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
     """``op(src - zp_src, wei - zp_wei)`` of a fused node, before its chain."""
     fused = node.fused
@@ -76,7 +90,7 @@ def accumulate(node: Node, inputs: list[np.ndarray | None]) -> np.ndarray:
         wei = inputs[1]
         if wei is None:
             raise ValueError("the weights input is missing")
-        x = _shifted(src, fused.src_zero_point, "source")
+        x = _shifted(src, src_zero_point(node, inputs), "source")
         w = _shifted(wei, fused.wei_zero_point, "weights")
         if x.dtype.kind == "f" or w.dtype.kind == "f":
             x, w = x.astype(F32), w.astype(F32)

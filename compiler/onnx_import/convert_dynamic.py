@@ -1,0 +1,108 @@
+"""MatMulInteger / ConvInteger reading a zero point computed at run time: dynamic quantization.
+
+onnxruntime's ``quantize_dynamic`` (https://onnxruntime.ai/docs/performance/model-optimizations/
+quantization.html, "Dynamic quantization") writes, for each MatMul / Conv with a constant weight:
+
+    x_q, s_x, z_x = DynamicQuantizeLinear(x)            scale and zero point of x, per run
+    acc = MatMulInteger(x_q, w_q, z_x, z_w)             Σ (x_q - z_x)·(w_q - z_w), int32
+    y = Cast_f32(acc) · (s_x · s_w) [+ bias]            Cast, Mul of the two scales, Mul, Add
+
+The importer rewrites QOperator ops with constant zero points into DequantizeLinear pairs
+(qoperator.py); a zero point known only at run time has no such form. This converter writes
+the integer op as what the passes make of a quantized MatMul / Conv: an int8 compute node
+(``ir.chain.Fused``) with an empty chain and an int32 output, its src zero point read at run
+time from the input after the op's own ones (``Fused.src_zero_point_port``: 2 for MatMul, 3
+for Conv, whose bias port stays empty). oneDNN takes zero points as run-time
+arguments of the primitive anyway, so the kernel is the same int8 primitive as for a QDQ
+model: ``acc`` exact in int32, as ONNX defines it. The passes then fold the Cast, the Mul by
+the scales and the bias into that node (fuse_post_ops).
+
+Weights: ``w_q - z_w`` stored as s8 with zero point 0 when it fits (always with the
+quantizer's symmetric s8 weights), else — a MatMul with one weight zero point — the weights
+and their zero point as they are. Refused, so the node runs as a float island with the
+reason: run-time weights, a per-row src zero point, a per-channel weight zero point whose
+centred weights leave int8.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qfuse.compiler.onnx_import import convert_math, convert_spatial
+from qfuse.compiler.onnx_import.context import Context, NodeView
+from qfuse.ir.chain import Fused
+from qfuse.ir.ops import arity
+from qfuse.ir.types import DType, TensorInfo
+
+def runtime_zero_point(ctx: Context, node: NodeView) -> bool:
+    """Whether MatMulInteger / ConvInteger ``node`` reads its src zero point at run time."""
+    zx = node.input(2)
+    return bool(zx) and not ctx.is_const(zx)
+
+
+def integer_op(ctx: Context, node: NodeView) -> None:
+    """MatMulInteger / ConvInteger with a run-time src zero point (module docstring)."""
+    conv = node.op_type == "ConvInteger"
+    x_info = ctx.input_info(node, 0)
+    if x_info.dtype is not DType.U8:  # DynamicQuantizeLinear writes u8
+        raise ctx.unsupported(node, f"src is {x_info.dtype.name} with a run-time zero point; "
+                                    "only u8 (DynamicQuantizeLinear's) is supported")
+    zx = node.input(2)
+    z_info = ctx.input_info(node, 2)
+    if int(np.prod(z_info.shape)) != 1:
+        raise ctx.unsupported(node, f"src zero point '{zx}' of shape {list(z_info.shape)}: "
+                                    "only one per tensor has a oneDNN form")
+    if z_info.dtype != x_info.dtype:
+        raise ctx.malformed(node, f"src zero point '{zx}' is {z_info.dtype.name}, the src "
+                                  f"{x_info.dtype.name}")
+    weights, wei_zp = _weights(ctx, node, conv)
+    view = NodeView(node.name, node.op_type.removesuffix("Integer"), node.domain,
+                    [node.inputs[0], weights], list(node.outputs[:1]), dict(node.attrs),
+                    list(node.origin), node.proto)
+    (convert_spatial.conv if conv else convert_math.matmul)(ctx, view)
+    ir_node = ctx.graph.producer(node.outputs[0])
+    assert ir_node is not None
+    own = arity(ir_node.op)[1]
+    assert own is not None
+    while len(ir_node.inputs) < own:
+        ir_node.inputs.append("")  # an absent optional input (Conv's bias): nothing to link
+    port = ctx.graph.append_input(ir_node, ctx.materialize(node, zx))
+    ir_node.fused = Fused(src_zero_point_port=port, wei_zero_point=wei_zp,
+                          absorbed=[node.name],
+                          notes=[f"src zero point '{zx}' read at run time (dynamic "
+                                 "quantization)"])
+    shape = ctx.graph.info(node.outputs[0]).shape
+    ctx.graph.set_info(node.outputs[0], TensorInfo(shape, DType.S32))
+
+
+def _weights(ctx: Context, node: NodeView, conv: bool) -> tuple[str, int]:
+    """The weights value the node reads and its (per-tensor) zero point."""
+    w_name, zw_name = node.input(1), node.input(3)
+    if not ctx.is_const(w_name) or (zw_name and not ctx.is_const(zw_name)):
+        raise ctx.unsupported(node, "run-time weights or weight zero point with a run-time src "
+                                    "zero point")
+    w = ctx.consts[w_name]
+    if w.dtype not in (np.uint8, np.int8):
+        raise ctx.malformed(node, f"weights '{w_name}' are {w.dtype}, not u8 / s8")
+    zw = ctx.consts[zw_name] if zw_name else np.zeros((), w.dtype)
+    axis = 0 if conv else w.ndim - 1
+    if zw.size == 1:
+        zw_b = zw.reshape(())
+    elif zw.ndim == 1 and zw.size == w.shape[axis]:
+        zw_b = zw.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
+    else:
+        raise ctx.malformed(node, f"weight zero point of shape {list(zw.shape)} for weights "
+                                  f"{list(w.shape)}")
+    centered = w.astype(np.int32) - zw_b.astype(np.int32)
+    if centered.min(initial=0) >= -128 and centered.max(initial=0) <= 127:
+        if w.dtype == np.int8 and not np.any(zw):
+            return w_name, 0
+        name = ctx.graph.unique_name(f"{w_name}_s8")
+        while name in ctx.consts:
+            name = ctx.graph.unique_name(f"{name}_")
+        ctx.set_const(name, centered.astype(np.int8))
+        return name, 0
+    if conv or zw.size != 1:
+        raise ctx.unsupported(node, "weights minus their zero point leave int8, and oneDNN "
+                                    "takes a weight zero point only on a matmul, per tensor")
+    return w_name, int(zw.reshape(-1)[0])
