@@ -17,7 +17,7 @@ calibration inputs, compiles it with qfuse fused and prints one row per model an
 - kernels, numpy kernels (islands included) and ``ref:`` kernels of the fused plan;
 - ``cos ref``: the lowest cosine over 2 held-out N(0, 1) inputs between qfuse fused and the
   reference (the quantized model in ONNX Runtime with graph optimizations off; a QOperator
-  model's exact QDQ form, examples/realzoo/exact.py), and ``cos ort`` the same for ONNX Runtime
+  or quantize_dynamic model's exact form, examples/realzoo/exact.py), and ``cos ort`` the same for ONNX Runtime
   with its optimizations (its own int8 kernels): random weights make these networks sensitive,
   so one-LSB differences grow with depth (``qfuse check`` shows each kernel within 1 LSB);
 - ``ms``: qfuse fused median latency, ``ort/f``: ONNX Runtime's median over qfuse's and
@@ -153,7 +153,7 @@ def _quantized(float_path: Path, out: Path, quantizer: str,
     if not path.exists():
         model, _ = quantize(onnx.load(float_path), calibration, quantizer)
         onnx.save(model, path)
-    if not quantizer.startswith("qoperator"):
+    if not (quantizer.startswith("qoperator") or quantizer == "dynamic"):
         return path, path
     exact = path.with_suffix(".exact.onnx")
     if not exact.exists():

@@ -24,6 +24,7 @@ class Op(enum.Enum):
     QUANTIZE_LINEAR = "QuantizeLinear"
     DEQUANTIZE_LINEAR = "DequantizeLinear"
     FAKE_QUANTIZE = "FakeQuantize"
+    DYNAMIC_QUANTIZE_LINEAR = "DynamicQuantizeLinear"  # x → (y u8, scale [], zero point [])
     # compute
     CONV = "Conv"
     CONV_TRANSPOSE = "ConvTranspose"
@@ -397,6 +398,7 @@ ATTRS: dict[Op, type] = {
     Op.PAD: PadAttrs,
     Op.RESIZE: ResizeAttrs,
     Op.IDENTITY: NoAttrs,
+    Op.DYNAMIC_QUANTIZE_LINEAR: NoAttrs,
     Op.DROPOUT: NoAttrs,
     Op.CAST: CastAttrs,
     Op.ISLAND: IslandAttrs,

@@ -18,6 +18,7 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import (
     lower_compute,
+    lower_dynamic,
     lower_gate,
     lower_island,
     lower_matmul,
@@ -51,6 +52,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.FAKE_QUANTIZE: lower_quant.lower_quantize,
     Op.QUANTIZE_LINEAR: lower_quant.lower_quantize,
     Op.DEQUANTIZE_LINEAR: lower_quant.lower_dequantize,
+    Op.DYNAMIC_QUANTIZE_LINEAR: lower_dynamic.lower_dynamic_quantize,
     # pooling
     Op.MAX_POOL: lower_pool.lower_pool,
     Op.GLOBAL_MAX_POOL: lower_pool.lower_pool,
@@ -185,7 +187,8 @@ def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
 def _numpy_instead(ctx: LowerContext, node: Node) -> str:
     """Why ``node`` runs as a numpy kernel rather than its oneDNN lowering ("" if it does not):
     it reads or writes a value oneDNN cannot describe, or a parameter arrives at run time."""
-    if node.fused is not None or node.op is Op.ISLAND or node.op not in IMPLS:
+    if (node.fused is not None or node.op in (Op.ISLAND, Op.DYNAMIC_QUANTIZE_LINEAR)
+            or node.op not in IMPLS):  # DynamicQuantizeLinear writes its scalars itself
         return ""
     for value in [*node.inputs, *node.outputs]:  # constants are parameters the lowering reads
         if value and ctx.const(value) is None and is_host(ctx.info(value)):

@@ -103,6 +103,7 @@ _DEFAULT: dict[str, Converter] = {
     "Unsqueeze": convert_layout.unsqueeze,
     "Pad": convert_layout.pad,
     "Cast": convert_layout.cast,
+    "DynamicQuantizeLinear": convert_dynamic.dynamic_quantize_linear,
     # reached only with a run-time src zero point (else qoperator.py rewrites them)
     "MatMulInteger": convert_dynamic.integer_op,
     "ConvInteger": convert_dynamic.integer_op,

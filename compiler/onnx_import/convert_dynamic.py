@@ -31,8 +31,16 @@ import numpy as np
 from qfuse.compiler.onnx_import import convert_math, convert_spatial
 from qfuse.compiler.onnx_import.context import Context, NodeView
 from qfuse.ir.chain import Fused
-from qfuse.ir.ops import arity
+from qfuse.ir.ops import Op, arity
 from qfuse.ir.types import DType, TensorInfo
+
+def dynamic_quantize_linear(ctx: Context, node: NodeView) -> None:
+    """DynamicQuantizeLinear(x) → (y u8, scale, zero point): a native op
+    (compiler/lower/lower_dynamic.py)."""
+    if len(node.outputs) != 3 or not all(node.outputs):
+        raise ctx.malformed(node, "DynamicQuantizeLinear has three outputs")
+    ctx.emit(node, Op.DYNAMIC_QUANTIZE_LINEAR, node.inputs[:1], outputs=list(node.outputs))
+
 
 def runtime_zero_point(ctx: Context, node: NodeView) -> bool:
     """Whether MatMulInteger / ConvInteger ``node`` reads its src zero point at run time."""

@@ -40,8 +40,8 @@ stored as s8 with zero point 0 (exact: DQ gives the same ``(w - zw)·s``), the f
 kernels take. An absent zero point is 0 of the input's type.
 
 Not rewritten, and so run as float islands (compiler/onnx_import/islands.py) with the reason:
-DynamicQuantizeLinear (its scale and zero point are computed at run time; the IR's
-quantization parameters are constants), QLinearWhere. QLinearReduceMean has
+QLinearWhere. (DynamicQuantizeLinear and the MatMulInteger / ConvInteger reading its
+run-time zero point are native ops: convert_dynamic.py.) QLinearReduceMean has
 a schema but no CPU kernel in onnxruntime 1.32, so no model runs it; it is left unsupported.
 """
 
@@ -57,8 +57,6 @@ from qfuse.runtime.numerics.rounding import F32_EXACT
 MS_DOMAIN = "com.microsoft"
 
 _REFUSED = {
-    "DynamicQuantizeLinear": "its scale and zero point are computed at run time, and qfuse's "
-                             "quantization parameters are constants",
     "QLinearWhere": "QLinearWhere is not supported",
 }
 

@@ -71,6 +71,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.PAD: layout.pad,
     Op.RESIZE: spatial.resize,
     Op.IDENTITY: arith.preserving,
+    Op.DYNAMIC_QUANTIZE_LINEAR: quant.dynamic_quantize_linear,
     Op.DROPOUT: arith.preserving,
     Op.CAST: arith.cast,
     Op.ISLAND: lambda graph, node: list(node.attrs.infos),  # fixed when the island was built

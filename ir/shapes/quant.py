@@ -4,6 +4,7 @@
   constant scale / zero point (per-axis along ``attrs.axis`` when the scale is 1-D with more
   than one element; None when the scale or zero point is not a constant).
 - DequantizeLinear: x's shape in float32.
+- DynamicQuantizeLinear: (x's shape in u8, a float32 scalar scale, a u8 scalar zero point).
 - FakeQuantize: x's shape. Its element type is f32 unless the output already carries an
   integer type: a quantize-only FakeQuantize (OpenVINO fake_quantize.md) is typed u8/s8 by the pass that makes
   it, and inference keeps that type and its QuantParams.
@@ -88,3 +89,10 @@ def fake_quantize(graph: Graph, node: Node) -> list[TensorInfo]:
     if current is not None and current.dtype.is_integer:
         return [TensorInfo(x.shape, current.dtype, current.quant)]
     return [TensorInfo(x.shape, DType.F32)]
+
+
+def dynamic_quantize_linear(graph: Graph, node: Node) -> list[TensorInfo]:
+    x = required(graph, node, 0)
+    if x.dtype is not DType.F32:
+        raise fail(node, f"DynamicQuantizeLinear reads float32, got {x.dtype.name}")
+    return [TensorInfo(x.shape, DType.U8), TensorInfo((), DType.F32), TensorInfo((), DType.U8)]

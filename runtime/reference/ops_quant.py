@@ -135,3 +135,30 @@ def _onnx_pair(x: np.ndarray, form: OnnxQuantize) -> np.ndarray:
         return q
     zp = _along(quant.zero_point_array().astype(F32), x.ndim, axis)
     return ((q - zp) * _along(quant.scale_array(), x.ndim, axis)).astype(F32)
+
+
+def dynamic_params(x_min: float, x_max: float) -> tuple[np.ndarray, np.ndarray]:
+    """Scale (float32) and u8 zero point of DynamicQuantizeLinear from the range of x, in
+    ONNX Runtime's float32 steps (onnxruntime/core/util/qmath.h ``GetQuantizationParameter``;
+    ONNX spec https://onnx.ai/onnx/operators/onnx__DynamicQuantizeLinear.html): the range
+    widened to include 0, ``scale = (max - min) / 255`` (1 when the range is empty, where the
+    spec would divide by zero), ``zp = rint(clip(0 - min / scale, 0, 255))`` (half to even).
+    A NaN in x is not defined by ONNX: ONNX Runtime's range is then that of its SIMD min / max
+    lanes, qfuse's that of oneDNN's reduction (the NaN elements quantize to 0 in both)."""
+    lo, hi = min(F32(x_min), F32(0)), max(F32(x_max), F32(0))
+    with np.errstate(invalid="ignore", over="ignore"):
+        scale = F32(1) if hi == lo else F32(F32(hi - lo) / F32(255))
+        initial = F32(F32(0) - F32(lo / scale))
+    # std::max(0, std::min(255, initial)): a NaN (an infinite range) clamps to 255, then stays
+    clamped = initial if initial < F32(255) else F32(255)
+    clamped = clamped if F32(0) < clamped else F32(0)
+    return np.array(scale, F32), np.array(np.rint(clamped)).astype(np.uint8)
+
+
+@impl(Op.DYNAMIC_QUANTIZE_LINEAR)
+def dynamic_quantize_linear(node: Node, args: Arrays) -> list[np.ndarray]:
+    x = need(args, 0)
+    if x.dtype != F32:
+        raise ValueError(f"DynamicQuantizeLinear reads float32, got {x.dtype}")
+    scale, zp = dynamic_params(float(x.min()), float(x.max()))
+    return [quantize_onnx(x, scale, zp, DType.U8, 0).astype(np.uint8), scale, zp]

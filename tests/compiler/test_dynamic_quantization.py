@@ -112,3 +112,42 @@ def test_integer_op_is_one_int8_kernel_with_its_float_tail(tmp_path: Path,
                    for name in kernel["absorbed"]) >= 2, kernel["absorbed"]
     assert not [k["name"] for k in kernels if k["op"] == "Cast"]
     assert not [k["name"] for k in kernels if "ref" in k["impl"]]
+
+
+def _dynamic_quantize_model() -> onnx.ModelProto:
+    outputs = [h.make_tensor_value_info("y", TensorProto.UINT8, [3, 50]),
+               h.make_tensor_value_info("s", TensorProto.FLOAT, []),
+               h.make_tensor_value_info("z", TensorProto.UINT8, [])]
+    graph = h.make_graph([h.make_node("DynamicQuantizeLinear", ["x"], ["y", "s", "z"])], "dql",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [3, 50])], outputs)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+
+
+def _edge(case: str) -> np.ndarray:
+    x = np.random.default_rng(len(case)).normal(0, 1, (3, 50)).astype(np.float32)
+    return {"normal": x, "zeros": np.zeros_like(x), "positive": np.abs(x) + 1,
+            "negative": -np.abs(x) - 1, "tiny": x * np.float32(1e-30),
+            "ties": np.round(x * 8) / 8,  # many x / scale near .5
+            "plus_inf": np.where(np.arange(x.size).reshape(x.shape) == 7, np.inf, x),
+            "minus_inf": np.where(np.arange(x.size).reshape(x.shape) == 7, -np.inf, x)}[case]
+
+
+@pytest.mark.parametrize("case", ["normal", "zeros", "positive", "negative", "tiny", "ties",
+                                  "plus_inf", "minus_inf"])
+def test_dynamic_quantize_linear_is_onnxruntimes(case: str) -> None:
+    """DynamicQuantizeLinear's own kernels (reductions, the scale and zero point in float32,
+    the quantize as a division): y, scale and zero point equal onnxruntime's, also where the
+    range is empty (scale 1), one-sided, or infinite."""
+    model = _dynamic_quantize_model()
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    x = _edge(case).astype(np.float32)
+    want = dict(zip("ysz", session.run(None, {"x": x}), strict=True))
+    for mode in ("fused", "reference"):
+        compiled = compile_model(model, mode=mode)
+        if mode == "fused":
+            kinds = {k["primitive"] for k in compiled.inspect()["kernels"]}
+            assert kinds == {"reduction", "numpy", "binary"}, kinds
+        got = compiled.run({"x": x})
+        for name in "ysz":
+            np.testing.assert_array_equal(np.asarray(got[name]).reshape(-1),
+                                          np.asarray(want[name]).reshape(-1), err_msg=name)

@@ -1,0 +1,81 @@
+"""DynamicQuantizeLinear (quantize_dynamic's activations) → four kernels, none of them copies:
+
+    reduction_min, reduction_max over x        two jit reductions of x's bytes seen as one row
+                                               (min and max do not depend on the order; a
+                                               blocked layout's zero padding is inside the
+                                               range too, which always includes 0)
+    params (numpy, two floats in)              scale and zero point in ONNX Runtime's float32
+                                               steps (runtime/reference/ops_quant.dynamic_params)
+    binary_div(x, scale) → eltwise_round →     y = saturate(rint(x / scale) + zp), ONNX's
+    binary_add(zp), u8 dst in x's layout       QuantizeLinear (lower_quant.py), the scale and
+                                               zero point read at run time
+
+The params kernel also writes the zero point as one s32 element, the form the int8 primitive
+reading y takes it in (lower_compute.src_zero_point), and both as float32 operands of the
+quantize. Against ONNX Runtime's island this is 4 kernels for 1, but no session call and no
+reorder to a plain layout (measured on the BERT-style encoder: docs/design.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import md_like, plain_md
+from qfuse.ir import Node
+from qfuse.ir.chain import ONNX_FORM
+from qfuse.runtime.onednn import Alg, Arg, DataType, PostOps, PrimitiveAttr, binary, reduction
+from qfuse.runtime.reference.ops_quant import dynamic_params
+
+F32 = np.float32
+
+
+def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
+    x = node.inputs[0]
+    y, scale, zero_point = node.outputs
+    home = ctx.home_slot(x)
+    md = ctx.slots[home].md
+    if not md.is_plain or md.size != md.nelems * 4:  # not dense: a row-major copy first
+        home = ctx.source(x, plain_md(md.dims, DataType.f32))
+        md = ctx.slots[home].md
+    row = ctx.temp(f"{x}@row", plain_md((1, md.nelems), DataType.f32), alias=home)
+    one = plain_md((1, 1), DataType.f32)
+    ends = []
+    for alg in (Alg.reduction_min, Alg.reduction_max):
+        end = ctx.temp(f"{x}@{alg.name.removeprefix('reduction_')}", one)
+        pd = reduction(alg, ctx.slots[row].md, one)
+        ctx.add_primitive(f"{node.name}:{alg.name}", pd, {int(Arg.SRC): row, int(Arg.DST): end},
+                          info=ctx.info_for(node, role="op", note=f"{alg.name} of '{x}'"))
+        ends.append(end)
+    ndims = len(md.dims)
+    operand = plain_md((1,) * ndims, DataType.f32)
+    scale_f32 = ctx.temp(f"{scale}@operand", operand)
+    zp_f32 = ctx.temp(f"{zero_point}@operand", operand)
+    zp_s32 = ctx.temp(f"{zero_point}@s32", plain_md((1,), DataType.s32))
+    writes = [ctx.define_plain(scale), ctx.define_plain(zero_point), scale_f32, zp_f32, zp_s32]
+
+    def params(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        s, z = dynamic_params(float(arrays[0].reshape(-1)[0]), float(arrays[1].reshape(-1)[0]))
+        shape = (1,) * ndims
+        return [s, z, np.full(shape, s, F32), np.full(shape, z, F32),
+                np.full((1,), z, np.int32)]
+
+    ctx.add_numpy(f"{node.name}:params", params, ends, writes,
+                  ctx.info_for(node, note="scale and zero point from the range of "
+                                          f"'{x}' (ONNX Runtime's float32 steps)"))
+    ctx.home[f"{zero_point}@s32"] = zp_s32
+    posts = PostOps()
+    posts.append_eltwise(Alg.eltwise_round)
+    posts.append_binary(Alg.binary_add, operand)
+    attr = PrimitiveAttr()
+    attr.set_post_ops(posts)
+    dst_md = md_like(md, DataType.u8)
+    assert dst_md is not None
+    pd = binary(Alg.binary_div, md, operand, dst_md, attr=attr)
+    out = ctx.define(y, dst_md)
+    info = ctx.info_for(node, role="op", post_ops=["eltwise_round", "binary_add"],
+                        post_op_details=["eltwise_round", f"binary_add('{zero_point}')"],
+                        rounding=ONNX_FORM, note=f"binary_div: x / '{scale}' (run time)")
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): home, int(Arg.SRC_1): scale_f32,
+                                      Arg.post_op(1, Arg.SRC_1): zp_f32, int(Arg.DST): out},
+                      info=info)
