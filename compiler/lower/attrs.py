@@ -99,12 +99,18 @@ def build_attr(
     scales: bool = True,
     tensor_slot: Callable[[int], tuple[str, MemoryDesc]] | None = None,
     sum_as_binary: bool = False,
+    src_scale: str | None = None,
 ) -> BuiltAttr:
-    """Attributes for an int8 (or, with ``scales=False``, float) compute primitive."""
+    """Attributes for an int8 (or, with ``scales=False``, float) compute primitive;
+    ``src_scale``: the slot of a run-time src scale (one f32), which oneDNN multiplies into the
+    weight scales before scaling the accumulator (dynamic quantization, lower_compute.py)."""
     attr = PrimitiveAttr()
     built = BuiltAttr(attr)
     fixed = built.fixed
     channels = composed.channels
+    if src_scale is not None:
+        attr.set_scales_mask(Arg.SRC, 0)
+        built.slot_args[Arg.scales(Arg.SRC)] = src_scale
     if scales and (composed.wei_scales.size > 1 or float(composed.wei_scales[0]) != 1.0):
         mask = wei_mask if composed.wei_scales.size > 1 else 0
         attr.set_scales_mask(Arg.WEIGHTS, mask)

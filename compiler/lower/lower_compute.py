@@ -51,7 +51,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import DType, Node, Op, TensorInfo
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
-from qfuse.ir.postops import Composed, Eltwise, Sum
+from qfuse.ir.postops import Binary, Composed, Eltwise, Sum, TensorBinary
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
@@ -435,6 +435,10 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
 
     if not scales and composed.wei_scales.size == 1 and float(composed.wei_scales[0]) != 1.0:
         composed = _scale_as_post_op(composed)
+    binary_form, src_scale = composed, None
+    runtime = _runtime_src_scale(ctx, node, composed, channel_axis) if scales else None
+    if runtime is not None:
+        composed, src_scale = runtime
 
     sum_binary = False  # set below when the primitive takes the sum only as its first post-op
 
@@ -442,7 +446,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         built = build_attr(comp, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
                            dst_type=dst_type, src_zp=src_zp, wei_zp=zp,
                            residual_type=residual_type, residual_f32=residual_f32,
-                           scales=scales, tensor_slot=tensor_slot, sum_as_binary=sum_binary)
+                           scales=scales, tensor_slot=tensor_slot, sum_as_binary=sum_binary,
+                           src_scale=src_scale)
         residual_md = None
         if built.sum_port is not None:
             residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)
@@ -498,6 +503,10 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             built, residual_md = attributes(composed, wei_zp)
             made = None
     if exact is not None and exact.splits:
+        if src_scale is not None:  # the halves need the scale product as an operand (no_vnni)
+            composed, src_scale = binary_form, None
+            built, residual_md = attributes(composed, wei_zp)
+
         def unsplit() -> PrimitiveDesc:
             return create(built, residual_md, composed)[0]
 
@@ -509,7 +518,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
 
         if exact.lower_with_binary(ctx, node, composed, create=create,
                                    channel_axis=channel_axis, wei_mask=wei_mask,
-                                   src_zp=src_zp, unsplit=unsplit, main_is_slow=main_is_slow):
+                                   src_zp=src_zp, unsplit=unsplit, main_is_slow=main_is_slow,
+                                   tensor_slot=tensor_slot):
             return
         composed, create, weights_slot, wei_zp = exact.apply(
             ctx, node, composed, create=create, weights_slot=weights_slot,
@@ -546,6 +556,50 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         exact.record(ctx, kernel)
 
 
+def _runtime_src_scale(ctx: LowerContext, node: Node, composed: Composed,
+                       channel_axis: int) -> tuple[Composed, str] | None:
+    """Dynamic quantization's ``f32(acc)·f32(s_x·s_w)`` (a leading binary_mul by the run-time
+    product of a scalar ``s_x`` and a constant ``s_w``, per tensor or per channel) as oneDNN's
+    run-time src scale and constant weight scales: oneDNN multiplies ``s_x·s_w[c]`` in float32
+    first and the accumulator by that, the same two roundings, and a constant add that
+    followed (the bias) becomes the primitive's bias (added after the scale, as the post-op
+    was). No binary post-op is left, which on a 1x1 image would run on ``ref:any``. Returns
+    (the attributes without the multiply, the slot of ``s_x`` as one f32) or None."""
+    ops = composed.post_ops
+    if (not ops or not isinstance(ops[0], TensorBinary) or ops[0].alg != "mul"
+            or composed.bias is not None or np.any(composed.wei_scales != 1)):
+        return None
+    product = ctx.graph.producer(node.inputs[ops[0].port])
+    if product is None or product.op is not Op.MUL or product.fused is not None \
+            or len(product.inputs) != 2:
+        return None
+    consts = [ctx.const(v) for v in product.inputs]
+    if sum(c is None for c in consts) != 1:
+        return None
+    scalar = product.inputs[consts.index(None)]
+    weight = next(c for c in consts if c is not None)
+    info, out = ctx.info(scalar), ctx.info(node.outputs[0])
+    if info.dtype is not DType.F32 or math.prod(info.shape) != 1 or weight.dtype != F32:
+        return None
+    dims = (1,) * (len(out.shape) - weight.ndim) + weight.shape
+    channels = out.shape[channel_axis]
+    if len(dims) != len(out.shape) or any(
+            d != 1 and (i != channel_axis or d != channels) for i, d in enumerate(dims)):
+        return None
+    rest = list(ops[1:])
+    bias = None
+    if rest and isinstance(rest[0], Binary) and rest[0].alg == "add" \
+            and rest[0].values.size in (1, channels):
+        bias = np.broadcast_to(np.asarray(rest[0].values, F32).ravel(), (channels,)).copy()
+        rest = rest[1:]
+    elif rest and isinstance(rest[0], Eltwise) and rest[0].alg == "linear" \
+            and rest[0].alpha == 1.0:
+        bias, rest = np.full(channels, rest[0].beta, F32), rest[1:]
+    scales = np.asarray(weight, F32).ravel()
+    view = unfused.operand(ctx, scalar, 1)
+    return replace(composed, wei_scales=scales, bias=bias, post_ops=rest), ctx.home_slot(view)
+
+
 def _scale_as_post_op(composed: Composed) -> Composed:
     """Float primitive with runtime weights: acc·s + b as post-ops (s first, then the bias)."""
     s = float(composed.wei_scales[0])
@@ -555,8 +609,6 @@ def _scale_as_post_op(composed: Composed) -> Composed:
         posts = [Eltwise("linear", s, float(bias[0]))]
         bias = None
     elif bias is not None:
-        from qfuse.ir.postops import Binary
-
         posts.append(Binary("add", bias))
         bias = None
     return replace(composed, wei_scales=np.ones(1, F32), bias=bias,

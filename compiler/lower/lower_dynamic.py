@@ -11,8 +11,10 @@
                                                zero point read at run time
 
 The params kernel also writes the zero point as one s32 element, the form the int8 primitive
-reading y takes it in (lower_compute.src_zero_point), and both as float32 operands of the
-quantize. Against ONNX Runtime's island this is 4 kernels for 1, but no session call and no
+reading y takes it in (lower_compute.src_zero_point), both as float32 operands of the
+quantize, and the products of the scale with a constant that its readers compute
+(quantize_dynamic's ``s_x·s_w``, the float32 Mul of the reference): those Muls of a rank-0
+value would otherwise each be a numpy kernel of their own. Against ONNX Runtime's island this is 4 kernels for 1, but no session call and no
 reorder to a plain layout (measured on the BERT-style encoder: docs/design.md).
 """
 
@@ -22,9 +24,10 @@ import numpy as np
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import md_like, plain_md
-from qfuse.ir import Node
+from qfuse.ir import Node, Op
 from qfuse.ir.chain import ONNX_FORM
 from qfuse.runtime.onednn import Alg, Arg, DataType, PostOps, PrimitiveAttr, binary, reduction
+from qfuse.runtime.reference import IMPLS
 from qfuse.runtime.reference.ops_quant import dynamic_params
 
 F32 = np.float32
@@ -53,16 +56,21 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
     zp_f32 = ctx.temp(f"{zero_point}@operand", operand)
     zp_s32 = ctx.temp(f"{zero_point}@s32", plain_md((1,), DataType.s32))
     writes = [ctx.define_plain(scale), ctx.define_plain(zero_point), scale_f32, zp_f32, zp_s32]
+    products = _scale_products(ctx, scale)
+    writes += [ctx.define_plain(mul.outputs[0]) for mul, _ in products]
 
     def params(arrays: list[np.ndarray]) -> list[np.ndarray]:
         s, z = dynamic_params(float(arrays[0].reshape(-1)[0]), float(arrays[1].reshape(-1)[0]))
         shape = (1,) * ndims
         return [s, z, np.full(shape, s, F32), np.full(shape, z, F32),
-                np.full((1,), z, np.int32)]
+                np.full((1,), z, np.int32),
+                *(IMPLS[Op.MUL](mul, [s if p == 0 else c, c if p == 0 else s])[0]
+                  for mul, (p, c) in products)]
 
-    ctx.add_numpy(f"{node.name}:params", params, ends, writes,
-                  ctx.info_for(node, note="scale and zero point from the range of "
-                                          f"'{x}' (ONNX Runtime's float32 steps)"))
+    info = ctx.info_for(node, note="scale and zero point from the range of "
+                                   f"'{x}' (ONNX Runtime's float32 steps)")
+    info.absorbed += [mul.name for mul, _ in products]
+    ctx.add_numpy(f"{node.name}:params", params, ends, writes, info)
     ctx.home[f"{zero_point}@s32"] = zp_s32
     posts = PostOps()
     posts.append_eltwise(Alg.eltwise_round)
@@ -79,3 +87,18 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
     ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): home, int(Arg.SRC_1): scale_f32,
                                       Arg.post_op(1, Arg.SRC_1): zp_f32, int(Arg.DST): out},
                       info=info)
+
+
+def _scale_products(ctx: LowerContext, scale: str) -> list[tuple[Node, tuple[int, np.ndarray]]]:
+    """The readers of ``scale`` that multiply it by a constant (quantize_dynamic's
+    ``s_x·s_w``), with the scale's port and the constant: the params kernel computes them
+    (the reference Mul, float32) and they need no kernel of their own."""
+    found = []
+    for reader, port in ctx.graph.consumers(scale):
+        if reader.op is not Op.MUL or reader.fused is not None or len(reader.inputs) != 2:
+            continue
+        other = ctx.const(reader.inputs[1 - port])
+        if other is not None and reader.inputs[0] != reader.inputs[1]:
+            found.append((reader, (port, other)))
+            ctx.lowered.add(reader.name)
+    return found

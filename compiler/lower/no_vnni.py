@@ -270,7 +270,9 @@ class Exactness:
                           src_zp: SrcZeroPoint,
                           unsplit: Callable[[], PrimitiveDesc],
                           main_is_slow: Callable[[Composed], bool] | None = None,
-                          into: str | None = None) -> str | None:
+                          into: str | None = None,
+                          tensor_slot: Callable[[int], tuple[str, MemoryDesc]] | None = None
+                          ) -> str | None:
         """Deconvolution: oneDNN's AVX2 int8 deconvolution with a src zero point takes
         neither a full-tensor binary nor a sum post-op (measured: a GEMM-based kernel, 25x
         slower on unet). So both halves run bare into f32, H = f32(2·acc_hi) (weight scale
@@ -278,7 +280,8 @@ class Exactness:
         (= f32(acc)), then the post-ops ws, b, P and the dst scale and zero point
         (``linear(f32(1/s), 0)`` then ``linear(1, zp)``: the same two roundings as the dst
         attributes), stored with rint and saturation — bit for bit what ``apply`` gives.
-        Not taken (False) when P holds a residual sum or a primitive would be slow.
+        Not taken (False) when P holds a residual sum or a primitive would be slow, or a
+        run-time operand (``TensorBinary``) and no ``tensor_slot`` to read it from.
         A convolution takes it too when its main primitive (``main_composed``) would be slow:
         measured on AVX2, a 1x1 convolution over a 1x1 image (a squeeze-excitation FC)
         with the full-tensor binary post-op falls to ``ref:any``. A batch of 1x1 images
@@ -287,8 +290,9 @@ class Exactness:
         (docs/onednn.md; tests/runtime/test_onednn_f32.py).
         Returns the slot written (None: not taken): the node's output, or with ``into`` a
         new f32 temporary of that name (unfused mode's accumulator, ``composed`` empty)."""
+        operands = Sum if tensor_slot is not None else Sum | TensorBinary
         if (self.halves is None
-                or any(isinstance(op, Sum | TensorBinary) for op in composed.post_ops)
+                or any(isinstance(op, operands) for op in composed.post_ops)
                 or self._on_exact_impl(unsplit)):
             return None
         if node.op is not Op.CONV_TRANSPOSE and (
@@ -307,9 +311,19 @@ class Exactness:
         finish = as_float_post_ops(composed)
         flat = single_pixel_batch(yinfo.shape)
         b_md = plain_md(yinfo.shape[:2], DataType.f32) if flat else t_md
+        def operand(port: int) -> tuple[str, MemoryDesc]:  # as the (N, C) view when flat
+            assert tensor_slot is not None
+            slot, md = tensor_slot(port)
+            if not flat:
+                return slot, md
+            view = plain_md(md.dims[:2], md.dtype)
+            assert same_bytes(plain_md(md.dims, md.dtype), md)
+            return ctx.temp(f"{slot}@flat", view, alias=slot), view
+
         built = build_attr(finish, ndims=2 if flat else ndims,
                            channel_axis=1 if flat else channel_axis, wei_mask=wei_mask,
-                           dst_type=DataType.f32)
+                           dst_type=DataType.f32,
+                           tensor_slot=operand if tensor_slot is not None else None)
         dst_md = md_like(b_md, DataType.f32 if into else dnnl_type(yinfo.dtype))
         assert dst_md is not None
         pd = binary(Alg.binary_add, b_md, b_md, dst_md, attr=built.attr)
@@ -340,7 +354,7 @@ class Exactness:
         if flat:
             out = ctx.temp(f"{y}@view", dst_md, alias=out)
         kernel = ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): h_view, int(Arg.SRC_1): t,
-                                                   int(Arg.DST): out},
+                                                   int(Arg.DST): out, **built.slot_args},
                                    dict(built.fixed), info=info)
         self.how = f"{self.how}, halves added by a binary primitive"
         self.record(ctx, kernel)

@@ -135,6 +135,8 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
     ctx.probes.update(PROBES)
     for node in graph.topo_order():
         ctx.current = node
+        if node.name in ctx.lowered:  # computed by an earlier node's kernel (lower_dynamic)
+            continue
         if _fold(ctx, node):
             ctx.lowered.add(node.name)
             continue

@@ -36,8 +36,8 @@ def _mlp() -> onnx.ModelProto:
              h.make_node("Relu", ["hb"], ["r"]), h.make_node("MatMul", ["r", "w2"], ["o"]),
              h.make_node("Add", ["o", "b2"], ["ob"]), h.make_node("Add", ["ob", "x"], ["y"])]
     graph = h.make_graph(nodes, "mlp", [h.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                 [1, 24, 48])],
-                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 24, 48])],
+                                                                 [2, 12, 48])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12, 48])],
                          [_const("w1", (48, 96), 0.2), _const("b1", (96,), 0.1),
                           _const("w2", (96, 48), 0.2), _const("b2", (48,), 0.1)])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
@@ -57,12 +57,32 @@ def _convnet() -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
+def _squeeze_excitation() -> onnx.ModelProto:
+    """MobileNetV3's squeeze-excitation: 1x1 convolutions over a 1x1 image, on which a
+    binary post-op sends oneDNN's int8 convolution to ref:any (its GlobalAveragePool is a
+    GlobalMaxPool here: a float average sums in another order than onnxruntime's, one ulp
+    that moves the next dynamic range)."""
+    nodes = [h.make_node("Conv", ["x", "w0", "b0"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("GlobalMaxPool", ["c"], ["p"]),
+             h.make_node("Conv", ["p", "w1", "b1"], ["f1"]), h.make_node("Relu", ["f1"], ["r"]),
+             h.make_node("Conv", ["r", "w2", "b2"], ["f2"]),
+             h.make_node("HardSigmoid", ["f2"], ["g"], alpha=1 / 6),
+             h.make_node("Mul", ["c", "g"], ["y"])]
+    graph = h.make_graph(nodes, "se", [h.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                [1, 8, 9, 9])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 9, 9])],
+                         [_const("w0", (32, 8, 3, 3), 0.3), _const("b0", (32,), 0.1),
+                          _const("w1", (16, 32, 1, 1), 0.3), _const("b1", (16,), 0.1),
+                          _const("w2", (32, 16, 1, 1), 0.3), _const("b2", (32,), 0.1)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
 def _quantized(tmp_path: Path, model: onnx.ModelProto, per_channel: bool,
-               weight_type: QuantType) -> str:
+               weight_type: QuantType, reduce_range: bool = False) -> str:
     src, dst = tmp_path / "float.onnx", tmp_path / "dynamic.onnx"
     onnx.save(model, src)
     quantize_dynamic(str(src), str(dst), per_channel=per_channel, weight_type=weight_type,
-                     op_types_to_quantize=["MatMul", "Conv"])
+                     reduce_range=reduce_range, op_types_to_quantize=["MatMul", "Conv"])
     return str(dst)
 
 
@@ -74,18 +94,22 @@ def _onnxruntime(path: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
     return session.run(None, feeds)[0]
 
 
-CASES = [(build, per_channel, weight_type)
-         for build in (_mlp, _convnet) for per_channel in (False, True)
-         for weight_type in (QuantType.QInt8, QuantType.QUInt8)]
+# reduce_range: 7-bit weights, which no u8·s8 pair saturates: unsplit on CPUs without VNNI too,
+# so the run-time src scale path (lower_compute._runtime_src_scale) runs on every CPU
+CASES = [(build, per_channel, weight_type, reduce_range)
+         for build in (_mlp, _convnet, _squeeze_excitation) for per_channel in (False, True)
+         for weight_type in (QuantType.QInt8, QuantType.QUInt8) for reduce_range in (False, True)]
 
 
-@pytest.mark.parametrize(("build", "per_channel", "weight_type"), CASES,
+@pytest.mark.parametrize(("build", "per_channel", "weight_type", "reduce_range"), CASES,
                          ids=[f"{b.__name__[1:]}-{'channel' if p else 'tensor'}-{w.name}"
-                              for b, p, w in CASES])
+                              f"{'-reduce_range' if r else ''}" for b, p, w, r in CASES])
 @pytest.mark.parametrize("mode", ["fused", "unfused"])
 def test_bit_exact_against_onnxruntime(tmp_path: Path, build: object, per_channel: bool,
-                                       weight_type: QuantType, mode: str) -> None:
-    path = _quantized(tmp_path, build(), per_channel, weight_type)  # type: ignore[operator]
+                                       weight_type: QuantType, reduce_range: bool,
+                                       mode: str) -> None:
+    path = _quantized(tmp_path, build(), per_channel, weight_type,  # type: ignore[operator]
+                      reduce_range)
     compiled = compile_model(path, mode=mode)
     shape = compiled.input_specs()["x"][0]
     for seed in (0, 1):
@@ -94,24 +118,38 @@ def test_bit_exact_against_onnxruntime(tmp_path: Path, build: object, per_channe
                                       _onnxruntime(path, {"x": x}))
 
 
-@pytest.mark.parametrize("build", [_mlp, _convnet], ids=["mlp", "convnet"])
-def test_integer_op_is_one_int8_kernel_with_its_float_tail(tmp_path: Path,
-                                                           build: object) -> None:
+@pytest.mark.parametrize("reduce_range", [False, True], ids=["8bit", "reduce_range"])
+@pytest.mark.parametrize(("build", "count"), [(_mlp, 2), (_convnet, 2),
+                                              (_squeeze_excitation, 3)],
+                         ids=["mlp", "convnet", "squeeze_excitation"])
+def test_integer_op_is_one_int8_kernel_with_its_float_tail(tmp_path: Path, build: object,
+                                                           count: int,
+                                                           reduce_range: bool) -> None:
     """The symmetric s8 weights quantize_dynamic writes by default: each MatMulInteger /
     ConvInteger is an int8 primitive (u8 src, its zero point read at run time) whose post-ops
-    are the Cast, the Mul by the scales and the bias; no Cast kernel is left."""
-    path = _quantized(tmp_path, build(), False, QuantType.QInt8)  # type: ignore[operator]
+    are the Cast, the Mul by the scales and the bias (without VNNI, split in halves, maybe
+    finished by a binary primitive: no_vnni.py); no Cast kernel is left, the only numpy
+    kernels are the dynamic quantizations' scale and zero point (which also compute the
+    ``s_x·s_w`` products), and none runs on a ``ref:`` implementation (a 1x1 image's split
+    convolution finishes in a binary primitive, no_vnni.py). Where a primitive is not split
+    (7-bit weights here; every one on a CPU with VNNI) the Mul by ``s_x·s_w`` is oneDNN's
+    run-time src scale times the weight scales, and the bias its bias: no binary post-op."""
+    path = _quantized(tmp_path, build(), False, QuantType.QInt8,  # type: ignore[operator]
+                      reduce_range)
     kernels = compile_model(path).inspect()["kernels"]
-    integer = [k for k in kernels if k["op"] in ("MatMul", "Conv") and k["src_dtype"] == "u8"
-               and k["absorbed"]]
-    assert len(integer) == 2, [k["name"] for k in kernels]
+    integer = [k for k in kernels if k["op"] in ("MatMul", "Conv") and k["absorbed"]]
+    assert len(integer) == count, [k["name"] for k in kernels]
     for kernel in integer:
         assert kernel["dst_dtype"] == "f32"
+        if not any(k["name"] == f"{kernel['node']}:lo" for k in kernels):  # not split
+            assert kernel["scales_masks"].get("SRC") == 0, kernel
+            assert not [p for p in kernel["post_ops"] if p.startswith("binary")], kernel
         assert any("cast" in name.lower() for name in kernel["absorbed"]), kernel["absorbed"]
         assert sum("mul" in name.lower() or "add" in name.lower()
                    for name in kernel["absorbed"]) >= 2, kernel["absorbed"]
     assert not [k["name"] for k in kernels if k["op"] == "Cast"]
     assert not [k["name"] for k in kernels if "ref" in k["impl"]]
+    assert {k["op"] for k in kernels if k["impl"] == "numpy"} == {"DynamicQuantizeLinear"}
 
 
 def _dynamic_quantize_model() -> onnx.ModelProto:
