@@ -27,7 +27,6 @@ from qfuse.compiler.lower.layouts import md_like, plain_md
 from qfuse.ir import Node, Op
 from qfuse.ir.chain import ONNX_FORM
 from qfuse.runtime.onednn import Alg, Arg, DataType, PostOps, PrimitiveAttr, binary, reduction
-from qfuse.runtime.reference import IMPLS
 from qfuse.runtime.reference.ops_quant import dynamic_params
 
 F32 = np.float32
@@ -58,14 +57,12 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
     writes = [ctx.define_plain(scale), ctx.define_plain(zero_point), scale_f32, zp_f32, zp_s32]
     products = _scale_products(ctx, scale)
     writes += [ctx.define_plain(mul.outputs[0]) for mul, _ in products]
+    constants = [np.asarray(c, F32) for _, c in products]
 
-    def params(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        s, z = dynamic_params(float(arrays[0].reshape(-1)[0]), float(arrays[1].reshape(-1)[0]))
-        shape = (1,) * ndims
-        return [s, z, np.full(shape, s, F32), np.full(shape, z, F32),
-                np.full((1,), z, np.int32),
-                *(IMPLS[Op.MUL](mul, [s if p == 0 else c, c if p == 0 else s])[0]
-                  for mul, (p, c) in products)]
+    def params(arrays: list[np.ndarray]) -> list[object]:  # scalars broadcast into the slots
+        s, z = dynamic_params(float(arrays[0].flat[0]), float(arrays[1].flat[0]))
+        s32 = F32(s)
+        return [s32, z, s32, z, z, *(s32 * c for c in constants)]  # float32 Mul, commutative
 
     info = ctx.info_for(node, note="scale and zero point from the range of "
                                    f"'{x}' (ONNX Runtime's float32 steps)")
@@ -89,16 +86,16 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
                       info=info)
 
 
-def _scale_products(ctx: LowerContext, scale: str) -> list[tuple[Node, tuple[int, np.ndarray]]]:
-    """The readers of ``scale`` that multiply it by a constant (quantize_dynamic's
-    ``s_x·s_w``), with the scale's port and the constant: the params kernel computes them
-    (the reference Mul, float32) and they need no kernel of their own."""
+def _scale_products(ctx: LowerContext, scale: str) -> list[tuple[Node, np.ndarray]]:
+    """The readers of ``scale`` that multiply it by a float32 constant (quantize_dynamic's
+    ``s_x·s_w``), with the constant: the params kernel computes them (a float32 multiply,
+    broadcast as the Mul's output) and they need no kernel of their own."""
     found = []
     for reader, port in ctx.graph.consumers(scale):
         if reader.op is not Op.MUL or reader.fused is not None or len(reader.inputs) != 2:
             continue
         other = ctx.const(reader.inputs[1 - port])
-        if other is not None and reader.inputs[0] != reader.inputs[1]:
-            found.append((reader, (port, other)))
+        if other is not None and other.dtype == F32 and reader.inputs[0] != reader.inputs[1]:
+            found.append((reader, other))
             ctx.lowered.add(reader.name)
     return found

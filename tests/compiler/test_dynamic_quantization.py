@@ -22,6 +22,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from qfuse import compile_model
 from qfuse.examples.realzoo.exact import exact_qdq
+from qfuse.runtime.reference.ops_quant import dynamic_params
 
 RNG = np.random.default_rng(7)
 
@@ -189,3 +190,30 @@ def test_dynamic_quantize_linear_is_onnxruntimes(case: str) -> None:
         for name in "ysz":
             np.testing.assert_array_equal(np.asarray(got[name]).reshape(-1),
                                           np.asarray(want[name]).reshape(-1), err_msg=name)
+
+
+def _params_in_numpy_float32(x_min: float, x_max: float) -> tuple[float, int]:
+    """ONNX Runtime's GetQuantizationParameter in numpy float32 scalars, step by step."""
+    f = np.float32
+    lo, hi = min(f(x_min), f(0)), max(f(x_max), f(0))
+    with np.errstate(all="ignore"):
+        scale = f(1) if hi == lo else f(f(hi - lo) / f(255))
+        initial = f(f(0) - f(lo / scale))
+    clamped = initial if initial < f(255) else f(255)
+    clamped = clamped if f(0) < clamped else f(0)
+    return float(scale), int(np.rint(clamped))
+
+
+def test_dynamic_params_are_float32_arithmetic() -> None:
+    """The params kernel's Python-float arithmetic (each step rounded to float32) equals numpy's
+    float32 scalars on random, tiny, huge and one-sided ranges."""
+    rng = np.random.default_rng(3)
+    exponents = rng.uniform(-44, 38, (3000, 2))
+    signs = rng.choice([-1.0, 1.0], (3000, 2))
+    pairs = (signs * 10.0 ** exponents).astype(np.float32)
+    cases = [(float(min(a, b)), float(max(a, b))) for a, b in pairs]
+    cases += [(0.0, 0.0), (-1e-45, 0.0), (0.0, 1e-45), (-3e38, 3e38), (-np.inf, 1.0),
+              (-1.0, np.inf), (-0.0, 0.0), (-1.0, 1.0), (-127.5, 127.5)]
+    for x_min, x_max in cases:
+        assert dynamic_params(x_min, x_max) == _params_in_numpy_float32(x_min, x_max), \
+            (x_min, x_max)
