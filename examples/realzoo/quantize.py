@@ -32,8 +32,9 @@ benchmarks/arch_sweep.py ``--quantizers``):
   depthwise inputs);
 - ``nncf-transformer``: NNCF ``model_type=TRANSFORMER`` (MIXED plus SmoothQuant's scales);
 - ``dynamic``: ``quantize_dynamic`` (DynamicQuantizeLinear, MatMulInteger / ConvInteger; no
-  calibration). Its reference, the model in onnxruntime, runs onnxruntime's own integer
-  kernels, which sum u8·s8 pairs in int16 on CPUs without VNNI (not exact there).
+  calibration). Onnxruntime runs it on its own integer kernels, which sum u8·s8 pairs in
+  int16 on CPUs without VNNI (not exact there): the sweep's reference is its exact form
+  (exact.py).
 """
 
 from __future__ import annotations
