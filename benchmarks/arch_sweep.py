@@ -17,8 +17,8 @@ calibration inputs, compiles it with qfuse fused and prints one row per model an
 - kernels, numpy kernels (islands included) and ``ref:`` kernels of the fused plan;
 - ``cos ref``: the lowest cosine over 2 held-out N(0, 1) inputs between qfuse fused and the
   reference (the quantized model in ONNX Runtime with graph optimizations off; a QOperator
-  or quantize_dynamic model's exact form, examples/realzoo/exact.py), and ``cos ort`` the same for ONNX Runtime
-  with its optimizations (its own int8 kernels): random weights make these networks sensitive,
+  or quantize_dynamic model's exact form, examples/realzoo/exact.py), and ``cos ort`` the
+  same for ONNX Runtime with its optimizations (its own int8 kernels): random weights make these networks sensitive,
   so one-LSB differences grow with depth (``qfuse check`` shows each kernel within 1 LSB);
 - ``ms``: qfuse fused median latency, ``ort/f``: ONNX Runtime's median over qfuse's and
   ``ov/f`` OpenVINO's CPU plugin's (compiler/bench_engines.py: latency hint, ``--threads``
