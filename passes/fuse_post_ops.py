@@ -158,6 +158,13 @@ class _State:
         return bool(self.chain) and isinstance(self.chain[-1], Quantize)
 
     @property
+    def writes_dequantized(self) -> bool:
+        """Ends in a quantize and its dequantize (``_walk``'s stop at a float-only reader,
+        a Softmax: the node writes the float32 values (Q(x) − zp)·s)."""
+        return (len(self.chain) >= 3 and isinstance(self.chain[-3], Quantize)
+                and isinstance(self.chain[-2], Shift) and isinstance(self.chain[-1], Scale))
+
+    @property
     def output_dequantized(self) -> bool:
         """Ends in a graph output's dequantize (``_output_dequantize``)."""
         return bool(self.chain) and isinstance(self.chain[-1], Scale) and self.chain[-1].exact
@@ -265,10 +272,12 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     best, _, _ = _walk(graph, ctx, node, start, info.shape[1])
     source = _integer_source(graph, best)
     # worth a kernel when the chain reads a second tensor (the gate's x, a residual) and ends
-    # in a quantize, or reads its source as 8-bit integers and ends in a quantize (then one
+    # in a quantize (or its dequantize, read by a Softmax: attention's score + position bias
+    # → Q → DQ → Softmax), or reads its source as 8-bit integers and ends in a quantize (one
     # int8 → int8 kernel replaces the dequantize, the op and the quantize)
     gated = any(isinstance(i, TensorOperand) for i in best.chain)
-    if source is None and not (gated and (best.quantized or best.output_dequantized)):
+    if source is None and not (gated and (best.quantized or best.output_dequantized
+                                          or best.writes_dequantized)):
         node.fused = None
         return False
     ctx.visit(node)

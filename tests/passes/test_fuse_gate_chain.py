@@ -190,6 +190,42 @@ def test_op_between_quantizers_with_a_float_output_stays() -> None:
     assert not [n for n in graph.topo_order() if n.op is Op.MUL and n.fused is not None]
 
 
+def test_broadcast_operand_quantized_then_read_by_softmax() -> None:
+    """Swin's and MaxViT's attention scores plus their relative position bias (a quantized
+    constant [1, H, N, N] broadcast over the windows), quantized, then dequantized for the
+    Softmax: one binary primitive writes the dequantized float32 values (the quantize and its
+    dequantize as post-ops) instead of the Add, the quantize and the dequantize. Bit-exact with
+    the pass off and with the unfused mode."""
+    rng = np.random.default_rng(9)
+    shape, operand = [4, 3, 7, 7], [1, 3, 7, 7]
+    bias = rng.integers(-128, 128, operand).astype(np.int8)
+    inits = [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y),
+             h.make_tensor("b_q", TensorProto.INT8, operand, bias.ravel().tolist()),
+             h.make_tensor("b_s", TensorProto.FLOAT, [], [0.02]),
+             h.make_tensor("b_z", TensorProto.INT8, [], [0])]
+    nodes = [*_qdq("x", S_X, ZP_X, "input", "x"),
+             h.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"]),
+             h.make_node("Add", ["x", "b"], ["m"]), *_qdq("y", S_Y, ZP_Y, "m", "md"),
+             h.make_node("Softmax", ["md"], ["out"], axis=-1)]
+    graph = h.make_graph(nodes, "bias", [h.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                  shape)],
+                         [h.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=frozenset({"fuse_gate_chain"}))
+    add = [k for k in kernels if any(a.startswith("Add") for a in k.info.absorbed)]
+    assert len(add) == 1 and add[0].kind == "binary", [(k.name, k.kind) for k in kernels]
+    assert len(add[0].info.absorbed) == 3, add[0].info.absorbed  # Add, Q, DQ
+    assert add[0].primitive.pd.dst_md.dtype == DataType.f32
+    assert not [k.name for k in kernels
+                if k.primitive is not None and "ref" in k.primitive.pd.impl_name]
+    assert len(kernels) == len(old) - 2
+    np.testing.assert_array_equal(fused, before)
+    unfused, _ = _run(model, feeds, mode="unfused")
+    np.testing.assert_array_equal(fused, unfused)
+
+
 @pytest.mark.parametrize("shape,operand", [
     ([1, 10, 16], [1, 1, 16]),  # a LayerNorm's γ on [N, T, C] (decomposed, paddle2onnx)
     ([1, 4, 3, 7, 7], [1, 4, 1, 7, 7]),  # Swin's shifted-window mask, broadcast over heads
