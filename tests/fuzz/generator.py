@@ -15,6 +15,10 @@ Quantizers (``Spec.quant``):
   batches, with random ``per_channel``, ``activation_type`` / ``weight_type`` (QUInt8 / QInt8),
   ``reduce_range``, ``ActivationSymmetric`` / ``WeightSymmetric`` and
   ``ForceQuantizeNoInputCheck`` (quantize pools, Reshape, ... even after a float op);
+- ``dynamic`` (a draw of its own stream, ``default_rng((seed, 3))``, so the other seeds keep
+  their models): onnxruntime's ``quantize_dynamic`` with random ``per_channel``,
+  ``weight_type`` and ``reduce_range``: DynamicQuantizeLinear → MatMulInteger / ConvInteger
+  → Cast → Mul → Add, the scale and zero point computed at run time; no calibration;
 - ``hand``: Q → DQ written directly on most float values (graph input and node outputs) with a
   random dtype, a scale from the calibrated range times a random factor in [0.5, 1.5] (so some
   values saturate) and a random zero point; weights stored as int8 / uint8 initializers behind
@@ -39,6 +43,8 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 17
 IR_VERSION = 8
 
+#: share of seeds quantized by quantize_dynamic
+DYNAMIC_SHARE = 0.15
 #: op kind -> weight when drawing a random intent
 KINDS: dict[str, float] = {
     "Conv": 4, "ConvTranspose": 1.5, "MatMul": 1.5, "Gemm": 1.5,
@@ -69,6 +75,9 @@ class Spec:
         if q["kind"] == "ort":
             quant = (f"ort act={q['activation']} w={q['weight']} pc={int(q['per_channel'])} "
                      f"rr={int(q['reduce_range'])} asym={int(q['act_sym'])}/{int(q['w_sym'])}")
+        elif q["kind"] == "dynamic":
+            quant = (f"dynamic w={q['weight']} pc={int(q['per_channel'])} "
+                     f"rr={int(q['reduce_range'])}")
         else:
             quant = f"hand w={q['weight']} pc={int(q['per_channel'])}"
         return f"{self.input_shape} {'-'.join(o['op'] for o in self.ops)} [{quant}]"
@@ -104,7 +113,13 @@ def random_spec(seed: int) -> Spec:
         quant = {"kind": "hand", "per_channel": bool(rng.random() < 0.5),
                  "weight": str(rng.choice(["s8", "u8"], p=[0.6, 0.4])),
                  "coverage": float(rng.choice([1.0, 0.85]))}
-    return Spec(seed, shape, ops, quant, outputs=1 + int(rng.random() < 0.1))
+    outputs = 1 + int(rng.random() < 0.1)
+    dynamic = np.random.default_rng((seed, 3))
+    if dynamic.random() < DYNAMIC_SHARE:
+        quant = {"kind": "dynamic", "per_channel": bool(dynamic.random() < 0.5),
+                 "weight": str(dynamic.choice(["s8", "u8"], p=[0.7, 0.3])),
+                 "reduce_range": bool(dynamic.random() < 0.3)}
+    return Spec(seed, shape, ops, quant, outputs=outputs)
 
 
 def _intent(kind: str, rng: np.random.Generator) -> dict[str, Any]:
@@ -459,7 +474,9 @@ def fuzz_inputs(spec: Spec) -> dict[str, np.ndarray]:
 def quantized_model(spec: Spec) -> onnx.ModelProto:
     """The QDQ model of ``spec``, with the spec in its metadata (``fuzz_spec``)."""
     fm, b = build(spec)
-    model = _ort_quantize(spec, fm) if spec.quant["kind"] == "ort" else _hand_quantize(spec, fm, b)
+    kind = spec.quant["kind"]
+    model = (_ort_quantize(spec, fm) if kind == "ort" else _dynamic_quantize(spec, fm)
+             if kind == "dynamic" else _hand_quantize(spec, fm, b))
     del model.metadata_props[:]
     model.metadata_props.append(onnx.StringStringEntryProto(key="fuzz_spec",
                                                             value=spec.to_json()))
@@ -501,6 +518,19 @@ def _ort_quantize(spec: Spec, fm: onnx.ModelProto) -> onnx.ModelProto:
             except ValueError:  # onnxruntime 1.2x: per-channel grouped ConvTranspose biases
                 if not per_channel:  # broadcast its Cout/g weight scales against Cout
                     raise
+        return onnx.load(dst)
+
+
+def _dynamic_quantize(spec: Spec, fm: onnx.ModelProto) -> onnx.ModelProto:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    q = spec.quant
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp, "f.onnx"), Path(tmp, "q.onnx")
+        onnx.save(fm, src)
+        quantize_dynamic(str(src), str(dst), per_channel=q["per_channel"],
+                         reduce_range=q["reduce_range"],
+                         weight_type={"u8": QuantType.QUInt8, "s8": QuantType.QInt8}[q["weight"]])
         return onnx.load(dst)
 
 

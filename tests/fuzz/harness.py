@@ -210,6 +210,8 @@ def summarize(model: onnx.ModelProto, spec: Spec) -> str:
     if q["kind"] == "ort":
         quant = (f"ort a={q['activation']} w={q['weight']} pc={int(q['per_channel'])} "
                  f"rr={int(q['reduce_range'])} sym={int(q['act_sym'])}{int(q['w_sym'])}")
+    elif q["kind"] == "dynamic":
+        quant = f"dynamic w={q['weight']} pc={int(q['per_channel'])} rr={int(q['reduce_range'])}"
     else:
         quant = f"hand w={q['weight']} pc={int(q['per_channel'])}"
     return f"{spec.input_shape} {'-'.join(ops)} [{quant}]"
