@@ -13,6 +13,11 @@ Used by the `fp32` mode on the imported graph, before the import-cleanup passes:
   front of such a QuantizeLinear (the clamps at 0 and at the calibrated top do its work), so
   it is put back.
 - A FakeQuantize (f32 → f32) on an activation is bypassed the same way.
+- Dynamic quantization (compiler/onnx_import/convert_dynamic.py): an int8 MatMul / Conv that
+  reads a DynamicQuantizeLinear's output and zero point, whose int32 accumulator is cast to
+  float32 and multiplied by ``s_x·s_w`` (``s_w`` a constant), becomes the float op on the
+  DynamicQuantizeLinear's input with weights ``f32(w − zw)·s_w``; the Cast and the Mul go, and
+  the DynamicQuantizeLinear when nothing else reads it.
 
 Graph output names are kept (passes/replace.py ``bypass_keeping_name``). Quantization that is
 part of the model's interface stays: a DequantizeLinear of an integer graph input, a
@@ -30,10 +35,11 @@ import logging
 
 import numpy as np
 
-from qfuse.ir import Graph, Node, Op
+from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import Fused, Shift
 from qfuse.ir.ops import ClipAttrs
 from qfuse.passes.base import PassContext
+from qfuse.passes.post_op_match import drop_if_unread, sole_reader
 from qfuse.passes.replace import bypass_keeping_name
 from qfuse.runtime.reference import IMPLS
 
@@ -82,7 +88,64 @@ def run(graph: Graph, ctx: PassContext) -> int:
             count += _strip_pair(graph, ctx, node)
         elif node.op is Op.DEQUANTIZE_LINEAR and graph.producer(node.inputs[0]) is None:
             ctx.decline(node, "dequantizes an integer graph input: part of the interface")
+    for node in graph.topo_order():
+        if node.fused is not None and node.fused.src_zero_point_port is not None:
+            ctx.visit(node)
+            why = _strip_dynamic(graph, node)
+            if why is None:
+                count += 1
+            else:
+                ctx.decline(node, why)
     return count
+
+
+def _strip_dynamic(graph: Graph, node: Node) -> str | None:
+    """The float op a dynamically quantized MatMul / Conv stands for (module docstring), or
+    why it stays int8."""
+    assert node.fused is not None and node.fused.src_zero_point_port is not None
+    dql = graph.producer(node.inputs[0])
+    weights = graph.constant(node.inputs[1])
+    if dql is None or dql.op is not Op.DYNAMIC_QUANTIZE_LINEAR or weights is None:
+        return "dynamic quantization: the source or the weights are not the expected ones"
+    acc = node.outputs[0]
+    cast, _ = sole_reader(graph, acc)
+    if cast is None or cast.op is not Op.CAST or graph.info(cast.outputs[0]).dtype is not DType.F32:
+        return "dynamic quantization: the accumulator is not cast to float32"
+    mul, _ = sole_reader(graph, cast.outputs[0])
+    if mul is None or mul.op is not Op.MUL:
+        return "dynamic quantization: the accumulator is not scaled by a Mul"
+    product = graph.producer(mul.inputs[1 - mul.inputs.index(cast.outputs[0])])
+    scale = None
+    if product is not None and product.op is Op.MUL and dql.outputs[1] in product.inputs:
+        scale = graph.constant(product.inputs[1 - product.inputs.index(dql.outputs[1])])
+    out = graph.info(acc)
+    axis = 1 if node.op is Op.CONV else len(out.shape) - 1
+    if scale is None or scale.size not in (1, out.shape[axis]):
+        return "dynamic quantization: the scale is not s_x times a constant per channel"
+    w_axis = 0 if node.op is Op.CONV else weights.ndim - 1
+    shape = [-1 if i == w_axis else 1 for i in range(weights.ndim)]
+    real = (weights.astype(np.int64) - node.fused.wei_zero_point).astype(np.float32) \
+        * np.asarray(scale, np.float32).reshape(shape if scale.size > 1 else ())
+    w_name = graph.unique_name(f"{node.inputs[1]}_f32")
+    graph.add_constant(w_name, real.astype(np.float32))
+    zp_port = node.fused.src_zero_point_port
+    graph.set_input(node, zp_port, "")
+    while node.inputs and not node.inputs[-1]:
+        node.inputs.pop()
+    graph.set_input(node, 0, dql.inputs[0])
+    graph.set_input(node, 1, w_name)
+    node.fused = None
+    graph.set_info(acc, TensorInfo(out.shape, DType.F32))
+    if mul.inputs[0] != cast.outputs[0]:  # bypass_keeping_name removes to input 0
+        a, b = mul.inputs
+        graph.set_input(mul, 0, b)
+        graph.set_input(mul, 1, a)
+    for gone in (cast, mul):
+        why = bypass_keeping_name(graph, gone)
+        if why is not None:
+            return f"dynamic quantization: {why}"
+    drop_if_unread(graph, [product, dql])
+    return None
 
 
 def _strip_pair(graph: Graph, ctx: PassContext, q: Node) -> int:

@@ -217,3 +217,24 @@ def test_dynamic_params_are_float32_arithmetic() -> None:
     for x_min, x_max in cases:
         assert dynamic_params(x_min, x_max) == _params_in_numpy_float32(x_min, x_max), \
             (x_min, x_max)
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["tensor", "channel"])
+@pytest.mark.parametrize("build", [_mlp, _convnet, _squeeze_excitation],
+                         ids=["mlp", "convnet", "squeeze_excitation"])
+def test_fp32_mode_is_the_float_model(tmp_path: Path, build: object, per_channel: bool) -> None:
+    """The fp32 mode strips dynamic quantization (passes/strip_quantization.py): float32
+    kernels only, on the float model with the quantized weights ``(w − zw)·s_w``, so within
+    weight-quantization noise of the model quantize_dynamic read."""
+    model = build()  # type: ignore[operator]
+    path = _quantized(tmp_path, model, per_channel, QuantType.QInt8)
+    compiled = compile_model(path, mode="fp32")
+    kernels = compiled.inspect()["kernels"]
+    assert {k["src_dtype"] for k in kernels} == {"f32"}, [(k["name"], k["src_dtype"])
+                                                          for k in kernels]
+    x = np.random.default_rng(0).normal(0, 1, compiled.input_specs()["x"][0]).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    got = compiled.run({"x": x})["y"]
+    cosine = float(np.sum(got * want) / np.linalg.norm(got) / np.linalg.norm(want))
+    assert cosine > 0.9995, cosine
