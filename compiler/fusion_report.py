@@ -27,7 +27,8 @@ Definitions used here (and by the zoo fusion tests):
 
 ``not_fused`` reports the last reason a pass recorded for a node; when none did, it derives
 one from the structure above (float op, boundary, requantize, constant expression, graph
-input quantize / output dequantize), and only then says "no pass matched".
+input quantize / output dequantize, the dequantized second operand of a fused binary chain),
+and only then says "no pass matched".
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from collections import Counter
 from typing import Any
 
 from qfuse.ir import DType, Graph, Node, Op
-from qfuse.ir.chain import Quantize, Residual
+from qfuse.ir.chain import Quantize, Residual, TensorOperand
 from qfuse.ir.ops import ResizeMode
 from qfuse.passes.base import PassResult
 from qfuse.passes.fuse_quantized_norm import NORM_OPS
@@ -160,6 +161,31 @@ def structural_reason(graph: Graph, node: Node) -> str | None:
     if is_float_boundary(graph, node):
         where = "after" if node.op in QUANTIZERS else "for"
         return f"quantization boundary {where} a float32 op"
+    return _float_operand_reason(graph, node)
+
+
+def _float_operand_reason(graph: Graph, node: Node) -> str | None:
+    """Why a DequantizeLinear stays whose only reader is a fused node reading it in float32:
+    the second run-time operand of a binary chain (a ``TensorOperand`` or float ``Residual``),
+    or the source of a binary primitive whose own second operand is a broadcast (a broadcast
+    binary post-op would run on ref:any, so the 8-bit source cannot be read with a
+    dequantizing post-op: passes/fuse_post_ops.py ``_integer_source``)."""
+    if node.op is not Op.DEQUANTIZE_LINEAR:
+        return None
+    readers = graph.consumers(node.outputs[0])
+    if len(readers) != 1 or readers[0][0].fused is None:
+        return None
+    reader, port = readers[0]
+    chain = reader.fused.chain if reader.fused is not None else []
+    if port > 0 and any(isinstance(i, TensorOperand | Residual) and i.port == port
+                        for i in chain):
+        return (f"dequantizes the second run-time operand of {reader}: its binary primitive "
+                "reads one 8-bit source exactly (its own), the other in float32")
+    if port == 0 and chain and isinstance(chain[0], TensorOperand) and reader.op in (
+            Op.ADD, Op.MUL) and reader.fused is not None and reader.fused.src_scale is None:
+        return (f"dequantizes the source of {reader}: its other operand broadcasts along "
+                "other axes than the channels, which only the binary primitive's own second "
+                "operand takes on jit kernels, so the source is read in float32")
     return None
 
 

@@ -262,3 +262,27 @@ def test_broadcast_constant_is_the_binary_primitives_own_operand(shape, operand)
     np.testing.assert_array_equal(fused, before)
     unfused, _ = _run(model, feeds, mode="unfused")
     np.testing.assert_array_equal(fused, unfused)
+
+
+@pytest.mark.parametrize("operand,why", [
+    ([2, 8, 6, 6], "dequantizes the second run-time operand"),  # a residual of two 8-bit tensors
+    ([1, 8, 1, 6], "dequantizes the source"),  # Swin's shifted-window mask, computed at run time
+])
+def test_dequantized_operand_of_a_binary_chain_says_why(operand, why) -> None:
+    """x + r, both dequantized 8-bit run-time tensors, then a quantize: the binary primitive
+    reads one of them as its 8-bit source (or, when r broadcasts along other axes than the
+    channels, r as its own operand and x in float32); `inspect` names the dequantize that stays
+    and why, not "no pass matched"."""
+    from qfuse.compiler.api import compile_model
+
+    inits = [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y), *_params("r", 0.07, 100)]
+    nodes = [*_qdq("x", S_X, ZP_X, "input", "x"), *_qdq("r", 0.07, 100, "other", "r"),
+             h.make_node("Add", ["x", "r"], ["m"]), *_qdq("y", S_Y, ZP_Y, "m", "out")]
+    graph = h.make_graph(nodes, "operand", [
+        h.make_tensor_value_info("input", TensorProto.FLOAT, SHAPE),
+        h.make_tensor_value_info("other", TensorProto.FLOAT, operand)],
+        [h.make_tensor_value_info("out", TensorProto.FLOAT, SHAPE)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    reasons = {d["node"]: d["reason"] for d in compile_model(model).inspect()["not_fused"]}
+    assert not [n for n, r in reasons.items() if r == "no pass matched"], reasons
+    assert any(r.startswith(why) for r in reasons.values()), reasons
