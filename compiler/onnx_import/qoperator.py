@@ -22,6 +22,13 @@ docs/ContribOperators.md and onnxruntime/contrib_ops/cpu/quantization/*.cc for c
   nor oneDNN's f32(acc) rounds); the bound ``max|x - zx|·Σ|w - zw|`` per output is checked
   on the constant weights and the rewrite is refused (naming the bound) when it can exceed it.
 - QLinearAdd / QLinearMul (A, sA, zA, B, sB, zB, sC, zC): ``Q(DQ(A) ∘ DQ(B))``.
+- DynamicQuantizeMatMul (com.microsoft; A, B, b_scale[, b_zero_point, bias]) and
+  MatMulIntegerToFloat (A, B, a_scale, b_scale[, a_zero_point, b_zero_point, bias]), what
+  onnxruntime's optimizer fuses quantize_dynamic's ops into: back to those standard ops,
+  ``Cast_f32(MatMulInteger(A_q, B, a_zp, b_zp))·(a_scale·b_scale) + bias`` with
+  ``A_q, a_scale, a_zp = DynamicQuantizeLinear(A)`` for the first (convert_dynamic.py then
+  makes them one int8 kernel). onnxruntime's own kernels add the bias in one fused
+  multiply-add: float32 outputs may differ from them by an ulp.
 - QLinearConcat (sY, zY, (x_i, s_i, z_i)...; axis): ``Q(concat(DQ(x_i)))``.
 - QLinearAveragePool / QLinearGlobalAveragePool (x, sx, zx, sy, zy; channels_last):
   ``Q(pool(DQ(x)))``; channels_last inputs are transposed to NCHW and back.
@@ -239,6 +246,36 @@ def _integer(op_type: str) -> object:
 _INTEGER_RULES = {op: _integer(op) for op in ("ConvInteger", "MatMulInteger")}
 
 
+def _integer_to_float(b: _Builder, a: str, a_scale: str, a_zp: str, b_ports: tuple[int, ...]
+                      ) -> None:
+    """``Cast_f32(MatMulInteger(a, B, a_zp, b_zp))·(a_scale·b_scale) [+ bias]``: the standard
+    ops quantize_dynamic writes, which onnxruntime's optimizer fuses into its contrib ops
+    (B, b_scale, b_zero_point, bias at ``b_ports``)."""
+    n = b.node
+    w, w_scale, w_zp, bias = (n.input(p) for p in b_ports)
+    acc = b.add("MatMulInteger", [a, w, a_zp, w_zp])
+    f = b.add("Cast", [acc], to=TensorProto.FLOAT)
+    product = b.add("Mul", [a_scale, w_scale])
+    y = b.add("Mul", [f, product], None if bias else n.outputs[0])
+    if bias:
+        b.add("Add", [y, bias], n.outputs[0])
+
+
+def _dynamic_quantize_matmul(b: _Builder) -> None:
+    """com.microsoft DynamicQuantizeMatMul(A, B, b_scale, b_zero_point, bias): A quantized by
+    DynamicQuantizeLinear, then ``_integer_to_float``."""
+    q, scale, zp = b.fresh("a_quantized"), b.fresh("a_scale"), b.fresh("a_zero_point")
+    b.add("DynamicQuantizeLinear", [b.node.input(0)], [q, scale, zp])
+    _integer_to_float(b, q, scale, zp, (1, 2, 3, 4))
+
+
+def _matmul_integer_to_float(b: _Builder) -> None:
+    """com.microsoft MatMulIntegerToFloat(A, B, a_scale, b_scale, a_zero_point, b_zero_point,
+    bias): ``_integer_to_float`` on an 8-bit A."""
+    n = b.node
+    _integer_to_float(b, n.input(0), n.input(2), n.input(4), (1, 3, 5, 6))
+
+
 def _centered(b: _Builder, axis: int) -> np.ndarray | None:
     """``w - zw`` as int32 for a constant weight (input 1) and zero point (input 3)."""
     n, ctx = b.node, b.ctx
@@ -424,6 +461,8 @@ _RULES = {
     ("", "ConvInteger"): _INTEGER_RULES["ConvInteger"],
     ("", "MatMulInteger"): _INTEGER_RULES["MatMulInteger"],
     (MS_DOMAIN, "QGemm"): _qgemm,
+    (MS_DOMAIN, "DynamicQuantizeMatMul"): _dynamic_quantize_matmul,
+    (MS_DOMAIN, "MatMulIntegerToFloat"): _matmul_integer_to_float,
     (MS_DOMAIN, "QLinearAdd"): _binary("Add"),
     (MS_DOMAIN, "QLinearMul"): _binary("Mul"),
     (MS_DOMAIN, "QLinearConcat"): _qlinear_concat,

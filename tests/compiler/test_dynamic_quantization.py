@@ -238,3 +238,39 @@ def test_fp32_mode_is_the_float_model(tmp_path: Path, build: object, per_channel
     got = compiled.run({"x": x})["y"]
     cosine = float(np.sum(got * want) / np.linalg.norm(got) / np.linalg.norm(want))
     assert cosine > 0.9995, cosine
+
+
+def _two_heads() -> onnx.ModelProto:
+    """Two MatMuls reading one input (attention's Q / K / V projections): onnxruntime's
+    optimizer keeps one DynamicQuantizeLinear and fuses each reader into MatMulIntegerToFloat;
+    a lone MatMul becomes DynamicQuantizeMatMul."""
+    nodes = [h.make_node("MatMul", ["x", "wa"], ["a"]), h.make_node("Add", ["a", "ba"], ["ab"]),
+             h.make_node("MatMul", ["x", "wb"], ["b"]), h.make_node("Add", ["ab", "b"], ["s"]),
+             h.make_node("Relu", ["s"], ["r"]), h.make_node("MatMul", ["r", "wc"], ["y"])]
+    graph = h.make_graph(nodes, "heads", [h.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                   [1, 16, 32])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 24])],
+                         [_const("wa", (32, 40), 0.2), _const("ba", (40,), 0.1),
+                          _const("wb", (32, 40), 0.2), _const("wc", (40, 24), 0.2)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["tensor", "channel"])
+def test_onnxruntime_optimized_contrib_ops(tmp_path: Path, per_channel: bool) -> None:
+    """The model onnxruntime's optimizer saves from a quantize_dynamic one (com.microsoft
+    DynamicQuantizeMatMul, MatMulIntegerToFloat) compiles to the same kernels as the
+    quantize_dynamic model, with bit-identical outputs: qoperator.py writes the contrib ops
+    back as the standard ops."""
+    path = _quantized(tmp_path, _two_heads(), per_channel, QuantType.QInt8)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(tmp_path / "optimized.onnx")
+    contrib = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"}
+    assert contrib == {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"}, contrib
+    ours, theirs = compile_model(optimized), compile_model(path)
+    assert not ours.inspect()["islands"]
+    assert len(ours.inspect()["kernels"]) == len(theirs.inspect()["kernels"])
+    x = np.random.default_rng(1).normal(0, 1, (1, 16, 32)).astype(np.float32)
+    np.testing.assert_array_equal(ours.run({"x": x})["y"], theirs.run({"x": x})["y"])
