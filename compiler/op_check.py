@@ -4,9 +4,11 @@ inputs, its integer output compared with the reference's.
 The reference is exact QDQ: every tensor of the ONNX model computed by onnxruntime with graph
 optimizations off (ORT_DISABLE_ALL; every node output added as a graph output, which changes
 nothing it computes), or by qfuse's reference interpreter on the imported graph. For a
-QOperator model onnxruntime's QLinearConv / QLinearMatMul / QGemm are not exact on CPUs
-without VNNI (int16 saturation, examples/realzoo/exact.py): pass the model's exact QDQ form as
-``reference_model`` (its tensors keep the QOperator model's names).
+QOperator or quantize_dynamic model onnxruntime's QLinearConv / QLinearMatMul / QGemm /
+MatMulInteger / ConvInteger are not exact on CPUs without VNNI (int16 saturation,
+examples/realzoo/exact.py): ``qfuse check`` then takes the model's exact form as
+``reference_model`` by itself (its tensors keep the model's names; ``--reference-model``
+overrides it).
 
 Teacher forcing (``Executor.run_forced``): right after the kernel that writes a value the
 reference also has (same name, shape and dtype), the plan's own value is kept and the
@@ -337,8 +339,12 @@ def main_check(args: Any) -> int:
     compiled = compile_model(args.model, mode=args.mode)
     feeds = (read_inputs(args.inputs, compiled.inputs) if args.inputs
              else random_inputs(compiled, seed=0))
+    if args.reference_model is None and args.engine == "onnxruntime":
+        args.reference_model = _exact_form(args.model)
     result = check_op_by_op(args.model, feeds, compiled=compiled, engine=args.engine,
                             reference_model=args.reference_model)
+    if isinstance(args.reference_model, onnx.ModelProto):
+        result.engine = f"{result.engine} on the model's exact form ({EXACT_FORM})"
     if not getattr(args, "blame", False):
         emit(args.json, result.to_json(), lambda: format_text(result, all_rows=args.all))
         return 0
@@ -351,6 +357,26 @@ def main_check(args: Any) -> int:
     emit(args.json, {**result.to_json(), "blame": found.to_json()},
          lambda: format_text(result, all_rows=args.all) + "\n\n" + format_blame(found))
     return 0
+
+
+EXACT_FORM = "integer-product ops as float ops: onnxruntime's int8 kernels saturate without VNNI"
+
+
+def _exact_form(model: Any) -> onnx.ModelProto | None:
+    """The model's exact form (examples/realzoo/exact.py) when it has integer-product ops
+    onnxruntime would run on its int8 kernels; None otherwise (the model is its own
+    reference)."""
+    from qfuse.compiler.onnx_import.loading import load
+    from qfuse.examples.realzoo.exact import exact_qdq, has_integer_products
+
+    proto = load(model)
+    if not has_integer_products(proto):
+        return None
+    try:
+        return exact_qdq(proto)
+    except ValueError as exc:  # a per-axis operand computed at run time: keep the model
+        log.info("no exact form of the model (%s): onnxruntime runs its int8 kernels", exc)
+        return None
 
 
 def _computing_producer(graph: Graph, value: str) -> Node | None:

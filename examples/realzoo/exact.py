@@ -173,6 +173,13 @@ _RULES = {("", "QLinearConv"): _qlinear_conv, ("", "QLinearMatMul"): _qlinear_ma
           ("", "ConvInteger"): _integer("Conv")}
 
 
+def has_integer_products(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` has an op ``exact_qdq`` rewrites (one ONNX Runtime runs on its int8
+    kernels, which saturate without VNNI)."""
+    return any((n.domain if n.domain != "ai.onnx" else "", n.op_type) in _RULES
+               for n in model.graph.node)
+
+
 def exact_qdq(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with QLinearConv / QLinearMatMul / QGemm / QLinearAdd / QLinearMul
     in the QDQ form

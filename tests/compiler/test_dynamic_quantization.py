@@ -9,6 +9,7 @@ on CPUs without VNNI (thousands of units off on 11 % of a per-channel MatMul's s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -274,3 +275,17 @@ def test_onnxruntime_optimized_contrib_ops(tmp_path: Path, per_channel: bool) ->
     assert len(ours.inspect()["kernels"]) == len(theirs.inspect()["kernels"])
     x = np.random.default_rng(1).normal(0, 1, (1, 16, 32)).astype(np.float32)
     np.testing.assert_array_equal(ours.run({"x": x})["y"], theirs.run({"x": x})["y"])
+
+
+def test_check_takes_the_exact_form_as_reference(tmp_path: Path, capsys) -> None:
+    """`qfuse check` on a quantize_dynamic model compares against the model's exact form by
+    itself (onnxruntime's MatMulInteger saturates without VNNI): every integer tensor
+    identical, every float one within float32 rounding."""
+    from qfuse.compiler.cli import main
+
+    path = _quantized(tmp_path, _mlp(), True, QuantType.QInt8)
+    assert main(["check", path, "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert "exact form" in result["engine"]
+    assert result["ints"] and result["max_lsb"] == 0
+    assert max(f["rel_error"] for f in result["floats"]) < 1e-6
