@@ -262,7 +262,8 @@ class LowerContext:
                 if below is not None and below.is_plain:
                     strides = nocopy_strides(below.dims, below.strides or (), dims)
                     found = strided(dims, dtype, strides)
-            elif found is None and consumer.op in QUANTIZERS:  # a reorder keeps the layout
+            elif found is None and (consumer.op in QUANTIZERS or (
+                    consumer.op is Op.DYNAMIC_QUANTIZE_LINEAR and port == 0)):  # layout kept
                 below = self.preferred(consumer.outputs[0], dtype, depth + 1)
                 if below is not None and below.is_plain:
                     found = below

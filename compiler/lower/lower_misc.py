@@ -291,19 +291,22 @@ def lower_transpose(ctx: LowerContext, node: Node) -> None:
     dtype = dnnl_type(yinfo.dtype)
     home = ctx.home_slot(x)
     md = ctx.slots[home].md
+    wanted = ctx.preferred(y, dtype)
     if md.is_plain and ctx.slots[home].const is None and not ctx.is_output(y):
         # x's bytes may already be y's row-major layout (a channels-last NCHW tensor permuted
-        # to NHWC, as ConvNeXt and tf2onnx models do): y is then a view of x, no copy
+        # to NHWC, as ConvNeXt and tf2onnx models do), or the layout y's readers want (NHWC
+        # bytes seen as NCHW, channels-last, for a convolution): y is then a view of x
         strides = tuple((md.strides or ())[p] for p in attrs.perm)
         row_major = plain_md(yinfo.shape, dtype)
         try:
             permuted = MemoryDesc.from_strides(yinfo.shape, dtype, strides)
         except DnnlError:
             permuted = None
-        if permuted is not None and same_bytes(permuted, row_major):
-            ctx.home[y] = ctx.temp(f"{y}@perm", row_major, alias=home)
-            return
-    wanted = ctx.preferred(y, dtype)
+        for target in (row_major, wanted):
+            if (permuted is not None and target is not None and target.is_plain
+                    and same_bytes(permuted, target)):
+                ctx.home[y] = ctx.temp(f"{y}@perm", target, alias=home)
+                return
     out = ctx.define(y, wanted if wanted is not None and wanted.is_plain
                      else plain_md(yinfo.shape, dtype))
     ys = ctx.slots[out].md.strides or ()

@@ -289,3 +289,25 @@ def test_check_takes_the_exact_form_as_reference(tmp_path: Path, capsys) -> None
     assert "exact form" in result["engine"]
     assert result["ints"] and result["max_lsb"] == 0
     assert max(f["rel_error"] for f in result["floats"]) < 1e-6
+
+
+def test_channels_last_transpose_is_a_view(tmp_path: Path) -> None:
+    """ConvNeXt's NHWC → NCHW Transpose before a convolution: the convolution wants NHWC
+    bytes, which is what the Transpose's input already holds, so the Transpose is a view (no
+    kernel) through the dynamic quantization, and the plan stays bit-exact."""
+    nodes = [h.make_node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
+             h.make_node("Conv", ["t", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
+    graph = h.make_graph(nodes, "nhwc", [h.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                  [1, 7, 9, 16])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 7, 9])],
+                         [_const("w", (16, 16, 3, 3), 0.2), _const("b", (16,), 0.1)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    path = _quantized(tmp_path, model, False, QuantType.QInt8)
+    compiled = compile_model(path)
+    kernels = compiled.inspect()["kernels"]
+    assert not [k["name"] for k in kernels if any("Transpose" in a for a in k["absorbed"])]
+    assert not [k["name"] for k in kernels if k["primitive"] == "reorder" and k["src_dtype"]
+                in ("f32", "u8") and k["dst_dtype"] == k["src_dtype"] and "output" not in
+                k["name"]], [k["name"] for k in kernels]
+    x = np.random.default_rng(2).normal(0, 1, (1, 7, 9, 16)).astype(np.float32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
