@@ -311,3 +311,21 @@ def test_channels_last_transpose_is_a_view(tmp_path: Path) -> None:
                 k["name"]], [k["name"] for k in kernels]
     x = np.random.default_rng(2).normal(0, 1, (1, 7, 9, 16)).astype(np.float32)
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
+
+
+def test_contrib_ops_equal_onnxruntimes_where_it_does_not_saturate(tmp_path: Path) -> None:
+    """With 7-bit weights (reduce_range) no u8·s8 pair saturates in onnxruntime's kernels:
+    its own DynamicQuantizeMatMul / MatMulIntegerToFloat and qfuse's kernels for them agree
+    bit for bit."""
+    path = _quantized(tmp_path, _two_heads(), False, QuantType.QInt8, reduce_range=True)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    optimized = str(tmp_path / "optimized.onnx")
+    plain = ort.SessionOptions()
+    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(optimized, plain, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(4).normal(0, 1, (1, 16, 32)).astype(np.float32)
+    np.testing.assert_array_equal(compile_model(optimized).run({"x": x})["y"],
+                                  session.run(None, {"x": x})[0])
