@@ -156,8 +156,9 @@ def dynamic_params(x_min: float, x_max: float) -> tuple[float, int]:
     ONNX spec https://onnx.ai/onnx/operators/onnx__DynamicQuantizeLinear.html): the range
     widened to include 0, ``scale = (max - min) / 255`` (1 when the range is empty, where the
     spec would divide by zero), ``zp = rint(clip(0 - min / scale, 0, 255))`` (half to even).
-    A NaN in x is not defined by ONNX: ONNX Runtime's range is then that of its SIMD min / max
-    lanes, qfuse's that of oneDNN's reduction (the NaN elements quantize to 0 in both).
+    A NaN in x is not defined by ONNX: measured, onnxruntime's range skips it (a finite
+    scale), while oneDNN's min / max reductions return NaN, and every element then quantizes
+    to 0 (NaN stores as 0 in u8; this reference computes NaN too).
     Computed on Python floats, each step rounded to float32: one float64 operation on float32
     operands rounded to float32 is the float32 operation's own result (+, −, ·, /; 53 ≥ 2·24 + 2
     bits), so this is ONNX Runtime's float32 arithmetic, 3x faster than numpy scalars in the
