@@ -826,6 +826,33 @@ model_case("constant_two_values", lambda: _constant_node(value_float=1.0, value_
 model_case("constant_no_value", lambda: _constant_node(), r"'c'")
 
 
+# ------------------------------------------------------------- dynamic quantization
+def _dynamic(x_type: int = TensorProto.FLOAT, zp_cast: int | None = None,
+             zw: np.ndarray | None = None) -> Callable[[], onnx.ModelProto]:
+    """DynamicQuantizeLinear → MatMulInteger, with the parts a test breaks."""
+    def build() -> onnx.ModelProto:
+        zp = "z"
+        nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["q", "s", "z"], name="dql")]
+        if zp_cast is not None:
+            nodes.append(helper.make_node("Cast", ["z"], ["zc"], to=zp_cast))
+            zp = "zc"
+        inputs = ["q", "w", zp] + (["zw"] if zw is not None else [])
+        nodes.append(helper.make_node("MatMulInteger", inputs, ["y"], name="mmi"))
+        inits = [init("w", np.ones((4, 3)), np.int8)]
+        if zw is not None:
+            inits.append(init("zw", zw, np.int8))
+        return bm.graph_model(nodes, [helper.make_tensor_value_info("x", x_type, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.INT32, [2, 3])],
+                              inits)
+    return build
+
+
+model_case("dynamic_quantize_int_input", _dynamic(x_type=TensorProto.INT32), r"'dql'.*float32")
+model_case("dynamic_zero_point_other_type", _dynamic(zp_cast=TensorProto.INT8),
+           r"'mmi'.*zero point")
+model_case("dynamic_weight_zero_point_shape", _dynamic(zw=np.zeros(5)), r"'mmi'.*zero point")
+
+
 def _constant_node(**attrs: object) -> onnx.ModelProto:
     nodes = [helper.make_node("Constant", [], ["k"], name="c", **attrs),
              helper.make_node("Add", ["x", "k"], ["y"], name="add")]
