@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -361,3 +361,25 @@ class Graph:
 
     def __repr__(self) -> str:
         return f"Graph({self.name!r}, {len(self._nodes)} nodes, {len(self.values)} values)"
+
+
+def scale_product(graph: Graph, value: str,
+                  const: Callable[[str], np.ndarray | None] | None = None
+                  ) -> tuple[str, np.ndarray] | None:
+    """``value = Mul(s, c)`` (either order) with s a run-time float32 scalar and c a float32
+    constant — dynamic quantization's ``s_x·s_w``, a DynamicQuantizeLinear's scale times the
+    weight scales — as (s, c); None otherwise. ``const`` reads constants (default: the
+    graph's; the lowering passes its own, which also holds the values it folded)."""
+    const = const or graph.constant
+    mul = graph.producer(value)
+    if mul is None or mul.op is not Op.MUL or mul.fused is not None or len(mul.inputs) != 2:
+        return None
+    data = [const(v) for v in mul.inputs]
+    runtime = [i for i, d in enumerate(data) if d is None]
+    if len(runtime) != 1:
+        return None
+    s, c = mul.inputs[runtime[0]], data[1 - runtime[0]]
+    info = graph.info(s)
+    if info.dtype is not DType.F32 or info.size != 1 or c is None or c.dtype != np.float32:
+        return None
+    return s, c

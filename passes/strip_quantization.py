@@ -36,6 +36,7 @@ import logging
 import numpy as np
 
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
+from qfuse.ir.graph import scale_product
 from qfuse.ir.chain import Fused, Shift
 from qfuse.ir.ops import ClipAttrs
 from qfuse.passes.base import PassContext
@@ -114,20 +115,20 @@ def _strip_dynamic(graph: Graph, node: Node) -> str | None:
     mul, _ = sole_reader(graph, cast.outputs[0])
     if mul is None or mul.op is not Op.MUL:
         return "dynamic quantization: the accumulator is not scaled by a Mul"
-    product = graph.producer(mul.inputs[1 - mul.inputs.index(cast.outputs[0])])
-    scale = None
-    if product is not None and product.op is Op.MUL and dql.outputs[1] in product.inputs:
-        scale = graph.constant(product.inputs[1 - product.inputs.index(dql.outputs[1])])
+    product_value = mul.inputs[1 - mul.inputs.index(cast.outputs[0])]
+    found = scale_product(graph, product_value)
     out = graph.info(acc)
     axis = 1 if node.op is Op.CONV else len(out.shape) - 1
-    if scale is None or scale.size not in (1, out.shape[axis]):
+    if found is None or found[0] != dql.outputs[1] or found[1].size not in (1, out.shape[axis]):
         return "dynamic quantization: the scale is not s_x times a constant per channel"
+    scale = found[1]
+    product = graph.producer(product_value)
     w_axis = 0 if node.op is Op.CONV else weights.ndim - 1
     shape = [-1 if i == w_axis else 1 for i in range(weights.ndim)]
     real = (weights.astype(np.int64) - node.fused.wei_zero_point).astype(np.float32) \
-        * np.asarray(scale, np.float32).reshape(shape if scale.size > 1 else ())
+        * scale.reshape(shape if scale.size > 1 else ())
     w_name = graph.unique_name(f"{node.inputs[1]}_f32")
-    graph.add_constant(w_name, real.astype(np.float32))
+    graph.add_constant(w_name, real)
     zp_port = node.fused.src_zero_point_port
     graph.set_input(node, zp_port, "")
     while node.inputs and not node.inputs[-1]:
@@ -140,11 +141,10 @@ def _strip_dynamic(graph: Graph, node: Node) -> str | None:
         a, b = mul.inputs
         graph.set_input(mul, 0, b)
         graph.set_input(mul, 1, a)
-    for gone in (cast, mul):
+    for gone in (cast, mul):  # their inputs are not graph outputs (sole_reader): no refusal
         why = bypass_keeping_name(graph, gone)
-        if why is not None:
-            return f"dynamic quantization: {why}"
-    drop_if_unread(graph, [product, dql])
+        assert why is None, why
+    drop_if_unread(graph, [n for n in (product, dql) if n is not None])
     return None
 
 

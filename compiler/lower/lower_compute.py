@@ -50,6 +50,7 @@ from qfuse.compiler.lower.layouts import (
     same_bytes,
 )
 from qfuse.ir import DType, Node, Op, TensorInfo
+from qfuse.ir.graph import scale_product
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
 from qfuse.ir.postops import Binary, Composed, Eltwise, Sum, TensorBinary
 from qfuse.runtime.onednn import (
@@ -569,18 +570,11 @@ def _runtime_src_scale(ctx: LowerContext, node: Node, composed: Composed,
     if (not ops or not isinstance(ops[0], TensorBinary) or ops[0].alg != "mul"
             or composed.bias is not None or np.any(composed.wei_scales != 1)):
         return None
-    product = ctx.graph.producer(node.inputs[ops[0].port])
-    if product is None or product.op is not Op.MUL or product.fused is not None \
-            or len(product.inputs) != 2:
+    found = scale_product(ctx.graph, node.inputs[ops[0].port], ctx.const)
+    if found is None:
         return None
-    consts = [ctx.const(v) for v in product.inputs]
-    if sum(c is None for c in consts) != 1:
-        return None
-    scalar = product.inputs[consts.index(None)]
-    weight = next(c for c in consts if c is not None)
-    info, out = ctx.info(scalar), ctx.info(node.outputs[0])
-    if info.dtype is not DType.F32 or math.prod(info.shape) != 1 or weight.dtype != F32:
-        return None
+    scalar, weight = found
+    out = ctx.info(node.outputs[0])
     dims = (1,) * (len(out.shape) - weight.ndim) + weight.shape
     channels = out.shape[channel_axis]
     if len(dims) != len(out.shape) or any(

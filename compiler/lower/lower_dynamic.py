@@ -24,7 +24,8 @@ import numpy as np
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import md_like, plain_md
-from qfuse.ir import Node, Op
+from qfuse.ir import Node
+from qfuse.ir.graph import scale_product
 from qfuse.ir.chain import ONNX_FORM
 from qfuse.runtime.onednn import Alg, Arg, DataType, PostOps, PrimitiveAttr, binary, reduction
 from qfuse.runtime.reference.ops_quant import dynamic_params
@@ -56,8 +57,9 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
     zp_s32 = ctx.temp(f"{zero_point}@s32", plain_md((1,), DataType.s32))
     writes = [ctx.define_plain(scale), ctx.define_plain(zero_point), scale_f32, zp_f32, zp_s32]
     products = _scale_products(ctx, scale)
+    ctx.lowered.update(mul.name for mul, _ in products)  # computed here: no kernel of their own
     writes += [ctx.define_plain(mul.outputs[0]) for mul, _ in products]
-    constants = [np.asarray(c, F32) for _, c in products]
+    constants = [c for _, c in products]
 
     def params(arrays: list[np.ndarray]) -> list[object]:  # scalars broadcast into the slots
         s, z = dynamic_params(float(arrays[0].flat[0]), float(arrays[1].flat[0]))
@@ -88,14 +90,11 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
 
 def _scale_products(ctx: LowerContext, scale: str) -> list[tuple[Node, np.ndarray]]:
     """The readers of ``scale`` that multiply it by a float32 constant (quantize_dynamic's
-    ``s_x·s_w``), with the constant: the params kernel computes them (a float32 multiply,
-    broadcast as the Mul's output) and they need no kernel of their own."""
+    ``s_x·s_w``, ir.graph.scale_product), with the constant: the params kernel computes them
+    (a float32 multiply, broadcast as the Mul's output)."""
     found = []
-    for reader, port in ctx.graph.consumers(scale):
-        if reader.op is not Op.MUL or reader.fused is not None or len(reader.inputs) != 2:
-            continue
-        other = ctx.const(reader.inputs[1 - port])
-        if other is not None and other.dtype == F32 and reader.inputs[0] != reader.inputs[1]:
-            found.append((reader, other))
-            ctx.lowered.add(reader.name)
+    for reader, _ in ctx.graph.consumers(scale):
+        product = scale_product(ctx.graph, reader.outputs[0], ctx.const)
+        if product is not None and product[0] == scale:
+            found.append((reader, product[1]))
     return found

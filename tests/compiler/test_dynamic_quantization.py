@@ -329,3 +329,24 @@ def test_contrib_ops_equal_onnxruntimes_where_it_does_not_saturate(tmp_path: Pat
     x = np.random.default_rng(4).normal(0, 1, (1, 16, 32)).astype(np.float32)
     np.testing.assert_array_equal(compile_model(optimized).run({"x": x})["y"],
                                   session.run(None, {"x": x})[0])
+
+
+def test_scale_product_in_either_operand_order(tmp_path: Path) -> None:
+    """``Mul(s_w, s_x)`` as well as ``Mul(s_x, s_w)`` (per-channel s_w): the same kernels and
+    bit-exact outputs (the product's run-time scalar found by position, not by comparing
+    arrays with None)."""
+    path = _quantized(tmp_path, _mlp(), True, QuantType.QInt8)
+    model = onnx.load(path)
+    swapped = 0
+    for n in model.graph.node:
+        if n.op_type == "Mul" and n.input[0].endswith("_scale") and n.input[1].endswith("_scale"):
+            n.input[0], n.input[1] = n.input[1], n.input[0]
+            swapped += 1
+    assert swapped == 2
+    onnx.save(model, tmp_path / "swapped.onnx")
+    swapped_path = str(tmp_path / "swapped.onnx")
+    x = np.random.default_rng(3).normal(0, 1, (2, 12, 48)).astype(np.float32)
+    for mode in ("fused", "fp32"):
+        ours, theirs = compile_model(swapped_path, mode=mode), compile_model(path, mode=mode)
+        assert len(ours.inspect()["kernels"]) == len(theirs.inspect()["kernels"])
+        np.testing.assert_array_equal(ours.run({"x": x})["y"], theirs.run({"x": x})["y"])
