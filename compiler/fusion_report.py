@@ -27,8 +27,8 @@ Definitions used here (and by the zoo fusion tests):
 
 ``not_fused`` reports the last reason a pass recorded for a node; when none did, it derives
 one from the structure above (float op, boundary, requantize, constant expression, graph
-input quantize / output dequantize, the dequantized second operand of a fused binary chain),
-and only then says "no pass matched".
+input quantize / output dequantize, the dequantized second operand of a fused binary chain,
+a dynamic quantization's scale product), and only then says "no pass matched".
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from collections import Counter
 from typing import Any
 
 from qfuse.ir import DType, Graph, Node, Op
+from qfuse.ir.graph import scale_product
 from qfuse.ir.chain import Quantize, Residual, TensorOperand
 from qfuse.ir.ops import ResizeMode
 from qfuse.passes.base import PassResult
@@ -161,6 +162,11 @@ def structural_reason(graph: Graph, node: Node) -> str | None:
     if is_float_boundary(graph, node):
         where = "after" if node.op in QUANTIZERS else "for"
         return f"quantization boundary {where} a float32 op"
+    product = scale_product(graph, node.outputs[0]) if node.outputs else None
+    source = graph.producer(product[0]) if product is not None else None
+    if source is not None and source.op is Op.DYNAMIC_QUANTIZE_LINEAR:
+        return (f"the scale product s_x·s_w of {source}: its scale-and-zero-point kernel "
+                "computes it (compiler/lower/lower_dynamic.py)")
     return _float_operand_reason(graph, node)
 
 
