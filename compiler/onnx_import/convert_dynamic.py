@@ -30,6 +30,7 @@ import numpy as np
 
 from qfuse.compiler.onnx_import import convert_math, convert_spatial
 from qfuse.compiler.onnx_import.context import Context, NodeView
+from qfuse.compiler.onnx_import.convert_quant import as_int8, centered_weights
 from qfuse.ir.chain import Fused
 from qfuse.ir.ops import Op, arity
 from qfuse.ir.types import DType, TensorInfo
@@ -94,21 +95,17 @@ def _weights(ctx: Context, node: NodeView, conv: bool) -> tuple[str, int]:
         raise ctx.malformed(node, f"weights '{w_name}' are {w.dtype}, not u8 / s8")
     zw = ctx.consts[zw_name] if zw_name else np.zeros((), w.dtype)
     axis = 0 if conv else w.ndim - 1
-    if zw.size == 1:
-        zw_b = zw.reshape(())
-    elif zw.ndim == 1 and zw.size == w.shape[axis]:
-        zw_b = zw.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
-    else:
+    if zw.size != 1 and (zw.ndim != 1 or zw.size != w.shape[axis]):
         raise ctx.malformed(node, f"weight zero point of shape {list(zw.shape)} for weights "
                                   f"{list(w.shape)}")
-    centered = w.astype(np.int32) - zw_b.astype(np.int32)
-    if centered.min(initial=0) >= -128 and centered.max(initial=0) <= 127:
+    s8 = as_int8(centered_weights(w, zw, axis))
+    if s8 is not None:
         if w.dtype == np.int8 and not np.any(zw):
             return w_name, 0
         name = ctx.graph.unique_name(f"{w_name}_s8")
         while name in ctx.consts:
             name = ctx.graph.unique_name(f"{name}_")
-        ctx.set_const(name, centered.astype(np.int8))
+        ctx.set_const(name, s8)
         return name, 0
     if conv or zw.size != 1:
         raise ctx.unsupported(node, "weights minus their zero point leave int8, and oneDNN "

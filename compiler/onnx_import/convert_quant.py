@@ -41,6 +41,21 @@ QUANTIZED = {TensorProto.UINT8: DType.U8, TensorProto.INT8: DType.S8}
 DEQUANTIZABLE = {**QUANTIZED, TensorProto.INT32: DType.S32}
 
 
+def centered_weights(w: np.ndarray, zero_point: np.ndarray | None, axis: int) -> np.ndarray:
+    """``w - zp`` as int32 (exact for 8-bit operands), the zero point per tensor or 1-D along
+    ``axis`` of ``w``; an absent zero point is 0."""
+    zp = np.zeros((), np.int64) if zero_point is None else np.asarray(zero_point)
+    shape = () if zp.size == 1 else [-1 if i == axis % w.ndim else 1 for i in range(w.ndim)]
+    return (w.astype(np.int64) - zp.astype(np.int64).reshape(shape)).astype(np.int32)
+
+
+def as_int8(centered: np.ndarray) -> np.ndarray | None:
+    """``centered`` as s8 when every value fits, else None."""
+    if centered.min(initial=0) >= -128 and centered.max(initial=0) <= 127:
+        return centered.astype(np.int8)
+    return None
+
+
 def _elem_type(ctx: Context, node: NodeView, name: str) -> int:
     """ONNX element type of value ``name``."""
     if ctx.is_const(name):

@@ -59,6 +59,7 @@ from onnx import TensorProto, helper
 
 from qfuse.compiler.onnx_import import convert_dynamic
 from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
+from qfuse.compiler.onnx_import.convert_quant import as_int8, centered_weights
 from qfuse.runtime.numerics.rounding import F32_EXACT
 
 MS_DOMAIN = "com.microsoft"
@@ -156,14 +157,11 @@ def _weight(b: _Builder, port: int, zp_port: int, scale_port: int | None, axis: 
         return b.dq(w_name, scale, zp_name, what, _axis_for(ctx, scale, axis))
     w = ctx.consts[w_name]
     zp = ctx.consts[zp_name] if zp_name else np.zeros((), w.dtype)
-    if w.dtype in (np.uint8, np.int8) and (zp.size == 1 or zp.ndim == 1):
-        zp_b = zp.reshape(-1) if zp.size == 1 else zp.reshape(
-            [-1 if i == axis % w.ndim else 1 for i in range(w.ndim)])
-        centered = w.astype(np.int32) - zp_b.astype(np.int32)
-        if (np.any(zp) or w.dtype == np.uint8) and centered.min(initial=0) >= -128 and \
-                centered.max(initial=0) <= 127:
-            w_name = b.const(f"{what}_s8", centered.astype(np.int8))
-            zp_name = ""
+    if w.dtype in (np.uint8, np.int8) and (zp.size == 1 or zp.ndim == 1) and (
+            np.any(zp) or w.dtype == np.uint8):
+        s8 = as_int8(centered_weights(w, zp, axis))
+        if s8 is not None:
+            w_name, zp_name = b.const(f"{what}_s8", s8), ""
     return b.dq(w_name, scale, zp_name, what, _axis_for(ctx, scale, axis))
 
 
@@ -281,11 +279,8 @@ def _centered(b: _Builder, axis: int) -> np.ndarray | None:
     n, ctx = b.node, b.ctx
     if not ctx.is_const(n.input(1)) or (n.input(3) and not ctx.is_const(n.input(3))):
         return None
-    w = ctx.consts[n.input(1)].astype(np.int64)
-    zp = ctx.consts[n.input(3)].astype(np.int64) if n.input(3) else np.zeros((), np.int64)
-    zp = zp.reshape([-1 if i == axis % w.ndim else 1 for i in range(w.ndim)]) \
-        if zp.size > 1 else zp.reshape(())
-    return (w - zp).astype(np.int32)
+    return centered_weights(ctx.consts[n.input(1)],
+                            ctx.consts[n.input(3)] if n.input(3) else None, axis)
 
 
 def _check_exact(b: _Builder, axis: int) -> None:
