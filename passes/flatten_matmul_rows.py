@@ -113,7 +113,7 @@ def _rewrite(graph: Graph, node: Node) -> None:
         value = node.inputs[port]
         shape = graph.info(value).shape
         if len(shape) < 2 and graph.constant(value) is None:
-            continue  # a run-time operand of lower rank: the lowering views it (unfused.operand)
+            continue  # a run-time operand of lower rank: the lowering views it (LowerContext.ranked)
         target = (rows, n) if shape == out.shape else (1, shape[-1] if shape else 1)
         graph.set_input(node, port, _reshaped(graph, node, value, target))
     flat = _flat_info(out, (rows, n))

@@ -41,7 +41,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.in_place_concat import place_concats
 from qfuse.compiler.lower.plan import DynamicOutput, Kernel, KernelInfo, NumpyFn, Plan, Slot
-from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.mode import Mode
 from qfuse.runtime.onednn import (
     Arg,
@@ -245,6 +245,24 @@ class LowerContext:
         source = self.plain_source(value)
         plain = plain_md(dims, self.slots[source].md.dtype)
         return self.temp(base or f"{value}@view", plain, alias=source)
+
+    def ranked(self, value: str, rank: int) -> str:
+        """``value`` seen at ``rank``: itself, or — of lower rank, aligned on the trailing dims
+        as ONNX broadcasts — a zero-copy view with leading 1s, one per value (a rank-0 value
+        lives in a host slot: the view reads its bytes as one f32)."""
+        info = self.info(value)
+        if len(info.shape) >= rank:
+            return value
+        name = f"{value}@rank{rank}"
+        if name not in self.home:
+            dims = (1,) * (rank - len(info.shape)) + tuple(info.shape)
+            home = self.home_slot(value)
+            if self.slots[home].host is not None:
+                assert info.dtype is DType.F32 and math.prod(dims) == 1
+                self.home[name] = self.temp(name, plain_md(dims, DataType.f32), alias=home)
+            else:
+                self.home[name] = self.view(value, dims)
+        return name
 
     def preferred(self, value: str, dtype: DataType, depth: int = 0) -> MemoryDesc | None:
         """The layout ``value``'s readers would pick, if one says: a convolution's own choice,

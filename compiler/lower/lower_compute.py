@@ -426,7 +426,7 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         value = node.inputs[port]
         info = ctx.info(value)
         if ctx.const(value) is None and len(info.shape) < ndims:
-            return unfused.dequantized(ctx, unfused.operand(ctx, value, ndims), 1.0, 0)
+            return unfused.dequantized(ctx, ctx.ranked(value, ndims), 1.0, 0)
         if ctx.const(value) is not None and info.shape == yinfo.shape and len(info.shape) > 2:
             # a full-size constant (move_dequantize's zero-point correction): channels-last,
             # as the int8 kernels write their dst; a plain src1 sends them to ref:any
@@ -590,7 +590,7 @@ def _runtime_src_scale(ctx: LowerContext, node: Node, composed: Composed,
             and rest[0].alpha == 1.0:
         bias, rest = np.full(channels, rest[0].beta, F32), rest[1:]
     scales = np.asarray(weight, F32).ravel()
-    view = unfused.operand(ctx, scalar, 1)
+    view = ctx.ranked(scalar, 1)
     return replace(composed, wei_scales=scales, bias=bias, post_ops=rest), ctx.home_slot(view)
 
 

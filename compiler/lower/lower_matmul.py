@@ -74,11 +74,7 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
     b_dims = (1,) * (nd - len(binfo.shape)) + binfo.shape
     bconst = ctx.const(b)
     bvalue = b
-    src_value = a if len(ainfo.shape) == nd else None
-    if src_value is None:  # src of lower rank: a row-major view with leading 1s
-        view = ctx.view(a, a_dims)
-        ctx.home[f"{a}@rank{nd}"] = view
-        src_value = f"{a}@rank{nd}"
+    src_value = ctx.ranked(a, nd)  # a src of lower rank: a view with leading 1s
     if (integer and ctx.md_of(src_value).dtype == DataType.s8 and not no_vnni.isa_is_exact()
             and isinstance(src_zp, int)):
         # without VNNI oneDNN's GEMM runs an s8 src 2.5x slower than the same src as u8 + 128
@@ -100,7 +96,7 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
     elif bconst is not None:
         wei = bconst.astype(F32).reshape(b_dims)
     else:
-        bvalue = b if len(binfo.shape) == nd else _ranked(ctx, b, b_dims, nd)
+        bvalue = ctx.ranked(b, nd)
         wslot = _weights_source(ctx, bvalue)
     exact = None
     if integer:
@@ -172,16 +168,9 @@ def _with_input(node: Node, src_value: str) -> Node:
     return clone
 
 
-def _ranked(ctx: LowerContext, value: str, dims: tuple[int, ...], nd: int) -> str:
-    name = f"{value}@rank{nd}"
-    if name not in ctx.home:
-        ctx.home[name] = ctx.view(value, dims)
-    return name
-
-
 def _s8_weights(ctx: LowerContext, b: str, dims: tuple[int, ...], zp: int) -> tuple[str, int]:
     """A runtime weights tensor as s8: u8 is shifted by 128 with a reorder (zero point - 128)."""
-    bvalue = b if ctx.info(b).shape == dims else _ranked(ctx, b, dims, len(dims))
+    bvalue = ctx.ranked(b, len(dims))
     md = ctx.md_of(bvalue)
     if md.dtype == DataType.s8:
         return bvalue, zp

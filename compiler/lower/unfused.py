@@ -20,7 +20,6 @@ comparison measures what fusing saves.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -191,7 +190,7 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
             # full size: in the chain's layout; broadcast: as is
             value = node.inputs[op.port]
             full = ctx.info(value).shape == md.dims
-            r_slot, r_md = dequantized(ctx, operand(ctx, value, len(yinfo.shape)), 1.0, 0,
+            r_slot, r_md = dequantized(ctx, ctx.ranked(value, len(yinfo.shape)), 1.0, 0,
                                        md if full else None)
             pd = binary(Alg[f"binary_{op.alg}"], md, r_md, md)
             ctx.add_primitive(name, pd, {int(Arg.SRC_0): slot, int(Arg.SRC_1): r_slot,
@@ -213,25 +212,6 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
     ctx.add_reorder(slot, out, role="op", node=None,
                     note=f"unfused store of {node} to {yinfo.dtype.name}")
     ctx.kernels[-1].info.node = node.name
-
-
-def operand(ctx: LowerContext, value: str, rank: int) -> str:
-    """A run-time operand of a chain of ``rank``: ``value`` itself, or — of lower rank, as
-    ONNX broadcasting aligns it on the trailing dims — a zero-copy view with leading 1s (a
-    rank-0 value lives in a host slot: the view reads its bytes as one f32)."""
-    info = ctx.info(value)
-    if len(info.shape) >= rank:
-        return value
-    name = f"{value}@rank{rank}"
-    if name not in ctx.home:
-        dims = (1,) * (rank - len(info.shape)) + tuple(info.shape)
-        home = ctx.home_slot(value)
-        if ctx.slots[home].host is not None:
-            assert info.dtype is DType.F32 and math.prod(dims) == 1
-            ctx.home[name] = ctx.temp(name, plain_md(dims, DataType.f32), alias=home)
-        else:
-            ctx.home[name] = ctx.view(value, dims)
-    return name
 
 
 def dequantized(ctx: LowerContext, value: str, scale: float, zp: int,
