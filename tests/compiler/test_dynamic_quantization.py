@@ -88,12 +88,29 @@ def _quantized(tmp_path: Path, model: onnx.ModelProto, per_channel: bool,
     return str(dst)
 
 
-def _onnxruntime(path: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+def _session(model: str | bytes, level: ort.GraphOptimizationLevel | None = None,
+             save_to: Path | None = None) -> ort.InferenceSession:
+    """An onnxruntime CPU session (``level``: its graph optimizations; ``save_to``: where it
+    writes the model it optimized)."""
     options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if level is not None:
+        options.graph_optimization_level = level
+    if save_to is not None:
+        options.optimized_model_filepath = str(save_to)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _onnxruntime(path: str, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The exact form of the model at ``path``, run by onnxruntime node by node."""
     exact = exact_qdq(onnx.load(path)).SerializeToString()
-    session = ort.InferenceSession(exact, options, providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)[0]
+    return _session(exact, ort.GraphOptimizationLevel.ORT_DISABLE_ALL).run(None, feeds)[0]
+
+
+def _ort_optimized(path: str, tmp_path: Path) -> str:
+    """The model onnxruntime's optimizer saves from ``path`` (its contrib ops fused in)."""
+    saved = tmp_path / "optimized.onnx"
+    _session(path, ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, saved)
+    return str(saved)
 
 
 # reduce_range: 7-bit weights, which no u8·s8 pair saturates: unsplit on CPUs without VNNI too,
@@ -180,9 +197,11 @@ def _edge(case: str) -> np.ndarray:
 def test_dynamic_quantize_linear_is_onnxruntimes(case: str) -> None:
     """DynamicQuantizeLinear's own kernels (reductions, the scale and zero point in float32,
     the quantize as a division): y, scale and zero point equal onnxruntime's, also where the
-    range is empty (scale 1), one-sided, or infinite."""
+    range is empty (scale 1) or one-sided. An infinite input sends the fused run to the
+    reference interpreter (compiler/nonfinite.py, as for every non-finite input): those cases
+    check dynamic_params' clamping, not the kernels."""
     model = _dynamic_quantize_model()
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    session = _session(model.SerializeToString())
     x = _edge(case).astype(np.float32)
     want = dict(zip("ysz", session.run(None, {"x": x}), strict=True))
     for mode in ("fused", "reference"):
@@ -237,8 +256,7 @@ def test_fp32_mode_is_the_float_model(tmp_path: Path, build: object, per_channel
     assert {k["src_dtype"] for k in kernels} == {"f32"}, [(k["name"], k["src_dtype"])
                                                           for k in kernels]
     x = np.random.default_rng(0).normal(0, 1, compiled.input_specs()["x"][0]).astype(np.float32)
-    want = ort.InferenceSession(model.SerializeToString(),
-                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    want = _session(model.SerializeToString()).run(None, {"x": x})[0]
     got = compiled.run({"x": x})["y"]
     cosine = float(np.sum(got * want) / np.linalg.norm(got) / np.linalg.norm(want))
     assert cosine > 0.9995, cosine
@@ -266,11 +284,7 @@ def test_onnxruntime_optimized_contrib_ops(tmp_path: Path, per_channel: bool) ->
     quantize_dynamic model, with bit-identical outputs: qoperator.py writes the contrib ops
     back as the standard ops."""
     path = _quantized(tmp_path, _two_heads(), per_channel, QuantType.QInt8)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    optimized = onnx.load(tmp_path / "optimized.onnx")
+    optimized = onnx.load(_ort_optimized(path, tmp_path))
     contrib = {n.op_type for n in optimized.graph.node if n.domain == "com.microsoft"}
     assert contrib == {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"}, contrib
     ours, theirs = compile_model(optimized), compile_model(path)
@@ -321,14 +335,8 @@ def test_contrib_ops_equal_onnxruntimes_where_it_does_not_saturate(tmp_path: Pat
     its own DynamicQuantizeMatMul / MatMulIntegerToFloat and qfuse's kernels for them agree
     bit for bit."""
     path = _quantized(tmp_path, _two_heads(), False, QuantType.QInt8, reduce_range=True)
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    optimized = str(tmp_path / "optimized.onnx")
-    plain = ort.SessionOptions()
-    plain.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(optimized, plain, providers=["CPUExecutionProvider"])
+    optimized = _ort_optimized(path, tmp_path)
+    session = _session(optimized, ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     x = np.random.default_rng(4).normal(0, 1, (1, 16, 32)).astype(np.float32)
     np.testing.assert_array_equal(compile_model(optimized).run({"x": x})["y"],
                                   session.run(None, {"x": x})[0])

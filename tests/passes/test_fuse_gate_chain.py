@@ -190,6 +190,28 @@ def test_op_between_quantizers_with_a_float_output_stays() -> None:
     assert not [n for n in graph.topo_order() if n.op is Op.MUL and n.fused is not None]
 
 
+def _add_kernel_bit_exact(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto],
+                          shape: list[int], rng: np.random.Generator) -> tuple[object, int]:
+    """'input' → ``nodes`` → 'out', run fused, with fuse_gate_chain off and unfused: all three
+    bit-identical, no ref: kernel. Returns the one binary kernel absorbing the Add and how
+    many kernels the pass saved."""
+    graph = h.make_graph(nodes, "add", [h.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                 shape)],
+                         [h.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=frozenset({"fuse_gate_chain"}))
+    add = [k for k in kernels if any(a.startswith("Add") for a in k.info.absorbed)]
+    assert len(add) == 1 and add[0].kind == "binary", [(k.name, k.kind) for k in kernels]
+    assert not [k.name for k in kernels
+                if k.primitive is not None and "ref" in k.primitive.pd.impl_name]
+    np.testing.assert_array_equal(fused, before)
+    unfused, _ = _run(model, feeds, mode="unfused")
+    np.testing.assert_array_equal(fused, unfused)
+    return add[0], len(old) - len(kernels)
+
+
 def test_broadcast_operand_quantized_then_read_by_softmax() -> None:
     """Swin's and MaxViT's attention scores plus their relative position bias (a quantized
     constant [1, H, N, N] broadcast over the windows), quantized, then dequantized for the
@@ -207,23 +229,10 @@ def test_broadcast_operand_quantized_then_read_by_softmax() -> None:
              h.make_node("DequantizeLinear", ["b_q", "b_s", "b_z"], ["b"]),
              h.make_node("Add", ["x", "b"], ["m"]), *_qdq("y", S_Y, ZP_Y, "m", "md"),
              h.make_node("Softmax", ["md"], ["out"], axis=-1)]
-    graph = h.make_graph(nodes, "bias", [h.make_tensor_value_info("input", TensorProto.FLOAT,
-                                                                  shape)],
-                         [h.make_tensor_value_info("out", TensorProto.FLOAT, shape)], inits)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
-    fused, kernels = _run(model, feeds)
-    before, old = _run(model, feeds, disabled=frozenset({"fuse_gate_chain"}))
-    add = [k for k in kernels if any(a.startswith("Add") for a in k.info.absorbed)]
-    assert len(add) == 1 and add[0].kind == "binary", [(k.name, k.kind) for k in kernels]
-    assert len(add[0].info.absorbed) == 3, add[0].info.absorbed  # Add, Q, DQ
-    assert add[0].primitive.pd.dst_md.dtype == DataType.f32
-    assert not [k.name for k in kernels
-                if k.primitive is not None and "ref" in k.primitive.pd.impl_name]
-    assert len(kernels) == len(old) - 2
-    np.testing.assert_array_equal(fused, before)
-    unfused, _ = _run(model, feeds, mode="unfused")
-    np.testing.assert_array_equal(fused, unfused)
+    add, saved = _add_kernel_bit_exact(nodes, inits, shape, rng)
+    assert len(add.info.absorbed) == 3, add.info.absorbed  # Add, Q, DQ
+    assert add.primitive.pd.dst_md.dtype == DataType.f32
+    assert saved == 2
 
 
 @pytest.mark.parametrize("shape,operand", [
@@ -243,25 +252,12 @@ def test_broadcast_constant_is_the_binary_primitives_own_operand(shape, operand)
                       rng.uniform(-2, 2, operand).astype(np.float32).ravel().tolist())
     nodes = [*_qdq("x", S_X, ZP_X, "input", "x"), h.make_node("Add", ["x", "c"], ["m"]),
              *_qdq("y", S_Y, ZP_Y, "m", "md"), h.make_node("Relu", ["md"], ["out"])]
-    graph = h.make_graph(nodes, "bcast", [h.make_tensor_value_info("input", TensorProto.FLOAT,
-                                                                   shape)],
-                         [h.make_tensor_value_info("out", TensorProto.FLOAT, shape)],
-                         [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y), c])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
-    fused, kernels = _run(model, feeds)
-    before, old = _run(model, feeds, disabled=frozenset({"fuse_gate_chain"}))
-    add = [k for k in kernels if any(a.startswith("Add") for a in k.info.absorbed)]
-    assert len(add) == 1 and add[0].kind == "binary", [(k.name, k.kind) for k in kernels]
-    assert add[0].primitive.pd.impl_name.startswith("jit"), add[0].primitive.pd.impl_name
-    assert "the primitive's own" in add[0].info.post_op_details[0]
-    assert add[0].info.post_ops[1:3] == ["binary_div", "eltwise_round"]  # then the quantize
-    assert not [k.name for k in kernels
-                if k.primitive is not None and "ref" in k.primitive.pd.impl_name]
-    assert len(kernels) == len(old) - 1
-    np.testing.assert_array_equal(fused, before)
-    unfused, _ = _run(model, feeds, mode="unfused")
-    np.testing.assert_array_equal(fused, unfused)
+    add, saved = _add_kernel_bit_exact(
+        nodes, [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y), c], shape, rng)
+    assert add.primitive.pd.impl_name.startswith("jit"), add.primitive.pd.impl_name
+    assert "the primitive's own" in add.info.post_op_details[0]
+    assert add.info.post_ops[1:3] == ["binary_div", "eltwise_round"]  # then the quantize
+    assert saved == 1
 
 
 @pytest.mark.parametrize("operand,why", [
