@@ -179,16 +179,17 @@ def _float_operand_reason(graph: Graph, node: Node) -> str | None:
     if node.op is not Op.DEQUANTIZE_LINEAR:
         return None
     readers = graph.consumers(node.outputs[0])
-    if len(readers) != 1 or readers[0][0].fused is None:
+    fused = readers[0][0].fused if len(readers) == 1 else None
+    if fused is None:
         return None
     reader, port = readers[0]
-    chain = reader.fused.chain if reader.fused is not None else []
+    chain = fused.chain
     if port > 0 and any(isinstance(i, TensorOperand | Residual) and i.port == port
                         for i in chain):
         return (f"dequantizes the second run-time operand of {reader}: its binary primitive "
                 "reads one 8-bit source exactly (its own), the other in float32")
     if port == 0 and chain and isinstance(chain[0], TensorOperand) and reader.op in (
-            Op.ADD, Op.MUL) and reader.fused is not None and reader.fused.src_scale is None:
+            Op.ADD, Op.MUL) and fused.src_scale is None:
         return (f"dequantizes the source of {reader}: its other operand broadcasts along "
                 "other axes than the channels, which only the binary primitive's own second "
                 "operand takes on jit kernels, so the source is read in float32")

@@ -379,6 +379,11 @@ def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
          wei_zp=0, scales=integer, create=create, exact=exact)
 
 
+def s32_zero_point(value: str) -> str:
+    """The name under which a run-time zero point ``value`` is homed as one s32 element."""
+    return f"{value}@s32"
+
+
 def src_zero_point(ctx: LowerContext, node: Node) -> SrcZeroPoint:
     """The src zero point of an int8 compute node: its constant, or (dynamic quantization,
     ``Fused.src_zero_point_port``) the run-time u8 scalar as one s32 element, oneDNN's
@@ -389,8 +394,8 @@ def src_zero_point(ctx: LowerContext, node: Node) -> SrcZeroPoint:
     if fused.src_zero_point_port is None:
         return fused.src_zero_point
     value = node.inputs[fused.src_zero_point_port]
-    name = f"{value}@s32"
-    if name not in ctx.home:
+    name = s32_zero_point(value)
+    if name not in ctx.home:  # a DynamicQuantizeLinear's params kernel writes it (lower_dynamic)
         home = ctx.home_slot(value)
         one = plain_md((1,), DataType.u8)
         if not same_bytes(ctx.slots[home].md, one):

@@ -24,6 +24,7 @@ import numpy as np
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import md_like, plain_md
+from qfuse.compiler.lower.lower_compute import s32_zero_point
 from qfuse.ir import Node
 from qfuse.ir.graph import scale_product
 from qfuse.ir.chain import ONNX_FORM
@@ -54,7 +55,7 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
     operand = plain_md((1,) * ndims, DataType.f32)
     scale_f32 = ctx.temp(f"{scale}@operand", operand)
     zp_f32 = ctx.temp(f"{zero_point}@operand", operand)
-    zp_s32 = ctx.temp(f"{zero_point}@s32", plain_md((1,), DataType.s32))
+    zp_s32 = ctx.temp(s32_zero_point(zero_point), plain_md((1,), DataType.s32))
     writes = [ctx.define_plain(scale), ctx.define_plain(zero_point), scale_f32, zp_f32, zp_s32]
     products = _scale_products(ctx, scale)
     ctx.lowered.update(mul.name for mul, _ in products)  # computed here: no kernel of their own
@@ -70,7 +71,7 @@ def lower_dynamic_quantize(ctx: LowerContext, node: Node) -> None:
                                    f"'{x}' (ONNX Runtime's float32 steps)")
     info.absorbed += [mul.name for mul, _ in products]
     ctx.add_numpy(f"{node.name}:params", params, ends, writes, info)
-    ctx.home[f"{zero_point}@s32"] = zp_s32
+    ctx.home[s32_zero_point(zero_point)] = zp_s32
     posts = PostOps()
     posts.append_eltwise(Alg.eltwise_round)
     posts.append_binary(Alg.binary_add, operand)
