@@ -15,12 +15,17 @@ Not bit-exact: the reference BatchNormalization computes in float64 and rounds o
 + b round twice in float32 — a few ulps apart, which a following quantize turns into at most
 one step at near-ties (tests/passes/test_decompose_batchnorm.py measures it).
 
-Precondition (else the BN stays, reason recorded): scale, bias, mean and var are constants;
-the input is produced by a Conv, ConvTranspose, MatMul or Gemm, or by the QuantizeLinear /
-DequantizeLinear pair of one (NNCF quantizes a depthwise conv's output before its BN: the chain
-continues through the pair, its quantize kept as post-ops) (a standalone BatchNorm, e.g. a
-pre-activation one after an Add, stays one oneDNN batch normalization kernel rather than two
-binary kernels). The Add writes the BN's output value (names survive).
+Precondition (else the BN stays, reason recorded): scale, bias, mean and var are constants
+(or DequantizeLinear of constants: quantize_static quantizes a standalone BN's scale and bias
+as weights); and either the input is produced by a Conv, ConvTranspose, MatMul or Gemm, or by
+the QuantizeLinear / DequantizeLinear pair of one (NNCF quantizes a depthwise conv's output
+before its BN: the chain continues through the pair, its quantize kept as post-ops), or the
+output reaches a quantizer through single-reader activations (DenseNet's pre-activation
+``[DQ →] BN → Relu → Q``, quantize_static's and NNCF's: the Mul then starts a gate chain,
+passes/fuse_post_ops.py, one binary primitive for the dequantize, the BN, the Relu and the
+quantize, with the same float32 operations as the batch normalization kernel: x·a, + b).
+Otherwise a standalone BatchNorm stays one oneDNN batch normalization kernel rather than two
+binary kernels. The Add writes the BN's output value (names survive).
 """
 
 from __future__ import annotations
@@ -30,12 +35,18 @@ import logging
 import numpy as np
 
 from qfuse.ir import Graph, Node, Op
+from qfuse.ir.postops import single_pixel_batch
 from qfuse.passes.base import PassContext, rewrite_each
+from qfuse.passes.post_op_match import constant_operand, sole_reader
 from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
 
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL, Op.GEMM)
+QUANTIZERS = (Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE)
+#: elementwise ops a gate chain takes as post-ops (fuse_post_ops._activation)
+ACTIVATIONS = (Op.RELU, Op.LEAKY_RELU, Op.CLIP, Op.SIGMOID, Op.TANH, Op.HARD_SIGMOID,
+               Op.HARD_SWISH, Op.SWISH, Op.GELU)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -44,15 +55,34 @@ def run(graph: Graph, ctx: PassContext) -> int:
 
 def _check(graph: Graph, bn: Node) -> str | None:
     for port, what in enumerate(("scale", "bias", "mean", "var"), 1):
-        if graph.constant(bn.inputs[port]) is None:
+        if constant_operand(graph, bn.inputs[port])[0] is None:
             return f"BatchNorm {what} '{bn.inputs[port]}' is not a constant"
     producer = graph.producer(bn.inputs[0])
-    if _after_quantized_compute(graph, producer):
+    if _after_quantized_compute(graph, producer) or _quantized_after(graph, bn):
         return None
     if producer is None or producer.op not in COMPUTE:
-        return ("a standalone BatchNorm (its input is not a Conv / MatMul output) stays one "
-                "batch normalization kernel")
+        return ("a standalone BatchNorm (its input is not a Conv / MatMul output, its output "
+                "is not quantized) stays one batch normalization kernel")
     return None
+
+
+def _quantized_after(graph: Graph, bn: Node) -> bool:
+    """The BN's output reaches a quantizer through single-reader activations (DenseNet's
+    pre-activation ``BN → Relu → Q``): the Mul starts a chain that ends in that quantize
+    (fuse_gate_chain), one kernel for the BN, the activations and the quantize."""
+    info = graph.info(bn.outputs[0])
+    if info.rank < 2 or single_pixel_batch(info.shape):
+        return False
+    value = bn.outputs[0]
+    while True:
+        reader, _ = sole_reader(graph, value)
+        if reader is None:
+            return False
+        if reader.op in QUANTIZERS:
+            return True
+        if reader.op not in ACTIVATIONS:
+            return False
+        value = reader.outputs[0]
 
 
 def _after_quantized_compute(graph: Graph, producer: Node | None) -> bool:
@@ -71,7 +101,8 @@ def _after_quantized_compute(graph: Graph, producer: Node | None) -> bool:
 
 
 def _decompose(graph: Graph, bn: Node) -> None:
-    gamma, beta, mean, var = (graph.constant(name).astype(np.float64) for name in bn.inputs[1:5])
+    gamma, beta, mean, var = (np.asarray(constant_operand(graph, name)[0], np.float64)
+                              for name in bn.inputs[1:5])
     a = gamma / np.sqrt(var + bn.attrs.epsilon)
     b = beta - mean * a
     x, y = bn.inputs[0], bn.outputs[0]

@@ -16,12 +16,14 @@ not a graph output, turning each reader into chain items (ir/chain.py):
     (Add(x, r) of a gate chain, below: TensorOperand(port of r, "add"))
 
 fuse_gate_chain (``run_gates``, after this pass) starts chains at float elementwise ops
-whose chain reads a second tensor and ends in a quantize (``_fuse_gate``), and at float
-elementwise ops on a dequantized 8-bit tensor whose chain ends in a quantize (``DQ → f(x) →
-... → Q``: attention's q·(1/√d), a decomposed LayerNorm's ·γ and +β, an activation between
-quantizers), which then read the 8-bit source with ``Fused.src_scale`` / ``src_zero_point``:
-``x = f32(q − zp)·s`` is the DequantizeLinear exactly, and the node is one binary primitive
-from int8 to int8 (compiler/lower/lower_gate.py) instead of three kernels.
+whose chain ends in a quantize, or in its dequantize (``_fuse_gate``): a gate reading a second
+tensor (x·Q(sigmoid(x))), a pre-activation BatchNorm (decomposed into Mul + Add) → Relu → Q,
+an activation before its quantize. One binary primitive (compiler/lower/lower_gate.py) then
+replaces the op, what follows and the quantize. On a dequantized 8-bit tensor, when the chain
+ends in the quantize (``DQ → f(x) → ... → Q``: attention's q·(1/√d), a decomposed
+LayerNorm's ·γ and +β, an activation between quantizers), the node reads the 8-bit source
+with ``Fused.src_scale`` / ``src_zero_point``: ``x = f32(q − zp)·s`` is the DequantizeLinear
+exactly, and the node is one binary primitive from int8 to int8 instead of three kernels.
     quantize-only FakeQuantize (integer output)                    → Quantize (ends the chain)
 
 A residual read through ``DequantizeLinear(r_q, s, zp)`` (per tensor) is summed from r_q:
@@ -33,9 +35,9 @@ end with an f32 dst and an 8-bit residual (or the reverse) is cut before the Add
 
 After a Quantize the walk stops, except into ``DequantizeLinear`` of that value: it continues
 as ``Shift(-zp), Scale(s)`` (exact: ``(q - zp)·s`` in float32) *only if* the walk then reaches
-a residual Add — OpenVINO fake_quantize.md's residual block "FQ followed by SUM and another FQ" — or another
-quantize (a requantization, e.g. into a Concat's common scale, optionally through post-ops
-such as a Mul or GELU). When neither follows, the walk is rolled back to the Quantize: the
+a residual Add — OpenVINO fake_quantize.md's residual block "FQ followed by SUM and another
+FQ" — or another quantize (a requantization, e.g. into a Concat's common scale, optionally through
+post-ops such as a Mul or GELU). When neither follows, the walk is rolled back to the Quantize: the
 DequantizeLinear is then better moved into the next compute node. The requantize case goes
 beyond the residual-only rule of the design brief: the DequantizeLinear → quantize pair would
 otherwise stay as its own reorder kernel, and the inner quantize is kept (not dropped), so the
@@ -48,9 +50,9 @@ DequantizeLinear's output has two or more readers and every one computes in floa
 (activations, Mul, Add / Sub by a constant, Softmax: quantize_static's SiLU ``x·Q(sigmoid(x))``
 and HardSwish ``x·Q(relu6(x + 3))/6`` read x twice, the gate chain below then reads the f32 x);
 not when a reader is a compute node or an Add of two run-time tensors, which could read the
-8-bit source (a residual summed from it). A third case keeps it: the dequantized value read by a Softmax
-alone, which has no compute node to move into and no integer source in oneDNN (its src scale
-multiplies the output: passes/fuse_quantized_norm.py); the node then writes the float32 values
+8-bit source (a residual summed from it). A third case keeps it: the dequantized value read
+by a Softmax alone, which has no compute node to move into and no integer source in oneDNN (its src
+scale multiplies the output: passes/fuse_quantized_norm.py); the node then writes the float32 values
 ``(Q(x) - zp)·s`` (one FakeQuantize in float32) instead of a standalone dequantize kernel.
 
 A MatMul's chain also walks through a Reshape that keeps the last dim, the MatMul then reading
@@ -259,8 +261,10 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     kept — and ends in a quantize becomes a fused node reading x with chain [f, Quantize,
     dequantize, TensorOperand(x), Quantize, ...]: one binary primitive with post-ops instead of
     f, its quantize and dequantize reorders, the Mul and the output quantize
-    (compiler/lower/lower_gate.py). Exact: every item is the op it replaces, in the same
-    float32 order; the activation is oneDNN's eltwise, as the standalone kernel was."""
+    (compiler/lower/lower_gate.py); any other float elementwise op whose chain ends in a
+    quantize (or its dequantize) alike (module docstring). Exact: every item is the op it
+    replaces, in the same float32 order; the activation is oneDNN's eltwise, as the
+    standalone kernel was."""
     start_items = _gate_start(graph, node)
     if start_items is None:
         return False
@@ -271,13 +275,13 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     start = _State(items, inputs, out, info)
     best, _, _ = _walk(graph, ctx, node, start, info.shape[1])
     source = _integer_source(graph, best)
-    # worth a kernel when the chain reads a second tensor (the gate's x, a residual) and ends
-    # in a quantize (or its dequantize, read by a Softmax: attention's score + position bias
-    # → Q → DQ → Softmax), or reads its source as 8-bit integers and ends in a quantize (one
-    # int8 → int8 kernel replaces the dequantize, the op and the quantize)
-    gated = any(isinstance(i, TensorOperand) for i in best.chain)
-    if source is None and not (gated and (best.quantized or best.output_dequantized
-                                          or best.writes_dequantized)):
+    # worth a kernel when the chain ends in a quantize (or its dequantize: read by a Softmax
+    # — attention's score + position bias → Q → DQ → Softmax —, by float ops only, or a
+    # graph output): one kernel for the op, what follows and the quantize (a pre-activation
+    # BatchNorm → Relu → Q, a gate x·Q(sigmoid(x))); it reads an 8-bit source itself when
+    # the chain ends in the quantize (an int8 → int8 kernel also replaces the dequantize)
+    if source is None and not (best.quantized or best.output_dequantized
+                               or best.writes_dequantized):
         node.fused = None
         return False
     ctx.visit(node)

@@ -41,7 +41,14 @@ import numpy as np
 from qfuse.compiler.lower import lower_misc, unfused
 from qfuse.compiler.lower.attrs import as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import const_memory, dnnl_type, is_slow, md_like, plain_md
+from qfuse.compiler.lower.layouts import (
+    const_memory,
+    dnnl_type,
+    is_slow,
+    md_like,
+    plain_md,
+    same_bytes,
+)
 from qfuse.compiler.lower.lower_misc import stored_broadcast
 from qfuse.ir import Node
 from qfuse.ir.postops import Composed, Eltwise, TensorBinary, channel_in_the_middle
@@ -77,8 +84,11 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     yinfo = ctx.info(y)
     home = ctx.md_of(x)
     f32 = md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32)
-    if channel_in_the_middle(f32.dims, f32.strides or ()):  # oneDNN's per-channel bug
-        f32 = plain_md(home.dims, DataType.f32)
+    plain = plain_md(home.dims, DataType.f32)
+    # oneDNN's per-channel bug; and the row-major strides of the same bytes (a 1x1 image in
+    # acdb strides takes a per-channel binary post-op only on ref:any, in abcd on jit)
+    if channel_in_the_middle(f32.dims, f32.strides or ()) or same_bytes(f32, plain):
+        f32 = plain
     fused = node.fused
     int_source = fused is not None and fused.src_scale is not None
     if ctx.options.mode == "unfused":

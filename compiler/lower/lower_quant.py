@@ -38,8 +38,10 @@ quantizations stay reorders:
 - QuantizeLinear: dst scale / zero point (ONNX divides by the scale: same one-step caveat).
 - DequantizeLinear (int → f32): src scale (per tensor, or per channel mask 1<<axis) and src
   zero point.
-- A DequantizeLinear whose only reader is a quantize-only FakeQuantize / QuantizeLinear (the
-  requantize pair the passes leave) becomes one reorder with both scales and zero points.
+- A DequantizeLinear read only by quantize-only FakeQuantizes / QuantizeLinears (the
+  requantize pair the passes leave; a feature map DenseNet reads into each later Concat's
+  scale) is no kernel of its own: each reader requantizes the integers, one reorder with both
+  scales and zero points or, in ONNX's rounding, one binary primitive (below).
 
 The layout of the reorder's output is chosen for its consumer: what a convolution reading it
 would pick (``preferred_md``), or channels-last for int8 pooling, else the source's layout.
@@ -246,10 +248,14 @@ def _side(scale: np.ndarray, zp: np.ndarray | None, axis: int, ndim: int) -> Qua
 
 
 def _take_deferred(ctx: LowerContext, x: str) -> tuple[str, QuantSide | None, list[str]]:
-    """The int source and src quantization a skipped DequantizeLinear left for its reader."""
-    deferred = ctx.deferred.pop(x, None)
+    """The int source and src quantization a skipped DequantizeLinear left for its readers
+    (gone once the last one took it)."""
+    deferred = ctx.deferred.get(x)
     if deferred is None:
         return x, None, []
+    ctx.deferred_readers[x] -= 1
+    if not ctx.deferred_readers[x]:
+        del ctx.deferred[x], ctx.deferred_readers[x]
     return deferred
 
 
@@ -266,10 +272,13 @@ def lower_dequantize(ctx: LowerContext, node: Node) -> None:
         _binary_dequantize(ctx, node, side)
         return
     readers = ctx.graph.consumers(y)
-    if (side.axis is None and len(readers) == 1 and not ctx.is_output(y)
-            and readers[0][0].op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR)
-            and _quantize_side(ctx, readers[0][0]) is not None):
+    # read only by quantizes (a requantize, or DenseNet's feature map into each later
+    # Concat's scale): each reader requantizes q itself, and nothing writes y
+    if (side.axis is None and readers and not ctx.is_output(y)
+            and all(r.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) and r.fused is None
+                    and _quantize_side(ctx, r) is not None for r, _ in readers)):
         ctx.deferred[y] = (x, side, list(node.origin))
+        ctx.deferred_readers[y] = len(readers)
         return
     _reorder(ctx, node, x, side, None, [])
 
@@ -319,11 +328,11 @@ def lower_quantize(ctx: LowerContext, node: Node) -> None:
     side = _quantize_side(ctx, node)
     if side is None:
         if node.inputs[0] in ctx.deferred:
-            _undefer(ctx, node.inputs[0])
+            undefer(ctx, node.inputs[0])
         lower_numpy(ctx, node, note="not expressible as a reorder")
         return
     if side.zero_points is not None and node.inputs[0] in ctx.deferred:
-        _undefer(ctx, node.inputs[0])
+        undefer(ctx, node.inputs[0])
     src_value, src_side, absorbed = _take_deferred(ctx, node.inputs[0])
     if side.zero_points is not None or (ctx.options.onnx_rounding and _onnx_rounding(node)):
         _onnx_quantize(ctx, node, src_value, src_side, side, absorbed)
@@ -337,9 +346,10 @@ def _onnx_rounding(node: Node) -> bool:
         node.op is Op.FAKE_QUANTIZE and node.attrs.onnx is not None)
 
 
-def _undefer(ctx: LowerContext, value: str) -> None:
+def undefer(ctx: LowerContext, value: str) -> None:
     """Emit a deferred dequantize after all (its reader turned out not to take it)."""
     producer = ctx.graph.producer(value)
     assert producer is not None
     x, side, _ = ctx.deferred.pop(value)
+    del ctx.deferred_readers[value]
     _reorder(ctx, producer, x, side, None, [])

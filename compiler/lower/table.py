@@ -172,7 +172,8 @@ def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
         return
     kernels, slots = len(ctx.kernels), set(ctx.slots)
     home, copies = dict(ctx.home), {k: list(v) for k, v in ctx.copies.items()}
-    counts = (ctx.reorders, ctx.io_reorders, ctx.in_place_sums, set(ctx.deferred))
+    counts = (ctx.reorders, ctx.io_reorders, ctx.in_place_sums)
+    deferred, deferred_readers = dict(ctx.deferred), dict(ctx.deferred_readers)
     try:
         fn(ctx, node)
     except (UnsupportedModelError, DnnlError, ValueError) as exc:  # e.g. a rank-0 constant
@@ -180,9 +181,11 @@ def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
         for name in set(ctx.slots) - slots:
             del ctx.slots[name]
         ctx.home, ctx.copies = home, copies
-        ctx.reorders, ctx.io_reorders, ctx.in_place_sums = counts[:3]
-        for name in set(ctx.deferred) - counts[3]:
-            del ctx.deferred[name]
+        ctx.reorders, ctx.io_reorders, ctx.in_place_sums = counts
+        ctx.deferred, ctx.deferred_readers = deferred, deferred_readers
+        for value in node.inputs:  # the numpy kernel reads the dequantized value itself
+            if value in ctx.deferred:
+                lower_quant.undefer(ctx, value)
         lower_numpy(ctx, node, note=f"oneDNN declines it ({str(exc).split(': ', 1)[-1]})")
 
 

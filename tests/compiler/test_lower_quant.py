@@ -101,6 +101,40 @@ def test_requantize_pair_is_one_reorder() -> None:
     assert worst <= 1 and same >= 0.999
 
 
+def _onnx_requantize(q: np.ndarray, src: tuple[float, int], dst: tuple[float, int],
+                     dtype: DType) -> np.ndarray:
+    """QuantizeLinear(DequantizeLinear(q)) in ONNX's float32 steps: f32(q − zp)·s, / s',
+    round half to even, + zp', saturate."""
+    x = (q.astype(F32) - F32(src[1])) * F32(src[0])
+    return np.clip(np.rint(x / F32(dst[0])) + dst[1], *dtype.range).astype(dtype.np)
+
+
+def test_dequantize_read_by_several_quantizes_is_not_a_kernel() -> None:
+    """One feature map read at three other scales (DenseNet's into each later Concat): each
+    quantize requantizes q itself (binary_sub, linear, binary_div, round, + zp), no f32
+    dequantize kernel; bit-exact with ONNX's formulas."""
+    g = Graph("requant3")
+    g.add_input("q", TensorInfo((1, 16, 6, 6), U8, QuantParams.make(0.05, 128)))
+    _dq_node(g, "q", "f", 0.05, 128)
+    targets = {"r0": (0.0731, 120, U8), "r1": (0.041, 0, U8), "r2": (0.0307, -3, S8)}
+    for name, (scale, zp, dtype) in targets.items():
+        g.add_node(Op.QUANTIZE_LINEAR, ["f", g.add_constant(f"{name}_s", F32(scale)).name,
+                                        g.add_constant(f"{name}_z",
+                                                       np.array(zp, dtype.np)).name],
+                   [name], QuantizeAttrs(dtype, 1), name=f"q_{name}",
+                   infos=[TensorInfo((1, 16, 6, 6), dtype)])
+        g.outputs.append(name)
+    q = random_int(np.random.default_rng(3), (1, 16, 6, 6), U8)
+    q.flat[:256] = np.arange(256)
+    out, plan = run_plan(g, {"q": q})
+    assert [k.kind for k in plan.kernels] == ["binary"] * 3, [k.name for k in plan.kernels]
+    for kernel in plan.inspect()["kernels"]:
+        assert kernel["src_dtype"] == "u8" and "dq_f" in kernel["absorbed"], kernel
+    for name, (scale, zp, dtype) in targets.items():
+        np.testing.assert_array_equal(out[name], _onnx_requantize(q, (0.05, 128), (scale, zp),
+                                                                  dtype))
+
+
 def test_quantize_linear_matches_onnx_within_one_step() -> None:
     g = Graph("q")
     g.add_input("x", TensorInfo((4, 100), DType.F32))

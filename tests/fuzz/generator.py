@@ -7,7 +7,9 @@ a kernel shrinks to fit, an op that cannot apply to the current rank is skipped)
 sub-list of ops and any smaller input shape still builds a valid model: that is what lets the
 minimiser (tests/fuzz/minimize.py) drop ops and shrink shapes freely. Every random number an
 op needs comes from ``default_rng((seed, key))``, the op's own stream, so dropping one op does
-not change the weights of the others.
+not change the weights of the others. 15 % of the seeds (a draw of their own stream,
+``default_rng((seed, 4))``, so the other seeds keep their models) get an inference-mode
+BatchNormalization inserted among their ops.
 
 Quantizers (``Spec.quant``):
 
@@ -45,6 +47,9 @@ IR_VERSION = 8
 
 #: share of seeds quantized by quantize_dynamic
 DYNAMIC_SHARE = 0.15
+#: share of seeds with a BatchNormalization inserted among their ops
+BATCHNORM_SHARE = 0.15
+BATCHNORM_KEY = 50  # its op key (node names, weight stream): apart from the drawn ops' 0..5
 #: op kind -> weight when drawing a random intent
 KINDS: dict[str, float] = {
     "Conv": 4, "ConvTranspose": 1.5, "MatMul": 1.5, "Gemm": 1.5,
@@ -119,6 +124,10 @@ def random_spec(seed: int) -> Spec:
         quant = {"kind": "dynamic", "per_channel": bool(dynamic.random() < 0.5),
                  "weight": str(dynamic.choice(["s8", "u8"], p=[0.7, 0.3])),
                  "reduce_range": bool(dynamic.random() < 0.3)}
+    norm = np.random.default_rng((seed, 4))
+    if norm.random() < BATCHNORM_SHARE:
+        ops.insert(int(norm.integers(0, len(ops) + 1)),
+                   {"op": "BatchNormalization", "key": BATCHNORM_KEY})
     return Spec(seed, shape, ops, quant, outputs=outputs)
 
 
@@ -302,6 +311,17 @@ class _Builder:
         lo = self.init(f"lo{op['key']}", np.array(op["min"], np.float32))
         hi = self.init(f"hi{op['key']}", np.array(op["max"], np.float32))
         self.node("Clip", [x, lo, hi], shape, op["key"])
+
+    def op_BatchNormalization(self, op: dict, x: str, shape: list[int]) -> None:
+        """Inference-mode BN over dim 1 (a pre-activation one, as DenseNet's, or after a
+        conv): γ of both signs, running statistics of a trained net's magnitudes."""
+        rng = self.rng(op)
+        c = shape[1]
+        gamma = rng.uniform(0.5, 1.5, c) * rng.choice([-1, 1], c, p=[0.15, 0.85])
+        params = [self.init(f"{name}{op['key']}", np.asarray(v, np.float32)) for name, v in (
+            ("gamma", gamma), ("beta", 0.3 * rng.standard_normal(c)),
+            ("mean", 0.3 * rng.standard_normal(c)), ("var", rng.uniform(0.3, 2.0, c)))]
+        self.node("BatchNormalization", [x, *params], shape, op["key"], epsilon=1e-5)
 
     # ---- binary
     def _binary(self, kind: str, op: dict, x: str, shape: list[int]) -> None:

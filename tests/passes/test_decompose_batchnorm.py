@@ -5,25 +5,32 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from qfuse.ir.chain import ONNX_FORM
 from qfuse.compiler.api import compile_model, import_graph
+from qfuse.compiler.lower import Options, lower
+from qfuse.compiler.modes import run_passes
 from qfuse.compiler.pipeline import run_pipeline
 from qfuse.ir import Op
 from qfuse.passes.base import PassContext
+from qfuse.runtime.executor import Executor
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.reference import evaluate
 
 C, S_Y, ZP_Y = 8, 0.04, 0
 
 
-def _model(after_conv: bool, conv_quantized: bool = False) -> onnx.ModelProto:
+def _model(after_conv: bool, conv_quantized: bool = False, quantized_after: bool = True,
+           float_input: bool = False, conv_after: bool = False) -> onnx.ModelProto:
     """input → Q/DQ → [int8-weight Conv → [Q/DQ →]] BatchNorm → Relu → Q/DQ → out (NNCF's
     layouts: with ``conv_quantized`` the conv's output is quantized before the BN, as NNCF
-    does after depthwise convs)."""
+    does after depthwise convs); without ``quantized_after`` the Relu writes ``out``; with
+    ``float_input`` the BN reads the float input (NNCF's DenseNet: a Concat of float maps);
+    with ``conv_after`` an int8 Conv reads the quantized output and writes ``out``."""
     rng = np.random.default_rng(3)
     inits = [nh.from_array(rng.integers(-100, 100, (C, C, 3, 3)).astype(np.int8), "w"),
              nh.from_array(rng.uniform(1e-3, 3e-3, C).astype(np.float32), "ws"),
@@ -38,7 +45,7 @@ def _model(after_conv: bool, conv_quantized: bool = False) -> onnx.ModelProto:
              nh.from_array(np.array(ZP_Y, np.uint8), "zy"),
              nh.from_array(np.array(0.07, np.float32), "sc"),
              nh.from_array(np.array(3, np.int8), "zc")]
-    bn_in = ("cd" if conv_quantized else "c") if after_conv else "x"
+    bn_in = ("cd" if conv_quantized else "c") if after_conv else "input" if float_input else "x"
     nodes = [h.make_node("QuantizeLinear", ["input", "sx", "zx"], ["xq"]),
              h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
              h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"], axis=0),
@@ -46,9 +53,13 @@ def _model(after_conv: bool, conv_quantized: bool = False) -> onnx.ModelProto:
              h.make_node("QuantizeLinear", ["c", "sc", "zc"], ["cq"]),
              h.make_node("DequantizeLinear", ["cq", "sc", "zc"], ["cd"]),
              h.make_node("BatchNormalization", [bn_in, "gamma", "beta", "mean", "var"], ["b"]),
-             h.make_node("Relu", ["b"], ["r"]),
-             h.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
-             h.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["out"])]
+             h.make_node("Relu", ["b"], ["r" if quantized_after else "out"])]
+    if quantized_after:
+        nodes += [h.make_node("QuantizeLinear", ["r", "sy", "zy"], ["yq"]),
+                  h.make_node("DequantizeLinear", ["yq", "sy", "zy"],
+                              ["y" if conv_after else "out"])]
+    if conv_after:
+        nodes.append(h.make_node("Conv", ["y", "wf"], ["out"], pads=[1, 1, 1, 1]))
     outputs = [h.make_tensor_value_info("out", TensorProto.FLOAT, [1, C, 6, 6])]
     if not after_conv:
         outputs.append(h.make_tensor_value_info("c", TensorProto.FLOAT, [1, C, 6, 6]))
@@ -88,7 +99,8 @@ def test_batchnorm_after_a_quantized_conv_joins_its_kernel() -> None:
 
 
 def test_standalone_batchnorm_stays() -> None:
-    graph = import_graph(_model(after_conv=False))
+    """Neither after a compute node nor quantized after: one batch normalization kernel."""
+    graph = import_graph(_model(after_conv=False, quantized_after=False))
     results = {r.name: r for r in run_pipeline(graph, PassContext(), until="decompose_batchnorm")}
     assert results["decompose_batchnorm"].changed == 0
     assert any("standalone BatchNorm" in d.reason for d in results["decompose_batchnorm"].declined)
@@ -111,3 +123,66 @@ def test_batchnorm_after_a_quantized_conv_output_joins_its_kernel() -> None:
     for seed in range(3):
         assert step_diff(compiled.run(_feeds(seed))["out"],
                          reference.run(_feeds(seed))["out"], S_Y).max_steps <= 1
+
+
+@pytest.mark.parametrize("float_input", [False, True])
+def test_preactivation_batchnorm_then_quantize_is_one_kernel(float_input: bool) -> None:
+    """DenseNet's pre-activation ``[DQ →] BN → Relu → Q``: the Mul starts a gate chain
+    (fuse_gate_chain) through the Add, the Relu and the quantize: one binary primitive (from
+    the 8-bit source itself when a DequantizeLinear gives it) for what were the dequantize,
+    the batch normalization and the quantize kernels. The same float32 operations as the
+    batch normalization kernel (x·a, + b): bit-identical with the pass off and in the
+    unfused mode."""
+    model = _model(after_conv=False, float_input=float_input, conv_after=True)
+    graph = import_graph(model)
+    results = {r.name: r for r in run_pipeline(graph, PassContext(), until="decompose_batchnorm")}
+    assert results["decompose_batchnorm"].changed == 1
+    compiled = compile_model(model)
+    info = compiled.inspect()
+    assert not [n for n in info["not_fused"] if n["op"] in ("BatchNormalization", "Mul", "Add",
+                                                           "Relu")]
+    (kernel,) = [k for k in info["kernels"] if "BatchNormalization_6" in k["absorbed"]]
+    assert kernel["primitive"] == "binary" and kernel["impl"].startswith("jit"), kernel
+    assert (kernel["src_dtype"], kernel["dst_dtype"]) == ("f32" if float_input else "u8", "u8")
+    assert {"Relu_7", "QuantizeLinear_8"} <= set(kernel["absorbed"]), kernel["absorbed"]
+    graph = import_graph(model)
+    run_passes(graph, "fused", PassContext(disabled_passes=frozenset({"decompose_batchnorm"})))
+    before = Executor(lower(graph, Options(mode="fused")))
+    assert len(info["kernels"]) == len(before.plan.kernels) - (1 if float_input else 2)
+    unfused = compile_model(model, mode="unfused")
+    for seed in range(3):
+        out = compiled.run(_feeds(seed))["out"]
+        np.testing.assert_array_equal(out, before.run(_feeds(seed))["out"])
+        np.testing.assert_array_equal(out, unfused.run(_feeds(seed))["out"])
+        # a step of y moves the conv's output by at most Σ|w|·s_w·S_Y: compare y itself
+    y_model = _model(after_conv=False, float_input=float_input)
+    y_compiled, y_reference = compile_model(y_model), compile_model(y_model, mode="reference")
+    for seed in range(3):
+        diff = step_diff(y_compiled.run(_feeds(seed))["out"],
+                         y_reference.run(_feeds(seed))["out"], S_Y)
+        assert diff.max_steps <= 1 and diff.identical >= 0.99
+
+
+def test_batchnorm_parameters_through_dequantize_linear() -> None:
+    """quantize_static quantizes a standalone BatchNorm's scale and bias as weights
+    (DequantizeLinear of constants): they are constants all the same."""
+    model = _model(after_conv=False)
+    inits = {t.name: t for t in model.graph.initializer}
+    gamma = nh.to_array(inits["gamma"])
+    step = float(np.abs(gamma).max()) / 127
+    model.graph.initializer.remove(inits["gamma"])
+    model.graph.initializer.extend([
+        nh.from_array(np.rint(gamma / step).astype(np.int8), "gamma_q"),
+        nh.from_array(np.array(step, np.float32), "gamma_s")])
+    model.graph.node.insert(0, h.make_node("DequantizeLinear", ["gamma_q", "gamma_s"],
+                                           ["gamma"]))
+    onnx.checker.check_model(model)
+    graph = import_graph(model)
+    results = {r.name: r for r in run_pipeline(graph, PassContext(), until="decompose_batchnorm")}
+    assert results["decompose_batchnorm"].changed == 1, results["decompose_batchnorm"].declined
+    reference = compile_model(model, mode="reference")
+    compiled = compile_model(model)
+    for seed in range(3):
+        diff = step_diff(compiled.run(_feeds(seed))["out"],
+                         reference.run(_feeds(seed))["out"], S_Y)
+        assert diff.max_steps <= 1 and diff.identical >= 0.99

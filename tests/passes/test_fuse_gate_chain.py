@@ -20,6 +20,7 @@ from qfuse.compiler.api import import_graph
 from qfuse.compiler.lower import Options, lower
 from qfuse.compiler.modes import run_passes
 from qfuse.ir import Op
+from qfuse.ir.chain import Scale
 from qfuse.passes.base import PassContext
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.onednn import Arg, DataType
@@ -111,19 +112,28 @@ def test_gate_is_one_kernel_and_bit_exact(case: str) -> None:
     np.testing.assert_array_equal(fused, unfused)
 
 
-def test_a_lone_activation_then_quantize_stays() -> None:
-    """sigmoid(x) → Q with no second tensor on the chain is left as it was (no gain)."""
+def test_a_lone_activation_then_quantize_is_one_kernel() -> None:
+    """sigmoid(x) → Q → DQ read by float ops only (m = g·g): one kernel for the activation,
+    its quantize and dequantize (fold_float_dequantize), the Mul's chain then reads g in
+    float32; bit-identical with the pass off and unfused, half the kernels."""
     model = _model(*CASES["silu"])
     for node in model.graph.node:
         if node.op_type == "Mul":
             node.input[0] = "g"  # m = g·g: no second tensor, the chain is g's own
     graph = import_graph(model)
-    results = run_passes(graph, "fused", PassContext())
-    gate = next(r for r in results if r.name == "fuse_gate_chain")
-    assert not any(n.op is Op.SIGMOID and n.fused is not None for n in graph.topo_order())
-    # only the Mul g·g (a chain reading a second run-time tensor, then a quantize) fuses
-    fused = [n.op for n in graph.topo_order() if n.fused is not None and n.op is not Op.CONV]
-    assert gate.changed == 1 and fused == [Op.MUL], (gate.changed, fused)
+    run_passes(graph, "fused", PassContext())
+    (sigmoid,) = [n for n in graph.topo_order() if n.op is Op.SIGMOID]
+    assert sigmoid.fused is not None
+    assert isinstance(sigmoid.fused.chain[-1], Scale) and sigmoid.fused.chain[-1].exact
+    fused_ops = [n.op for n in graph.topo_order() if n.fused is not None and n.op is not Op.CONV]
+    assert fused_ops == [Op.SIGMOID, Op.MUL], fused_ops
+    rng = np.random.default_rng(3)
+    feeds = {"input": rng.uniform(-6, 6, SHAPE).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=frozenset({"fuse_gate_chain"}))
+    assert len(kernels) == len(old) // 2, ([k.name for k in kernels], [k.name for k in old])
+    np.testing.assert_array_equal(fused, before)
+    np.testing.assert_array_equal(fused, _run(model, feeds, mode="unfused")[0])
 
 
 def _requantize_model(op: onnx.NodeProto, inits: list[onnx.TensorProto]) -> onnx.ModelProto:
