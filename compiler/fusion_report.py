@@ -72,18 +72,31 @@ def is_trivial_int_op(graph: Graph, node: Node) -> bool:
 
 def not_fused(graph: Graph, results: list[PassResult]) -> list[dict[str, str]]:
     """Every node that is neither a fused kernel nor trivial int8 data movement, with the
-    last reason a pass recorded for it ("no pass matched" when none did)."""
+    last reason a pass recorded for it ("no pass matched" when none did); and each Conv /
+    MatMul left in float32, with why, though its post-ops joined it."""
     reasons: dict[str, str] = {}
     for result in results:
         for decline in result.declined:
             reasons[decline.node] = decline.reason
     found = []
     for node in graph.topo_order():
+        if node.fused is not None and node.name in reasons and _float_compute(graph, node):
+            found.append({"node": node.name, "op": node.op.value,
+                          "reason": "runs in float32, its post-ops fused (mark_float_compute): "
+                                    + reasons[node.name]})
+            continue
         if node.fused is not None or is_trivial_int_op(graph, node):
             continue
         reason = reasons.get(node.name) or structural_reason(graph, node) or "no pass matched"
         found.append({"node": node.name, "op": node.op.value, "reason": reason})
     return found
+
+
+def _float_compute(graph: Graph, node: Node) -> bool:
+    """A Conv / MatMul computing in float32 (a fused node of the fused pipeline's
+    mark_float_compute: the reason it stayed float was recorded before it was marked)."""
+    info = graph.values[node.inputs[0]].info
+    return node.op in COMPUTE_OPS and info is not None and info.dtype is DType.F32
 
 
 def quantized_region(graph: Graph) -> set[str]:

@@ -29,6 +29,7 @@ from qfuse.passes import (
     qdq_to_fake_quantize,
     signed_matmul_weights,
     strided_pointwise_conv,
+    strip_quantization,
 )
 from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
 
@@ -54,6 +55,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("propagate_dequantize", propagate_dequantize.run),
     ("move_dequantize", move_dequantize.run),
     ("eliminate_requantize", eliminate_requantize.run),
+    # a Conv / MatMul left in float32 (NNCF's squeeze-excitation convs, attention's float
+    # products): a fused node with an empty chain, so its activations and adds join it
+    ("mark_float_compute", strip_quantization.mark_float_compute),
     # 5-6. bias and post-op fusion
     ("fuse_bias", fuse_bias.run),
     ("fuse_post_ops", fuse_post_ops.run),

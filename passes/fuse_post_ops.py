@@ -594,6 +594,9 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
     if not out_info.dtype.is_quantized:
         raise _Stop(fq, f"post-op: {fq} outputs {out_info.dtype.name} (not a quantize-only "
                         "FakeQuantize)")
+    if node.op in COMPUTE_OPS and graph.info(node.inputs[0]).dtype is DType.F32:
+        raise _Stop(fq, f"post-op: {node} computes in float32, and oneDNN's float32 "
+                        "convolutions and matmuls write float32 only on jit kernels")
     axis = channel_axis(node, state.info.rank)
     ranges = []
     for port in range(1, 5):

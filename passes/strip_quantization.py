@@ -26,7 +26,13 @@ QuantizeLinear producing an integer graph output (each recorded as declined, wit
 ``mark_float_compute`` then makes every float Conv / ConvTranspose / MatMul a fused node with
 an empty chain (its bias input becomes the chain's first Shift), so that fuse_bias and
 fuse_post_ops give the float graph f32 primitives with eltwise / sum post-ops — the float
-counterpart of what the int8 pipeline builds.
+counterpart of what the int8 pipeline builds. The fused pipeline runs it too, after
+move_dequantize, on the Conv / MatMul nodes a quantized model leaves in float32 (NNCF's
+squeeze-excitation convolutions on a pooled vector, attention products it does not quantize,
+a quantize_static model's layers after a float op): their activations and adds become
+post-ops; a quantize after them stays a kernel of its own (oneDNN's float32 convolutions and
+matmuls write float32 on jit kernels). A bias given through a DequantizeLinear of constants
+is a constant too.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from qfuse.ir.graph import scale_product
 from qfuse.ir.chain import Fused, Shift
 from qfuse.ir.ops import ClipAttrs
 from qfuse.passes.base import PassContext
-from qfuse.passes.post_op_match import drop_if_unread, sole_reader
+from qfuse.passes.post_op_match import constant_operand, drop_if_unread, sole_reader
 from qfuse.passes.replace import bypass_keeping_name
 from qfuse.runtime.reference import IMPLS
 
@@ -207,10 +213,17 @@ def mark_float_compute(graph: Graph, ctx: PassContext) -> int:
             continue
         if graph.info(node.inputs[0]).dtype.np != np.float32:
             continue
+        if any(graph.info(v).rank < 2 for v in node.inputs[:2]):
+            continue  # a 1-D MatMul operand: a vector product, no channel axis for a chain
         ctx.visit(node)
+        if node.op is not Op.MATMUL and constant_operand(graph, node.inputs[1])[0] is None:
+            # a fused convolution's lowering reads constant weights; a float island's are
+            # run-time values (the plain lowering takes them)
+            ctx.decline(node, "its weights are not a constant")
+            continue
         fused = Fused()
         if len(node.inputs) > 2:
-            bias = graph.constant(node.inputs[2]) if node.inputs[2] else None
+            bias = constant_operand(graph, node.inputs[2])[0] if node.inputs[2] else None
             if node.inputs[2] and bias is None:
                 ctx.decline(node, "its bias is not a constant")
                 continue
