@@ -121,7 +121,9 @@ def quantized_region(graph: Graph) -> set[str]:
 
 
 def is_float_op(graph: Graph, node: Node) -> bool:
-    if node.fused is not None or node.op in QUANTIZERS or node.op in _INT8_CAPABLE:
+    if node.op in QUANTIZERS or node.op in _INT8_CAPABLE:
+        return False
+    if node.fused is not None and not _float_compute(graph, node):
         return False
     infos = [graph.values[v].info for v in node.inputs if v and graph.constant(v) is None]
     return bool(infos) and all(i is not None and i.dtype is DType.F32 for i in infos)
