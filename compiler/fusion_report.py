@@ -42,6 +42,7 @@ from qfuse.ir.graph import scale_product
 from qfuse.ir.chain import Quantize, Residual, TensorOperand
 from qfuse.ir.ops import ResizeMode
 from qfuse.passes.base import PassResult
+from qfuse.passes.quant_utils import dq_params
 from qfuse.passes.fuse_quantized_norm import NORM_OPS
 from qfuse.passes.post_op_match import COMPUTE_OPS, POOL_OPS
 
@@ -53,6 +54,19 @@ DATA_MOVEMENT = frozenset({Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE, Op.
 _INT8_CAPABLE = frozenset({Op.DEQUANTIZE_LINEAR, Op.RELU, Op.ADD, Op.MUL})
 QUANTIZERS = frozenset({Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE})
 STANDALONE_KINDS = (Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE, Op.DEQUANTIZE_LINEAR, Op.RELU, Op.ADD)
+
+
+_REQUANTIZED = ("requantize: read only by quantizes at other scales, each of which requantizes "
+                "the integers in one kernel (no dequantize kernel: compiler/lower/lower_quant.py)")
+
+
+def _requantized(graph: Graph, node: Node) -> bool:
+    """A per-tensor DequantizeLinear read only by quantizes: the lowering defers it into each
+    of them (lower_quant.lower_dequantize), so it is no kernel of its own."""
+    if node.op is not Op.DEQUANTIZE_LINEAR or not is_requantize(graph, node):
+        return False
+    params = dq_params(graph, node)
+    return params is not None and params.per_tensor
 
 
 def _is_int_activation(graph: Graph, name: str) -> bool:
@@ -87,7 +101,9 @@ def not_fused(graph: Graph, results: list[PassResult]) -> list[dict[str, str]]:
             continue
         if node.fused is not None or is_trivial_int_op(graph, node):
             continue
-        reason = reasons.get(node.name) or structural_reason(graph, node) or "no pass matched"
+        reason = (_REQUANTIZED if _requantized(graph, node)
+                  else reasons.get(node.name) or structural_reason(graph, node)
+                  or "no pass matched")
         found.append({"node": node.name, "op": node.op.value, "reason": reason})
     return found
 
@@ -173,7 +189,8 @@ def structural_reason(graph: Graph, node: Node) -> str | None:
     if is_float_op(graph, node):
         return f"{node.op.value} runs in float32 (no int8 kernel)"
     if is_requantize(graph, node):
-        return "requantize: one reorder with scales (the value is read at another scale)"
+        return (_REQUANTIZED if _requantized(graph, node) else
+                "requantize: one kernel with both scales (the value is read at another scale)")
     if is_float_boundary(graph, node):
         where = "after" if node.op in QUANTIZERS else "for"
         return f"quantization boundary {where} a float32 op"

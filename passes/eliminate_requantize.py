@@ -16,9 +16,10 @@ FakeQuantize has other ranges), the check evaluates F(DQ(q)) for all q of the ty
 channel, with the reference formulas, and requires F(DQ(q)) = q: a proof by exhaustion.
 
 Rewrite: F's readers read q; F goes; the DQ goes too when nothing else reads it.
-Otherwise (other scale, zero point or type) the pair is a requantization, lowered later as a
-reorder with scales: it is left alone, counted as nothing, and recorded as declined so that
-`inspect` shows it.
+Otherwise (other scale, zero point or type) the pair is a requantization, lowered later as one
+kernel per quantize (compiler/lower/lower_quant.py: a reorder with both scales, or in ONNX's
+rounding a binary primitive reading the integers): it is left alone, counted as nothing, and
+recorded as declined so that `inspect` shows it.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def check(graph: Graph, dq: Node, fq: Node) -> str | None:
     dtype, quant = target
     if dtype is not p.dtype or quant != p.quant():
         return (f"requantize {p.describe()} → {dtype.name.lower()} "
-                f"{_show(quant)}: kept for a reorder with scales{_why_kernel(graph, dq, fq)}")
+                f"{_show(quant)}: kept as one requantize kernel{_why_kernel(graph, dq, fq)}")
     ranges = fq_ranges(graph, fq)
     shape = graph.info(fq.inputs[0]).shape
     if ranges is None or not round_trip_exact(dtype, quant, ranges, fq.attrs.levels, shape):

@@ -86,3 +86,10 @@ def test_requantize_pair_and_constant_nodes() -> None:
     found = {d["node"]: d["reason"] for d in not_fused(graph, [])}
     assert found["d1"].startswith("requantize") and found["q2"].startswith("requantize")
     assert found["c"] == "computes a constant (evaluated at compile time)"
+    # a per-tensor dequantize read only by quantizes is no kernel (lower_quant defers it into
+    # each reader): that, not a recorded post-op decline, is what inspect says of it
+    fq(graph, "d1", "q3", 0.05, 9)
+    graph.outputs.append("q3")
+    declined = PassResult("fuse_post_ops", declined=[Decline("d1", "DequantizeLinear", "post-op")])
+    found = {d["node"]: d["reason"] for d in not_fused(graph, [declined])}
+    assert "no dequantize kernel" in found["d1"], found["d1"]
