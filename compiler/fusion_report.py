@@ -203,18 +203,36 @@ def structural_reason(graph: Graph, node: Node) -> str | None:
 
 
 def _float_operand_reason(graph: Graph, node: Node) -> str | None:
-    """Why a DequantizeLinear stays whose only reader is a fused node reading it in float32:
-    the second run-time operand of a binary chain (a ``TensorOperand`` or float ``Residual``),
-    or the source of a binary primitive whose own second operand is a broadcast (a broadcast
+    """Why a DequantizeLinear stays whose readers are fused nodes reading it in float32 — the
+    second run-time operand of a binary chain (a ``TensorOperand`` or float ``Residual``), or
+    the source of a binary primitive whose own second operand is a broadcast (a broadcast
     binary post-op would run on ref:any, so the 8-bit source cannot be read with a
-    dequantizing post-op: passes/fuse_post_ops.py ``_integer_source``)."""
+    dequantizing post-op: passes/fuse_post_ops.py ``_integer_source``) — and, besides such a
+    reader, quantizes (YOLOv8's C2f: a map both added as a shortcut inside a SiLU gate's chain
+    and requantized into the Concat)."""
     if node.op is not Op.DEQUANTIZE_LINEAR:
         return None
     readers = graph.consumers(node.outputs[0])
-    fused = readers[0][0].fused if len(readers) == 1 else None
+    reasons = []
+    for reader, port in readers:
+        if reader.op in QUANTIZERS and len(readers) > 1:
+            continue
+        why = _operand_reason(reader, port)
+        if why is None:
+            return None
+        reasons.append(why)
+    if not reasons:
+        return None
+    text = "; ".join(dict.fromkeys(reasons))
+    if len(reasons) < len(readers):
+        text += " (its quantize readers requantize those float32 values)"
+    return text
+
+
+def _operand_reason(reader: Node, port: int) -> str | None:
+    fused = reader.fused
     if fused is None:
         return None
-    reader, port = readers[0]
     chain = fused.chain
     if port > 0 and any(isinstance(i, TensorOperand | Residual) and i.port == port
                         for i in chain):

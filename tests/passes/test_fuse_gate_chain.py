@@ -292,3 +292,27 @@ def test_dequantized_operand_of_a_binary_chain_says_why(operand, why) -> None:
     reasons = {d["node"]: d["reason"] for d in compile_model(model).inspect()["not_fused"]}
     assert not [n for n, r in reasons.items() if r == "no pass matched"], reasons
     assert any(r.startswith(why) for r in reasons.values()), reasons
+
+
+def test_dequantized_operand_also_requantized_says_why() -> None:
+    """YOLOv8's C2f: a dequantized map r both added inside a binary chain (x + r → Q) and
+    requantized at another scale (into the Concat): the dequantize stays for the chain's
+    float32 operand, the quantize reading it requantizes those values; `inspect` says so."""
+    from qfuse.compiler.api import compile_model
+
+    inits = [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y), *_params("r", 0.07, 100),
+             *_params("c", 0.09, 90)]
+    nodes = [*_qdq("x", S_X, ZP_X, "input", "x"), *_qdq("r", 0.07, 100, "other", "r"),
+             h.make_node("Add", ["x", "r"], ["m"]), *_qdq("y", S_Y, ZP_Y, "m", "out"),
+             *_qdq("c", 0.09, 90, "r", "out2")]
+    graph = h.make_graph(nodes, "operand_requantized", [
+        h.make_tensor_value_info("input", TensorProto.FLOAT, SHAPE),
+        h.make_tensor_value_info("other", TensorProto.FLOAT, SHAPE)],
+        [h.make_tensor_value_info("out", TensorProto.FLOAT, SHAPE),
+         h.make_tensor_value_info("out2", TensorProto.FLOAT, SHAPE)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    reasons = {d["node"]: d["reason"] for d in compile_model(model).inspect()["not_fused"]}
+    assert not [n for n, r in reasons.items() if r == "no pass matched"], reasons
+    assert any(r.startswith("dequantizes the second run-time operand")
+               and r.endswith("requantize those float32 values)") for r in reasons.values()), \
+        reasons
