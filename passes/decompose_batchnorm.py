@@ -37,16 +37,13 @@ import numpy as np
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.postops import single_pixel_batch
 from qfuse.passes.base import PassContext, rewrite_each
-from qfuse.passes.post_op_match import constant_operand, sole_reader
+from qfuse.passes.post_op_match import activation, constant_operand, sole_reader
 from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
 
 COMPUTE = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL, Op.GEMM)
 QUANTIZERS = (Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE)
-#: elementwise ops a gate chain takes as post-ops (fuse_post_ops._activation)
-ACTIVATIONS = (Op.RELU, Op.LEAKY_RELU, Op.CLIP, Op.SIGMOID, Op.TANH, Op.HARD_SIGMOID,
-               Op.HARD_SWISH, Op.SWISH, Op.GELU)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -80,7 +77,7 @@ def _quantized_after(graph: Graph, bn: Node) -> bool:
             return False
         if reader.op in QUANTIZERS:
             return True
-        if reader.op not in ACTIVATIONS:
+        if activation(reader) is None:  # not one the gate chain takes as a post-op
             return False
         value = reader.outputs[0]
 

@@ -81,15 +81,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import (
-    Act,
-    Activation,
     ChainOp,
     Fused,
     PRelu,
@@ -99,20 +96,13 @@ from qfuse.ir.chain import (
     Shift,
     TensorOperand,
 )
-from qfuse.ir.ops import (
-    AlphaAttrs,
-    ClipAttrs,
-    GeluApprox,
-    GeluAttrs,
-    HardSigmoidAttrs,
-    HardSwishAttrs,
-)
 from qfuse.ir.postops import single_pixel_batch
 from qfuse.passes import matmul_reshape
 from qfuse.passes.base import PassContext
 from qfuse.passes.composer import ComposeError, compose
 from qfuse.passes.post_op_match import (
     COMPUTE_OPS,
+    activation,
     channel_axis,
     channel_values,
     constant_operand,
@@ -126,7 +116,6 @@ from qfuse.passes.quant_utils import dq_params
 
 log = logging.getLogger(__name__)
 
-_SIMPLE_ACT = {Op.RELU: Act.RELU, Op.SIGMOID: Act.SIGMOID, Op.TANH: Act.TANH}
 _MOVE_OPS = frozenset({Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD, Op.RESIZE})
 _FLOAT_ONLY = frozenset({Op.SOFTMAX})  # readers with no integer source in oneDNN
 
@@ -213,7 +202,7 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
         return None
     if single_pixel_batch(info.shape):  # oneDNN's binary post-op bug (docs/onednn.md)
         return None
-    act = _activation(node)
+    act = activation(node)
     if act is not None:
         x, items, inputs = node.inputs[0], [act], list(node.inputs)
     elif node.op in (Op.ADD, Op.MUL) and len(node.inputs) == 2:
@@ -252,7 +241,7 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
 
 def _is_gate(node: Node) -> bool:
     """A node whose chain ``_fuse_gate`` builds (an activation or Add / Mul start)."""
-    return node.op in (Op.ADD, Op.MUL) or _activation(node) is not None
+    return node.op in (Op.ADD, Op.MUL) or activation(node) is not None
 
 
 def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
@@ -421,7 +410,7 @@ def _float_readers(graph: Graph, value: str) -> bool:
     for reader, _ in readers:
         if reader.fused is not None or reader.op in COMPUTE_OPS:
             return False
-        if _activation(reader) is not None or reader.op in (Op.MUL, *_FLOAT_ONLY):
+        if activation(reader) is not None or reader.op in (Op.MUL, *_FLOAT_ONLY):
             continue
         if reader.op in (Op.ADD, Op.SUB) and any(
                 constant_operand(graph, v)[0] is not None for v in reader.inputs if v != value):
@@ -542,7 +531,7 @@ def _absorb(graph: Graph, node: Node, state: _State, reader: Node, out_info: Ten
     op, value = reader.op, state.value
     if op is Op.FAKE_QUANTIZE:
         return _quantize(graph, node, state, reader, out_info)
-    act = _activation(reader)
+    act = activation(reader)
     if act is not None:
         return state.extended([act], reader, info=out_info)
     if op in (Op.ADD, Op.MUL, Op.PRELU):
@@ -565,28 +554,6 @@ def _absorb(graph: Graph, node: Node, state: _State, reader: Node, out_info: Ten
                          if op is Op.MUL else PRelu(tuple(float(v) for v in values)))
         return state.extended([item], reader, info=out_info)
     raise _Stop(reader, _no_post_op(reader, quantized=False))
-
-
-def _activation(reader: Node) -> Activation | None:
-    op, attrs = reader.op, reader.attrs
-    if op in _SIMPLE_ACT:
-        return Activation(_SIMPLE_ACT[op])
-    if op is Op.LEAKY_RELU and isinstance(attrs, AlphaAttrs):
-        return Activation(Act.RELU, float(attrs.alpha))
-    if op is Op.CLIP and isinstance(attrs, ClipAttrs):
-        if attrs.min == 0.0 and attrs.max == math.inf:
-            return Activation(Act.RELU)
-        return Activation(Act.CLIP, float(attrs.min), float(attrs.max))
-    if op is Op.HARD_SIGMOID and isinstance(attrs, HardSigmoidAttrs):
-        return Activation(Act.HARD_SIGMOID, float(attrs.alpha), float(attrs.beta))
-    if op is Op.HARD_SWISH and isinstance(attrs, HardSwishAttrs):
-        return Activation(Act.HARD_SWISH, float(attrs.alpha), float(attrs.beta))
-    if op is Op.SWISH:
-        return Activation(Act.SWISH, 1.0)
-    if op is Op.GELU and isinstance(attrs, GeluAttrs):
-        tanh = attrs.approximate is GeluApprox.TANH
-        return Activation(Act.GELU_TANH if tanh else Act.GELU_ERF)
-    return None
 
 
 def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: TensorInfo

@@ -22,18 +22,52 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Iterable
 
 import numpy as np
 
 from qfuse.ir import Graph, Node, Op, TensorInfo
-from qfuse.ir.chain import Fused
+from qfuse.ir.chain import Act, Activation, Fused
+from qfuse.ir.ops import (
+    AlphaAttrs,
+    ClipAttrs,
+    GeluApprox,
+    GeluAttrs,
+    HardSigmoidAttrs,
+    HardSwishAttrs,
+)
 from qfuse.runtime.reference import IMPLS  # constants evaluate with the reference semantics
 
 log = logging.getLogger(__name__)
 
 COMPUTE_OPS = frozenset({Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL})
 POOL_OPS = frozenset({Op.AVG_POOL, Op.GLOBAL_AVG_POOL})
+_SIMPLE_ACT = {Op.RELU: Act.RELU, Op.SIGMOID: Act.SIGMOID, Op.TANH: Act.TANH}
+
+
+def activation(node: Node) -> Activation | None:
+    """``node`` as the chain's activation item (an elementwise op a chain takes as an eltwise
+    post-op, with its constant attributes), or None."""
+    op, attrs = node.op, node.attrs
+    if op in _SIMPLE_ACT:
+        return Activation(_SIMPLE_ACT[op])
+    if op is Op.LEAKY_RELU and isinstance(attrs, AlphaAttrs):
+        return Activation(Act.RELU, float(attrs.alpha))
+    if op is Op.CLIP and isinstance(attrs, ClipAttrs):
+        if attrs.min == 0.0 and attrs.max == math.inf:
+            return Activation(Act.RELU)
+        return Activation(Act.CLIP, float(attrs.min), float(attrs.max))
+    if op is Op.HARD_SIGMOID and isinstance(attrs, HardSigmoidAttrs):
+        return Activation(Act.HARD_SIGMOID, float(attrs.alpha), float(attrs.beta))
+    if op is Op.HARD_SWISH and isinstance(attrs, HardSwishAttrs):
+        return Activation(Act.HARD_SWISH, float(attrs.alpha), float(attrs.beta))
+    if op is Op.SWISH:
+        return Activation(Act.SWISH, 1.0)
+    if op is Op.GELU and isinstance(attrs, GeluAttrs):
+        tanh = attrs.approximate is GeluApprox.TANH
+        return Activation(Act.GELU_TANH if tanh else Act.GELU_ERF)
+    return None
 
 
 def channel_axis(node: Node, rank: int) -> int:
