@@ -44,7 +44,7 @@ from qfuse.ir.ops import ResizeMode
 from qfuse.passes.base import PassResult
 from qfuse.passes.quant_utils import dq_params
 from qfuse.passes.fuse_quantized_norm import NORM_OPS
-from qfuse.passes.post_op_match import COMPUTE_OPS, POOL_OPS
+from qfuse.passes.post_op_match import COMPUTE_OPS, POOL_OPS, float_compute
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def not_fused(graph: Graph, results: list[PassResult]) -> list[dict[str, str]]:
             reasons[decline.node] = decline.reason
     found = []
     for node in graph.topo_order():
-        if node.fused is not None and node.name in reasons and _float_compute(graph, node):
+        if node.fused is not None and node.name in reasons and float_compute(graph, node):
             found.append({"node": node.name, "op": node.op.value,
                           "reason": "runs in float32, its post-ops fused (mark_float_compute): "
                                     + reasons[node.name]})
@@ -106,13 +106,6 @@ def not_fused(graph: Graph, results: list[PassResult]) -> list[dict[str, str]]:
                   or "no pass matched")
         found.append({"node": node.name, "op": node.op.value, "reason": reason})
     return found
-
-
-def _float_compute(graph: Graph, node: Node) -> bool:
-    """A Conv / MatMul computing in float32 (a fused node of the fused pipeline's
-    mark_float_compute: the reason it stayed float was recorded before it was marked)."""
-    info = graph.values[node.inputs[0]].info
-    return node.op in COMPUTE_OPS and info is not None and info.dtype is DType.F32
 
 
 def quantized_region(graph: Graph) -> set[str]:
@@ -139,7 +132,7 @@ def quantized_region(graph: Graph) -> set[str]:
 def is_float_op(graph: Graph, node: Node) -> bool:
     if node.op in QUANTIZERS or node.op in _INT8_CAPABLE:
         return False
-    if node.fused is not None and not _float_compute(graph, node):
+    if node.fused is not None and not float_compute(graph, node):
         return False
     infos = [graph.values[v].info for v in node.inputs if v and graph.constant(v) is None]
     return bool(infos) and all(i is not None and i.dtype is DType.F32 for i in infos)

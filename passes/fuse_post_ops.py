@@ -107,6 +107,7 @@ from qfuse.passes.post_op_match import (
     channel_values,
     constant_operand,
     depends_on,
+    float_compute,
     drop_if_unread,
     out_channels,
     retarget,
@@ -561,7 +562,7 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
     if not out_info.dtype.is_quantized:
         raise _Stop(fq, f"post-op: {fq} outputs {out_info.dtype.name} (not a quantize-only "
                         "FakeQuantize)")
-    if node.op in COMPUTE_OPS and graph.info(node.inputs[0]).dtype is DType.F32:
+    if float_compute(graph, node):
         raise _Stop(fq, f"post-op: {node} computes in float32, and oneDNN's float32 "
                         "convolutions and matmuls write float32 only on jit kernels")
     axis = channel_axis(node, state.info.rank)

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import Act, Activation, Fused
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -68,6 +68,15 @@ def activation(node: Node) -> Activation | None:
         tanh = attrs.approximate is GeluApprox.TANH
         return Activation(Act.GELU_TANH if tanh else Act.GELU_ERF)
     return None
+
+
+def float_compute(graph: Graph, node: Node) -> bool:
+    """A Conv / ConvTranspose / MatMul on a float32 source: a float kernel (the fp32 mode's,
+    or one a quantized model leaves in float32), not an int8 one."""
+    if node.op not in COMPUTE_OPS:
+        return False
+    info = graph.values[node.inputs[0]].info
+    return info is not None and info.dtype is DType.F32
 
 
 def channel_axis(node: Node, rank: int) -> int:

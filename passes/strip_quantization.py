@@ -46,14 +46,18 @@ from qfuse.ir.graph import scale_product
 from qfuse.ir.chain import Fused, Shift
 from qfuse.ir.ops import ClipAttrs
 from qfuse.passes.base import PassContext
-from qfuse.passes.post_op_match import constant_operand, drop_if_unread, sole_reader
+from qfuse.passes.post_op_match import (
+    constant_operand,
+    drop_if_unread,
+    float_compute,
+    sole_reader,
+)
 from qfuse.passes.replace import bypass_keeping_name
 from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
 
 QUANT_OPS = (Op.QUANTIZE_LINEAR, Op.DEQUANTIZE_LINEAR, Op.FAKE_QUANTIZE)
-COMPUTE_OPS = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL)
 # Producers after which ONNX Runtime's quantizer removes a Relu / Clip (a tensor that is
 # non-negative by construction, e.g. after a pooling of such, gets zp = 0 too: no clamp there).
 ACTIVATION_HOSTS = (Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL, Op.GEMM, Op.ADD, Op.BATCH_NORM)
@@ -209,9 +213,7 @@ def mark_float_compute(graph: Graph, ctx: PassContext) -> int:
     """Float Conv / ConvTranspose / MatMul → fused nodes with an empty chain (docstring)."""
     count = 0
     for node in graph.topo_order():
-        if node.op not in COMPUTE_OPS or node.fused is not None:
-            continue
-        if graph.info(node.inputs[0]).dtype.np != np.float32:
+        if not float_compute(graph, node) or node.fused is not None:
             continue
         if any(graph.info(v).rank < 2 for v in node.inputs[:2]):
             continue  # a 1-D MatMul operand: a vector product, no channel axis for a chain
