@@ -182,8 +182,8 @@ def structural_reason(graph: Graph, node: Node) -> str | None:
     if is_float_op(graph, node):
         return f"{node.op.value} runs in float32 (no int8 kernel)"
     if is_requantize(graph, node):
-        return (_REQUANTIZED if _requantized(graph, node) else
-                "requantize: one kernel with both scales (the value is read at another scale)")
+        # (a per-tensor dequantize of one: not_fused says _REQUANTIZED before asking here)
+        return "requantize: one kernel with both scales (the value is read at another scale)"
     if is_float_boundary(graph, node):
         where = "after" if node.op in QUANTIZERS else "for"
         return f"quantization boundary {where} a float32 op"
