@@ -84,7 +84,6 @@ class LowerContext:
         self.copies: dict[str, list[str]] = {}  # value -> converted copies (other layouts)
         self.lowered: set[str] = set()
         self.deferred: dict[str, Any] = {}  # value -> what a skipped producer left for readers
-        self.deferred_readers: dict[str, int] = {}  # value -> readers yet to take it
         self.folded: dict[str, np.ndarray] = {}  # values computed at compile time
         # op -> layout probe: (ctx, consumer node, port, dtype) -> preferred src descriptor
         self.probes: dict[Any, Callable[..., MemoryDesc | None]] = {}

@@ -247,15 +247,15 @@ def _side(scale: np.ndarray, zp: np.ndarray | None, axis: int, ndim: int) -> Qua
     return QuantSide(s, z, None if s.size == 1 else axis)
 
 
-def _take_deferred(ctx: LowerContext, x: str) -> tuple[str, QuantSide | None, list[str]]:
+def _take_deferred(ctx: LowerContext, node: Node) -> tuple[str, QuantSide | None, list[str]]:
     """The int source and src quantization a skipped DequantizeLinear left for its readers
-    (gone once the last one took it)."""
+    (gone once ``node``, the last of them still to be lowered, took it)."""
+    x = node.inputs[0]
     deferred = ctx.deferred.get(x)
     if deferred is None:
         return x, None, []
-    ctx.deferred_readers[x] -= 1
-    if not ctx.deferred_readers[x]:
-        del ctx.deferred[x], ctx.deferred_readers[x]
+    if all(r.name == node.name or r.name in ctx.lowered for r, _ in ctx.graph.consumers(x)):
+        del ctx.deferred[x]
     return deferred
 
 
@@ -278,7 +278,6 @@ def lower_dequantize(ctx: LowerContext, node: Node) -> None:
             and all(r.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) and r.fused is None
                     and _quantize_side(ctx, r) is not None for r, _ in readers)):
         ctx.deferred[y] = (x, side, list(node.origin))
-        ctx.deferred_readers[y] = len(readers)
         return
     _reorder(ctx, node, x, side, None, [])
 
@@ -333,7 +332,7 @@ def lower_quantize(ctx: LowerContext, node: Node) -> None:
         return
     if side.zero_points is not None and node.inputs[0] in ctx.deferred:
         undefer(ctx, node.inputs[0])
-    src_value, src_side, absorbed = _take_deferred(ctx, node.inputs[0])
+    src_value, src_side, absorbed = _take_deferred(ctx, node)
     if side.zero_points is not None or (ctx.options.onnx_rounding and _onnx_rounding(node)):
         _onnx_quantize(ctx, node, src_value, src_side, side, absorbed)
         return
@@ -351,5 +350,4 @@ def undefer(ctx: LowerContext, value: str) -> None:
     producer = ctx.graph.producer(value)
     assert producer is not None
     x, side, _ = ctx.deferred.pop(value)
-    del ctx.deferred_readers[value]
     _reorder(ctx, producer, x, side, None, [])

@@ -173,7 +173,7 @@ def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
     kernels, slots = len(ctx.kernels), set(ctx.slots)
     home, copies = dict(ctx.home), {k: list(v) for k, v in ctx.copies.items()}
     counts = (ctx.reorders, ctx.io_reorders, ctx.in_place_sums)
-    deferred, deferred_readers = dict(ctx.deferred), dict(ctx.deferred_readers)
+    deferred = dict(ctx.deferred)  # the node may take a dequantize deferred for its readers
     try:
         fn(ctx, node)
     except (UnsupportedModelError, DnnlError, ValueError) as exc:  # e.g. a rank-0 constant
@@ -182,7 +182,7 @@ def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
             del ctx.slots[name]
         ctx.home, ctx.copies = home, copies
         ctx.reorders, ctx.io_reorders, ctx.in_place_sums = counts
-        ctx.deferred, ctx.deferred_readers = deferred, deferred_readers
+        ctx.deferred = deferred
         for value in node.inputs:  # the numpy kernel reads the dequantized value itself
             if value in ctx.deferred:
                 lower_quant.undefer(ctx, value)
