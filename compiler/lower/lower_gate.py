@@ -83,13 +83,12 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     x, y = node.inputs[0], node.outputs[0]
     yinfo = ctx.info(y)
     home = ctx.md_of(x)
-    f32 = md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32)
     plain = plain_md(home.dims, DataType.f32)
-    # a blocked f32 source (an f32 conv's nChw8c output) is read plain, so that the 8-bit dst
-    # has the same layout; oneDNN's per-channel bug; and the row-major strides of the same
-    # bytes (a 1x1 image in acdb strides takes a per-channel binary post-op only on ref:any,
-    # in abcd on jit)
-    if (not f32.is_plain or channel_in_the_middle(f32.dims, f32.strides or ())
+    f32 = md_like(home, DataType.f32)
+    # x's own layout, unless: blocked (an f32 conv's nChw8c output; the 8-bit dst keeps the
+    # source's layout), oneDNN's per-channel bug, or the same bytes as row-major (a 1x1 image
+    # in acdb strides takes a per-channel binary post-op only on ref:any, in abcd on jit)
+    if (f32 is None or not f32.is_plain or channel_in_the_middle(f32.dims, f32.strides or ())
             or same_bytes(f32, plain)):
         f32 = plain
     fused = node.fused
