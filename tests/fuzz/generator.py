@@ -75,18 +75,6 @@ class Spec:
     def from_json(text: str) -> Spec:
         return Spec(**json.loads(text))
 
-    def summary(self) -> str:
-        q = self.quant
-        if q["kind"] == "ort":
-            quant = (f"ort act={q['activation']} w={q['weight']} pc={int(q['per_channel'])} "
-                     f"rr={int(q['reduce_range'])} asym={int(q['act_sym'])}/{int(q['w_sym'])}")
-        elif q["kind"] == "dynamic":
-            quant = (f"dynamic w={q['weight']} pc={int(q['per_channel'])} "
-                     f"rr={int(q['reduce_range'])}")
-        else:
-            quant = f"hand w={q['weight']} pc={int(q['per_channel'])}"
-        return f"{self.input_shape} {'-'.join(o['op'] for o in self.ops)} [{quant}]"
-
 
 # --------------------------------------------------------------------------- random specs
 
