@@ -68,6 +68,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("signed_matmul_weights", signed_matmul_weights.run),
     # a dequantize still standing after an int8 nearest Resize: the Resize writes float32
     ("fold_resize_dequantize", fold_resize_dequantize.run),
+    # a quantize whose integers only its dequantize reads, read by float ops (NNCF's residual
+    # stream): one float32 → float32 kernel instead of two
+    ("fuse_fake_quantize", fuse_post_ops.run_fake_quantize),
     # 7. the composer's mapping, recorded on each fused node
     ("compose_post_ops", compose_post_ops.run),
     # a MatMul over the rows of a rank > 2 tensor as one 2-D matmul (views, no copies)

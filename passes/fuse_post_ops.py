@@ -26,12 +26,21 @@ with ``Fused.src_scale`` / ``src_zero_point``: ``x = f32(q − zp)·s`` is the D
 exactly, and the node is one binary primitive from int8 to int8 instead of three kernels.
     quantize-only FakeQuantize (integer output)                    → Quantize (ends the chain)
 
+fuse_fake_quantize (``run_fake_quantize``, after every other fusion) takes a quantize left
+standalone whose integers only its dequantize reads, and whose dequantized values only float
+ops read: one kernel writing the float32 values (Q(x) − zp)·s (``_fuse_fake_quantize``).
+
 A residual read through ``DequantizeLinear(r_q, s, zp)`` (per tensor) is summed from r_q:
 ``x + s·(r_q - zp)`` is exactly what the DequantizeLinear and the Add compute in float32,
 and it is oneDNN's sum post-op with scale s and zero point zp. At most one residual per
 chain (oneDNN allows one sum post-op), also when a ReLU precedes the Add. oneDNN's sum reads
 the residual from the dst buffer, so its element size must equal the dst's: a chain that would
 end with an f32 dst and an 8-bit residual (or the reverse) is cut before the Add.
+
+A float32 Conv / MatMul (``float_compute``: NNCF's squeeze-excitation convs) takes a quantize
+only together with its dequantize, which ends the chain's int8 part there: the node writes
+(Q(x) − zp)·s in float32 (an int8 dst puts oneDNN's f32 convolutions off jit), the
+dequantize's multiply exact as for a graph output (below).
 
 After a Quantize the walk stops, except into ``DequantizeLinear`` of that value: it continues
 as ``Shift(-zp), Scale(s)`` (exact: ``(q - zp)·s`` in float32) *only if* the walk then reaches
@@ -192,6 +201,62 @@ def run_gates(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
+#: readers that compute in float32 from a value (and never from its integer source)
+_FLOAT_READERS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.LAYER_NORM, Op.SOFTMAX})
+
+
+def run_fake_quantize(graph: Graph, ctx: PassContext) -> int:
+    """The fuse_fake_quantize pass (after every other fusion): ``_fuse_fake_quantize`` on
+    every quantize left standalone."""
+    changed = 0
+    names = [n.name for n in graph.topo_order()
+             if n.op is Op.FAKE_QUANTIZE and n.fused is None]
+    for name in names:
+        if graph.has_node(name) and _fuse_fake_quantize(graph, ctx, graph.node(name)):
+            changed += 1
+    return changed
+
+
+def _fuse_fake_quantize(graph: Graph, ctx: PassContext, fq: Node) -> bool:
+    """A quantize of a float32 x whose integers only its DequantizeLinear reads, and whose
+    dequantized values only float ops read (LayerNorm, Add, Mul, activations, Softmax, fused
+    nodes taking them as a float32 operand; not a graph output), becomes a fused node with
+    chain [Quantize, Shift(−zp), Scale(s) exact]: one binary primitive writing the float32
+    values (Q(x) − zp)·s (compiler/lower/lower_gate.py) instead of a quantize and a dequantize
+    kernel. NNCF quantizes a transformer's residual stream this way: x feeds the next
+    LayerNorm in float32 and, through Q → DQ, the next residual Add. Exact: the items are
+    the two ops' own float32 arithmetic (module docstring, ``_output_dequantize``)."""
+    x, q = fq.inputs[0], fq.outputs[0]
+    xinfo = graph.info(x)
+    if xinfo.dtype is not DType.F32 or xinfo.rank < 2 or single_pixel_batch(xinfo.shape):
+        return False
+    source = graph.producer(x)
+    if source is not None and source.op is Op.DEQUANTIZE_LINEAR:
+        return False  # a requantize, which reads the integers (compiler/lower/lower_quant.py)
+    dq, _ = sole_reader(graph, q)
+    if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR or dq.fused is not None:
+        return False
+    y = dq.outputs[0]
+    readers = graph.consumers(y)
+    if y in graph.outputs or not readers or not all(
+            r.fused is not None or r.op in _FLOAT_READERS or activation(r) is not None
+            for r, _ in readers):
+        return False
+    start = _State([], list(fq.inputs), x, xinfo)
+    try:
+        state = _after_quantize(graph, fq, _quantize(graph, fq, start, fq, graph.info(q)), dq,
+                                graph.info(y))
+    except _Stop:
+        return False
+    best = _output_dequantize(state, xinfo.shape[1], ctx)
+    if best is None:
+        return False
+    ctx.visit(fq)
+    fq.fused = Fused()
+    _commit(graph, fq, dataclasses.replace(best, absorbed=best.absorbed[1:]))
+    return True
+
+
 def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | None:
     """(inputs with x first, first chain items) when ``node`` is a float elementwise op on
     one tensor x that a gate chain can start with: an activation, or an Add / Mul by a
@@ -339,7 +404,7 @@ def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:
         node.fused.notes.append(note)
     if len(state.absorbed) > len(best.absorbed):
         first = state.absorbed[len(best.absorbed)]
-        ctx.decline(first, _rollback_reason(graph, first, state, best, stop))
+        ctx.decline(first, _rollback_reason(graph, node, first, state, best, stop))
     else:
         for reader in stop.decline:
             ctx.decline(reader, stop.reason)
@@ -359,7 +424,7 @@ def _walk(
             new = _step(graph, node, state)
         except _Stop as stop:
             if state.pending and stop.reader is not None and stop.reader.op in _FLOAT_ONLY \
-                    and _valid(dataclasses.replace(state, pending=False)):
+                    and not state.quantized and _valid(dataclasses.replace(state, pending=False)):
                 best = state  # module docstring: the node writes the dequantized values
             elif state.pending and stop.reader is None and state.value in graph.outputs \
                     and ctx.composer.on("fold_output_dequantize"):
@@ -433,9 +498,13 @@ def _valid(state: _State) -> bool:
     return residual is None or residual.dtype.np.itemsize == state.info.dtype.np.itemsize
 
 
-def _rollback_reason(graph: Graph, first: Node, state: _State, best: _State, stop: _Stop
-                     ) -> str:
+def _rollback_reason(graph: Graph, node: Node, first: Node, state: _State, best: _State,
+                     stop: _Stop) -> str:
     why = stop.reason
+    if first.op is Op.FAKE_QUANTIZE and float_compute(graph, node):
+        return (f"post-op: {node} computes in float32 and oneDNN's float32 convolutions and "
+                "matmuls write float32 only on jit kernels: it takes a quantize only with "
+                f"the dequantize after it ({why})")
     if first.op is Op.DEQUANTIZE_LINEAR and first.outputs[0] in graph.outputs:
         return (f"post-op: dequantizes the graph output '{first.outputs[0]}' (stays standalone, "
                 "outside the quantized region)")
@@ -507,8 +576,11 @@ def _after_quantize(
     scale, zero_point = _dq_params(graph, reader, state.info, axis)
     if scale is None:
         raise _Stop(reader, f"post-op: {reader}: {zero_point}")
-    return state.extended([Shift.of([-z for z in zero_point]), Scale.of(scale)], reader,
-                          info=out_info, pending=True)
+    shift = Shift.of([-z for z in zero_point])
+    if float_compute(graph, node):  # the float32 values (Q(x) − zp)·s: the node's dst
+        exact = dataclasses.replace(Scale.of(scale), exact=True)
+        return state.extended([shift, exact], reader, info=out_info, pending=False)
+    return state.extended([shift, Scale.of(scale)], reader, info=out_info, pending=True)
 
 
 def _dq_params(
@@ -562,9 +634,6 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
     if not out_info.dtype.is_quantized:
         raise _Stop(fq, f"post-op: {fq} outputs {out_info.dtype.name} (not a quantize-only "
                         "FakeQuantize)")
-    if float_compute(graph, node):
-        raise _Stop(fq, f"post-op: {node} computes in float32, and oneDNN's float32 "
-                        "convolutions and matmuls write float32 only on jit kernels")
     axis = channel_axis(node, state.info.rank)
     ranges = []
     for port in range(1, 5):
@@ -578,7 +647,8 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
     known = out_info.quant.scale[0] if out_info.quant and out_info.quant.per_tensor else None
     item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known,
                     onnx=fq.attrs.onnx)
-    return state.extended([item], fq, info=out_info, pending=False)
+    # a float node's 8-bit dst is not valid (pending) until its dequantize follows
+    return state.extended([item], fq, info=out_info, pending=float_compute(graph, node))
 
 
 def _residual(graph: Graph, state: _State, add: Node, other: str, out_info: TensorInfo

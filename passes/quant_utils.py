@@ -68,6 +68,16 @@ def is_op(node: Node | None, op: Op) -> bool:
     return node is not None and node.op is op
 
 
+def constant_weights(graph: Graph, value: str) -> bool:
+    """``value`` is a constant, or a DequantizeLinear of constants (weights another quantizer
+    requantizes: passes/fold_weight_quantize.py)."""
+    if graph.constant(value) is not None:
+        return True
+    dq = graph.producer(value)
+    return is_op(dq, Op.DEQUANTIZE_LINEAR) and all(
+        graph.constant(v) is not None for v in dq.inputs if v)  # type: ignore[union-attr]
+
+
 def dq_params(graph: Graph, node: Node) -> DqParams | None:
     """Parameters of a DEQUANTIZE_LINEAR (or QUANTIZE_LINEAR) node; None when its scale or
     zero point is not a constant."""

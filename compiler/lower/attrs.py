@@ -85,6 +85,17 @@ def channel_array(values: np.ndarray, ndims: int, axis: int, channels: int) -> n
     return np.ascontiguousarray(v.reshape(per_channel_dims(ndims, axis, channels)))
 
 
+def post_op_operand(values: np.ndarray, ndims: int, axis: int, channels: int) -> np.ndarray:
+    """A constant binary post-op's src1: one value as a one-element tensor (oneDNN's scalar
+    broadcast), else one per channel. A per-channel operand on a 1x1 image puts a float32
+    1x1 convolution on ``ref:any`` where the scalar one keeps ``brgconv_1x1`` (measured under
+    AVX2: NNCF's squeeze-excitation FC with its output quantize and dequantize)."""
+    v = np.asarray(values, F32).ravel()
+    if v.size == 1:
+        return np.full((1,) * ndims, v[0], F32)
+    return channel_array(v, ndims, axis, channels)
+
+
 def build_attr(
     composed: Composed,
     *,
@@ -138,7 +149,7 @@ def build_attr(
             built.names.append(f"eltwise_{op.alg}")
             built.details.append(f"eltwise_{op.alg}(alpha={op.alpha:.6g}, beta={op.beta:.6g})")
         elif isinstance(op, Binary):
-            values = channel_array(op.values, ndims, channel_axis, channels)
+            values = post_op_operand(op.values, ndims, channel_axis, channels)
             post_ops.append_binary(Alg[f"binary_{op.alg}"],
                                    MemoryDesc.from_tag(values.shape, DataType.f32))
             fixed[Arg.post_op(index, Arg.SRC_1)] = const_memory(values)

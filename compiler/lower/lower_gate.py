@@ -38,7 +38,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from qfuse.compiler.lower import lower_misc, unfused
+from qfuse.compiler.lower import lower_misc, lower_quant, unfused
 from qfuse.compiler.lower.attrs import as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
@@ -67,6 +67,15 @@ from qfuse.runtime.onednn import (
 def lower_activation(ctx: LowerContext, node: Node) -> None:
     if node.fused is None:
         lower_misc.lower_eltwise(ctx, node)
+        return
+    lower_gate(ctx, node)
+
+
+def lower_fake_quantize(ctx: LowerContext, node: Node) -> None:
+    """A quantize: with its dequantize (passes/fuse_post_ops.py ``_fuse_fake_quantize``) one
+    binary primitive writing the float32 values; plain, lower_quant's kernel."""
+    if node.fused is None:
+        lower_quant.lower_quantize(ctx, node)
         return
     lower_gate(ctx, node)
 

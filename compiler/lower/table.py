@@ -49,7 +49,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.MATMUL: lower_matmul.lower_matmul,
     Op.GEMM: lower_matmul.lower_gemm,
     # quantization
-    Op.FAKE_QUANTIZE: lower_quant.lower_quantize,
+    Op.FAKE_QUANTIZE: lower_gate.lower_fake_quantize,
     Op.QUANTIZE_LINEAR: lower_quant.lower_quantize,
     Op.DEQUANTIZE_LINEAR: lower_quant.lower_dequantize,
     Op.DYNAMIC_QUANTIZE_LINEAR: lower_dynamic.lower_dynamic_quantize,

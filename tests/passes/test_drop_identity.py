@@ -122,3 +122,38 @@ def test_declines_when_input_is_also_a_graph_output() -> None:
         "output 'y' is a graph output and so is its input 'r': both names must stay"
     ]
     assert op_sequence(g) == ["Relu", "Identity"]
+
+
+def _transpose(shape: tuple[int, ...], perm: tuple[int, ...]) -> Graph:
+    from qfuse.ir.ops import TransposeAttrs
+
+    g = Graph("t")
+    g.add_input("x", TensorInfo(shape, DType.F32))
+    g.add_node(Op.RELU, ["x"], ["r"], name="relu0")
+    out = tuple(shape[p] for p in perm)
+    g.add_node(Op.TRANSPOSE, ["r"], ["t"], TransposeAttrs(perm), name="tr",
+               infos=[TensorInfo(out, DType.F32)])
+    g.add_node(Op.RELU, ["t"], ["y"], name="relu1")
+    return finish(g, ["y"])
+
+
+def test_transpose_of_unit_dims_becomes_a_reshape() -> None:
+    """[197, 1, 8] → [1, 197, 8] (batch-1 attention's transpose(0, 1)) and NCHW → NHWC of a
+    1x1 image move no data: a Reshape with the Transpose's name, outputs bit-identical."""
+    for shape, perm in (((197, 1, 8), (1, 0, 2)), ((1, 6, 1, 1), (0, 2, 3, 1))):
+        g = _transpose(shape, perm)
+        result, pairs = before_after(drop_identity, g)
+        assert result.changed == 1
+        assert op_sequence(g) == ["Relu", "Reshape", "Relu"]
+        reshape = g.node("tr")
+        assert reshape.op is Op.RESHAPE
+        assert reshape.attrs.shape == tuple(shape[p] for p in perm)
+        assert_bit_exact(pairs)
+
+
+def test_transpose_that_moves_data_stays() -> None:
+    for shape, perm in (((2, 3, 1), (1, 0, 2)), ((1, 6, 2, 2), (0, 2, 3, 1)),
+                        ((2, 3), (0, 1))):
+        g = _transpose(shape, perm)
+        assert apply(drop_identity, g).changed == 0
+        assert g.node("tr").op is Op.TRANSPOSE

@@ -149,3 +149,49 @@ def test_openvino_style_model_becomes_int8():
     x = np.abs(RNG.standard_normal((1, 3, 6, 6))).astype(F32)
     b, a = reference(before, {"x": x})["y"], reference(g, {"x": x})["y"]
     assert float(np.max(np.abs(a - b))) <= 1e-5 * float(np.max(np.abs(b)))
+
+
+def test_requantized_shared_weights_become_int8_constants():
+    """One weight initializer read by two Gemms (transB), the second through torch.onnx's
+    Identity and its own Q/DQ — NNCF's quantizers on deduplicated weights: Q(DQ(w_q)) is a
+    constant, folded to ONNX's levels saturate(rint(DQ(w_q)/s2)) and transposed with the Gemm's
+    transB; both MatMuls run int8, within one output step of the reference."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qfuse.compiler.api import compile_model
+    from qfuse.runtime.numerics import step_diff
+    from tests.compiler.onnx_builders import init, model, qdq_pair
+
+    rng = np.random.default_rng(2)
+    w_q = rng.integers(-127, 128, (8, 16)).astype(np.int8)
+    ws = rng.uniform(0.002, 0.004, 8).astype(F32)
+    ws2 = (ws * F32(1.37)).astype(F32)
+    inits = [init("w", w_q), init("ws", ws), init("wz", np.zeros(8, np.int8)),
+             init("ws2", ws2), init("wz2", np.zeros(8, np.int8)),
+             init("xs", F32(0.02)), init("xz", np.uint8(128)),
+             init("as", F32(0.05)), init("az", np.uint8(120)),
+             init("bs", F32(0.06)), init("bz", np.uint8(131))]
+    nodes = [*qdq_pair("x", "x", "xd"),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Gemm", ["xd", "wd"], ["a0"], transB=1),
+             helper.make_node("Identity", ["wd"], ["wd2"]),
+             helper.make_node("QuantizeLinear", ["wd2", "ws2", "wz2"], ["wq2"], axis=0),
+             helper.make_node("DequantizeLinear", ["wq2", "ws2", "wz2"], ["wd2d"], axis=0),
+             helper.make_node("Gemm", ["xd", "wd2d"], ["b0"], transB=1),
+             *qdq_pair("a", "a0", "a"), *qdq_pair("b", "b0", "b")]
+    m = model(nodes, {"x": ([4, 16], TensorProto.FLOAT)}, ["a", "b"], inits)
+    onnx.checker.check_model(m)
+    compiled = compile_model(m)
+    matmuls = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "matmul"]
+    assert matmuls and all(k["src_dtype"] == "u8" for k in matmuls), matmuls
+    want = np.clip(np.rint(w_q.astype(F32) * ws[:, None] / ws2[:, None]), -128, 127).T
+    graph = compiled.compiled_graph
+    weights = [graph.constant(n.inputs[1]) for n in graph.topo_order() if n.op is Op.MATMUL]
+    assert any(w is not None and np.array_equal(w, want) for w in weights)
+    reference = compile_model(m, mode="reference")
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).normal(0, 1, (4, 16)).astype(F32)}
+        got, ref = compiled.run(feeds), reference.run(feeds)
+        for name, step in (("a", 0.05), ("b", 0.06)):
+            assert step_diff(got[name], ref[name], step).max_steps <= 1

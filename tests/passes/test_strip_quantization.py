@@ -89,10 +89,12 @@ def test_non_float_matmul_is_not_marked() -> None:
     assert strip_quantization.mark_float_compute(g, PassContext()) == 0
 
 
-def _se_block() -> "onnx.ModelProto":
+def _se_block(gate_quantized: bool = False) -> "onnx.ModelProto":
     """NNCF's squeeze-excitation layout: x quantized; GlobalAveragePool(x) → Conv(DQ(w1),
     DQ(b1)) → Relu → Conv(DQ(w2), b2) → Sigmoid → Mul(x, ·) → Q/DQ, the convs in float32
-    (no quantizer on the pooled vector), their weights int8 behind DequantizeLinear."""
+    (no quantizer on the pooled vector), their weights int8 behind DequantizeLinear;
+    ``gate_quantized``: the Sigmoid's output quantized too (Q/DQ before the Mul), as NNCF
+    does in EfficientNet, MobileNetV3 and RegNet."""
     import onnx
     from onnx import TensorProto
     from onnx import helper as h
@@ -109,7 +111,8 @@ def _se_block() -> "onnx.ModelProto":
              nh.from_array(np.array(0.05, np.float32), "sx"),
              nh.from_array(np.array(128, np.uint8), "zx"),
              nh.from_array(np.array(0.03, np.float32), "sy"),
-             nh.from_array(np.array(120, np.uint8), "zy")]
+             nh.from_array(np.array(120, np.uint8), "zy"),
+             nh.from_array(np.array(1 / 256, np.float32), "sg")]
     nodes = [h.make_node("QuantizeLinear", ["input", "sx", "zx"], ["xq"]),
              h.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["x"]),
              h.make_node("DequantizeLinear", ["w1", "sw"], ["w1f"]),
@@ -119,7 +122,9 @@ def _se_block() -> "onnx.ModelProto":
              h.make_node("Conv", ["p", "w1f", "b1f"], ["c1"]),
              h.make_node("Relu", ["c1"], ["r1"]),
              h.make_node("Conv", ["r1", "w2f", "b2"], ["c2"]),
-             h.make_node("Sigmoid", ["c2"], ["g"]),
+             h.make_node("Sigmoid", ["c2"], ["g0" if gate_quantized else "g"]),
+             *([h.make_node("QuantizeLinear", ["g0", "sg"], ["gq"]),
+                h.make_node("DequantizeLinear", ["gq", "sg"], ["g"])] if gate_quantized else []),
              h.make_node("Mul", ["x", "g"], ["m"]),
              h.make_node("QuantizeLinear", ["m", "sy", "zy"], ["yq"]),
              h.make_node("DequantizeLinear", ["yq", "sy", "zy"], ["out"])]
@@ -159,5 +164,33 @@ def test_fused_pipeline_gives_float_convs_their_activations() -> None:
         feeds = {"input": rng.uniform(-4, 4, (1, 16, 7, 7)).astype(F32)}
         out = compiled.run(feeds)["out"]
         np.testing.assert_array_equal(out, before.run(feeds)["out"])
+        diff = step_diff(out, reference.run(feeds)["out"], 0.03)
+        assert diff.max_steps <= 1 and diff.identical >= 0.99
+
+
+def test_float_conv_writes_its_quantize_dequantized() -> None:
+    """A float32 conv followed by a quantize and its dequantize (NNCF's quantized
+    squeeze-excitation gate) writes the float32 values (Q(x) − zp)·s itself: no quantize or
+    dequantize kernel, the conv on a jit kernel (a one-value binary post-op: a per-channel
+    one puts a 1x1-image conv on ref:any), bit-identical to the unfused mode."""
+    from qfuse.compiler.api import compile_model
+    from qfuse.runtime.numerics import step_diff
+
+    model = _se_block(gate_quantized=True)
+    compiled = compile_model(model)
+    kernels = compiled.inspect()["kernels"]
+    assert len(kernels) == len(compile_model(_se_block()).inspect()["kernels"])
+    gate = next(k for k in kernels if k["primitive"] == "convolution"
+                and any(a.startswith("Sigmoid") for a in k["absorbed"]))
+    assert {"QuantizeLinear", "DequantizeLinear"} <= {a.split("_")[0] for a in gate["absorbed"]}
+    assert gate["dst_dtype"] == "f32" and "ref" not in gate["impl"], gate
+    assert not [k for k in kernels if "ref" in k["impl"]]
+    unfused = compile_model(model, mode="unfused")
+    reference = compile_model(model, mode="reference")
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        feeds = {"input": rng.uniform(-4, 4, (1, 16, 7, 7)).astype(F32)}
+        out = compiled.run(feeds)["out"]
+        np.testing.assert_array_equal(out, unfused.run(feeds)["out"])
         diff = step_diff(out, reference.run(feeds)["out"], 0.03)
         assert diff.max_steps <= 1 and diff.identical >= 0.99
