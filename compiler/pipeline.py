@@ -30,6 +30,7 @@ from qfuse.passes import (
     signed_matmul_weights,
     strided_pointwise_conv,
     strip_quantization,
+    vector_matmul_as_conv,
 )
 from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
 
@@ -75,6 +76,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("compose_post_ops", compose_post_ops.run),
     # a MatMul over the rows of a rank > 2 tensor as one 2-D matmul (views, no copies)
     ("flatten_matmul_rows", flatten_matmul_rows.run),
+    # an int8 MatMul of one row (a classifier head at batch 1) as a 1x1 convolution: its
+    # weights reordered once, where oneDNN's GEMM matmul packs them on every call
+    ("vector_matmul_as_conv", vector_matmul_as_conv.run),
     # a 1x1 conv with strides reads a strided Slice (oneDNN's own copy for it goes wrong);
     # last, so the Slice changes no fusion decision (nodes are visited in topological order)
     ("strided_pointwise_conv", strided_pointwise_conv.run),

@@ -49,6 +49,7 @@ OPTIMIZATIONS = (
     "fold_resize_dequantize",
     "unsigned_activations",
     "flatten_matmul_rows",
+    "vector_matmul_as_conv",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

@@ -1,0 +1,100 @@
+"""An int8 MatMul of one row by 2-D constant weights runs as a 1x1 convolution.
+
+``MatMul(x[1, K], W[K, N])`` — a CNN's classifier after its pooling, a transformer's head on
+the class token — multiplies one row by W. oneDNN 3.2's int8 matmul for it on AVX2 is the
+GEMM-based ``gemm:jit``, which packs W on every call: at batch 1 that copy costs more than
+the product (torchvision AlexNet quantize_static, ``[1, 9216]·[9216, 4096]``: 8.1 ms for
+each half of the split weights, 75 % of the run). Its convolution reads the same weights
+reordered once, at compile time, into its blocked layout: ``[1, 1280]·[1280, 1000]`` 0.59 →
+0.23 ms with cold caches, 2 threads (benchmarks/, measured on a 2-core AMD EPYC, AVX2).
+
+Rewrite: x is viewed as ``[1, K, 1, 1]`` (a Reshape, a view in the lowering), W becomes the
+weights ``Wᵀ`` as ``[N, K, 1, 1]`` of a 1x1 Conv that writes ``[1, N, 1, 1]`` under a new
+name, and a Reshape gives back the output's shape and name. The node keeps its name, chain
+and composed attributes: its output channels are the same N values, per tensor or per
+channel alike. Exact: the same integer products summed exactly, the same float32 chain.
+
+Not applied: fewer than ``MIN_WEIGHTS`` weights (``[1, 256]·[256, 256]`` runs as fast either
+way with cold caches: the copy is cheap, and without VNNI the split convolution on a 1x1 image
+is three kernels where the matmul is two; ``[1, 512]·[512, 1000]``, ResNet-18's classifier,
+0.36 → 0.23 ms), more than one row, weights that are not a 2-D s8 constant or have a zero
+point (oneDNN's convolution takes neither u8 weights nor weight zero points), a run-time
+source zero point (dynamic quantization), chains that read tensors (a residual sum or a binary
+operand of the output's shape would need 4-D views of their own), float MatMuls. Composer
+option ``vector_matmul_as_conv`` (on by default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+
+import numpy as np
+
+from qfuse.ir import DType, Graph, Node, Op, TensorInfo
+from qfuse.ir.ops import ConvAttrs, ReshapeAttrs
+from qfuse.passes.base import PassContext
+from qfuse.passes.replace import replace_nodes
+
+log = logging.getLogger(__name__)
+
+MIN_WEIGHTS = 1 << 16  # K·N from which the convolution is measurably faster (docstring)
+
+
+def run(graph: Graph, ctx: PassContext) -> int:
+    if not ctx.composer.on("vector_matmul_as_conv"):
+        return 0
+    changed = 0
+    for node in graph.topo_order():
+        if node.op is Op.MATMUL and _applies(graph, node):
+            ctx.visit(node)
+            _rewrite(graph, node)
+            changed += 1
+    if changed:
+        graph.remove_unused()  # the MatMul's weights
+    return changed
+
+
+def _applies(graph: Graph, node: Node) -> bool:
+    fused = node.fused
+    src, out = graph.info(node.inputs[0]), graph.info(node.outputs[0])
+    weights = graph.constant(node.inputs[1])
+    return (fused is not None and src.dtype.is_quantized and math.prod(out.shape[:-1]) == 1
+            and src.shape[-1] == math.prod(src.shape) and weights is not None
+            and weights.ndim == 2 and weights.dtype == np.int8 and fused.wei_zero_point == 0
+            and weights.size >= MIN_WEIGHTS
+            and fused.src_zero_point_port is None and len(node.inputs) == 2
+            and (out.quant is None or out.quant.axis is None))
+
+
+def _rewrite(graph: Graph, node: Node) -> None:
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
+    xinfo, out = graph.info(x), graph.info(y)
+    k, n = graph.constant(w).shape  # type: ignore[union-attr]
+    image = graph.add_node(Op.RESHAPE, [x], [graph.unique_name(f"{x}@image")],
+                           ReshapeAttrs((1, k, 1, 1)), name=graph.unique_name(f"{node.name}/image"),
+                           infos=[TensorInfo((1, k, 1, 1), xinfo.dtype, xinfo.quant)],
+                           origin=node.origin)
+    weights = np.ascontiguousarray(graph.constant(w).T.reshape(n, k, 1, 1))  # type: ignore
+    w_conv = graph.add_constant(graph.unique_name(f"{w}@conv"), weights,
+                                TensorInfo((n, k, 1, 1), DType.S8, graph.info(w).quant)).name
+    fused = dataclasses.replace(node.fused, notes=[  # type: ignore[arg-type]
+        *node.fused.notes,  # type: ignore[union-attr]
+        f"one row: a 1x1 convolution on [1, {k}, 1, 1] (weights reordered once; oneDNN's "
+        "GEMM matmul packs them on every call)"])
+    meta = dict(node.meta)
+    name, origin = node.name, list(node.origin)
+    conv_out = graph.unique_name(f"{y}@image")
+
+    def build() -> None:
+        conv = graph.add_node(Op.CONV, [image.outputs[0], w_conv], [conv_out],
+                              ConvAttrs((1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1), name=name,
+                              infos=[TensorInfo((1, n, 1, 1), out.dtype, out.quant)],
+                              origin=origin)
+        conv.fused, conv.meta = fused, meta
+        graph.add_node(Op.RESHAPE, [conv_out], [y], ReshapeAttrs(tuple(out.shape)),
+                       name=graph.unique_name(f"{name}/row"), infos=[out], origin=origin)
+
+    replace_nodes(graph, [node], build)
+    log.debug("%s: [1, %d]·[%d, %d] as a 1x1 convolution", name, k, k, n)

@@ -1,0 +1,65 @@
+"""vector_matmul_as_conv: an int8 MatMul of one row by constant weights (a classifier head at
+batch 1) runs as a 1x1 convolution, whose weights oneDNN reorders once where its GEMM matmul
+packs them on every call. Bit-identical to the matmul plan (the same exact integer sums, the
+same float32 chain); more than one row stays a matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from qfuse.compiler.api import compile_model
+from qfuse.ir.postops import ComposerOptions
+from qfuse.runtime.numerics import step_diff
+from tests.compiler.onnx_builders import init, model, qdq_pair
+
+F32 = np.float32
+OFF = ComposerOptions().without("vector_matmul_as_conv")
+
+
+def _head(rows: int, relu: bool = False) -> onnx.ModelProto:
+    """x[rows, 256] → Q/DQ → Gemm(DQ(w) per output channel, bias, transB) [→ Relu] → Q/DQ:
+    weights up to ±127 (split without VNNI), as many as MIN_WEIGHTS."""
+    rng = np.random.default_rng(7)
+    k, n = 256, 256
+    inits = [init("w", rng.integers(-127, 128, (n, k)).astype(np.int8)),
+             init("ws", rng.uniform(0.001, 0.003, n).astype(F32)),
+             init("wz", np.zeros(n, np.int8)), init("b", rng.normal(0, 0.5, n).astype(F32)),
+             init("xs", F32(0.02)), init("xz", np.uint8(110)),
+             init("ys", F32(0.05)), init("yz", np.uint8(127))]
+    nodes = [*qdq_pair("x", "x", "xd"),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Gemm", ["xd", "wd", "b"], ["g"], transB=1)]
+    if relu:
+        nodes.append(helper.make_node("Relu", ["g"], ["r"]))
+    nodes += qdq_pair("y", "r" if relu else "g", "y")
+    return model(nodes, {"x": ([rows, k], TensorProto.FLOAT)}, ["y"], inits)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+def test_one_row_is_a_convolution_bit_identical(relu: bool) -> None:
+    m = _head(1, relu)
+    on, off = compile_model(m), compile_model(m, composer=OFF)
+    kinds = {k["primitive"] for k in on.inspect()["kernels"]}
+    assert "matmul" not in kinds and "convolution" in kinds, kinds
+    assert "matmul" in {k["primitive"] for k in off.inspect()["kernels"]}
+    conv = [k for k in on.inspect()["kernels"] if k["primitive"] == "convolution"]
+    assert all("ref" not in k["impl"] for k in conv), conv
+    reference = compile_model(m, mode="reference")
+    for seed in range(4):
+        feeds = {"x": np.random.default_rng(seed).normal(0, 2, (1, 256)).astype(F32)}
+        got = on.run(feeds)["y"]
+        assert np.array_equal(got.view(np.uint32), off.run(feeds)["y"].view(np.uint32))
+        assert step_diff(got, reference.run(feeds)["y"], 0.05).max_steps <= 1
+
+
+def test_more_rows_or_fewer_weights_stay_a_matmul() -> None:
+    kinds = {k["primitive"] for k in compile_model(_head(3)).inspect()["kernels"]}
+    assert "matmul" in kinds and "convolution" not in kinds, kinds
+    small = _head(1)
+    small.graph.initializer[0].CopyFrom(init("w", np.ones((256, 255), np.int8)))
+    small.graph.input[0].type.tensor_type.shape.dim[1].dim_value = 255
+    kinds = {k["primitive"] for k in compile_model(small).inspect()["kernels"]}
+    assert "matmul" in kinds and "convolution" not in kinds, kinds
