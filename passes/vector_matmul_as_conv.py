@@ -14,6 +14,9 @@ name, and a Reshape gives back the output's shape and name. The node keeps its n
 and composed attributes: its output channels are the same N values, per tensor or per
 channel alike. Exact: the same integer products summed exactly, the same float32 chain.
 
+Only where oneDNN's int8 matmul for the shape is that GEMM (``gemm_packs_weights`` probes the
+implementation oneDNN picks on this machine); where it picks another (oneDNN 3.2's brgemm
+matmuls for VNNI / AMX take their weights in a layout chosen at creation), the MatMul stays.
 Not applied: fewer than ``MIN_WEIGHTS`` weights (``[1, 256]·[256, 256]`` runs as fast either
 way with cold caches: the copy is cheap, and without VNNI the split convolution on a 1x1 image
 is three kernels where the matmul is two; ``[1, 512]·[512, 1000]``, ResNet-18's classifier,
@@ -27,6 +30,7 @@ option ``vector_matmul_as_conv`` (on by default).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 
@@ -36,6 +40,7 @@ from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.ops import ConvAttrs, ReshapeAttrs
 from qfuse.passes.base import PassContext
 from qfuse.passes.replace import replace_nodes
+from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, MemoryDesc, matmul
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,21 @@ def run(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
+@functools.cache
+def gemm_packs_weights(k: int, n: int) -> bool:
+    """Does oneDNN run a u8 ``[1, k]``·s8 ``[k, n]`` matmul on its GEMM kernels (``gemm:jit``,
+    which pack the weights on every call), on this machine?"""
+    def any_md(dims: tuple[int, int], dtype: DataType) -> MemoryDesc:
+        return MemoryDesc.from_tag(dims, dtype, FormatTag.any)
+
+    try:
+        pd = matmul(any_md((1, k), DataType.u8), any_md((k, n), DataType.s8),
+                    any_md((1, n), DataType.f32))
+    except DnnlError:
+        return False
+    return pd.impl_name.startswith("gemm:")
+
+
 def _applies(graph: Graph, node: Node) -> bool:
     fused = node.fused
     src, out = graph.info(node.inputs[0]), graph.info(node.outputs[0])
@@ -63,7 +83,7 @@ def _applies(graph: Graph, node: Node) -> bool:
     return (fused is not None and src.dtype.is_quantized and math.prod(out.shape[:-1]) == 1
             and src.shape[-1] == math.prod(src.shape) and weights is not None
             and weights.ndim == 2 and weights.dtype == np.int8 and fused.wei_zero_point == 0
-            and weights.size >= MIN_WEIGHTS
+            and weights.size >= MIN_WEIGHTS and gemm_packs_weights(*weights.shape)
             and fused.src_zero_point_port is None and len(node.inputs) == 2
             and (out.quant is None or out.quant.axis is None))
 
