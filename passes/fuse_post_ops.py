@@ -201,7 +201,7 @@ def run_gates(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
-#: readers that compute in float32 from a value (and never from its integer source)
+#: readers that, left unfused after the other fusion passes, compute in float32 from a value
 _FLOAT_READERS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.LAYER_NORM, Op.SOFTMAX})
 
 
