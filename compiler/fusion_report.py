@@ -192,7 +192,36 @@ def structural_reason(graph: Graph, node: Node) -> str | None:
     if source is not None and source.op is Op.DYNAMIC_QUANTIZE_LINEAR:
         return (f"the scale product s_x·s_w of {source}: its scale-and-zero-point kernel "
                 "computes it (compiler/lower/lower_dynamic.py)")
-    return _float_operand_reason(graph, node)
+    return _float_operand_reason(graph, node) or _float_binary_reason(graph, node)
+
+
+_BINARY = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV})
+
+
+def _float_binary_reason(graph: Graph, node: Node) -> str | None:
+    """Why an elementwise binary op left in float32 stays, when it is read by several nodes
+    (a post-op chain absorbs a value read once: passes/fuse_post_ops.py), and why a
+    dequantize stays whose readers are all such unfused float32 binary ops (NNCF's residual
+    Add in Swin: the attention's dequantized output plus the float32 stream, read by the
+    next LayerNorm and quantize)."""
+    def float_binary(reader: Node) -> bool:
+        return (reader.op in _BINARY and reader.fused is None
+                and graph.info(reader.outputs[0]).dtype is DType.F32)
+
+    if float_binary(node):
+        readers = graph.consumers(node.outputs[0])
+        if len(readers) > 1:
+            return (f"{node.op.value} in float32 whose result {len(readers)} nodes read: a "
+                    "post-op chain takes a value read once, so it is a kernel of its own")
+        return None
+    if node.op is not Op.DEQUANTIZE_LINEAR:
+        return None
+    readers = [r for r, _ in graph.consumers(node.outputs[0])]
+    if not readers or not all(float_binary(r) for r in readers):
+        return None
+    names = ", ".join(dict.fromkeys(str(r) for r in readers))
+    return (f"dequantizes an input of {names}, which writes float32: oneDNN 3.2's jit "
+            "binary reads an 8-bit input only when it writes 8-bit values")
 
 
 def _float_operand_reason(graph: Graph, node: Node) -> str | None:

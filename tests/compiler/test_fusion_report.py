@@ -93,3 +93,25 @@ def test_requantize_pair_and_constant_nodes() -> None:
     declined = PassResult("fuse_post_ops", declined=[Decline("d1", "DequantizeLinear", "post-op")])
     found = {d["node"]: d["reason"] for d in not_fused(graph, [declined])}
     assert "no dequantize kernel" in found["d1"], found["d1"]
+
+
+def test_a_float_add_read_twice_and_its_dequantized_input_say_why() -> None:
+    """NNCF's residual Add in Swin: a float32 stream x plus a dequantized 8-bit tensor, the
+    sum read by two float ops. The Add is read twice (a chain takes a value read once) and
+    the dequantize feeds a binary op that writes float32; `inspect` says both, not "no pass
+    matched"."""
+    from onnx import TensorProto, helper
+
+    from qfuse.compiler.api import compile_model
+    from tests.compiler.onnx_builders import init, model
+
+    nodes = [helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("Add", ["x", "d"], ["a"]),
+             helper.make_node("Relu", ["a"], ["y1"]), helper.make_node("Sigmoid", ["a"], ["y2"])]
+    m = model(nodes, {"x": ([1, 4, 6, 6], TensorProto.FLOAT),
+                      "q": ([1, 4, 6, 6], TensorProto.UINT8)}, ["y1", "y2"],
+              [init("s", np.float32(0.05)), init("z", np.uint8(128))])
+    reasons = {d["op"]: d["reason"] for d in compile_model(m).inspect()["not_fused"]}
+    assert "read once" in reasons["Add"], reasons
+    assert reasons["DequantizeLinear"].startswith("dequantizes an input of"), reasons
+    assert "writes float32" in reasons["DequantizeLinear"], reasons
