@@ -58,8 +58,8 @@ from qfuse.passes.quant_utils import (
     add_dequantize,
     add_fake_quantize,
     along,
-    constant_weights,
     fq_ranges,
+    is_constant_operand,
     range_axis,
     rebuild,
 )
@@ -273,7 +273,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if fq.op is not Op.FAKE_QUANTIZE:
             continue
         ctx.visit(fq)
-        if graph.info(fq.outputs[0]).dtype.is_integer or constant_weights(graph, fq.inputs[0]):
+        if graph.info(fq.outputs[0]).dtype.is_integer or is_constant_operand(graph, fq.inputs[0]):
             continue  # already quantize-only / weights (fold_weight_quantize)
         found = plan(graph, fq)
         if isinstance(found, str):

@@ -28,7 +28,6 @@ convolution does not have (docs/onednn.md).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import numpy as np
@@ -39,6 +38,7 @@ from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
 from qfuse.runtime.reference.ops_quant import quantize_onnx
 from qfuse.passes.base import PassContext
 from qfuse.passes.decompose_fake_quantize import INTEGRAL_TOLERANCE, channel_vector
+from qfuse.passes.gemm_to_matmul import transpose_dequantized
 from qfuse.passes.post_op_match import constant_operand
 from qfuse.passes.quant_utils import add_dequantize, along, fq_ranges, range_axis, rebuild
 
@@ -47,10 +47,14 @@ log = logging.getLogger(__name__)
 F32 = np.float32
 
 
+def _gemm_transpose(node: Node) -> bool:
+    return node.op is Op.TRANSPOSE and tuple(node.attrs.perm) == (1, 0)
+
+
 def weight_axis(graph: Graph, value: str) -> int | None | str:
     """The output-channel axis every reader of weights ``value`` agrees on; None when no
     reader is a weight port; "mixed" when they disagree. Through a Transpose (gemm_to_matmul's
-    of a Gemm's transB weights) the axis is its reader's, mapped back through the permutation."""
+    of a Gemm's transB weights) the axis is its reader's, swapped back."""
     rank = graph.info(value).rank
     found: set[int | None | str] = set()
     for reader, port in graph.consumers(value):
@@ -60,9 +64,9 @@ def weight_axis(graph: Graph, value: str) -> int | None | str:
             found.add(1)
         elif port == 1 and reader.op is Op.MATMUL:
             found.add(rank - 1)
-        elif reader.op is Op.TRANSPOSE:
+        elif _gemm_transpose(reader):
             axis = weight_axis(graph, reader.outputs[0])
-            found.add(reader.attrs.perm[axis] if isinstance(axis, int) else axis)
+            found.add(1 - axis if isinstance(axis, int) else axis)
         else:
             found.add(None)
     if len(found) > 1:
@@ -137,23 +141,15 @@ def _onnx_levels(w: np.ndarray, form: OnnxQuantize) -> tuple[np.ndarray, QuantPa
     return q, params
 
 
-def _transpose_folded(graph: Graph, transpose: Node, q: np.ndarray, quant: QuantParams
-                      ) -> None:
-    """``Transpose(DQ(q, axis))`` as ``DQ(qᵀ, axis')``, the integer constant transposed and the
-    axis permuted with it (exact: a DequantizeLinear is elementwise): weights the Gemm →
-    MatMul rewrite transposed before this pass made them constant."""
-    perm = tuple(transpose.attrs.perm)
-    q_t = np.ascontiguousarray(q.transpose(perm))
-    quant_t = quant if quant.axis is None else dataclasses.replace(
-        quant, axis=perm.index(quant.axis % q.ndim))
-    name = graph.add_constant(graph.unique_name(f"{transpose.outputs[0]}_quantized"), q_t,
-                              TensorInfo(tuple(q_t.shape), DType.S8, quant_t)).name
-
-    def build() -> None:
-        add_dequantize(graph, name, quant_t, transpose.outputs[0], origin=transpose.origin,
-                       name=f"{transpose.name}/dequantize")
-
-    rebuild(graph, [transpose], build)
+def _transpose_folded(graph: Graph, transpose: Node) -> None:
+    """``Transpose(DQ(q, axis))`` of 2-D weights (gemm_to_matmul's, of a Gemm's transB,
+    inserted before this pass made them constant) as ``DQ(qᵀ, 1 − axis)``, as gemm_to_matmul
+    transposes the weights it finds constant."""
+    dq = graph.producer(transpose.inputs[0])
+    assert dq is not None
+    value = transpose_dequantized(graph, dq, transpose.inputs[0])
+    graph.replace_all_uses(transpose.outputs[0], value)
+    graph.remove_node(transpose)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -182,8 +178,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
                            name=f"{fq.name}/dequantize")
 
         rebuild(graph, [fq], build)
-        for reader in [r for r, _ in graph.consumers(out) if r.op is Op.TRANSPOSE]:
-            _transpose_folded(graph, reader, q, quant)
+        for reader in [r for r, _ in graph.consumers(out) if _gemm_transpose(r)]:
+            _transpose_folded(graph, reader)
         changed += 1
     if changed:
         graph.remove_unused()

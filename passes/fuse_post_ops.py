@@ -253,7 +253,7 @@ def _fuse_fake_quantize(graph: Graph, ctx: PassContext, fq: Node) -> bool:
         return False
     ctx.visit(fq)
     fq.fused = Fused()
-    _commit(graph, fq, dataclasses.replace(best, absorbed=best.absorbed[1:]))
+    _commit(graph, fq, dataclasses.replace(best, absorbed=[dq]))  # fq itself is the node
     return True
 
 

@@ -108,7 +108,7 @@ def _rewrite(graph: Graph, gemm: Node) -> None:
             alpha_done = True
         b = const(b, data, "t" if attrs.trans_b else "alpha")
     elif attrs.trans_b and dq is not None:
-        b = _transpose_dequantized(graph, dq, b)
+        b = transpose_dequantized(graph, dq, b)
     elif attrs.trans_b:
         b = transpose(b)
 
@@ -142,7 +142,7 @@ def _rewrite(graph: Graph, gemm: Node) -> None:
     log.debug("rewrote %s", gemm)
 
 
-def _transpose_dequantized(graph: Graph, dq: Node, value: str) -> str:
+def transpose_dequantized(graph: Graph, dq: Node, value: str) -> str:
     """``DQ(q, axis)ᵀ`` as ``DQ(qᵀ, 1 - axis)``: the integer constant is transposed."""
     q_name = dq.inputs[0]
     q, q_info = graph.constant(q_name), graph.info(q_name)

@@ -37,6 +37,7 @@ from qfuse.ir.ops import (
     HardSigmoidAttrs,
     HardSwishAttrs,
 )
+from qfuse.passes.quant_utils import is_constant_operand
 from qfuse.runtime.reference import IMPLS  # constants evaluate with the reference semantics
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,11 @@ def constant_operand(graph: Graph, value: str) -> tuple[np.ndarray | None, Node 
     data = graph.constant(value)
     if data is not None:
         return data, None
+    if not is_constant_operand(graph, value):
+        return None, None
     producer = graph.producer(value)
-    if producer is None or producer.op is not Op.DEQUANTIZE_LINEAR:
-        return None, None
+    assert producer is not None
     args = [graph.constant(name) if name else None for name in producer.inputs]
-    if any(a is None for a, name in zip(args, producer.inputs) if name):
-        return None, None
     return IMPLS[Op.DEQUANTIZE_LINEAR](producer, args)[0], producer
 
 

@@ -68,9 +68,9 @@ def is_op(node: Node | None, op: Op) -> bool:
     return node is not None and node.op is op
 
 
-def constant_weights(graph: Graph, value: str) -> bool:
+def is_constant_operand(graph: Graph, value: str) -> bool:
     """``value`` is a constant, or a DequantizeLinear of constants (weights another quantizer
-    requantizes: passes/fold_weight_quantize.py)."""
+    requantizes: passes/fold_weight_quantize.py; post_op_match.constant_operand's data)."""
     if graph.constant(value) is not None:
         return True
     dq = graph.producer(value)

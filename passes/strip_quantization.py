@@ -30,9 +30,10 @@ counterpart of what the int8 pipeline builds. The fused pipeline runs it too, af
 move_dequantize, on the Conv / MatMul nodes a quantized model leaves in float32 (NNCF's
 squeeze-excitation convolutions on a pooled vector, attention products it does not quantize,
 a quantize_static model's layers after a float op): their activations and adds become
-post-ops; a quantize after them stays a kernel of its own (oneDNN's float32 convolutions and
-matmuls write float32 on jit kernels). A bias given through a DequantizeLinear of constants
-is a constant too.
+post-ops, and a quantize only together with its dequantize (the node writes the float32
+values: oneDNN's float32 convolutions and matmuls write float32 on jit kernels;
+passes/fuse_post_ops.py). A bias given through a DequantizeLinear of constants is a constant
+too.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ from qfuse.compiler.lower import Options, lower
 from qfuse.compiler.modes import run_passes
 from qfuse.passes.base import PassContext
 from qfuse.runtime.executor import Executor
-from qfuse.runtime.numerics import step_diff
 from tests.compiler.onnx_builders import init, model, qdq_pair
 
 F32 = np.float32
@@ -84,8 +83,10 @@ def test_quantize_and_dequantize_of_the_residual_stream_are_one_kernel() -> None
         got = on.run(feeds)["y"]
         for other in (off, unfused):
             assert np.array_equal(got.view(np.uint32), other.run(feeds)["y"].view(np.uint32))
-        # y is a LayerNorm of dequantized values: compared in steps of 0.01
-        assert step_diff(got, reference.run(feeds)["y"], 0.01).max_steps <= 1
+        # the integer parts agree exactly; the LayerNorms sum in another float32 order than
+        # the reference's: a few ulps of the largest output (measured: at most 1.5)
+        want = reference.run(feeds)["y"]
+        assert np.abs(got - want).max() <= 4 * np.spacing(np.abs(want).max())
 
 
 def test_a_requantize_keeps_its_integer_source() -> None:
