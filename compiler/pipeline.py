@@ -20,6 +20,7 @@ from qfuse.passes import (
     fuse_gated_activation,
     fuse_post_ops,
     flatten_matmul_rows,
+    fold_pad,
     fold_resize_dequantize,
     fuse_quantized_norm,
     gemm_to_matmul,
@@ -54,6 +55,7 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("fuse_gated_activation", fuse_gated_activation.run),
     # 4. dequantize moved through precision-preserving ops and after compute ops
     ("propagate_dequantize", propagate_dequantize.run),
+    ("fold_pad", fold_pad.run),
     ("move_dequantize", move_dequantize.run),
     ("eliminate_requantize", eliminate_requantize.run),
     # a Conv / MatMul left in float32 (NNCF's squeeze-excitation convs, attention's float

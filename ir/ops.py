@@ -79,6 +79,7 @@ class Op(enum.Enum):
     SQUEEZE = "Squeeze"
     UNSQUEEZE = "Unsqueeze"
     PAD = "Pad"
+    EXPAND = "Expand"  # broadcast to a static shape (ExpandAttrs)
     RESIZE = "Resize"
     IDENTITY = "Identity"
     DROPOUT = "Dropout"
@@ -296,6 +297,14 @@ class PadMode(enum.Enum):
 
 
 @dataclass(frozen=True)
+class ExpandAttrs:
+    """Expand: x broadcast to ``shape``, the output's shape (ONNX's bidirectional broadcast of
+    x's shape and the requested one, resolved at import)."""
+
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class PadAttrs:
     """``pads`` as ONNX: begins then ends, one per dim of the input. ``value`` in x's domain."""
 
@@ -396,6 +405,7 @@ ATTRS: dict[Op, type] = {
     Op.SQUEEZE: AxesAttrs,
     Op.UNSQUEEZE: AxesAttrs,
     Op.PAD: PadAttrs,
+    Op.EXPAND: ExpandAttrs,
     Op.RESIZE: ResizeAttrs,
     Op.IDENTITY: NoAttrs,
     Op.DYNAMIC_QUANTIZE_LINEAR: NoAttrs,

@@ -16,11 +16,21 @@ the input's bytes in the same order: it is a Reshape to its output shape (OpenVI
 ``TransposeToReshape``). Exact (no arithmetic). The later passes then see a shape op, which a
 MatMul's post-op chain walks through (passes/matmul_reshape.py) and a dequantize moves
 through, where a Transpose stops the chain.
+
+Expand: an Expand read only by elementwise Add / Sub / Mul / Div that broadcast anyway —
+``x / Expand(‖x‖, x.shape)`` of torch's ``F.normalize`` — is bypassed: the op broadcasts the
+unexpanded tensor to the same output, element for element (ONNX's multidirectional
+broadcasting). Only where the expanded tensor is the op's second input, or either input of
+Add / Mul (the lowering takes a broadcast second operand; Sub / Div with a broadcast first
+one would run in numpy). Exact (no arithmetic). Swin-V2-T: 24 Expand kernels fewer (6.6 ms
+of a 144 ms run).
 """
 
 from __future__ import annotations
 
 import logging
+
+import numpy as np
 
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.ops import ReshapeAttrs
@@ -30,6 +40,7 @@ from qfuse.passes.replace import bypass_keeping_name, replace_nodes
 log = logging.getLogger(__name__)
 
 OPS = (Op.IDENTITY, Op.DROPOUT)
+BROADCASTING = (Op.ADD, Op.SUB, Op.MUL, Op.DIV)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -50,7 +61,41 @@ def run(graph: Graph, ctx: PassContext) -> int:
             ctx.visit(node)
             _as_reshape(graph, node)
             count += 1
+    for node in [n for n in graph.topo_order() if n.op is Op.EXPAND]:
+        ctx.visit(node)
+        reason = _expand_kept(graph, node)
+        if reason is not None:
+            ctx.decline(node, reason)
+            continue
+        for reader, port in list(graph.consumers(node.outputs[0])):
+            graph.set_input(reader, port, node.inputs[0])
+        graph.remove_node(node)
+        count += 1
     return count
+
+
+def _expand_kept(graph: Graph, node: Node) -> str | None:
+    """Why the Expand ``node`` stays, or None when its readers broadcast x themselves."""
+    out = node.outputs[0]
+    if out in graph.outputs:
+        return "its output is a graph output"
+    x = graph.info(node.inputs[0]).shape
+    readers = graph.consumers(out)
+    if not readers:
+        return "nothing reads it"
+    for reader, port in readers:
+        if reader.op not in BROADCASTING or len(reader.inputs) != 2:
+            return f"read by {reader.op.value} '{reader.name}', which does not broadcast"
+        if port == 0 and reader.op in (Op.SUB, Op.DIV):
+            return f"the first input of {reader.op.value} '{reader.name}'"
+        other = graph.info(reader.inputs[1 - port]).shape
+        try:
+            shape = tuple(np.broadcast_shapes(x, other))
+        except ValueError:
+            return f"{reader.op.value} '{reader.name}' would not broadcast it"
+        if shape != graph.info(reader.outputs[0]).shape:
+            return f"{reader.op.value} '{reader.name}' needs the expanded shape"
+    return None
 
 
 def _moves_no_data(graph: Graph, node: Node) -> bool:

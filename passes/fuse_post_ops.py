@@ -492,10 +492,15 @@ def _lost_int_residual(state: _State, best: _State) -> bool:
 
 
 def _valid(state: _State) -> bool:
+    """Not inside a quantize → dequantize pair, and a residual the primitive can add: oneDNN's
+    sum reads it from the dst buffer (equal element sizes); a float32 residual into an 8-bit
+    dst is a binary_add post-op reading it (attrs._residual: the same float32 add; TensorRT-
+    style models, whose residual Add of two float32 convolution outputs is then quantized)."""
     residual = state.residual
     if state.pending:
         return False
-    return residual is None or residual.dtype.np.itemsize == state.info.dtype.np.itemsize
+    return (residual is None or residual.dtype.np.itemsize == state.info.dtype.np.itemsize
+            or (residual.dtype is DType.F32 and state.info.dtype.is_quantized))
 
 
 def _rollback_reason(graph: Graph, node: Node, first: Node, state: _State, best: _State,

@@ -85,12 +85,17 @@ def _layout_check(graph: Graph, op: Node, p: DqParams) -> str | None:
         return "dequantize scale <= 0: max does not commute with a decreasing map"
     if op.op is Op.RESIZE and op.attrs.mode is not ResizeMode.NEAREST:
         return f"Resize {op.attrs.mode.value} interpolates (only nearest moves values)"
-    if op.op is Op.PAD:
+    if op.op is Op.PAD and not p.per_tensor:
         attrs: PadAttrs = op.attrs
         rank = graph.info(op.inputs[0]).rank
-        if not p.per_tensor and (attrs.mode is PadMode.CONSTANT
-                                 or attrs.pads[p.axis] or attrs.pads[rank + p.axis]):
-            return "per-channel dequantize before a Pad (padding values need one zero point)"
+        if attrs.pads[p.axis] or attrs.pads[rank + p.axis]:
+            return "per-channel dequantize before a Pad along its channel axis"
+        # a constant 0 is the zero point in every channel: one padding value when they agree
+        # (NNCF's per-channel inputs of depthwise convolutions, all zero points 0)
+        if attrs.mode is PadMode.CONSTANT and (attrs.value != 0.0
+                                               or len(set(p.zero_point.tolist())) > 1):
+            return ("per-channel dequantize before a Pad whose value is not 0 in one zero "
+                    "point (padding values need one integer)")
     return None
 
 

@@ -425,7 +425,13 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         return dnnl_type(ctx.info(node.inputs[port]).dtype)
 
     def residual_f32(port: int, scale: float, zp: int) -> tuple[str, MemoryDesc]:
-        return unfused.dequantized(ctx, node.inputs[port], scale, zp)
+        # a full-size operand channels-last, as the int8 convolutions write their dst: a
+        # plain one (a graph input) sends them to ref:any (measured, AVX2)
+        info = ctx.info(node.inputs[port])
+        layout = (channels_last(info.shape, DataType.f32)
+                  if channel_axis == 1 and len(info.shape) > 2 and info.shape == yinfo.shape
+                  else None)
+        return unfused.dequantized(ctx, node.inputs[port], scale, zp, layout)
 
     def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
         value = node.inputs[port]

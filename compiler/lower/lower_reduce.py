@@ -16,8 +16,13 @@ against ONNX's definitions (https://onnx.ai/onnx/operators/, Reduce*):
 
 (norm_lp_max takes max(Σ|x|^p, eps) instead of the sum with eps: with eps=0 and Σ|x|^p ≥ 0
 the same value; the _sum forms are used.) oneDNN 3.2 has no jit kernel for the norm_lp
-algorithms (jit_uni_reduction.cpp: max, min, sum, mul, mean): ReduceL1 / L2 / SumSquare run
-``ref:any``. oneDNN sums in float32 in its own order: results
+algorithms (jit_uni_reduction.cpp: max, min, sum, mul, mean): on ``ref:any`` (scalar loops)
+one ReduceL2 of torch's ``F.normalize`` took 12 ms of Swin-V2-T's run (measured, AVX2, 2
+threads). So they run as two jit kernels (``norm_by_sum`` in inspect): an eltwise kernel
+writes |x| (ReduceL1) or x² (L2, SumSquare) into a buffer of its own, laid out with the
+reduced axes innermost, and the jit ``reduction_sum`` reads it, with ReduceL2's square root
+as its eltwise_sqrt post-op. Each x² is rounded to float32 before it is summed, as in
+ref:any's loop. oneDNN sums in float32 in its own order: results
 differ from the float64 reference (runtime/reference/ops_reduce.py) by sum rounding,
 bounded relative to Σ|x| (tests/compiler/test_lower_reduce.py states the tolerance); max and
 min are exact. oneDNN's jit reduction (``jit:avx2`` here) takes row-major src and dst with the
@@ -48,7 +53,10 @@ from qfuse.runtime.onednn import (
     DataType,
     DnnlError,
     MemoryDesc,
+    PostOps,
+    PrimitiveAttr,
     PrimitiveDesc,
+    eltwise,
     lrn,
     reduction,
 )
@@ -65,6 +73,12 @@ REDUCTIONS: dict[Op, tuple[Alg, float, float]] = {
     Op.REDUCE_L1: (Alg.reduction_norm_lp_sum, 1.0, 0.0),
     Op.REDUCE_L2: (Alg.reduction_norm_lp_sum, 2.0, 0.0),
     Op.REDUCE_SUM_SQUARE: (Alg.reduction_norm_lp_power_p_sum, 2.0, 0.0),
+}
+# ReduceL1 / L2 / SumSquare as a jit sum: op -> (eltwise before the sum, post-op after it)
+NORM_BY_SUM: dict[Op, tuple[Alg, Alg | None]] = {
+    Op.REDUCE_L1: (Alg.eltwise_abs, None),
+    Op.REDUCE_L2: (Alg.eltwise_square, Alg.eltwise_sqrt),
+    Op.REDUCE_SUM_SQUARE: (Alg.eltwise_square, None),
 }
 
 
@@ -97,9 +111,11 @@ def lower_reduce(ctx: LowerContext, node: Node) -> None:
 
     shape = ctx.info(y).shape
     pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, dtype)])
-    if is_slow(pd.impl_name, "reduction") and _reduced_innermost(ctx, node, alg, p, eps, dtype,
-                                                                  kept):
-        return
+    if is_slow(pd.impl_name, "reduction"):
+        if node.op in NORM_BY_SUM and _norm_by_sum(ctx, node, kept):
+            return
+        if _reduced_innermost(ctx, node, alg, p, eps, dtype, kept):
+            return
     src_md = pd.src_md
     assert src_md is not None
     src = ctx.source(x, src_md)
@@ -118,10 +134,9 @@ def _reduced_innermost(ctx: LowerContext, node: Node, alg: Alg, p: float, eps: f
     of the permuted dims and writing the kept dims' row-major bytes (the size-1 dims do not
     move anything: the output is already in place). False when the jit kernel declines that
     too (the ref: one found first is used then)."""
-    attrs: ReduceAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     dims = ctx.info(x).shape
-    order = [a for a in range(len(dims)) if a not in attrs.axes] + list(attrs.axes)
+    order, strides = _innermost_order(node, dims)
     moved_dims = tuple(dims[a] for a in order)
     moved_kept = tuple(kept[a] for a in order)
     try:
@@ -131,17 +146,60 @@ def _reduced_innermost(ctx: LowerContext, node: Node, alg: Alg, p: float, eps: f
         return False
     if is_slow(pd.impl_name, "reduction"):
         return False
-    strides = [0] * len(dims)
-    step = 1
-    for a in reversed(order):  # memory order = ``order``
-        strides[a] = step
-        step *= dims[a]
     src = ctx.source(x, MemoryDesc.from_strides(dims, dtype, strides))
     view = ctx.temp(f"{x}@reduce_order", plain_md(moved_dims, dtype), alias=src)
     out = ctx.define(y, plain_md(ctx.info(y).shape, dtype))
     dst = ctx.temp(f"{y}@reduce_order", plain_md(moved_kept, dtype), alias=out)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): view, int(Arg.DST): dst},
                       info=ctx.info_for(node, optimizations=["reduced_axes_innermost"]))
+    return True
+
+
+def _innermost_order(node: Node, dims: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """(axis order with the reduced axes last, the strides that lay x out in that order)."""
+    attrs: ReduceAttrs = node.attrs
+    order = [a for a in range(len(dims)) if a not in attrs.axes] + list(attrs.axes)
+    strides = [0] * len(dims)
+    step = 1
+    for a in reversed(order):  # memory order = ``order``
+        strides[a] = step
+        step *= dims[a]
+    return order, strides
+
+
+def _norm_by_sum(ctx: LowerContext, node: Node, kept: tuple[int, ...]) -> bool:
+    """ReduceL1 / L2 / SumSquare as |x| or x² (an eltwise kernel writing a buffer of its own
+    with the reduced axes innermost) and the jit reduction_sum over that buffer (L2: with
+    eltwise_sqrt as its post-op). False when either kernel would not be jit."""
+    before, after = NORM_BY_SUM[node.op]
+    x, y = node.inputs[0], node.outputs[0]
+    dims = ctx.info(x).shape
+    order, strides = _innermost_order(node, dims)
+    moved_dims = tuple(dims[a] for a in order)
+    moved_kept = tuple(kept[a] for a in order)
+    f32 = DataType.f32
+    attr = PrimitiveAttr()
+    if after is not None:
+        attr.set_post_ops(PostOps().append_eltwise(after))
+    laid_out = MemoryDesc.from_strides(dims, f32, strides)
+    try:
+        sum_pd = reduction(Alg.reduction_sum, plain_md(moved_dims, f32), plain_md(moved_kept, f32),
+                           attr=attr)
+        pre_pd = eltwise(before, laid_out)
+    except DnnlError:
+        return False
+    if is_slow(sum_pd.impl_name, "reduction") or is_slow(pre_pd.impl_name, "eltwise"):
+        return False
+    src = ctx.source(x, laid_out)
+    powered = ctx.temp(f"{x}@{before.name[len('eltwise_'):]}", laid_out)
+    ctx.add_primitive(f"{node.name}:{before.name[len('eltwise_'):]}", pre_pd,
+                      {int(Arg.SRC): src, int(Arg.DST): powered},
+                      info=ctx.info_for(node, optimizations=["norm_by_sum"]))
+    view = ctx.temp(f"{x}@reduce_order", plain_md(moved_dims, f32), alias=powered)
+    out = ctx.define(y, plain_md(ctx.info(y).shape, f32))
+    dst = ctx.temp(f"{y}@reduce_order", plain_md(moved_kept, f32), alias=out)
+    ctx.add_primitive(node.name, sum_pd, {int(Arg.SRC): view, int(Arg.DST): dst},
+                      info=ctx.info_for(node, optimizations=["norm_by_sum"]))
     return True
 
 

@@ -96,6 +96,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     # no oneDNN primitive: the reference semantics in numpy
     Op.PRELU: lower_numpy,
     Op.PAD: lower_numpy,
+    Op.EXPAND: lower_numpy,  # a broadcast copy; passes/drop_identity bypasses most
     Op.CAST: lower_numpy,
     # float islands: the ONNX subgraph run by onnxruntime or onnx.reference
     Op.ISLAND: lower_island.lower_island,
@@ -111,6 +112,7 @@ PARAMETER_PORTS = {
 
 # Consumers that tell a reorder producing their input which layout they want.
 PROBES = {
+    **{op: lower_misc.probe_binary for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SUM)},
     Op.CONV: lower_compute.probe_conv,
     Op.CONV_TRANSPOSE: lower_compute.probe_conv,
     Op.MAX_POOL: lower_pool.probe_int8_pool,
@@ -120,6 +122,7 @@ PROBES = {
     Op.CONCAT: lower_misc.probe_concat,
     Op.RESIZE: lower_resize.probe_resize,
     Op.PAD: lower_misc.probe_plain,
+    Op.EXPAND: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,
     Op.SOFTMAX: lower_norm.probe_softmax,
 }

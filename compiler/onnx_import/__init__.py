@@ -102,6 +102,7 @@ _DEFAULT: dict[str, Converter] = {
     "Squeeze": convert_layout.squeeze,
     "Unsqueeze": convert_layout.unsqueeze,
     "Pad": convert_layout.pad,
+    "Expand": convert_layout.expand,
     "Cast": convert_layout.cast,
     "DynamicQuantizeLinear": convert_dynamic.dynamic_quantize_linear,
     # reached only with a run-time src zero point (else qoperator.py rewrites them)

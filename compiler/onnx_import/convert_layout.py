@@ -16,6 +16,7 @@ from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
+    ExpandAttrs,
     NoAttrs,
     Op,
     PadAttrs,
@@ -227,6 +228,23 @@ def pad(ctx: Context, node: NodeView) -> None:
             raise ctx.malformed(node, f"constant_value must be a scalar, got {value_in.shape}")
         value = float(value_in.reshape(()))
     ctx.emit(node, Op.PAD, node.inputs[:1], PadAttrs(tuple(full), pad_mode, value))
+
+
+def expand(ctx: Context, node: NodeView) -> None:
+    """Expand with a constant shape: ONNX's bidirectional broadcast of x's shape and ``shape``
+    (https://onnx.ai/onnx/operators/onnx__Expand.html) resolved here; an output of x's own
+    shape is an Identity."""
+    x = ctx.input_info(node, 0)
+    requested = _ints(ctx.const(node, 1, "shape"))
+    try:
+        out = tuple(int(d) for d in np.broadcast_shapes(x.shape, tuple(requested)))
+    except ValueError as exc:
+        raise ctx.malformed(node, f"shape {requested} does not broadcast with the input's "
+                                  f"{x.shape}") from exc
+    if out == x.shape:
+        ctx.emit(node, Op.IDENTITY, node.inputs[:1], NoAttrs())
+        return
+    ctx.emit(node, Op.EXPAND, node.inputs[:1], ExpandAttrs(out))
 
 
 def cast(ctx: Context, node: NodeView) -> None:

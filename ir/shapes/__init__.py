@@ -69,6 +69,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.SQUEEZE: layout.squeeze,
     Op.UNSQUEEZE: layout.unsqueeze,
     Op.PAD: layout.pad,
+    Op.EXPAND: layout.expand,
     Op.RESIZE: spatial.resize,
     Op.IDENTITY: arith.preserving,
     Op.DYNAMIC_QUANTIZE_LINEAR: quant.dynamic_quantize_linear,

@@ -15,6 +15,7 @@ from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
+    ExpandAttrs,
     PadAttrs,
     PadMode,
     ReshapeAttrs,
@@ -36,6 +37,17 @@ from qfuse.ir.types import QuantParams, TensorInfo
 
 def _axis(x: TensorInfo) -> int | None:
     return None if x.quant is None else x.quant.axis
+
+
+def expand(graph: Graph, node: Node) -> list[TensorInfo]:
+    attrs: ExpandAttrs = node.attrs
+    x = required(graph, node, 0)
+    out = tuple(attrs.shape)
+    ok = len(out) >= x.rank and all(
+        d in (1, o) for d, o in zip(x.shape, out[len(out) - x.rank:], strict=True))
+    if not ok:
+        raise fail(node, f"input of shape {x.shape} does not broadcast to {out}")
+    return [keep_quant(x, out, -1 if len(out) == x.rank else None)]
 
 
 def concat(graph: Graph, node: Node) -> list[TensorInfo]:

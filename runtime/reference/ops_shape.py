@@ -49,6 +49,7 @@ from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
+    ExpandAttrs,
     Op,
     PadAttrs,
     PadMode,
@@ -134,6 +135,12 @@ def squeeze(node: Node, args: Arrays) -> list[np.ndarray]:
 def unsqueeze(node: Node, args: Arrays) -> list[np.ndarray]:
     attrs: AxesAttrs = node.attrs
     return [np.expand_dims(need(args, 0), tuple(attrs.axes)).copy()]
+
+
+@impl(Op.EXPAND)
+def expand(node: Node, args: Arrays) -> list[np.ndarray]:
+    attrs: ExpandAttrs = node.attrs
+    return [np.broadcast_to(need(args, 0), attrs.shape).copy()]
 
 
 @impl(Op.PAD)

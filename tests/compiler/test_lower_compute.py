@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from qfuse.compiler.lower import lower_compute
 from qfuse.ir import DType, Graph, Op, TensorInfo
-from qfuse.ir.chain import Act, Activation, PRelu, Scale, Shift
+from qfuse.ir.chain import Act, Activation, PRelu, Residual, Scale, Shift
 from qfuse.ir.ops import ConvTransposeAttrs
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.numerics import step_diff
@@ -168,6 +168,31 @@ def test_residual_sum(internal: bool) -> None:
 def test_residual_s8_into_u8_dst() -> None:
     graph, feeds = _residual_graph(True, S8)
     _check(graph, feeds, "conv")
+
+
+@requires_exact_int8
+def test_float_residual_into_an_int8_dst_is_a_binary_add() -> None:
+    """TensorRT-style placement: a float32 residual added before the output quantize. oneDNN's
+    sum reads the residual from the dst buffer (equal element sizes), so a binary_add post-op
+    reads it instead; the dst is u8 (no float32 output and standalone quantize), jit, and
+    oneDNN's model bit for bit."""
+    g = Graph("residual_f32")
+    x = int_input(g, "x", (1, 16, 8, 8), U8, 0.04, 5)
+    g.add_input("r", TensorInfo((1, 32, 8, 8), DType.F32))
+    chain = [Scale.of(0.0007), Shift.of(np.linspace(-0.3, 0.3, 32)),
+             Residual(2, 1.0, 0, DType.F32), Activation(Act.RELU),
+             quantize_item(0.0837, 2, U8)]
+    node = add_int8_conv(g, x, 32, chain=chain, residual="r", name="conv", out_scale=0.0837,
+                         out_zp=2)
+    g.outputs.append(node.outputs[0])
+    rng = np.random.default_rng(3)
+    feeds = {"x": random_int(rng, (1, 16, 8, 8), U8),
+             "r": rng.normal(0, 2, (1, 32, 8, 8)).astype(F32)}
+    _check(g, feeds, "conv")
+    _, plan = run_plan(g, feeds)
+    kernel = next(k for k in plan.inspect()["kernels"] if k["name"] == "conv")
+    assert "binary_add" in kernel["post_ops"] and "sum" not in kernel["post_ops"], kernel
+    assert kernel["dst_dtype"] == "u8", kernel
 
 
 def test_deconv_weights_are_transposed_not_flipped() -> None:

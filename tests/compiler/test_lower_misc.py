@@ -120,6 +120,40 @@ def test_binary_with_a_constant_broadcast_in_the_middle_runs_on_jit(op: Op) -> N
         [k.impl for k in plan.kernels]
 
 
+@pytest.mark.parametrize("op", [Op.ADD, Op.SUB, Op.MUL, Op.DIV])
+@pytest.mark.parametrize(("shape", "b_shape"), [
+    ((4, 3, 16, 8), (4, 3, 16, 1)),  # F.normalize's denominator over the last axis
+    ((2, 5, 7, 9), (2, 5, 1, 9)),
+    ((2, 5, 7, 9), (1, 5, 7, 1)),
+    ((3, 1, 4, 5), (3, 1, 1, 1)),
+], ids=str)
+def test_binary_with_a_run_time_broadcast_oneDNN_has_on_ref_only_runs_merged(
+        op: Op, shape: tuple[int, ...], b_shape: tuple[int, ...]) -> None:
+    """oneDNN 3.2 runs these broadcasts of a run-time operand on ref:any; seen with their
+    neighbouring dims merged ([4, 3, 16, 8] / [4, 3, 16, 1] as [192, 8] / [192, 1]) they
+    run on jit: bit-exact against the reference, every kernel jit."""
+    from qfuse.compiler.lower.lower_misc import collapsed_dims
+
+    assert collapsed_dims(shape, b_shape) is not None
+    g = _graph({"a": shape, "b": b_shape})
+    g.add_node(op, ["a", "b"], ["y"], NoAttrs(), infos=[TensorInfo(shape, DType.F32)])
+    g.outputs.append("y")
+    _check(g)
+    _, plan = run_plan(g, _feeds(g))
+    impls = [k.impl for k in plan.kernels]
+    assert not any(i.startswith("ref") for i in impls), impls
+
+
+def test_collapsed_dims() -> None:
+    from qfuse.compiler.lower.lower_misc import collapsed_dims
+
+    assert collapsed_dims((64, 3, 64, 32), (64, 3, 64, 1)) == ((12288, 32), (12288, 1))
+    assert collapsed_dims((2, 5, 7, 9), (1, 5, 7, 1)) == ((2, 35, 9), (1, 35, 1))
+    assert collapsed_dims((3, 1, 4, 5), (3, 1, 1, 1)) == ((3, 20), (3, 1))
+    assert collapsed_dims((8, 6), (1, 1)) == ((1, 48), (1, 1))
+    assert collapsed_dims((2, 3, 4), (2, 1, 4)) is None  # nothing merges
+
+
 def test_binary_with_broadcast_first_operand() -> None:
     g = _graph({"a": (2, 8, 5, 5), "b": (1, 8, 1, 1)})
     g.add_node(Op.ADD, ["b", "a"], ["y"], NoAttrs(), infos=[TensorInfo((2, 8, 5, 5), DType.F32)])
@@ -247,3 +281,42 @@ def test_identity_of_an_int8_input() -> None:
     g.add_node(Op.IDENTITY, ["x"], ["y"], NoAttrs(), infos=[g.info("x")])
     g.outputs.append("y")
     _check(g)
+
+
+def test_a_transpose_back_to_nchw_stays_a_view_for_a_channels_last_residual() -> None:
+    """ConvNeXt's block: an int8 convolution's output (channels-last) → Transpose to NHWC →
+    per-channel Mul → Transpose back to NCHW → Add with the convolution's output. The Add
+    asks for its other input's layout (probe_binary), so the Transpose back is a view of
+    its NHWC source: no permute kernel and no reorder of the residual; bit-identical to the
+    reference."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from qfuse.compiler.api import compile_model
+    from tests.compiler.onnx_builders import init, model, qdq_pair
+
+    rng = np.random.default_rng(4)
+    c = 16
+    inits = [init("w", rng.integers(-60, 61, (c, c, 3, 3)).astype(np.int8)),
+             init("ws", rng.uniform(0.002, 0.004, c).astype(F32)),
+             init("wz", np.zeros(c, np.int8)),
+             init("xs", F32(0.03)), init("xz", np.uint8(120)),
+             init("as", F32(0.05)), init("az", np.uint8(128)),
+             init("g", rng.uniform(0.5, 1.5, c).astype(F32))]
+    nodes = [*qdq_pair("x", "x", "xd"),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["conv"], pads=[1, 1, 1, 1]),
+             *qdq_pair("a", "conv", "ad"),
+             helper.make_node("Transpose", ["ad"], ["nhwc"], perm=[0, 2, 3, 1]),
+             helper.make_node("Mul", ["nhwc", "g"], ["scaled"]),
+             helper.make_node("Transpose", ["scaled"], ["nchw"], perm=[0, 3, 1, 2]),
+             helper.make_node("Add", ["nchw", "ad"], ["y"])]
+    m: onnx.ModelProto = model(nodes, {"x": ([1, c, 10, 10], TensorProto.FLOAT)}, ["y"], inits)
+    fused = compile_model(m)
+    kernels = fused.inspect()["kernels"]
+    assert not any(k["op"] == "Transpose" for k in kernels), kernels
+    assert not any(k["name"].startswith("reorder:") and "nchw" in k["name"] for k in kernels)
+    reference = compile_model(m, mode="reference")
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).normal(0, 1, (1, c, 10, 10)).astype(F32)}
+        np.testing.assert_array_equal(fused.run(feeds)["y"], reference.run(feeds)["y"])

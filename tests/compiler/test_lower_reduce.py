@@ -32,7 +32,8 @@ MODES = ("reference", "fused")
 
 REDUCE = ["ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "ReduceL1",
           "ReduceL2", "ReduceSumSquare"]
-NORMS = ("ReduceL1", "ReduceL2", "ReduceSumSquare")  # norm_lp_*: ref:any only in oneDNN 3.2
+# norm_lp_* are ref:any only in oneDNN 3.2: |x| or x² by an eltwise kernel, then the jit sum
+NORMS = ("ReduceL1", "ReduceL2", "ReduceSumSquare")
 # (shape, axes or None = every axis)
 AXES = [((6, 40), (1,)), ((6, 40), (-2,)), ((2, 5, 24), (2,)), ((2, 5, 24), (0, 2)),
         ((2, 5, 3, 4), (1, 3)), ((2, 5, 3, 4), (-1, -2)), ((3, 7, 9), None), ((1, 80, 120), (1,))]
@@ -87,11 +88,11 @@ def test_reduce_matches_onnxruntime_and_onnx_reference(op: str, shape: tuple[int
             rank0 = keepdims == 0 and count == x.size
             trailing = resolved == tuple(range(len(shape) - len(resolved), len(shape)))
             kernels = compiled.inspect()["kernels"]
+            norm = ["eltwise"] if op in NORMS else []
             assert [k["primitive"] for k in kernels] == (
-                ["numpy"] if rank0 else ["reduction"] if trailing or op in NORMS
-                else ["reorder", "reduction"])
-            if op not in NORMS:  # jit for every axes set; 3.2 has no jit norm_lp kernel
-                assert not any("ref" in k["impl"] for k in kernels), kernels
+                ["numpy"] if rank0 else [*norm, "reduction"] if trailing
+                else ["reorder", *norm, "reduction"])
+            assert not any("ref" in k["impl"] for k in kernels), kernels  # jit, every axes set
         got = compiled.run({"x": x})["y"]
         for engine, want in wants.items():
             assert got.shape == want.shape and got.dtype == want.dtype, (mode, engine)

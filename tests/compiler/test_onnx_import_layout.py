@@ -210,6 +210,31 @@ def test_pad_by_nothing_is_an_identity(mode: str) -> None:
         np.testing.assert_array_equal(compile_model(m, mode=mode_).run({"x": x})["y"], x)
 
 
+@pytest.mark.parametrize(("x_shape", "shape", "out"), [
+    ((4, 3, 1), [4, 3, 5], (4, 3, 5)),
+    ((3, 1), [2, 1, 6], (2, 3, 6)),  # bidirectional: the requested 1 keeps x's 3
+    ((1, 5), [5], (1, 5)),  # nothing to expand: an Identity
+])
+def test_expand_is_a_native_broadcast(x_shape: tuple[int, ...], shape: list[int],
+                                      out: tuple[int, ...]) -> None:
+    """Expand with a constant shape is the IR's Expand (no onnxruntime island), its output
+    shape ONNX's broadcast; every mode computes what onnxruntime does, bit for bit."""
+    m = single("Expand", list(x_shape), [init("shape", np.array(shape, I64))])
+    g = check_against_ort(m, x_shape)
+    assert only(g).op is (Op.IDENTITY if out == x_shape else Op.EXPAND)
+    assert g.info("y").shape == out
+    x = np.random.default_rng(0).standard_normal(x_shape).astype(F)
+    want = run_ort(m, {"x": x})[0]
+    for mode in ("reference", "fused", "unfused"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode).run({"x": x})["y"], want)
+
+
+def test_expand_to_an_incompatible_shape_is_malformed() -> None:
+    m = single("Expand", [4, 3], [init("shape", np.array([4, 5], I64))])
+    with pytest.raises(MalformedModelError, match="does not broadcast"):
+        import_model(m)
+
+
 def test_pad_wrap_is_unsupported() -> None:
     m = single("Pad", [2, 3], [init("pads", np.array([0, 1, 0, 1], I64))], opset=19, mode="wrap")
     assert_island(m, {"Pad"}, r"^mode 'wrap'")

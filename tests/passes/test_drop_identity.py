@@ -157,3 +157,34 @@ def test_transpose_that_moves_data_stays() -> None:
         g = _transpose(shape, perm)
         assert apply(drop_identity, g).changed == 0
         assert g.node("tr").op is Op.TRANSPOSE
+
+
+def _normalize(reader: Op, port: int, out: tuple[int, ...] = (4, 3, 8)) -> Graph:
+    """F.normalize's denominator: n = ReduceL2(x, -1) → Expand(n, out) → reader."""
+    from qfuse.ir.ops import ExpandAttrs, ReduceAttrs
+
+    g = Graph("t")
+    g.add_input("x", TensorInfo((4, 3, 8), DType.F32))
+    g.add_node(Op.REDUCE_L2, ["x"], ["n"], ReduceAttrs((2,), True), name="norm")
+    g.add_node(Op.EXPAND, ["n"], ["e"], ExpandAttrs(out), name="expand")
+    inputs = ["e"] if reader is Op.RELU else ["x", "e"] if port == 1 else ["e", "x"]
+    g.add_node(reader, inputs, ["y"], name="reader")
+    return finish(g, ["y"])
+
+
+def test_an_expand_read_by_broadcasting_ops_is_bypassed() -> None:
+    for op, port in ((Op.DIV, 1), (Op.SUB, 1), (Op.MUL, 0), (Op.ADD, 1)):
+        g = _normalize(op, port)
+        result, pairs = before_after(drop_identity, g)
+        assert result.changed == 1, op
+        assert op_sequence(g) == ["ReduceL2", op.value]
+        assert g.node("reader").inputs[port] == "n"
+        assert_bit_exact(pairs)
+
+
+def test_an_expand_the_reader_needs_stays() -> None:
+    g = _normalize(Op.DIV, 0)  # a broadcast first input of a Div would run in numpy
+    result = apply(drop_identity, g)
+    assert result.changed == 0 and any("first input of Div" in r for r in reasons(result))
+    result = apply(drop_identity, _normalize(Op.RELU, 0))
+    assert result.changed == 0 and any("does not broadcast" in r for r in reasons(result))

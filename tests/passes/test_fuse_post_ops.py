@@ -173,17 +173,20 @@ def test_float_output_sums_the_dequantized_residual() -> None:
     assert graph.node("conv").inputs[2] == "r_dq" and graph.has_node("r_dq")
 
 
-def test_float_residual_then_quantize_stops_before_the_quantize() -> None:
+def test_float_residual_then_quantize_goes_into_the_int8_output() -> None:
+    """TensorRT-style placement: the residual Add of two float32 tensors, then a quantize.
+    The f32 residual cannot be oneDNN's sum into a u8 dst (the sum reads the dst buffer),
+    so the lowering adds it as a binary_add post-op: the chain goes on to the quantize."""
     graph = new_graph()
     graph.add_input("r", TensorInfo(SHAPE, DType.F32))
     int8_conv(graph)
     add(graph, Op.ADD, ["conv", "r"], "sum")
     fq(graph, "sum", "y", 0.05, 0)
     graph.outputs.append("y")
-    result = run(fuse_post_ops, graph)  # an f32 sum cannot go into a u8 dst: keep f32
-    assert result.changed == 1 and kinds(graph) == [Scale, Shift, Residual]
-    assert [d.node for d in result.declined] == ["y"]
-    assert "equal element sizes" in result.declined[0].reason
+    check_exact(graph, fuse_post_ops)
+    assert kinds(graph)[:3] == [Scale, Shift, Residual] and kinds(graph)[-1] == Quantize
+    assert graph.info(graph.node("conv").outputs[0]).dtype is DType.U8
+
 
 
 def test_shared_value_stops_the_chain() -> None:
