@@ -28,6 +28,11 @@ benchmarks/arch_sweep.py ``--quantizers``):
 - ``qdq-tensor``: per-tensor weights with ``reduce_range=True`` (7-bit weights);
 - ``qdq-u8w``: u8 weights (``weight_type=QUInt8``: weight zero points);
 - ``qoperator-s8``: QOperator with s8 activations;
+- ``qdq-compute``: ``op_types_to_quantize=["Conv", "MatMul", "Gemm"]`` (only the compute ops
+  and their outputs are quantized; pooling, Add, Concat and the rest stay float);
+- ``qdq-trt``: the placement TensorRT's explicit quantization expects: Q/DQ only on the
+  inputs of Conv / MatMul / Gemm (``OpTypesToExcludeOutputQuantization``), s8 symmetric
+  activations;
 - ``nncf-mixed``: NNCF ``preset=MIXED`` (asymmetric activations: per-channel zero points on
   depthwise inputs);
 - ``nncf-transformer``: NNCF ``model_type=TRANSFORMER`` (MIXED plus SmoothQuant's scales);
@@ -39,6 +44,7 @@ benchmarks/arch_sweep.py ``--quantizers``):
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +60,12 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
                        "extra_options": {"ActivationSymmetric": True}}),
     "qdq-tensor": ("qdq", {"per_channel": False, "reduce_range": True}),
     "qdq-u8w": ("qdq", {"weight_type": "QUInt8"}),
+    "qdq-compute": ("qdq", {"op_types_to_quantize": ["Conv", "MatMul", "Gemm"]}),
+    "qdq-trt": ("qdq", {"op_types_to_quantize": ["Conv", "MatMul", "Gemm"],
+                        "activation_type": "QInt8",
+                        "extra_options": {"ActivationSymmetric": True,
+                                          "OpTypesToExcludeOutputQuantization":
+                                              ["Conv", "MatMul", "Gemm"]}}),
     "qoperator-s8": ("qoperator", {"activation_type": "QInt8"}),
     "nncf-mixed": ("nncf", {"preset": "MIXED"}),
     "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),
@@ -103,7 +115,11 @@ def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, n
         quantize_static,
     )
 
-    with tempfile.TemporaryDirectory(prefix="qfuse-realzoo-") as tmp:
+    # in the temporary directory: onnxruntime's symbolic shape inference, when it gives up,
+    # saves "sym_shape_infer_temp.onnx" and a uuid-named external-data file (113 MB for
+    # torchvision's Swin-V2-T) into the working directory (symbolic_shape_infer.py,
+    # infer_shapes)
+    with tempfile.TemporaryDirectory(prefix="qfuse-realzoo-") as tmp, contextlib.chdir(tmp):
         work = Path(tmp)
         onnx.save(float_model, work / "float.onnx")
         notes = pre_process(work / "float.onnx", work / "pre.onnx")
