@@ -64,11 +64,11 @@ class CompiledModel:
         return {n: (self.graph.info(n).shape, self.graph.info(n).dtype.np) for n in self.inputs}
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Outputs by name. Float inputs holding NaN / inf give ONNX's result in every mode
-        and a NonFiniteInputWarning once per model (compiler/nonfinite.py)."""
-        if self.guard is None:
-            return self._runner(feeds)
-        return self.guard(feeds, self._runner)
+        """Outputs by name, in the model's output order. Float inputs holding NaN / inf give
+        ONNX's result in every mode and a NonFiniteInputWarning once per model
+        (compiler/nonfinite.py)."""
+        out = self._runner(feeds) if self.guard is None else self.guard(feeds, self._runner)
+        return {name: out[name] for name in self.outputs if name in out} | out
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every value the plan materializes (by name), for comparisons; oneDNN modes only."""

@@ -89,9 +89,11 @@ def post_op_operand(values: np.ndarray, ndims: int, axis: int, channels: int) ->
     """A constant binary post-op's src1: one value as a one-element tensor (oneDNN's scalar
     broadcast), else one per channel. A per-channel operand on a 1x1 image puts a float32
     1x1 convolution on ``ref:any`` where the scalar one keeps ``brgconv_1x1`` (measured under
-    AVX2: NNCF's squeeze-excitation FC with its output quantize and dequantize)."""
+    AVX2: NNCF's squeeze-excitation FC with its output quantize and dequantize). Per-channel
+    values that are all the same float32 (bit for bit) are that one value: the same products
+    (an int8 1x1 convolution of SSDLite's extra blocks, NNCF: ref:any → jit)."""
     v = np.asarray(values, F32).ravel()
-    if v.size == 1:
+    if v.size == 1 or (v.size and np.all(v.view(np.uint32) == v.view(np.uint32)[0])):
         return np.full((1,) * ndims, v[0], F32)
     return channel_array(v, ndims, axis, channels)
 

@@ -24,6 +24,7 @@ import numpy as np
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.plan import Slot
 from qfuse.compiler.lower.layouts import (
     channels_last,
     const_memory,
@@ -47,6 +48,8 @@ from qfuse.ir.ops import (
     GeluAttrs,
     HardSigmoidAttrs,
     HardSwishAttrs,
+    PadAttrs,
+    PadMode,
     PowAttrs,
     SliceAttrs,
     SplitAttrs,
@@ -404,6 +407,50 @@ def _views(ctx: LowerContext, node: Node, source: str,
         out = ctx.define(value, wanted if wanted is not None and wanted.is_plain
                          else dense_in_order(md, dims))
         ctx.add_reorder(view, out, role="op", node=node)
+
+
+PAD_TYPES = {DataType.f32: np.float32, DataType.u8: np.uint8, DataType.s8: np.int8}
+
+
+def lower_pad(ctx: LowerContext, node: Node) -> None:
+    """A constant Pad (no crop) as reorders into the row-major output: the input into its
+    interior (a strided view), and per padded axis its begin and end borders from constants
+    of their shape (the corners are written twice, with the same value). No numpy kernel:
+    each is a jit reorder with no host round trip (Swin-V2-T pads each window stage; 10 numpy
+    Pads took 1.9 ms of its run). Reflect / edge modes and crops run in numpy."""
+    attrs: PadAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    shape, out_shape = ctx.info(x).shape, ctx.info(y).shape
+    dtype = dnnl_type(ctx.info(y).dtype)
+    np_type = PAD_TYPES.get(dtype)
+    if attrs.mode is not PadMode.CONSTANT or any(p < 0 for p in attrs.pads) or np_type is None \
+            or np_type(attrs.value) != attrs.value or 0 in shape:
+        lower_numpy(ctx, node, note="oneDNN has no Pad primitive (reflect, edge, a crop or a "
+                                    "value the type cannot hold run in numpy)")
+        return
+    rank = len(shape)
+    out = ctx.define(y, plain_md(out_shape, dtype))
+    strides = ctx.slots[out].md.strides or ()
+    itemsize = np.dtype(np_type).itemsize
+    for axis in range(rank):
+        for size, start in ((attrs.pads[axis], 0),
+                            (attrs.pads[rank + axis], out_shape[axis] - attrs.pads[rank + axis])):
+            if not size:
+                continue
+            dims = list(out_shape)
+            dims[axis] = size
+            border = ctx.temp(f"{y}@pad{axis}", MemoryDesc.from_strides(tuple(dims), dtype,
+                                                                         strides),
+                              alias=out, offset=start * strides[axis] * itemsize)
+            fill = const_memory(np.full(dims, attrs.value, np_type))
+            name = ctx.fresh(f"const:{y}@pad{axis}")
+            ctx.slots[name] = Slot(name, fill.md, const=fill)
+            ctx.add_reorder(name, border, role="op", node=node,
+                            note=f"padding {attrs.value:g} on axis {axis}")
+    begin = sum(attrs.pads[a] * strides[a] for a in range(rank)) * itemsize
+    inner = ctx.temp(f"{y}@interior", MemoryDesc.from_strides(shape, dtype, strides),
+                     alias=out, offset=begin)
+    ctx.add_reorder(ctx.home_slot(x), inner, role="op", node=node)
 
 
 def lower_split(ctx: LowerContext, node: Node) -> None:

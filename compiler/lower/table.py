@@ -91,11 +91,11 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.TRANSPOSE: lower_misc.lower_transpose,
     Op.IDENTITY: lower_misc.lower_alias,
     Op.DROPOUT: lower_misc.lower_alias,
+    Op.PAD: lower_misc.lower_pad,  # constant: reorders; reflect / edge / crop: numpy
     # nearest → resampling where its indices are ONNX's; linear: bit-exact numpy kernel
     Op.RESIZE: lower_resize.lower_resize,
     # no oneDNN primitive: the reference semantics in numpy
     Op.PRELU: lower_numpy,
-    Op.PAD: lower_numpy,
     Op.EXPAND: lower_numpy,  # a broadcast copy; passes/drop_identity bypasses most
     Op.CAST: lower_numpy,
     # float islands: the ONNX subgraph run by onnxruntime or onnx.reference

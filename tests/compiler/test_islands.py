@@ -97,6 +97,18 @@ def test_run_time_shapes_reach_the_outputs_and_runs_are_independent_per_thread()
         np.testing.assert_array_equal(results[i], w)
 
 
+@pytest.mark.parametrize("mode", ["fused", "unfused", "reference"])
+def test_outputs_come_in_the_model_order_when_one_has_a_run_time_shape(mode: str) -> None:
+    """A detector's boxes / scores / labels: outputs of run-time shape (islands) and native
+    ones, returned in the model's output order as onnxruntime does."""
+    nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nz"),
+             helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Sigmoid", ["x"], ["s"], name="sig")]
+    m = model(nodes, {"x": ([6], FLOAT)}, ["s", "nz", "r"])
+    out = compile_model(m, mode=mode).run({"x": np.linspace(-1, 1, 6).astype(F)})
+    assert list(out) == ["s", "nz", "r"]
+
+
 def test_inspect_lists_islands_with_engine_and_reason(tmp_path, capsys) -> None:
     path = tmp_path / "m.onnx"
     import onnx

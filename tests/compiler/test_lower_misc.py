@@ -26,6 +26,7 @@ from qfuse.ir.ops import (
     LayerNormAttrs,
     NoAttrs,
     PadAttrs,
+    PadMode,
     ReshapeAttrs,
     ResizeAttrs,
     ResizeMode,
@@ -247,7 +248,7 @@ def test_data_movement_chain() -> None:
 
 def test_numpy_fallbacks() -> None:
     g = _graph({"x": (1, 3, 4, 4)})
-    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs((0, 0, 1, 2, 0, 0, 1, 0)),
+    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs((0, 0, 1, 2, 0, 0, 1, 0), PadMode.REFLECT),
                infos=[TensorInfo((1, 3, 6, 6), DType.F32)])
     # asymmetric/ceil: oneDNN's nearest reads other indices (lower_resize.py), so numpy
     g.add_node(Op.RESIZE, ["p"], ["r"], ResizeAttrs(ResizeMode.NEAREST, (1, 3, 12, 12),
@@ -260,6 +261,34 @@ def test_numpy_fallbacks() -> None:
     feeds = _feeds(g)
     _, plan = run_plan(g, feeds)
     assert {k["impl"] for k in plan.inspect()["kernels"]} == {"numpy"}
+
+
+@pytest.mark.parametrize(("dtype", "value"), [(DType.F32, 0.0), (DType.F32, -1.5),
+                                               (DType.U8, 128.0), (DType.S8, -3.0)])
+@pytest.mark.parametrize("pads", [(0, 0, 1, 2, 0, 0, 1, 0), (0, 1, 0, 0, 0, 2, 1, 1),
+                                  (1, 0, 0, 3, 0, 0, 2, 0)], ids=str)
+def test_constant_pad_is_reorders_bit_exact(dtype: DType, value: float,
+                                            pads: tuple[int, ...]) -> None:
+    """A constant Pad: reorders into the output's interior and borders, no numpy kernel;
+    every output byte written (the buffers start filled with garbage)."""
+    from qfuse.runtime.execution import ExecutionContext
+
+    shape = (1, 3, 4, 5)
+    out = tuple(d + pads[i] + pads[4 + i] for i, d in enumerate(shape))
+    g = _graph({"x": shape}, dtype)
+    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs(pads, PadMode.CONSTANT, value),
+               infos=[TensorInfo(out, dtype)])
+    g.outputs.append("p")
+    _check(g)
+    feeds = _feeds(g)
+    _, plan = run_plan(g, feeds)
+    assert {k.kind for k in plan.kernels} == {"reorder"}
+    context = ExecutionContext(plan, fill=0x7F)
+    for name, view in context.inputs:
+        view[...] = feeds[name]
+    context.run()
+    got = dict(context.outputs)["p"]
+    np.testing.assert_array_equal(got, ref_eval(g, feeds)["p"])
 
 
 def test_gemm_and_float_matmul() -> None:
