@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qfuse.compiler.lower.layouts import const_memory
+from qfuse.compiler.lower.layouts import channels_last, const_memory
 from qfuse.ir import DType
 from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Prelu, Sum, TensorBinary
 from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
@@ -113,10 +113,15 @@ def build_attr(
     tensor_slot: Callable[[int], tuple[str, MemoryDesc]] | None = None,
     sum_as_binary: bool = False,
     src_scale: str | None = None,
+    single_pixel: bool = False,
 ) -> BuiltAttr:
     """Attributes for an int8 (or, with ``scales=False``, float) compute primitive;
     ``src_scale``: the slot of a run-time src scale (one f32), which oneDNN multiplies into the
-    weight scales before scaling the accumulator (dynamic quantization, lower_compute.py)."""
+    weight scales before scaling the accumulator (dynamic quantization, lower_compute.py).
+    ``single_pixel``: the dst is one pixel ``[1, C, 1, 1]``, which oneDNN sees as a full-size
+    operand for a per-channel one; its jit kernels take it only in the dst's channels-last
+    strides (a 1x1 convolution of a one-row classifier with SmoothQuant's per-channel multiply:
+    ``ref:any`` with ``abcd``, ``jit_uni_int8_1x1`` with ``acdb``; measured, AVX2)."""
     attr = PrimitiveAttr()
     built = BuiltAttr(attr)
     fixed = built.fixed
@@ -152,8 +157,10 @@ def build_attr(
             built.details.append(f"eltwise_{op.alg}(alpha={op.alpha:.6g}, beta={op.beta:.6g})")
         elif isinstance(op, Binary):
             values = post_op_operand(op.values, ndims, channel_axis, channels)
+            operand_md = (channels_last(values.shape, DataType.f32)
+                          if single_pixel and values.size > 1 and values.ndim >= 3 else None)
             post_ops.append_binary(Alg[f"binary_{op.alg}"],
-                                   MemoryDesc.from_tag(values.shape, DataType.f32))
+                                   operand_md or MemoryDesc.from_tag(values.shape, DataType.f32))
             fixed[Arg.post_op(index, Arg.SRC_1)] = const_memory(values)
             built.names.append(f"binary_{op.alg}")
             built.details.append(f"binary_{op.alg}({_summary(op.values)})")

@@ -453,13 +453,15 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         composed, src_scale = runtime
 
     sum_binary = False  # set below when the primitive takes the sum only as its first post-op
+    single_pixel = (channel_axis == 1 and ndims >= 3
+                    and all(d == 1 for i, d in enumerate(yinfo.shape) if i != 1))
 
     def attributes(comp: Composed, zp: int) -> tuple[BuiltAttr, MemoryDesc | None]:
         built = build_attr(comp, ndims=ndims, channel_axis=channel_axis, wei_mask=wei_mask,
                            dst_type=dst_type, src_zp=src_zp, wei_zp=zp,
                            residual_type=residual_type, residual_f32=residual_f32,
                            scales=scales, tensor_slot=tensor_slot, sum_as_binary=sum_binary,
-                           src_scale=src_scale)
+                           src_scale=src_scale, single_pixel=single_pixel)
         residual_md = None
         if built.sum_port is not None:
             residual_md = md_like(ctx.md_of(node.inputs[built.sum_port]), dst_type)

@@ -19,7 +19,7 @@ F32 = np.float32
 OFF = ComposerOptions().without("vector_matmul_as_conv")
 
 
-def _head(rows: int, relu: bool = False) -> onnx.ModelProto:
+def _head(rows: int, relu: bool = False, per_column: bool = False) -> onnx.ModelProto:
     """x[rows, 256] → Q/DQ → Gemm(DQ(w) per output channel, bias, transB) [→ Relu] → Q/DQ:
     weights up to ±127 (split without VNNI), as many as MIN_WEIGHTS."""
     rng = np.random.default_rng(7)
@@ -34,7 +34,11 @@ def _head(rows: int, relu: bool = False) -> onnx.ModelProto:
              helper.make_node("Gemm", ["xd", "wd", "b"], ["g"], transB=1)]
     if relu:
         nodes.append(helper.make_node("Relu", ["g"], ["r"]))
-    nodes += qdq_pair("y", "r" if relu else "g", "y")
+    if per_column:  # SmoothQuant's per-channel multiply after an activation (NNCF TRANSFORMER)
+        inits.append(init("sq", rng.uniform(0.5, 4.0, n).astype(F32)))
+        nodes += [helper.make_node("HardSwish", ["g"], ["h"]),
+                  helper.make_node("Mul", ["h", "sq"], ["r"])]
+    nodes += qdq_pair("y", "r" if relu or per_column else "g", "y")
     return model(nodes, {"x": ([rows, k], TensorProto.FLOAT)}, ["y"], inits)
 
 
@@ -53,6 +57,21 @@ def test_one_row_is_a_convolution_bit_identical(relu: bool) -> None:
         got = on.run(feeds)["y"]
         assert np.array_equal(got.view(np.uint32), off.run(feeds)["y"].view(np.uint32))
         assert step_diff(got, reference.run(feeds)["y"], 0.05).max_steps <= 1
+
+
+def test_a_per_channel_post_op_on_the_single_pixel_stays_jit() -> None:
+    """A per-channel binary post-op on the convolution's one output pixel is what oneDNN
+    calls a full-size operand: jit only in the dst's channels-last strides (attrs.py,
+    single_pixel); before, the convolution ran on ref:any. Bit-identical to the matmul plan."""
+    m = _head(1, per_column=True)
+    on, off = compile_model(m), compile_model(m, composer=OFF)
+    kernels = on.inspect()["kernels"]
+    assert "matmul" not in {k["primitive"] for k in kernels}
+    assert not any(k["impl"].startswith("ref") for k in kernels), kernels
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).normal(0, 2, (1, 256)).astype(F32)}
+        assert np.array_equal(on.run(feeds)["y"].view(np.uint32),
+                              off.run(feeds)["y"].view(np.uint32))
 
 
 def test_more_rows_or_fewer_weights_stay_a_matmul() -> None:
