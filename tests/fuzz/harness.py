@@ -190,6 +190,9 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
             if d_up.shape == differ.shape:
                 near_up |= d_up < TIE_EPS
                 distance = np.minimum(distance, d_up)
+            elif np.any(d_up < TIE_EPS):  # through an op that changes the shape (a grouped
+                near_up |= True            # convolution's channels), as in the loop above
+                distance = np.minimum(distance, float(d_up.min()))
         if np.any(near_up):
             return f"{name} (absorbed quantizers)", bool(np.all(near_up[differ])), float(
                 np.max(distance[differ]))
