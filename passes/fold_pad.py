@@ -64,9 +64,11 @@ def _why_not(graph: Graph, pad: Node, dq: Node | None, conv: Node) -> str | None
         return "the Pad pads the batch or channel axis"
     if any(p < 0 for p in attrs.pads):
         return "the Pad crops (negative pads)"
-    for value, node in ((pad.outputs[0], dq or conv), *(((dq.outputs[0], conv),) if dq else ())):
+    chain = [pad, dq, conv] if dq is not None else [pad, conv]
+    for producer, reader in zip(chain, chain[1:]):  # each value read by the next node only
+        value = producer.outputs[0]
         readers = [c.name for c, _ in graph.consumers(value)]
-        if readers != [node.name] or value in graph.outputs:
+        if readers != [reader.name] or value in graph.outputs:
             return f"'{value}' is read by more than the convolution"
     if dq is None:
         if attrs.value != 0.0:

@@ -423,8 +423,8 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
     shape, out_shape = ctx.info(x).shape, ctx.info(y).shape
     dtype = dnnl_type(ctx.info(y).dtype)
     np_type = PAD_TYPES.get(dtype)
-    if attrs.mode is not PadMode.CONSTANT or any(p < 0 for p in attrs.pads) or np_type is None \
-            or np_type(attrs.value) != attrs.value or 0 in shape:
+    constant = attrs.mode is PadMode.CONSTANT and all(p >= 0 for p in attrs.pads)
+    if not constant or np_type is None or np_type(attrs.value) != attrs.value or 0 in shape:
         lower_numpy(ctx, node, note="oneDNN has no Pad primitive (reflect, edge, a crop or a "
                                     "value the type cannot hold run in numpy)")
         return

@@ -134,7 +134,7 @@ def _reduced_innermost(ctx: LowerContext, node: Node, alg: Alg, p: float, eps: f
     of the permuted dims and writing the kept dims' row-major bytes (the size-1 dims do not
     move anything: the output is already in place). False when the jit kernel declines that
     too (the ref: one found first is used then)."""
-    x, y = node.inputs[0], node.outputs[0]
+    x = node.inputs[0]
     dims = ctx.info(x).shape
     order, strides = _innermost_order(node, dims)
     moved_dims = tuple(dims[a] for a in order)
@@ -147,12 +147,22 @@ def _reduced_innermost(ctx: LowerContext, node: Node, alg: Alg, p: float, eps: f
     if is_slow(pd.impl_name, "reduction"):
         return False
     src = ctx.source(x, MemoryDesc.from_strides(dims, dtype, strides))
+    _reduce_moved(ctx, node, pd, src, moved_dims, moved_kept, dtype, "reduced_axes_innermost")
+    return True
+
+
+def _reduce_moved(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
+                  moved_dims: tuple[int, ...], moved_kept: tuple[int, ...], dtype: DataType,
+                  optimization: str) -> None:
+    """The reduction kernel reading ``src`` (x's dims laid out with the reduced axes
+    innermost) as a row-major tensor of the permuted dims, and writing the kept dims'
+    row-major bytes, which are the output's (its reduced dims have size 1)."""
+    x, y = node.inputs[0], node.outputs[0]
     view = ctx.temp(f"{x}@reduce_order", plain_md(moved_dims, dtype), alias=src)
     out = ctx.define(y, plain_md(ctx.info(y).shape, dtype))
     dst = ctx.temp(f"{y}@reduce_order", plain_md(moved_kept, dtype), alias=out)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): view, int(Arg.DST): dst},
-                      info=ctx.info_for(node, optimizations=["reduced_axes_innermost"]))
-    return True
+                      info=ctx.info_for(node, optimizations=[optimization]))
 
 
 def _innermost_order(node: Node, dims: tuple[int, ...]) -> tuple[list[int], list[int]]:
@@ -172,7 +182,7 @@ def _norm_by_sum(ctx: LowerContext, node: Node, kept: tuple[int, ...]) -> bool:
     with the reduced axes innermost) and the jit reduction_sum over that buffer (L2: with
     eltwise_sqrt as its post-op). False when either kernel would not be jit."""
     before, after = NORM_BY_SUM[node.op]
-    x, y = node.inputs[0], node.outputs[0]
+    x = node.inputs[0]
     dims = ctx.info(x).shape
     order, strides = _innermost_order(node, dims)
     moved_dims = tuple(dims[a] for a in order)
@@ -190,16 +200,12 @@ def _norm_by_sum(ctx: LowerContext, node: Node, kept: tuple[int, ...]) -> bool:
         return False
     if is_slow(sum_pd.impl_name, "reduction") or is_slow(pre_pd.impl_name, "eltwise"):
         return False
-    src = ctx.source(x, laid_out)
-    powered = ctx.temp(f"{x}@{before.name[len('eltwise_'):]}", laid_out)
-    ctx.add_primitive(f"{node.name}:{before.name[len('eltwise_'):]}", pre_pd,
-                      {int(Arg.SRC): src, int(Arg.DST): powered},
+    what = before.name.removeprefix("eltwise_")  # abs or square
+    powered = ctx.temp(f"{x}@{what}", laid_out)
+    ctx.add_primitive(f"{node.name}:{what}", pre_pd,
+                      {int(Arg.SRC): ctx.source(x, laid_out), int(Arg.DST): powered},
                       info=ctx.info_for(node, optimizations=["norm_by_sum"]))
-    view = ctx.temp(f"{x}@reduce_order", plain_md(moved_dims, f32), alias=powered)
-    out = ctx.define(y, plain_md(ctx.info(y).shape, f32))
-    dst = ctx.temp(f"{y}@reduce_order", plain_md(moved_kept, f32), alias=out)
-    ctx.add_primitive(node.name, sum_pd, {int(Arg.SRC): view, int(Arg.DST): dst},
-                      info=ctx.info_for(node, optimizations=["norm_by_sum"]))
+    _reduce_moved(ctx, node, sum_pd, powered, moved_dims, moved_kept, f32, "norm_by_sum")
     return True
 
 
