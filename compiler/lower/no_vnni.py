@@ -191,6 +191,12 @@ def within_safe_range(w: np.ndarray) -> bool:
     return int(np.abs(w.astype(np.int16)).max(initial=0)) <= SAFE_WEIGHT
 
 
+def _float_sum(op: object) -> bool:
+    """A residual sum of a float32 tensor as it is: ``x + r``."""
+    return (isinstance(op, Sum) and op.dtype is DType.F32 and op.scale == 1.0
+            and op.zero_point == 0)
+
+
 @dataclass
 class Exactness:
     """How one int8 node stays exact without VNNI (module docstring)."""
@@ -280,8 +286,10 @@ class Exactness:
         (= f32(acc)), then the post-ops ws, b, P and the dst scale and zero point
         (``linear(f32(1/s), 0)`` then ``linear(1, zp)``: the same two roundings as the dst
         attributes), stored with rint and saturation — bit for bit what ``apply`` gives.
-        Not taken (False) when P holds a residual sum or a primitive would be slow, or a
-        run-time operand (``TensorBinary``) and no ``tensor_slot`` to read it from.
+        Not taken (False) when P holds a residual sum of an 8-bit tensor or a primitive would
+        be slow, or a run-time operand (``TensorBinary``) and no ``tensor_slot`` to read it
+        from. A float32 residual (sum scale 1, zero point 0: TensorRT-style placement) is
+        the finish's ``binary_add`` of that tensor, the same float32 add.
         A convolution takes it too when its main primitive (``main_composed``) would be slow:
         measured on AVX2, a 1x1 convolution over a 1x1 image (a squeeze-excitation FC)
         with the full-tensor binary post-op falls to ``ref:any``. A batch of 1x1 images
@@ -290,6 +298,10 @@ class Exactness:
         (docs/onednn.md; tests/runtime/test_onednn_f32.py).
         Returns the slot written (None: not taken): the node's output, or with ``into`` a
         new f32 temporary of that name (unfused mode's accumulator, ``composed`` empty)."""
+        if tensor_slot is not None:  # a float32 residual sum: the finish's binary add
+            composed = replace(composed, post_ops=[
+                TensorBinary("add", op.port) if _float_sum(op) else op
+                for op in composed.post_ops])
         operands = Sum if tensor_slot is not None else Sum | TensorBinary
         if (self.halves is None
                 or any(isinstance(op, operands) for op in composed.post_ops)
