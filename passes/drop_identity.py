@@ -67,8 +67,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if reason is not None:
             ctx.decline(node, reason)
             continue
-        for reader, port in list(graph.consumers(node.outputs[0])):
-            graph.set_input(reader, port, node.inputs[0])
+        graph.replace_all_uses(node.outputs[0], node.inputs[0])
         graph.remove_node(node)
         count += 1
     return count

@@ -21,9 +21,8 @@ with other readers. Each declines with its reason in ``inspect``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-
-import numpy as np
 
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.ops import ConvAttrs, PadAttrs, PadMode
@@ -77,8 +76,8 @@ def _why_not(graph: Graph, pad: Node, dq: Node | None, conv: Node) -> str | None
     params = dq_params(graph, dq)
     if params is None:
         return "the dequantize's scale or zero point is not a constant"
-    zero_points = set(np.asarray(params.zero_point).tolist())
-    if len(zero_points) != 1 or attrs.value != float(zero_points.pop()):
+    zero_point = params.common_zero_point
+    if zero_point is None or attrs.value != float(zero_point):
         return (f"pad value {attrs.value} is not the dequantize's zero point "
                 f"({params.describe()}): its padding is not 0")
     return None
@@ -98,6 +97,6 @@ def _fold(graph: Graph, pad: Node, dq: Node | None, conv: Node) -> None:
         infer_into(graph, new_dq)
         source = new_dq.outputs[0]
     graph.set_input(conv, 0, source)
-    conv.attrs = ConvAttrs(old.kernel_shape, old.strides, pads, old.dilations, old.group)
+    conv.attrs = dataclasses.replace(old, pads=pads)
     conv.origin = [*conv.origin, *(n for n in pad.origin if n not in conv.origin)]
     log.debug("%s takes the pads of %s: %s", conv, pad, pads)

@@ -93,7 +93,7 @@ def _layout_check(graph: Graph, op: Node, p: DqParams) -> str | None:
         # a constant 0 is the zero point in every channel: one padding value when they agree
         # (NNCF's per-channel inputs of depthwise convolutions, all zero points 0)
         if attrs.mode is PadMode.CONSTANT and (attrs.value != 0.0
-                                               or len(set(p.zero_point.tolist())) > 1):
+                                               or p.common_zero_point is None):
             return ("per-channel dequantize before a Pad whose value is not 0 in one zero "
                     "point (padding values need one integer)")
     return None

@@ -53,6 +53,13 @@ class DqParams:
             return QuantParams.make(self.scale[0], self.zero_point[0])
         return QuantParams.make(self.scale, self.zero_point, self.axis)
 
+    @property
+    def common_zero_point(self) -> int | None:
+        """The zero point when every channel has the same one (a padded 0 is then one
+        integer), else None."""
+        values = set(np.asarray(self.zero_point).tolist())
+        return int(values.pop()) if len(values) == 1 else None
+
     def same_as(self, other: DqParams) -> bool:
         return (self.dtype is other.dtype and self.axis == other.axis
                 and np.array_equal(self.scale, other.scale)

@@ -136,19 +136,24 @@ class LowerContext:
             data = self.const(value)
             if data is None:
                 raise RuntimeError(f"value '{value}' has no slot yet (lowering order broken)")
-            name = self.fresh(f"const:{value}")
             array = np.asarray(data)
             info = self.graph.values[value].info if value in self.graph.values else None
             if info is None or is_host(info):
                 raw = np.frombuffer(np.ascontiguousarray(array).tobytes() or b"\0", np.uint8)
                 memory = const_memory(raw)
+                name = self.fresh(f"const:{value}")
                 self.slots[name] = Slot(name, memory.md, const=memory,
                                         host=(tuple(array.shape), array.dtype))
             else:
-                memory = const_memory(array)
-                self.slots[name] = Slot(name, memory.md, const=memory)
+                name = self.const_slot(f"const:{value}", const_memory(array))
             self.home[value] = name
         return self.home[value]
+
+    def const_slot(self, base: str, memory: Memory) -> str:
+        """A slot over a constant's own memory (never pooled); returns its name."""
+        name = self.fresh(base)
+        self.slots[name] = Slot(name, memory.md, const=memory)
+        return name
 
     def fresh(self, base: str) -> str:
         count = self._names.get(base, 0)
@@ -207,9 +212,8 @@ class LowerContext:
             if self.slots[copy].md == md:
                 return copy
         if self.slots[home].const is not None:  # a constant is laid out once, now
-            memory = filled(md, np.array(self.const(value), order="C", copy=True))
-            name = self.fresh(f"const:{value}")
-            self.slots[name] = Slot(name, md, const=memory)
+            name = self.const_slot(f"const:{value}", filled(md, np.array(
+                self.const(value), order="C", copy=True)))
         else:
             name = self.temp(f"{value}@reorder", md)
             role = "io" if value in self.graph.inputs else "reorder"

@@ -99,6 +99,9 @@ def test_a_pad_the_convolution_cannot_take_stays_with_the_reason(
     on = compile_model(m)
     assert "Pad" in _ops(on)
     assert on.inspect()["passes"]["fold_pad"] == 0
+    graph = import_model(m)
+    result, = [r for r in run_passes(graph, "fused") if r.name == "fold_pad"]
+    assert [reason in d.reason for d in result.declined] == [True], result.declined
 
 
 @pytest.mark.parametrize("zero_point", [0, 128])
