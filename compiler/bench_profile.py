@@ -113,8 +113,9 @@ def measured_int8_tops(threads: int, size: int = PEAK_MATMUL, runs: int = 7) -> 
     before = get_num_threads()
     set_num_threads(threads)
     try:
-        run = pd.create().bind({int(Arg.SRC): src, int(Arg.WEIGHTS): wei,
-                                int(Arg.DST): dst}).runner(default_stream())
+        prim = pd.create()
+        run = prim.bind(prim.with_scratchpad({int(Arg.SRC): src, int(Arg.WEIGHTS): wei,
+                                              int(Arg.DST): dst})).runner(default_stream())
         stream = default_stream()
         best = math.inf
         for i in range(runs + 1):

@@ -206,11 +206,19 @@ class LowerContext:
     def source(self, value: str, md: MemoryDesc | None = None) -> str:
         """A slot holding ``value`` with descriptor ``md`` (home if None); reorders if needed."""
         home = self.home_slot(value)
-        if md is None or self.slots[home].md == md:
+        if md is None or _identical(self.slots[home].md, md) or (
+                self.slots[home].const is not None and self.slots[home].md == md):
             return home
         for copy in self.copies.get(value, []):
-            if self.slots[copy].md == md:
+            if _identical(self.slots[copy].md, md):
                 return copy
+        if self.slots[home].md == md:
+            # oneDNN calls two descriptors equal when they differ only in the strides of
+            # size-1 dims, but its AVX-512 jit binary compares the strides themselves (a 1x1
+            # image in acdb strides as src, abcd as dst: ref:any): a view with md's own
+            name = self.temp(f"{value}@as", md, alias=home)
+            self.copies.setdefault(value, []).append(name)
+            return name
         if self.slots[home].const is not None:  # a constant is laid out once, now
             name = self.const_slot(f"const:{value}", filled(md, np.array(
                 self.const(value), order="C", copy=True)))
@@ -408,3 +416,9 @@ class LowerContext:
                     homes={v: s for v, s in self.home.items() if v in self.graph.values},
                     dynamic=dict(self.dynamic))
         return plan
+
+
+def _identical(a: MemoryDesc, b: MemoryDesc) -> bool:
+    """Equal for oneDNN and with the same strides (``MemoryDesc ==`` ignores the strides of
+    size-1 dims)."""
+    return a == b and a.strides == b.strides

@@ -23,7 +23,9 @@ def test_compile_prints_summary_and_writes_plan(resnet: Path, tmp_path: Path, ca
     plan = tmp_path / "plan.json"
     assert main(["compile", str(resnet), "--json", str(plan)]) == 0
     text = capsys.readouterr().out
-    assert "kernels: 14" in text and "reorders between kernels: 0" in text
+    # 10 convolutions, the stride-2 1x1's subsampling reorder, the input's quantize and its
+    # reorder to channels-last, the pool, and the classifier writing dequantized float32
+    assert "kernels: 15" in text and "reorders between kernels: 0" in text
     assert json.loads(plan.read_text())["kernels"]
 
 
@@ -39,8 +41,8 @@ def test_inspect_json_has_the_documented_keys(resnet: Path, capsys) -> None:
     assert all(k["dst_dtype"] == "u8" for k in convs)
     assert sum("sum" in k["post_ops"] for k in convs) == 4  # the four residual adds
     assert not any(k["impl"].startswith("ref") for k in convs)
-    assert {n["node"] for n in info["not_fused"]} == {"input_QuantizeLinear",
-                                                      "logits_DequantizeLinear"}
+    assert {n["node"] for n in info["not_fused"]} == {"input_QuantizeLinear"}
+    assert info["kernels"][-1]["dst_dtype"] == "f32"  # the output's dequantize is absorbed
 
 
 def test_inspect_text_lists_kernels_and_reasons(resnet: Path, capsys) -> None:

@@ -19,10 +19,12 @@ float32 sum of dequantized values lands a hair to either side. That is one step 
 scale, which the Concat's finer scale magnifies (s_pool/s_cat ≈ 5 here).
 
 Checked against exact QDQ (onnxruntime, ORT_DISABLE_ALL) on 8 held-out inputs: qfuse fused is
-at least as close as onnxruntime's own int8 path (its default optimisations), and the
-shortcut's channels of the Concat (what the pooling kernel writes) are within 1 LSB of exact
-QDQ (one step of the pool's scale). Measured (this machine): ORT int8 min cosine
-0.9710–0.9995, qfuse 0.99993–1.00000.
+at least as close as onnxruntime's own int8 path (its default optimisations) or within cosine
+1e-4 of exact, and the shortcut's channels of the Concat (what the pooling kernel writes)
+are within 1 LSB of exact QDQ (one step of the pool's scale), the convolution branch's bit
+for bit. Measured: ORT int8 min cosine 0.9710–0.9995 on an AVX2-only CPU, 0.99996–0.99999
+with VNNI (exact but for the ties); qfuse 0.9999–1.00000 on both (the same values under
+either ISA).
 """
 
 from __future__ import annotations
@@ -174,7 +176,11 @@ def test_shufflenet_block_pool_rounds_once(tmp_path, seed, h, include_pad, stem,
         values = fused.run_all({"x": x})
         qfuse_cos.append(_cosine(fused.run({"x": x})["y"], want))
         # the shortcut's channels of the Concat: what the pooling kernel writes
-        got = values[cat_q.output[0]][:, :C].astype(int)
-        assert np.abs(got - want_cat[:, :C].astype(int)).max() <= np.floor(ratio + 1)
-    assert min(qfuse_cos) >= min(ort_cos)
-    assert min(qfuse_cos) >= 0.999
+        got = values[cat_q.output[0]].astype(int)
+        assert np.abs(got - want_cat.astype(int))[:, :C].max() <= np.floor(ratio + 1)
+        # the convolution branch's channels: bit for bit
+        assert np.array_equal(got[:, C:], want_cat[:, C:].astype(int))
+    # onnxruntime's int8 path: without VNNI its u8·s8 products saturate (cosine down to 0.97);
+    # with VNNI it is exact but for the same border ties, landing on the reference's side
+    # more often (cosine 0.99996-0.99999 where qfuse's is 0.99991-0.99997)
+    assert min(qfuse_cos) >= min(min(ort_cos), 0.9999)
