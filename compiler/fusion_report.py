@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 DATA_MOVEMENT = frozenset({Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE, Op.TRANSPOSE,
                            Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD, Op.IDENTITY, Op.RESIZE,
-                           Op.MAX_POOL, Op.GLOBAL_MAX_POOL})
+                           Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.DEPTH_TO_SPACE})
 _INT8_CAPABLE = frozenset({Op.DEQUANTIZE_LINEAR, Op.RELU, Op.ADD, Op.MUL})
 QUANTIZERS = frozenset({Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE})
 STANDALONE_KINDS = (Op.QUANTIZE_LINEAR, Op.FAKE_QUANTIZE, Op.DEQUANTIZE_LINEAR, Op.RELU, Op.ADD)

@@ -12,6 +12,7 @@ from qfuse.passes import (
     constant_fold,
     decompose_batchnorm,
     decompose_fake_quantize,
+    deconv_as_depth_to_space,
     drop_identity,
     eliminate_requantize,
     fold_batchnorm,
@@ -76,6 +77,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("fuse_fake_quantize", fuse_post_ops.run_fake_quantize),
     # 7. the composer's mapping, recorded on each fused node
     ("compose_post_ops", compose_post_ops.run),
+    # a ConvTranspose with kernel = stride and few output channels as a 1x1 Conv writing
+    # b²·O channels and a DepthToSpace (oneDNN's deconvolution blocks output channels by 16)
+    ("deconv_as_depth_to_space", deconv_as_depth_to_space.run),
     # a MatMul over the rows of a rank > 2 tensor as one 2-D matmul (views, no copies)
     ("flatten_matmul_rows", flatten_matmul_rows.run),
     # an int8 MatMul of one row (a classifier head at batch 1) as a 1x1 convolution: its

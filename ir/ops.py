@@ -80,6 +80,7 @@ class Op(enum.Enum):
     UNSQUEEZE = "Unsqueeze"
     PAD = "Pad"
     EXPAND = "Expand"  # broadcast to a static shape (ExpandAttrs)
+    DEPTH_TO_SPACE = "DepthToSpace"
     RESIZE = "Resize"
     IDENTITY = "Identity"
     DROPOUT = "Dropout"
@@ -305,6 +306,25 @@ class ExpandAttrs:
 
 
 @dataclass(frozen=True)
+class DepthToSpaceAttrs:
+    """ONNX DepthToSpace (https://onnx.ai/onnx/operators/onnx__DepthToSpace.html): channel
+    blocks of ``blocksize``² moved into blocksize x blocksize pixels. ``mode`` "DCR": channel
+    ``(i·b + j)·C' + c`` goes to pixel (y·b + i, x·b + j) of channel c; "CRD": channel
+    ``c·b² + i·b + j``."""
+
+    blocksize: int
+    mode: str = "DCR"
+
+    def channel_steps(self, channels_out: int) -> tuple[int, int, int]:
+        """How far the input channel index moves per output channel c, block row i and block
+        column j (the input channel is ``c·steps[0] + i·steps[1] + j·steps[2]``)."""
+        b = self.blocksize
+        if self.mode == "DCR":
+            return 1, b * channels_out, channels_out
+        return b * b, b, 1
+
+
+@dataclass(frozen=True)
 class PadAttrs:
     """``pads`` as ONNX: begins then ends, one per dim of the input. ``value`` in x's domain."""
 
@@ -406,6 +426,7 @@ ATTRS: dict[Op, type] = {
     Op.UNSQUEEZE: AxesAttrs,
     Op.PAD: PadAttrs,
     Op.EXPAND: ExpandAttrs,
+    Op.DEPTH_TO_SPACE: DepthToSpaceAttrs,
     Op.RESIZE: ResizeAttrs,
     Op.IDENTITY: NoAttrs,
     Op.DYNAMIC_QUANTIZE_LINEAR: NoAttrs,

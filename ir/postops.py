@@ -50,6 +50,7 @@ OPTIMIZATIONS = (
     "unsigned_activations",
     "flatten_matmul_rows",
     "vector_matmul_as_conv",
+    "deconv_as_depth_to_space",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

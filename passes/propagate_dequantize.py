@@ -66,7 +66,7 @@ log = logging.getLogger(__name__)
 F32 = np.float32
 LAYOUT = (Op.RESHAPE, Op.FLATTEN, Op.TRANSPOSE, Op.SQUEEZE, Op.UNSQUEEZE, Op.SLICE, Op.SPLIT,
           Op.IDENTITY, Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.RESIZE, Op.PAD, Op.REDUCE_MAX,
-          Op.REDUCE_MIN)
+          Op.REDUCE_MIN, Op.DEPTH_TO_SPACE)
 
 
 def dequantize_of(graph: Graph, value: str) -> tuple[Node, DqParams] | None:

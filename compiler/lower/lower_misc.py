@@ -43,6 +43,7 @@ from qfuse.ir.ops import (
     AxisAttrs,
     BatchNormAttrs,
     ClipAttrs,
+    DepthToSpaceAttrs,
     GeluApprox,
     GeluAttrs,
     HardSigmoidAttrs,
@@ -380,6 +381,40 @@ def lower_transpose(ctx: LowerContext, node: Node) -> None:
     view = ctx.temp(f"{y}@perm", MemoryDesc.from_strides(ctx.info(x).shape, dtype, strides),
                     alias=out)
     ctx.add_reorder(ctx.home_slot(x), view, role="op", node=node)
+
+
+def lower_depth_to_space(ctx: LowerContext, node: Node) -> None:
+    """DepthToSpace: one reorder between two 6-D strided views, [N, C', H, b, W, b] of x (its
+    channel dim split per ``DepthToSpaceAttrs.channel_steps``) and of y (its rows and columns
+    split into blocks). y is channels-last when x is (or its readers want a plain layout), so
+    that a channels-last x is read in runs of C' channels (jit:uni)."""
+    attrs: DepthToSpaceAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    n, c_in, h, w = ctx.info(x).shape
+    b = attrs.blocksize
+    c = c_in // (b * b)
+    source = _strided_source(ctx, x)
+    md = ctx.slots[source].md
+    sn, sc, sh, sw = md.strides or ()
+    step_c, step_i, step_j = attrs.channel_steps(c)
+    dims = (n, c, h, b, w, b)
+    src = ctx.temp(f"{x}@blocks", MemoryDesc.from_strides(
+        dims, md.dtype, (sn, step_c * sc, sh, step_i * sc, sw, step_j * sc)), alias=source)
+    yshape = ctx.info(y).shape
+    wanted = ctx.preferred(y, md.dtype)
+    if wanted is None or not wanted.is_plain:
+        wanted = channels_last(yshape, md.dtype) if sc < sw else plain_md(yshape, md.dtype)
+    out = ctx.define(y, wanted)
+    tn, tc, ty, tx = ctx.slots[out].md.strides or ()
+    dst = ctx.temp(f"{y}@blocks", MemoryDesc.from_strides(
+        dims, md.dtype, (tn, tc, b * ty, ty, b * tx, tx)), alias=out)
+    ctx.add_reorder(src, dst, role="op", node=node)
+
+
+def probe_depth_to_space(ctx: LowerContext, node: Node, port: int,
+                         dtype: DataType) -> MemoryDesc | None:
+    """Channels-last: each source pixel's b² blocks of C' channels are contiguous runs."""
+    return channels_last(ctx.info(node.inputs[port]).shape, dtype)
 
 
 def _strided_source(ctx: LowerContext, x: str) -> str:

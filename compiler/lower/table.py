@@ -89,6 +89,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.SQUEEZE: lower_misc.lower_reshape,
     Op.UNSQUEEZE: lower_misc.lower_reshape,
     Op.TRANSPOSE: lower_misc.lower_transpose,
+    Op.DEPTH_TO_SPACE: lower_misc.lower_depth_to_space,
     Op.IDENTITY: lower_misc.lower_alias,
     Op.DROPOUT: lower_misc.lower_alias,
     Op.PAD: lower_misc.lower_pad,  # constant: reorders; reflect / edge / crop: numpy
@@ -121,6 +122,7 @@ PROBES = {
     Op.GLOBAL_AVG_POOL: lower_pool.probe_int8_pool,
     Op.CONCAT: lower_misc.probe_concat,
     Op.RESIZE: lower_resize.probe_resize,
+    Op.DEPTH_TO_SPACE: lower_misc.probe_depth_to_space,
     Op.PAD: lower_misc.probe_plain,
     Op.EXPAND: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,

@@ -103,6 +103,7 @@ _DEFAULT: dict[str, Converter] = {
     "Unsqueeze": convert_layout.unsqueeze,
     "Pad": convert_layout.pad,
     "Expand": convert_layout.expand,
+    "DepthToSpace": convert_layout.depth_to_space,
     "Cast": convert_layout.cast,
     "DynamicQuantizeLinear": convert_dynamic.dynamic_quantize_linear,
     # reached only with a run-time src zero point (else qoperator.py rewrites them)

@@ -16,6 +16,7 @@ from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
+    DepthToSpaceAttrs,
     ExpandAttrs,
     NoAttrs,
     Op,
@@ -228,6 +229,19 @@ def pad(ctx: Context, node: NodeView) -> None:
             raise ctx.malformed(node, f"constant_value must be a scalar, got {value_in.shape}")
         value = float(value_in.reshape(()))
     ctx.emit(node, Op.PAD, node.inputs[:1], PadAttrs(tuple(full), pad_mode, value))
+
+
+def depth_to_space(ctx: Context, node: NodeView) -> None:
+    x = ctx.input_info(node, 0)
+    b = int(node.attr("blocksize", 0))
+    mode = node.attr("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if x.rank != 4 or b < 1 or x.shape[1] % (b * b):
+        raise ctx.malformed(node, f"blocksize {b} does not divide the channels of {x.shape} "
+                                  "into blocks (a 4-D input with C a multiple of blocksize²)")
+    if mode not in ("DCR", "CRD"):
+        raise ctx.malformed(node, f"mode {mode!r} is neither DCR nor CRD")
+    ctx.emit(node, Op.DEPTH_TO_SPACE, node.inputs[:1], DepthToSpaceAttrs(b, mode))
 
 
 def expand(ctx: Context, node: NodeView) -> None:

@@ -70,6 +70,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.UNSQUEEZE: layout.unsqueeze,
     Op.PAD: layout.pad,
     Op.EXPAND: layout.expand,
+    Op.DEPTH_TO_SPACE: layout.depth_to_space,
     Op.RESIZE: spatial.resize,
     Op.IDENTITY: arith.preserving,
     Op.DYNAMIC_QUANTIZE_LINEAR: quant.dynamic_quantize_linear,

@@ -15,6 +15,7 @@ from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
+    DepthToSpaceAttrs,
     ExpandAttrs,
     PadAttrs,
     PadMode,
@@ -48,6 +49,19 @@ def expand(graph: Graph, node: Node) -> list[TensorInfo]:
     if not ok:
         raise fail(node, f"input of shape {x.shape} does not broadcast to {out}")
     return [keep_quant(x, out, -1 if len(out) == x.rank else None)]
+
+
+def depth_to_space(graph: Graph, node: Node) -> list[TensorInfo]:
+    attrs: DepthToSpaceAttrs = node.attrs
+    x = required(graph, node, 0)
+    b = attrs.blocksize
+    if x.rank != 4 or b < 1 or x.shape[1] % (b * b):
+        raise fail(node, f"input {x.shape} is not [N, C, H, W] with C a multiple of {b}²")
+    if attrs.mode not in ("DCR", "CRD"):
+        raise fail(node, f"mode {attrs.mode!r} is neither DCR nor CRD")
+    n, c, h, w = x.shape
+    # per-channel quantization does not survive: each output channel mixes b² of them
+    return [keep_quant(x, (n, c // (b * b), h * b, w * b), None)]
 
 
 def concat(graph: Graph, node: Node) -> list[TensorInfo]:

@@ -49,6 +49,7 @@ from qfuse.ir.ops import (
     AxesAttrs,
     AxisAttrs,
     CastAttrs,
+    DepthToSpaceAttrs,
     ExpandAttrs,
     Op,
     PadAttrs,
@@ -141,6 +142,20 @@ def unsqueeze(node: Node, args: Arrays) -> list[np.ndarray]:
 def expand(node: Node, args: Arrays) -> list[np.ndarray]:
     attrs: ExpandAttrs = node.attrs
     return [np.broadcast_to(need(args, 0), attrs.shape).copy()]
+
+
+@impl(Op.DEPTH_TO_SPACE)
+def depth_to_space(node: Node, args: Arrays) -> list[np.ndarray]:
+    """ONNX's definition: a reshape to 6-D, a transpose, a reshape back."""
+    attrs: DepthToSpaceAttrs = node.attrs
+    x = need(args, 0)
+    n, c, h, w = x.shape
+    b = attrs.blocksize
+    if attrs.mode == "DCR":
+        t = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
+    else:
+        t = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
+    return [np.ascontiguousarray(t).reshape(n, c // (b * b), h * b, w * b)]
 
 
 @impl(Op.PAD)

@@ -49,8 +49,8 @@ from qfuse.runtime.reference.fused import accumulate, channel_axis
 MODELS = ("resnet", "mobilenetv2", "inception", "unet", "transformer", "vgg", "shufflenet")
 FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_gate_chain", "fuse_quantized_norm",
                  "signed_matmul_weights", "fold_resize_dequantize", "fuse_fake_quantize",
-                 "compose_post_ops", "flatten_matmul_rows", "vector_matmul_as_conv",
-                 "strided_pointwise_conv")
+                 "compose_post_ops", "deconv_as_depth_to_space", "flatten_matmul_rows",
+                 "vector_matmul_as_conv", "strided_pointwise_conv")
 OTHER_PASSES_LSB = 3  # the measured worst (module docstring); not this file's passes
 
 
