@@ -169,7 +169,9 @@ def _lower_nearest(ctx: LowerContext, node: Node, note: str) -> None:
     unfused mode one primitive per operation after the resampling."""
     x, y = node.inputs[0], node.outputs[0]
     out = ctx.info(y).shape
-    dtype = dnnl_type(ctx.info(y).dtype)
+    chain_apart = node.fused is not None and ctx.options.mode == "unfused"
+    # unfused, the chain runs op by op on float32 values, its store writes y's type
+    dtype = DataType.f32 if chain_apart else dnnl_type(ctx.info(y).dtype)
     built = _chain_attr(ctx, node) if node.fused is not None else None
     home = ctx.md_of(x)
     own = (home, dense_in_order(home, out, dtype) if home.is_plain else any_md(out, dtype))
@@ -183,7 +185,7 @@ def _lower_nearest(ctx: LowerContext, node: Node, note: str) -> None:
     src_md, dst_md = pd.src_md, pd.dst_md
     assert src_md is not None and dst_md is not None
     src = ctx.source(x, src_md)
-    if node.fused is not None and ctx.options.mode == "unfused":
+    if chain_apart:
         work = ctx.temp(f"{y}@chain", dst_md)
         ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): work},
                           info=ctx.info_for(node, note=note))
