@@ -57,9 +57,11 @@ round, + zp, clip and linear(1, -zp), never folded), which is bit for bit what t
 dequantize computes. A fifth, the same way (composer option ``fold_float_dequantize``): the
 DequantizeLinear's output has two or more readers and every one computes in float32 from it
 (activations, Mul, Add / Sub by a constant, Softmax: quantize_static's SiLU ``x·Q(sigmoid(x))``
-and HardSwish ``x·Q(relu6(x + 3))/6`` read x twice, the gate chain below then reads the f32 x);
-not when a reader is a compute node or an Add of two run-time tensors, which could read the
-8-bit source (a residual summed from it). A third case keeps it: the dequantized value read
+and HardSwish ``x·Q(relu6(x + 3))/6`` read x twice, the gate chain below then reads the f32 x;
+an Add x + g(x) whose other operand is computed from x, and an average pooling whose output
+no quantize reads: a squeeze-excitation ``x·gate(mean(x)) + x``, PP-OCRv4 det NNCF's RSE
+layers, 104 → 94 kernels); not when a reader is a compute node or an Add of x and another
+run-time tensor, which could read the 8-bit source (a residual summed from it). A third case keeps it: the dequantized value read
 by a Softmax alone, which has no compute node to move into and no integer source in oneDNN (its src
 scale multiplies the output: passes/fuse_quantized_norm.py); the node then writes the float32 values
 ``(Q(x) - zp)·s`` (one FakeQuantize in float32) instead of a standalone dequantize kernel.
@@ -473,13 +475,25 @@ def _float_readers(graph: Graph, value: str) -> bool:
     readers = graph.consumers(value)
     if len(readers) < 2:
         return False
+    source = graph.producer(value)
     for reader, _ in readers:
         if reader.fused is not None or reader.op in COMPUTE_OPS:
             return False
         if activation(reader) is not None or reader.op in (Op.MUL, *_FLOAT_ONLY):
             continue
+        others = [v for v in reader.inputs if v != value]
         if reader.op in (Op.ADD, Op.SUB) and any(
-                constant_operand(graph, v)[0] is not None for v in reader.inputs if v != value):
+                constant_operand(graph, v)[0] is not None for v in others):
+            continue
+        # x + g(x), g computed from x (a squeeze-excitation's x + x·gate, PP-OCRv4 det's RSE
+        # layers): the chain that computes g reads x as its float32 operand anyway
+        if reader.op in (Op.ADD, Op.SUB) and source is not None and all(
+                depends_on(graph, v, source) for v in others):
+            continue
+        # an average whose output no quantize reads runs in float32 (the int8 one needs an
+        # output scale): a squeeze-excitation's pooling
+        if reader.op in (Op.GLOBAL_AVG_POOL, Op.AVG_POOL, Op.REDUCE_MEAN) and not any(
+                c.op is Op.FAKE_QUANTIZE for c, _ in graph.consumers(reader.outputs[0])):
             continue
         return False
     return True

@@ -22,8 +22,11 @@ OFF = ComposerOptions().without("fold_float_dequantize")
 
 def _conv_gate(gate: str) -> onnx.ModelProto:
     """x → Q/DQ → Conv (weights up to ±120: split on CPUs without VNNI) → Q/DQ → c, then a
-    gate reading c twice, → Q/DQ → y. ``residual``: the second reader of c is an Add of c and
-    the input (a run-time tensor), not a gate."""
+    gate reading c twice, → Q/DQ → y. ``squeeze_excitation``: c read by a float
+    GlobalAveragePool, the Mul by its gate and the Add. ``self_residual``: c + sigmoid(c), the Add's other
+    operand computed from c (a squeeze-excitation's x + x·gate); ``residual``: besides the
+    Sigmoid, c is read by an Add of c and a second input r (a run-time tensor not computed
+    from c), not a gate."""
     rng = np.random.default_rng(5)
     w = rng.integers(-120, 121, size=(16, 8, 3, 3)).astype(np.int8)
     inits = [init("xs", np.float32(0.02)), init("xz", np.uint8(128)), init("w", w),
@@ -46,11 +49,23 @@ def _conv_gate(gate: str) -> onnx.ModelProto:
                   helper.make_node("Clip", ["a", "zero", "six"], ["r"]),
                   *qdq_pair("g", "r", "g"), helper.make_node("Mul", ["c", "g"], ["m6"]),
                   helper.make_node("Div", ["m6", "six"], ["m"])]
-    else:  # residual
+    elif gate == "squeeze_excitation":  # PP-OCRv4 det's RSE: c·sigmoid(mean(c)) + c
+        nodes += [helper.make_node("GlobalAveragePool", ["c"], ["p"]),
+                  helper.make_node("Sigmoid", ["p"], ["sig"]),
+                  helper.make_node("Mul", ["c", "sig"], ["cg"]),
+                  helper.make_node("Add", ["cg", "c"], ["m"])]
+    elif gate == "self_residual":
         nodes += [helper.make_node("Sigmoid", ["c"], ["sig"]),
                   helper.make_node("Add", ["c", "sig"], ["m"])]
+    else:  # residual
+        nodes += [helper.make_node("Sigmoid", ["c"], ["sig"]),
+                  helper.make_node("Add", ["c", "r"], ["cr"]),
+                  helper.make_node("Add", ["cr", "sig"], ["m"])]
     nodes += qdq_pair("y", "m", "y")
-    return model(nodes, {"x": ([1, 8, 20, 20], TensorProto.FLOAT)}, ["y"], inits)
+    inputs = {"x": ([1, 8, 20, 20], TensorProto.FLOAT)}
+    if gate == "residual":
+        inputs["r"] = ([1, 16, 20, 20], TensorProto.FLOAT)
+    return model(nodes, inputs, ["y"], inits)
 
 
 def _dequantize_kernels(compiled: object) -> list[str]:
@@ -59,7 +74,7 @@ def _dequantize_kernels(compiled: object) -> list[str]:
                                            for a in k.info.absorbed)]
 
 
-@pytest.mark.parametrize("gate", ["silu", "hardswish"])
+@pytest.mark.parametrize("gate", ["silu", "hardswish", "self_residual", "squeeze_excitation"])
 def test_the_convolution_writes_the_dequantized_values_bit_exact(gate: str) -> None:
     m = _conv_gate(gate)
     on, off = compile_model(m), compile_model(m, composer=OFF)
@@ -76,7 +91,7 @@ def test_the_convolution_writes_the_dequantized_values_bit_exact(gate: str) -> N
 
 
 def test_a_reader_that_is_not_a_float_elementwise_op_keeps_the_dequantize() -> None:
-    """c + sigmoid(c): an Add of two run-time tensors, which another node's chain could sum
-    from c's 8-bit source; the dequantize stays a kernel of its own."""
+    """c + r, r a run-time tensor not computed from c: another node's chain could sum c's
+    8-bit source as a residual; the dequantize stays a kernel of its own."""
     on = compile_model(_conv_gate("residual"))
     assert _dequantize_kernels(on)
