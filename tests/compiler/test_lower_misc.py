@@ -349,3 +349,25 @@ def test_a_transpose_back_to_nchw_stays_a_view_for_a_channels_last_residual() ->
     for seed in range(3):
         feeds = {"x": np.random.default_rng(seed).normal(0, 1, (1, c, 10, 10)).astype(F32)}
         np.testing.assert_array_equal(fused.run(feeds)["y"], reference.run(feeds)["y"])
+
+
+def test_a_source_equal_but_for_size_one_strides_is_a_view_with_the_strides_asked_for() -> None:
+    """oneDNN calls a 1x1 image in acdb strides equal to the abcd one, but its AVX-512 jit
+    binary compares the strides themselves (acdb src, abcd dst: ref:any; PP-LCNet QDQ's
+    HardSigmoid gate after its 1x1 classifier conv). ``LowerContext.source`` gives a zero-copy
+    view with the strides asked for, and no reorder."""
+    from qfuse.compiler.lower.context import LowerContext
+    from qfuse.compiler.lower.layouts import plain_md
+    from qfuse.runtime.onednn import DataType, MemoryDesc
+
+    g = Graph("strides")
+    g.add_input("x", TensorInfo((1, 64, 1, 1), DType.F32))
+    ctx = LowerContext(g)
+    acdb = MemoryDesc.from_strides((1, 64, 1, 1), DataType.f32, (64, 1, 64, 64))
+    home = ctx.define("x", acdb)
+    plain = plain_md((1, 64, 1, 1), DataType.f32)
+    assert acdb == plain and acdb.strides != plain.strides  # oneDNN's equality
+    view = ctx.source("x", plain)
+    assert view != home and ctx.slots[view].alias == home
+    assert ctx.slots[view].md.strides == plain.strides and not ctx.kernels
+    assert ctx.source("x", plain) == view and ctx.source("x", acdb) == home
