@@ -61,7 +61,11 @@ and HardSwish ``x·Q(relu6(x + 3))/6`` read x twice, the gate chain below then r
 an Add x + g(x) whose other operand is computed from x, and an average pooling whose output
 no quantize reads: a squeeze-excitation ``x·gate(mean(x)) + x``, PP-OCRv4 det NNCF's RSE
 layers, 104 → 94 kernels); not when a reader is a compute node or an Add of x and another
-run-time tensor, which could read the 8-bit source (a residual summed from it). A third case keeps it: the dequantized value read
+run-time tensor, which could read the 8-bit source (a residual summed from it). And with one
+reader, a Mul or Add broadcasting the dequantized value over a larger tensor: a
+squeeze-excitation's gate (HardSigmoid → Q → DQ → Mul in quantize_static's models), which the
+Mul's kernel reads as a float32 operand anyway (EfficientNet-V2-S QDQ 368 → 338 kernels,
+MobileNetV3-L 112 → 104, PP-OCR cls 108 → 99). A third case keeps it: the dequantized value read
 by a Softmax alone, which has no compute node to move into and no integer source in oneDNN (its src
 scale multiplies the output: passes/fuse_quantized_norm.py); the node then writes the float32 values
 ``(Q(x) - zp)·s`` (one FakeQuantize in float32) instead of a standalone dequantize kernel.
@@ -431,7 +435,9 @@ def _walk(
             elif state.pending and stop.reader is None and state.value in graph.outputs \
                     and ctx.composer.on("fold_output_dequantize"):
                 best = _output_dequantize(state, channels, ctx) or best
-            elif state.pending and stop.reader is None and _float_readers(graph, state.value) \
+            elif state.pending and (
+                    (stop.reader is None and _float_readers(graph, state.value))
+                    or _broadcast_operand(graph, stop.reader, state.value)) \
                     and ctx.composer.on("fold_float_dequantize"):
                 best = _output_dequantize(state, channels, ctx) or best
             # without its traceback: its frames would hold the whole compile in a cycle
@@ -497,6 +503,17 @@ def _float_readers(graph: Graph, value: str) -> bool:
             continue
         return False
     return True
+
+
+def _broadcast_operand(graph: Graph, reader: Node | None, value: str) -> bool:
+    """``value`` is read only by ``reader``, a Mul or Add that broadcasts it over a larger
+    tensor: a squeeze-excitation's gate (quantize_static's HardSigmoid → Q → DQ → Mul), which
+    that Mul's kernel reads as a float32 binary operand."""
+    if reader is None or reader.op not in (Op.MUL, Op.ADD) or value in graph.outputs:
+        return False
+    readers = graph.consumers(value)
+    return (len(readers) == 1 and reader.inputs.count(value) == 1
+            and graph.info(value).shape != graph.info(reader.outputs[0]).shape)
 
 
 def _lost_int_residual(state: _State, best: _State) -> bool:
