@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from qfuse.compiler.api import compile_model, random_inputs
-from qfuse.runtime.onednn import default_stream
+from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
+from qfuse.runtime.onednn import default_stream, effective_cpu_isa
 from qfuse.runtime.onednn._lib import live_handles
 from tests.runtime.native_lifetime_probe import model
 
@@ -85,13 +86,24 @@ def _growth(warmup: int, count: int, cache: str) -> float:
     return (figures["end"] - figures["after_warmup"]) / count / 1024
 
 
+# oneDNN 3.2 keeps the brgemm convolution kernels it generates in a kernel cache of its own
+# that nothing evicts (uxlfoundation/oneDNN pull request #1757; fixed after 3.2): where the
+# int8 kernels are brgemm (VNNI / AMX), distinct compiles grow memory 94 KiB each (measured on
+# an AMD EPYC with AVX-512 VNNI; README "Native lifetime"). strict: passing there is news.
+BRGEMM_KERNEL_CACHE = pytest.mark.xfail(
+    effective_cpu_isa() in EXACT_INT8_ISAS, strict=True,
+    reason="oneDNN 3.2's brgemm kernel cache grows with every distinct int8 convolution")
+
+
 @pytest.mark.slow
+@BRGEMM_KERNEL_CACHE
 def test_rss_flat_over_distinct_compiles_of_larger_models_with_primitive_cache_off() -> None:
     per_compile = _growth(100, 100, "0")
     assert per_compile < 5, f"RSS grows {per_compile:.1f} KiB per distinct compile"
 
 
 @pytest.mark.slow
+@BRGEMM_KERNEL_CACHE
 def test_rss_stops_growing_once_the_default_primitive_cache_is_full() -> None:
     # each probe model makes ~16 primitives: 60 compiles fill most of the default capacity
     # (1024); after 200, new primitives replace cache entries instead of adding to them
