@@ -22,7 +22,8 @@ calibration inputs, compiles it with qfuse fused and prints one row per model an
   so one-LSB differences grow with depth (``qfuse check`` shows each kernel within 1 LSB);
 - ``ms``: qfuse fused median latency, ``ort/f``: ONNX Runtime's median over qfuse's and
   ``ov/f`` OpenVINO's CPU plugin's (compiler/bench_engines.py: latency hint, ``--threads``
-  inference threads; > 1: qfuse is faster), 12 runs each, interleaved, at ``--threads``;
+  inference threads; > 1: qfuse is faster), 12 runs each in rounds of 4 per engine, each
+  block after 20 ms of untimed runs (qfuse bench's method), at ``--threads``;
   ``-`` where OpenVINO refuses the model (it reads no QOperator ops) or ``--no-openvino``.
 
 ``--quantizers`` also takes the variants of examples/realzoo/quantize.py ``VARIANTS`` (other
@@ -38,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -166,6 +166,8 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     import onnx
 
     from qfuse import compile_model
+    from qfuse.compiler.bench import measure as bench_measure
+    from qfuse.compiler.bench_engines import Engine
 
     row: dict[str, Any] = {"model": name, "quantizer": quantizer}
     float_path = out / "float" / f"{name}.onnx"
@@ -208,16 +210,13 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     runs = {"qfuse": lambda: compiled.run(held_out[0]), "ort": lambda: ort.run(None, held_out[0])}
     if ov is not None:
         runs["ov"] = ov.run
-    times: dict[str, list[float]] = {engine: [] for engine in runs}
-    for run in runs.values():
-        for _ in range(3):
-            run()
-    for _ in range(12):
-        for engine, run in runs.items():
-            start = time.perf_counter()
-            run()
-            times[engine].append(time.perf_counter() - start)
-    row["ms"] = 1e3 * float(np.median(times["qfuse"]))
+    # qfuse bench's method (compiler/bench.py): rounds of 4 runs per engine, each block after
+    # 20 ms of untimed runs. Alternating single runs let the previous engine's spinning
+    # worker threads take a core from the next one: qfuse then measured up to 4x its latency
+    # (MobileNetV3-L QDQ 4.9 ms here against 1.1 ms in qfuse bench, on 2 cores).
+    engines = [Engine(name, run, lambda: [], 0.0) for name, run in runs.items()]
+    times, _ = bench_measure(engines, iters=12, per_round=4, warmup=3, settle_ms=20.0)
+    row["ms"] = float(np.median(times["qfuse"]))
     row["ort_over_qfuse"] = float(np.median(times["ort"]) / np.median(times["qfuse"]))
     if ov is not None:
         row["ov_over_qfuse"] = float(np.median(times["ov"]) / np.median(times["qfuse"]))
