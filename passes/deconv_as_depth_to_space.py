@@ -39,7 +39,7 @@ import numpy as np
 from qfuse.ir import Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import PRelu, Quantize, Residual, Scale, Shift, TensorOperand
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DepthToSpaceAttrs
-from qfuse.ir.postops import Add, Binary, Clip, Composed, Div, Mul, Prelu, Sum, TensorBinary
+from qfuse.ir.postops import Add, Binary, Clip, Div, Mul, Prelu
 from qfuse.ir.types import QuantParams
 from qfuse.passes.base import PassContext
 from qfuse.passes.replace import replace_nodes
@@ -69,7 +69,7 @@ def _block(graph: Graph, node: Node) -> int:
     attrs: ConvTransposeAttrs = node.attrs
     x, y = graph.info(node.inputs[0]), graph.info(node.outputs[0])
     weights = graph.constant(node.inputs[1])
-    if x.rank != 4 or weights is None or attrs.group != 1 or len(node.inputs) > 3:
+    if x.rank != 4 or weights is None or attrs.group != 1:
         return 0
     b = attrs.strides[0]
     square = (tuple(attrs.kernel_shape) == (b, b) == tuple(attrs.strides)
@@ -84,19 +84,13 @@ def _block(graph: Graph, node: Node) -> int:
         return 0
     if y.quant is not None and not y.quant.per_tensor:
         return 0
-    fused = node.fused
-    if fused is not None:
-        if any(isinstance(op, (Residual, TensorOperand)) for op in fused.chain):
-            return 0
-        if any(isinstance(op, Quantize) and (len(op.input_low) > 1 or len(op.output_low) > 1
-                                             or (op.onnx is not None
-                                                 and not op.onnx.quant.per_tensor))
-               for op in fused.chain):
-            return 0
-        composed = node.meta.get("composed")
-        if not isinstance(composed, Composed) or any(
-                isinstance(op, (Sum, TensorBinary)) for op in composed.post_ops):
-            return 0
+    # a chain reading a tensor (its Residual / TensorOperand items are the composed Sum /
+    # TensorBinary post-ops) or quantizing per channel is not repeated
+    chain = node.fused.chain if node.fused is not None else []
+    if any(isinstance(op, (Residual, TensorOperand)) or (isinstance(op, Quantize) and (
+            len(op.input_low) > 1 or len(op.output_low) > 1
+            or (op.onnx is not None and not op.onnx.quant.per_tensor))) for op in chain):
+        return 0
     return b
 
 
@@ -105,17 +99,9 @@ def _tiled(values: tuple, reps: int) -> tuple:
     return values * reps if len(values) > 1 else values
 
 
-def _tiled_array(values: np.ndarray | None, reps: int) -> np.ndarray | None:
-    if values is None or values.size <= 1:
-        return values
-    if values.ndim == 1:
-        return np.tile(values, reps)
-    return np.concatenate([values] * reps, axis=_channel_axis(values))
-
-
-def _channel_axis(values: np.ndarray) -> int:
-    """The axis holding the channels of a broadcastable per-channel operand ([1, C, 1, 1])."""
-    return next(i for i, d in enumerate(values.shape) if d > 1)
+def _tiled_array(values: np.ndarray, reps: int) -> np.ndarray:
+    """The composer's per-channel values (1-D, ``(C,)``) repeated; one value kept."""
+    return np.tile(values, reps) if values.size > 1 else values
 
 
 def _tile_chain_op(op: object, reps: int) -> object:

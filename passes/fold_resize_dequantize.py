@@ -40,7 +40,7 @@ from qfuse.ir.chain import ChainOp, Fused, Quantize, Scale, Shift
 from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.passes.base import PassContext
 from qfuse.passes.post_op_match import retarget
-from qfuse.passes.quant_utils import DqParams, dq_params, fq_ranges, quantize_only
+from qfuse.passes.quant_utils import DqParams, dq_params, per_tensor_quantize
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,17 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if isinstance(found, str):
             ctx.decline(dq, f"fold_resize_dequantize: {found}")
             continue
-        _fold(graph, resize, dq, found)
+        _fold(graph, resize, dq, *found)
         changed += 1
     return changed
 
 
-def _params(graph: Graph, resize: Node, dq: Node) -> DqParams | str:
-    """The dequantize's parameters when the Resize can write it (module docstring), or why
-    not."""
+Requantize = tuple[Node, Quantize] | None
+
+
+def _params(graph: Graph, resize: Node, dq: Node) -> tuple[DqParams, Requantize] | str:
+    """The dequantize's parameters and the requantization it feeds, if one, when the Resize
+    can write them (module docstring), or why not."""
     attrs: ResizeAttrs = resize.attrs
     q = resize.outputs[0]
     info = graph.info(q)
@@ -89,12 +92,13 @@ def _params(graph: Graph, resize: Node, dq: Node) -> DqParams | str:
     requantize = _requantize(graph, dq)
     if isinstance(requantize, str):
         return requantize
-    return p
+    return p, requantize
 
 
-def _requantize(graph: Graph, dq: Node) -> Node | None | str:
+def _requantize(graph: Graph, dq: Node) -> Requantize | str:
     """The requantizing FakeQuantize the Resize writes as well (the DQ's only reader, per
-    tensor), None when no quantize reads the DQ, or why the pair cannot be folded."""
+    tensor) with its chain item, None when no quantize reads the DQ, or why the pair cannot
+    be folded."""
     readers = [r for r, _ in graph.consumers(dq.outputs[0])]
     fqs = [r for r in readers if r.op is Op.FAKE_QUANTIZE]
     if not fqs:
@@ -102,25 +106,19 @@ def _requantize(graph: Graph, dq: Node) -> Node | None | str:
     if len(readers) != 1 or dq.outputs[0] in graph.outputs:
         return (f"{fqs[0]} requantizes it and the dequantized value has other readers (one "
                 "kernel writes one output)")
-    fq = fqs[0]
-    found = quantize_only(graph, fq)
-    ranges = fq_ranges(graph, fq)
-    if found is None or ranges is None or not found[1].per_tensor or any(
-            r.size != 1 for r in ranges):
-        return f"{fq} is not a per-tensor quantize with constant ranges"
-    return fq
+    item = per_tensor_quantize(graph, fqs[0])
+    if item is None:
+        return f"{fqs[0]} is not a per-tensor quantize with constant ranges"
+    return fqs[0], item
 
 
-def _fold(graph: Graph, resize: Node, dq: Node, p: DqParams) -> None:
+def _fold(graph: Graph, resize: Node, dq: Node, p: DqParams, requantize: Requantize) -> None:
     chain: list[ChainOp] = [Shift.of(-p.zero_point),
                             dataclasses.replace(Scale.of(p.scale), exact=True)]
     absorbed, out = [dq], dq.outputs[0]
-    fq = _requantize(graph, dq)
-    if isinstance(fq, Node):  # the requantization too: its quantize is the chain's end
-        dtype, quant = quantize_only(graph, fq)  # type: ignore[misc]
-        ranges = [tuple(float(v) for v in r.ravel()) for r in fq_ranges(graph, fq)]  # type: ignore
-        chain.append(Quantize(*ranges, levels=fq.attrs.levels, dtype=dtype,
-                              scale=quant.scale[0], onnx=fq.attrs.onnx))
+    if requantize is not None:  # the requantization too: its quantize is the chain's end
+        fq, item = requantize
+        chain.append(item)
         absorbed, out = [dq, fq], fq.outputs[0]
     fused = Fused(chain=chain, absorbed=[o for n in absorbed for o in n.origin])
     retarget(graph, resize, inputs=list(resize.inputs), output=out, absorbed=absorbed,

@@ -55,7 +55,7 @@ from qfuse.ir.ops import LayerNormAttrs
 from qfuse.passes.base import PassContext
 from qfuse.passes.post_op_match import retarget
 from qfuse.passes.propagate_dequantize import dequantize_of
-from qfuse.passes.quant_utils import fq_ranges, quantize_only, remove_if_unused
+from qfuse.passes.quant_utils import per_tensor_quantize, quantize_only, remove_if_unused
 
 log = logging.getLogger(__name__)
 
@@ -141,18 +141,13 @@ def _output(graph: Graph, node: Node) -> tuple[Node, Quantize] | str | None:
     if out in graph.outputs or len(readers) != 1:
         return None
     fq = readers[0][0]
-    found = quantize_only(graph, fq)
-    if found is None:
+    if quantize_only(graph, fq) is None:
         return None
-    dtype, quant = found
-    ranges = fq_ranges(graph, fq)
-    if not quant.per_tensor or ranges is None or any(r.size != 1 for r in ranges):
+    item = per_tensor_quantize(graph, fq)
+    if item is None:
         return "the quantize is per channel or has non-constant ranges (one dst scale)"
     if node.op is Op.LAYER_NORM and any(graph.uses(o) for o in node.outputs[1:]):
         return "the Mean / InvStdDev outputs are used"
-    il, ih, ol, oh = (tuple(float(v) for v in r.ravel()) for r in ranges)
-    item = Quantize(il, ih, ol, oh, levels=fq.attrs.levels, dtype=dtype, scale=quant.scale[0],
-                    onnx=fq.attrs.onnx)
     found = dst_quant(item)
     if isinstance(found, str):
         return found

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qfuse.ir.chain import Quantize
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op
 from qfuse.ir.shapes import infer_node
@@ -122,6 +123,20 @@ def quantize_only(graph: Graph, node: Node | None) -> tuple[DType, QuantParams] 
     if info is None or not info.dtype.is_integer or info.quant is None:
         return None
     return info.dtype, info.quant
+
+
+def per_tensor_quantize(graph: Graph, node: Node) -> Quantize | None:
+    """The chain item of a quantize-only FakeQuantize with one constant range, per tensor
+    (what a kernel's dst scale and zero point can store), else None."""
+    found = quantize_only(graph, node)
+    ranges = fq_ranges(graph, node) if found is not None else None
+    if found is None or ranges is None or not found[1].per_tensor or any(
+            r.size != 1 for r in ranges):
+        return None
+    dtype, quant = found
+    il, ih, ol, oh = (tuple(float(v) for v in r.ravel()) for r in ranges)
+    return Quantize(il, ih, ol, oh, levels=node.attrs.levels, dtype=dtype,
+                    scale=quant.scale[0], onnx=node.attrs.onnx)
 
 
 def range_axis(shape: tuple[int, ...], rank: int) -> int | None | str:

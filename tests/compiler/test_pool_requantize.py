@@ -184,3 +184,4 @@ def test_shufflenet_block_pool_rounds_once(tmp_path, seed, h, include_pad, stem,
     # with VNNI it is exact but for the same border ties, landing on the reference's side
     # more often (cosine 0.99996-0.99999 where qfuse's is 0.99991-0.99997)
     assert min(qfuse_cos) >= min(min(ort_cos), 0.9999)
+    assert min(qfuse_cos) >= 0.999  # whatever onnxruntime's kernels do on this CPU
