@@ -169,7 +169,10 @@ class Executor:
 def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, int]:
     """Slots no kernel writes itself but kernels write through slots aliasing them (an
     in-place concat's output, compiler/lower/in_place_concat.py): the index of the last such
-    write before the first kernel reading the slot or an alias of it."""
+    write before the first kernel reading the slot or an alias of it. A view of a slot some
+    kernel writes (a zero-copy Reshape or Transpose) is not one: its value is complete when
+    that slot is written, and a later kernel writing through it (an in-place sum into the
+    view, its own output aliasing the view) overwrites it."""
     def chain(name: str) -> list[str]:
         out = []
         while (alias := plan.slots[name].alias) is not None:
@@ -185,7 +188,7 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
                 first_read.setdefault(slot, index)
         for name in kernel.writes:
             for slot in chain(name):
-                if slot not in writer:
+                if slot not in writer and not any(s in writer for s in chain(slot)):
                     writes.setdefault(slot, []).append(index)
     found = {}
     for slot, indices in writes.items():
