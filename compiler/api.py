@@ -129,7 +129,8 @@ def compile_model(
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
     plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,
                                exact_int8=exact_int8,
-                               in_place_concat=ctx.composer.on("in_place_concat")))
+                               in_place_concat=ctx.composer.on("in_place_concat"),
+                               linear_resampling=ctx.composer.on("linear_resampling")))
     executor = Executor(plan, threads)
     from qfuse.compiler.concat_report import concat_report
 

@@ -51,6 +51,7 @@ OPTIMIZATIONS = (
     "flatten_matmul_rows",
     "vector_matmul_as_conv",
     "deconv_as_depth_to_space",
+    "linear_resampling",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

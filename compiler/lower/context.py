@@ -70,6 +70,10 @@ class Options:
     # Concat inputs written straight into the output where the layout allows
     # (in_place_concat.py); False keeps every concat kernel (the composer option of that name).
     in_place_concat: bool = True
+    # A linear Resize no quantization follows runs on oneDNN's resampling_linear where its taps
+    # are ONNX's (lower_resize.py; within a few float32 ulps, not bit-exact); False keeps the
+    # bit-exact numpy kernel (the composer option linear_resampling).
+    linear_resampling: bool = True
 
 
 class LowerContext:

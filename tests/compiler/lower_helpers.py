@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,9 +74,9 @@ def lower_built(graph: Graph, options: Options | None = None) -> Plan:
     return lower(graph, options)
 
 
-def run_plan(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused"
+def run_plan(graph: Graph, feeds: dict[str, np.ndarray], mode: str = "fused", **options: Any
              ) -> tuple[dict[str, np.ndarray], Plan]:
-    plan = lower_built(graph, Options(mode=mode))
+    plan = lower_built(graph, Options(mode=mode, **options))
     return Executor(plan).run(feeds), plan
 
 
