@@ -206,10 +206,25 @@ def test_concat_requantizes_into_the_following_fake_quantize():
     _bit_exact(before, g)
 
 
-def test_concat_with_different_parameters_and_float_reader_declines():
+def test_concat_with_different_zero_points_and_float_reader_declines():
     g = _concat_graph([S, 0.1], [ZP, 0], requantize=False)
     result = apply(M, g)
     assert result.changed == 0 and "not read by a single quantize-only" in reasons(result)[0]
+
+
+def test_concat_with_different_scales_and_float_reader_dequantizes_per_channel():
+    """LPT's ConcatTransformation: the integer Concat, then one DQ per channel along the
+    concat axis holding each input's scale for its channels; bit-exact."""
+    g = _concat_graph([S, 0.1], [ZP, ZP], requantize=False)
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    assert ops(g) == ["Concat", "DequantizeLinear"]
+    concat = g.producer(g.producer("c").inputs[0])
+    assert concat.op is Op.CONCAT and concat.inputs == ["x", "x2"]
+    quant = g.info(concat.outputs[0]).quant
+    assert quant.axis == 1 and quant.zero_point == (ZP,) * 4
+    assert np.array_equal(np.asarray(quant.scale, F32), np.array([S, S, 0.1, 0.1], F32))
+    _bit_exact(before, g)
 
 
 def _pool_graph(op: Op, attrs, zp: int, shape=(2, 8, 12, 12)):
