@@ -347,10 +347,11 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
         return False
     ctx.visit(node)
     if source is not None:
-        dq, (scale, zero_point) = source
+        dq, (scale, zero_point), prefix = source
         node.fused = dataclasses.replace(node.fused, src_scale=scale,
                                          src_zero_point=zero_point)
-        best = dataclasses.replace(best, inputs=[dq.inputs[0], *best.inputs[1:]],
+        best = dataclasses.replace(best, chain=[*prefix, *best.chain],
+                                   inputs=[dq.inputs[0], *best.inputs[1:]],
                                    extra=[*best.extra, dq])
     _commit(graph, node, _same_rank_operands(graph, best))
     return True
@@ -369,11 +370,16 @@ def _post_op_operand(shape: tuple[int, ...], out: tuple[int, ...]) -> bool:
     return shape == tuple(out) or all(d == 1 for i, d in enumerate(shape) if i != 1)
 
 
-def _integer_source(graph: Graph, best: _State) -> tuple[Node, tuple[float, int]] | None:
-    """The DequantizeLinear the chain's source x comes from, and its (scale, zero point),
-    when the node can read the 8-bit tensor instead (module docstring): x = DQ(q) per tensor
-    of a non-constant u8/s8 q, the chain ending in a quantize (an 8-bit dst: oneDNN's jit
-    binary takes an 8-bit source only with an 8-bit dst) and no chain item reading x itself."""
+def _integer_source(graph: Graph, best: _State
+                    ) -> tuple[Node, tuple[float, int], list[ChainOp]] | None:
+    """The DequantizeLinear the chain's source x comes from, its (scale, zero point) and
+    chain items to put first, when the node can read the 8-bit tensor instead (module
+    docstring): x = DQ(q) of a non-constant u8/s8 q, the chain ending in a quantize (an 8-bit
+    dst: oneDNN's jit binary takes an 8-bit source only with an 8-bit dst) and no chain item
+    reading x itself. A DQ per channel along axis 1 (an integer Concat of inputs with their
+    own scales and zero points, propagate_dequantize.py) reads q as it is (scale 1, zero point
+    0) and starts the chain with Shift(-zp) and an exact Scale(s) per channel: the same
+    f32(q - zp)·s, q - zp an exact integer."""
     if not best.quantized or not best.info.dtype.is_quantized:
         return None
     if any(isinstance(i, Residual | TensorOperand) and i.port == 0 for i in best.chain):
@@ -386,11 +392,18 @@ def _integer_source(graph: Graph, best: _State) -> tuple[Node, tuple[float, int]
     if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR or graph.constant(dq.inputs[0]) is not None:
         return None
     p = dq_params(graph, dq)
-    if p is None or not p.per_tensor or p.zero_point.size != 1 or not p.dtype.is_quantized:
+    if p is None or not p.dtype.is_quantized or not np.all(np.isfinite(p.scale)) or np.any(
+            p.scale == 0):
         return None
-    if not np.isfinite(p.scale[0]) or p.scale[0] == 0:
+    if not p.per_tensor:
+        if p.axis != 1 or p.scale.size != best.info.shape[1]:
+            return None
+        prefix: list[ChainOp] = [Shift.of(-p.zero_point.astype(np.float32))] if np.any(
+            p.zero_point) else []
+        return dq, (1.0, 0), [*prefix, Scale(tuple(float(v) for v in p.scale), exact=True)]
+    if p.zero_point.size != 1:
         return None
-    return dq, (float(p.scale[0]), int(p.zero_point[0]))
+    return dq, (float(p.scale[0]), int(p.zero_point[0])), []
 
 
 def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:

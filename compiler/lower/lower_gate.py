@@ -116,8 +116,8 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     composed = node.meta.get("composed")
     assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"
     finish = as_float_post_ops(composed)
-    if int_source:
-        assert fused is not None and fused.src_scale is not None
+    if int_source and fused is not None and fused.src_scale != 1.0:
+        assert fused.src_scale is not None  # (scale 1: a per-channel DQ's chain items follow)
         finish = replace(finish, post_ops=[Eltwise("linear", float(fused.src_scale), 0.0),
                                            *finish.post_ops])
 

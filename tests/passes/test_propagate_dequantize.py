@@ -171,9 +171,9 @@ def test_dequantize_with_other_readers_stays():
     _bit_exact(before, g)
 
 
-def _concat_graph(scales, zps, requantize: bool):
+def _concat_graph(scales, zps, requantize: bool, dtype2: DType = DType.U8):
     g, _ = int_input((1, 2, 3), scales[0], zps[0])
-    g.add_input("x2", TensorInfo((1, 2, 3), DType.U8, QuantParams.make(scales[1], zps[1])))
+    g.add_input("x2", TensorInfo((1, 2, 3), dtype2, QuantParams.make(scales[1], zps[1])))
     dequantize(g, "x2", "x2d", scales[1], zps[1])
     add(g, Op.CONCAT, ["xd", "x2d"], "c", AxisAttrs(1))
     if requantize:
@@ -206,25 +206,45 @@ def test_concat_requantizes_into_the_following_fake_quantize():
     _bit_exact(before, g)
 
 
-def test_concat_with_different_zero_points_and_float_reader_declines():
-    g = _concat_graph([S, 0.1], [ZP, 0], requantize=False)
-    result = apply(M, g)
-    assert result.changed == 0 and "not read by a single quantize-only" in reasons(result)[0]
-
-
-def test_concat_with_different_scales_and_float_reader_dequantizes_per_channel():
+def test_concat_with_different_parameters_and_float_reader_dequantizes_per_channel():
     """LPT's ConcatTransformation: the integer Concat, then one DQ per channel along the
-    concat axis holding each input's scale for its channels; bit-exact."""
-    g = _concat_graph([S, 0.1], [ZP, ZP], requantize=False)
+    concat axis holding each input's scale and zero point for its channels; bit-exact."""
+    g = _concat_graph([S, 0.1], [ZP, 0], requantize=False)
     before = g.copy()
     assert apply(M, g).changed == 1
     assert ops(g) == ["Concat", "DequantizeLinear"]
     concat = g.producer(g.producer("c").inputs[0])
     assert concat.op is Op.CONCAT and concat.inputs == ["x", "x2"]
     quant = g.info(concat.outputs[0]).quant
-    assert quant.axis == 1 and quant.zero_point == (ZP,) * 4
+    assert quant.axis == 1 and quant.zero_point == (ZP, ZP, 0, 0)
     assert np.array_equal(np.asarray(quant.scale, F32), np.array([S, S, 0.1, 0.1], F32))
     _bit_exact(before, g)
+
+
+def test_concat_of_u8_and_s8_reencodes_the_s8_input_once():
+    """An s8 input is re-encoded as u8 (q + 128, zero point + 128: the same values), once
+    for every Concat reading it; the Concats are u8 with per-channel zero points."""
+    g = _concat_graph([S, 0.1], [ZP, -3], requantize=False, dtype2=DType.S8)
+    add(g, Op.CONCAT, ["x2d", "xd"], "c2", AxisAttrs(1))
+    g = finish(g, "c", "c2")
+    before = g.copy()
+    assert apply(M, g).changed == 2
+    fqs = [n for n in g if n.op is Op.FAKE_QUANTIZE]
+    assert len(fqs) == 1 and g.info(fqs[0].outputs[0]).dtype is DType.U8
+    for out, zps in (("c", (ZP, ZP, 125, 125)), ("c2", (125, 125, ZP, ZP))):
+        concat = g.producer(g.producer(out).inputs[0])
+        assert g.info(concat.outputs[0]).dtype is DType.U8
+        assert g.info(concat.outputs[0]).quant.zero_point == zps
+        assert fqs[0].outputs[0] in concat.inputs
+    _bit_exact(before, g)
+
+
+def test_concat_with_a_float_input_declines():
+    g, _ = int_input((1, 2, 3), S, ZP)
+    g.add_input("f", TensorInfo((1, 2, 3), DType.F32))
+    add(g, Op.CONCAT, ["xd", "f"], "c", AxisAttrs(1))
+    result = apply(M, finish(g, "c"))
+    assert result.changed == 0 and "not read by a single quantize-only" in reasons(result)[0]
 
 
 def _pool_graph(op: Op, attrs, zp: int, shape=(2, 8, 12, 12)):
