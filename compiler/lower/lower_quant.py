@@ -41,7 +41,10 @@ quantizations stay reorders:
 - A DequantizeLinear read only by quantize-only FakeQuantizes / QuantizeLinears (the
   requantize pair the passes leave; a feature map DenseNet reads into each later Concat's
   scale) is no kernel of its own: each reader requantizes the integers, one reorder with both
-  scales and zero points or, in ONNX's rounding, one binary primitive (below).
+  scales and zero points or, in ONNX's rounding, one binary primitive (below). A per-channel
+  dequantize (an integer Concat of inputs with their own parameters) likewise into per-tensor
+  ONNX-form quantizes: binary_sub(q, zp[c]) → binary_mul(s[c]) → binary_div(s') → round →
+  + zp', ONNX's operations in order (q - zp[c] exact).
 
 The layout of the reorder's output is chosen for its consumer: what a convolution reading it
 would pick (``preferred_md``), or channels-last for int8 pooling, else the source's layout.
@@ -125,8 +128,7 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     if src is None:
         alg, src1_md = Alg.binary_div, scale_md
         fixed[int(Arg.SRC_1)] = scales
-    else:
-        assert src.axis is None, "a deferred dequantize is per tensor"
+    elif src.axis is None:
         alg, src1_md = Alg.binary_sub, MemoryDesc.from_tag(one, DataType.f32)
         fixed[int(Arg.SRC_1)] = const_memory(np.full(one, src.zero_point, F32))
         posts.append_eltwise(Alg.eltwise_linear, float(src.scale[0]), 0.0)
@@ -134,6 +136,20 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
         fixed[Arg.post_op(1, Arg.SRC_1)] = scales
         names += ["eltwise_linear", "binary_div"]
         details += [f"eltwise_linear(alpha={float(src.scale[0]):.6g}, beta=0)",
+                    f"binary_div({s_text})"]
+    else:  # a per-channel dequantize: q - zp[c] (exact), ·s[c] (one rounding), / s
+        assert dst.axis is None, "a per-channel requantize writes one scale"
+        dims = per_channel_dims(ndims, src.axis, src.scale.size)
+        zps = (src.zero_points if src.zero_points is not None
+               else np.full(src.scale.size, src.zero_point))
+        alg, src1_md = Alg.binary_sub, MemoryDesc.from_tag(dims, DataType.f32)
+        fixed[int(Arg.SRC_1)] = const_memory(zps.astype(F32).reshape(dims))
+        posts.append_binary(Alg.binary_mul, MemoryDesc.from_tag(dims, DataType.f32))
+        fixed[Arg.post_op(0, Arg.SRC_1)] = const_memory(src.scale.astype(F32).reshape(dims))
+        posts.append_binary(Alg.binary_div, scale_md)
+        fixed[Arg.post_op(1, Arg.SRC_1)] = scales
+        names += ["binary_mul", "binary_div"]
+        details += [f"binary_mul([{src.scale.size} scales, axis {src.axis}])",
                     f"binary_div({s_text})"]
     posts.append_eltwise(Alg.eltwise_round)
     names.append("eltwise_round")
@@ -156,7 +172,8 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     target = out if want == same else ctx.temp(f"{y}@{same.dtype.name}", same)
     pd = binary(alg, src_md, src1_md, same, attr=attr)
     what = (f"x / {s_text}" if src is None
-            else f"x - {src.zero_point} (then the post-ops)")
+            else f"x - {src.zero_point} (then the post-ops)" if src.axis is None
+            else f"x - zero point per channel (axis {src.axis}; then the post-ops)")
     info = ctx.info_for(node, role="op", post_ops=names, post_op_details=details,
                         rounding=ONNX_FORM, note=f"binary_{alg.name.split('_')[-1]}: {what}")
     info.absorbed += [a for a in absorbed if a not in info.absorbed]
@@ -268,18 +285,31 @@ def lower_dequantize(ctx: LowerContext, node: Node) -> None:
     if side is None:
         lower_numpy(ctx, node, note="a zero or non-finite scale")
         return
+    readers = ctx.graph.consumers(y)
+    # read only by quantizes (a requantize, or DenseNet's feature map into each later
+    # Concat's scale): each reader requantizes q itself, and nothing writes y; a per-channel
+    # dequantize (an integer Concat of inputs with their own parameters) only into per-tensor
+    # quantizes in ONNX's rounding (one binary primitive, module docstring)
+    if (readers and not ctx.is_output(y)
+            and all(r.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) and r.fused is None
+                    and _requantizes(ctx, r, side) for r, _ in readers)):
+        ctx.deferred[y] = (x, side, list(node.origin))
+        return
     if side.zero_points is not None:
         _binary_dequantize(ctx, node, side)
         return
-    readers = ctx.graph.consumers(y)
-    # read only by quantizes (a requantize, or DenseNet's feature map into each later
-    # Concat's scale): each reader requantizes q itself, and nothing writes y
-    if (side.axis is None and readers and not ctx.is_output(y)
-            and all(r.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) and r.fused is None
-                    and _quantize_side(ctx, r) is not None for r, _ in readers)):
-        ctx.deferred[y] = (x, side, list(node.origin))
-        return
     _reorder(ctx, node, x, side, None, [])
+
+
+def _requantizes(ctx: LowerContext, node: Node, src: QuantSide) -> bool:
+    """Can quantize ``node`` read the integers of a dequantize with ``src`` itself?"""
+    dst = _quantize_side(ctx, node)
+    if dst is None:
+        return False
+    if src.axis is None:
+        return True
+    return (dst.axis is None and dst.zero_points is None and ctx.options.onnx_rounding
+            and _onnx_rounding(node))
 
 
 def _quantize_side(ctx: LowerContext, node: Node) -> QuantSide | None:
@@ -333,7 +363,8 @@ def lower_quantize(ctx: LowerContext, node: Node) -> None:
     if side.zero_points is not None and node.inputs[0] in ctx.deferred:
         undefer(ctx, node.inputs[0])
     src_value, src_side, absorbed = _take_deferred(ctx, node)
-    if side.zero_points is not None or (ctx.options.onnx_rounding and _onnx_rounding(node)):
+    if (side.zero_points is not None or (src_side is not None and src_side.axis is not None)
+            or (ctx.options.onnx_rounding and _onnx_rounding(node))):
         _onnx_quantize(ctx, node, src_value, src_side, side, absorbed)
         return
     _reorder(ctx, node, src_value, src_side, side, absorbed)

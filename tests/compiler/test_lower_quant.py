@@ -193,3 +193,31 @@ def test_per_channel_zero_points_are_binary_primitives_bit_exact(dtype: DType) -
     np.testing.assert_array_equal(out["y"], want["y"])
     onnx_q = np.clip(np.rint(x / scales.reshape(1, 4, 1, 1)) + zps.reshape(1, 4, 1, 1), lo, hi)
     np.testing.assert_array_equal(out["q"], onnx_q.astype(dtype.np))
+
+
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_per_channel_dequantize_into_quantizes_is_one_binary_each(dtype: DType) -> None:
+    """A per-channel dequantize with per-channel zero points (an integer Concat of inputs with
+    their own parameters, passes/propagate_dequantize.py) read only by per-tensor quantizes
+    (QuantizeLinear, and an ONNX-form quantize-only FakeQuantize): each is one binary
+    primitive reading q — q - zp[c], ·s[c], / s', round, + zp' — jit, bit-exact with ONNX's
+    formulas, no f32 dequantize kernel."""
+    lo, hi = dtype.range
+    scales = np.array([0.02, 0.05, 0.031, 0.0117], F32)
+    zps = np.array([lo, lo + 90, (lo + hi) // 2, hi - 3])
+    g = Graph("pc_requant")
+    g.add_input("q", TensorInfo((1, 4, 6, 5), dtype, QuantParams.make(scales, zps, 1)))
+    _dq_node(g, "q", "f", scales, zps)
+    g.add_node(Op.QUANTIZE_LINEAR, ["f", g.add_constant("r_s", F32(0.043)).name,
+                                    g.add_constant("r_z", np.array(7, np.uint8)).name],
+               ["r"], QuantizeAttrs(U8, 1), name="q_r", infos=[TensorInfo((1, 4, 6, 5), U8)])
+    g.outputs.append("r")
+    q = random_int(np.random.default_rng(4), (1, 4, 6, 5), dtype)
+    out, plan = run_plan(g, {"q": q})
+    info = plan.inspect()["kernels"]
+    assert [k["primitive"] for k in info] == ["binary"], info
+    assert info[0]["impl"].startswith("jit") and "dq_f" in info[0]["absorbed"], info
+    x = (q.astype(F32) - zps.reshape(1, 4, 1, 1).astype(F32)) * scales.reshape(1, 4, 1, 1)
+    want = np.clip(np.rint(x / F32(0.043)) + 7, 0, 255).astype(np.uint8)
+    np.testing.assert_array_equal(out["r"], want)
+    np.testing.assert_array_equal(out["r"], ref_eval(g, {"q": q})["r"])

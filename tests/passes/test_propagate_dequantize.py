@@ -289,3 +289,34 @@ def test_average_pool_declines():
     add(g, Op.AVG_POOL, [xd], "y", POOL)
     result = apply(M, finish(g, "y"))
     assert result.changed == 0 and "quantize-only FakeQuantize" in reasons(result)[0]
+
+
+def _dense_concat(shared: int):
+    """Three u8 inputs with their own scales into a Concat read by one quantize; ``shared``
+    of them are also read by another node (a DenseNet feature map entering later Concats)."""
+    g, _ = int_input((1, 2, 3), S, ZP)
+    names = ["xd"]
+    for i, scale in enumerate((0.1, 0.07), start=2):
+        g.add_input(f"x{i}", TensorInfo((1, 2, 3), DType.U8, QuantParams.make(scale, 3)))
+        dequantize(g, f"x{i}", f"x{i}d", scale, 3)
+        names.append(f"x{i}d")
+    for i in range(shared):
+        add(g, Op.RELU, [names[i]], f"other{i}")
+    add(g, Op.CONCAT, names, "c", AxisAttrs(1))
+    quantize_only(g, "c", "y", 0.08, 3)
+    return finish(g, "y", *(f"other{i}" for i in range(shared)))
+
+
+@pytest.mark.parametrize("shared,per_channel", [(0, False), (1, False), (2, True), (3, True)])
+def test_concat_of_shared_inputs_requantizes_once_after(shared: int, per_channel: bool):
+    """Two or more inputs whose integers other nodes read too would each be a requantize
+    kernel no producer absorbs: then the Concat is integer with a per-channel dequantize
+    and one requantize after it; otherwise each input is requantized (a U-Net skip
+    connection, one shared input). Bit-exact either way."""
+    g = _dense_concat(shared)
+    before = g.copy()
+    assert apply(M, g).changed >= 1
+    concat = next(n for n in g if n.op is Op.CONCAT)
+    assert (g.info(concat.outputs[0]).quant.axis == 1) is per_channel
+    assert (concat.outputs[0] == "y") is not per_channel
+    _bit_exact(before, g)
