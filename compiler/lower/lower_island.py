@@ -18,8 +18,8 @@ import numpy as np
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.plan import DynamicOutput
 from qfuse.ir import Node
-from qfuse.ir.ops import IslandAttrs
-from qfuse.runtime.reference.ops_island import make_runner
+from qfuse.ir.ops import IslandAttrs, IslandEngine
+from qfuse.runtime.reference.ops_island import make_runner, make_runner_into
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,22 @@ def lower_island(ctx: LowerContext, node: Node) -> None:
         else:
             writes.append(ctx.define_plain(value))
             cells.append(None)
+
+    if attrs.engine is IslandEngine.ONNXRUNTIME and not any(attrs.dynamic):
+        into = make_runner_into(attrs, threads=ctx.options.threads)
+
+        def run_into(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
+            args = list(constants)
+            for port, array in zip(ports, arrays, strict=True):
+                args[port] = array
+            into(args, outs)  # type: ignore[arg-type]
+
+        run_into.writes_into = True  # type: ignore[attr-defined]
+        note = (f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes, writing its "
+                f"outputs in place): {attrs.reason}")
+        ctx.add_numpy(node.name, run_into, reads, writes, ctx.info_for(node, note=note),
+                      kind="island")
+        return
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         args = list(constants)
