@@ -16,16 +16,50 @@ import logging
 import numpy as np
 
 from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import is_row_major, plain_md
 from qfuse.compiler.lower.plan import DynamicOutput
 from qfuse.ir import Node
 from qfuse.ir.ops import IslandAttrs, IslandEngine
+from qfuse.runtime.onednn import MemoryDesc
 from qfuse.runtime.reference.ops_island import make_runner, make_runner_into
 
 log = logging.getLogger(__name__)
 
 
+# ONNX ops that map each element to one element of the same type by itself: an island made
+# only of them computes the same bytes whatever order the elements are laid out in
+UNARY_ELEMENTWISE = frozenset({
+    "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
+    "Atanh", "Softplus", "Softsign", "Neg", "Abs", "Sign", "Floor", "Ceil", "Round",
+    "Reciprocal", "Exp", "Log", "Sqrt"})
+
+
+def _any_order(ctx: LowerContext, node: Node) -> MemoryDesc | None:
+    """The producer's layout of the island's one input when the island is unary elementwise
+    ops on it and that layout is dense but not row-major (a convolution's channels-last
+    float32 output before a GELU's Erf): the island then reads and writes the bytes in that
+    order, seen as its declared shape, instead of reordering to row-major and back."""
+    attrs: IslandAttrs = node.attrs
+    if (attrs.engine is not IslandEngine.ONNXRUNTIME or any(attrs.dynamic)
+            or not set(attrs.ops) <= UNARY_ELEMENTWISE
+            or len(node.inputs) != 1 or len(node.outputs) != 1):
+        return None
+    x, y = node.inputs[0], node.outputs[0]
+    if ctx.const(x) is not None or ctx.info(x).shape != ctx.info(y).shape or ctx.info(
+            x).dtype is not ctx.info(y).dtype:
+        return None
+    md = ctx.md_of(x)
+    if not md.is_plain or is_row_major(md) or md.size != md.nelems * md.numpy_dtype.itemsize:
+        return None
+    return md
+
+
 def lower_island(ctx: LowerContext, node: Node) -> None:
     attrs: IslandAttrs = node.attrs
+    md = _any_order(ctx, node)
+    if md is not None:
+        _lower_in_any_order(ctx, node, md)
+        return
     runner = make_runner(attrs, threads=ctx.options.threads)
     ports: list[int] = []
     constants: list[np.ndarray | None] = []
@@ -79,3 +113,25 @@ def lower_island(ctx: LowerContext, node: Node) -> None:
     note = f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes): {attrs.reason}"
     log.info("node %s: %s", node, note)
     ctx.add_numpy(node.name, run, reads, writes, ctx.info_for(node, note=note), kind="island")
+
+
+def _lower_in_any_order(ctx: LowerContext, node: Node, md: MemoryDesc) -> None:
+    """The island on flat views of its input's bytes and of an output in the same layout
+    (``_any_order``), through onnxruntime's IOBinding."""
+    attrs: IslandAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    shape = ctx.info(x).shape
+    flat = (md.nelems,)
+    src = ctx.temp(f"{x}@flat", plain_md(flat, md.dtype), alias=ctx.home_slot(x))
+    dst = ctx.temp(f"{y}@flat", plain_md(flat, md.dtype))
+    ctx.define(y, md, alias=dst)  # y's home aliases the view the kernel writes
+    into = make_runner_into(attrs, threads=ctx.options.threads)
+
+    def run_into(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        into([arrays[0].reshape(shape)], [outs[0].reshape(shape)])
+
+    run_into.writes_into = True  # type: ignore[attr-defined]
+    note = (f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes, elementwise: on its "
+            f"input's own layout, {md.describe()}, outputs in place): {attrs.reason}")
+    ctx.add_numpy(node.name, run_into, [src], [dst], ctx.info_for(node, note=note),
+                  kind="island")

@@ -101,6 +101,40 @@ def test_static_island_writes_its_outputs_in_place_from_any_thread() -> None:
         np.testing.assert_array_equal(results[i]["y"], y)
 
 
+def test_elementwise_island_runs_on_its_inputs_own_layout() -> None:
+    """A GELU's Erf island after a channels-last float32 kernel (an int8 convolution's
+    dequantized output divided by √2): the island reads those bytes and writes its output in
+    the same layout (no reorder to row-major and back), and its values are onnxruntime's Erf
+    of its input, element for element."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("QuantizeLinear", ["in", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["Wq", "ws"], ["Wd"]),
+             helper.make_node("Conv", ["xd", "Wd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["c", "cs", "xz"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "cs", "xz"], ["cd"]),
+             helper.make_node("Div", ["cd", "sqrt2"], ["t"]),
+             helper.make_node("Erf", ["t"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["y"])]
+    inits = [init("xs", np.array(0.05, F)), init("xz", np.array(128, np.uint8)),
+             init("ws", np.array(0.01, F)), init("cs", np.array(0.04, F)),
+             init("Wq", rng.integers(-60, 60, (16, 8, 3, 3)).astype(np.int8)),
+             init("sqrt2", np.array(1.4142135, F)), init("one", np.array(1.0, F))]
+    m = model(nodes, {"in": ([1, 8, 10, 12], FLOAT)}, ["y"], inits)
+    compiled = compile_model(m, mode="fused")
+    kernels = compiled.inspect()["kernels"]
+    island = next(k for k in kernels if k["primitive"] == "island")
+    assert "on its input's own layout" in island["note"], island["note"]
+    assert "strides=(1920, 1, 192, 16)" in island["note"], island["note"]  # channels-last
+    assert sum(k["primitive"] == "reorder" and k["src_dtype"] == "f32" for k in kernels) == 1
+    feeds = {"in": rng.normal(0, 1, (1, 8, 10, 12)).astype(F)}
+    values = compiled.run_all(feeds)
+    erf = model([helper.make_node("Erf", ["t"], ["e"])], {"t": ([1, 16, 10, 12], FLOAT)}, ["e"])
+    np.testing.assert_array_equal(values["e"], run_ort(erf, {"t": values["t"]},
+                                                       optimized=False)[0])
+    np.testing.assert_array_equal(compiled.run(feeds)["y"], values["e"] + F(1))
+
+
 def test_run_time_shapes_reach_the_outputs_and_runs_are_independent_per_thread() -> None:
     nodes = [helper.make_node("NonZero", ["x"], ["nz"], name="nz"),
              helper.make_node("Transpose", ["nz"], ["y"], name="t")]
