@@ -181,11 +181,11 @@ def move_concat(graph: Graph, op: Node) -> str | bool:
         first = pairs[0][1]
         if first.per_tensor and all(p.same_as(first) for _, p in pairs):
             return _concat_same(graph, op, [dq for dq, _ in pairs], first)
-    if len(pairs) == len(found) and _shared_inputs(graph, op, pairs) and _concat_per_channel(
-            graph, op, pairs):
-        return True
+    all_dequantized = len(pairs) == len(found)
+    if all_dequantized and _shared_inputs(graph, op, pairs):
+        return _concat_per_channel(graph, op, pairs) or _concat_requantize(graph, op)
     requantized = _concat_requantize(graph, op)
-    if requantized is True or len(pairs) != len(found):
+    if requantized is True or not all_dequantized:
         return requantized
     return _concat_per_channel(graph, op, pairs) or requantized
 

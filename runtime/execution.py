@@ -84,7 +84,7 @@ class ExecutionContext:
             outs = [self.view(n) for n in kernel.writes]
             stream = self.stream
 
-            if getattr(fn, "writes_into", False):  # it fills its output views itself
+            if kernel.numpy_into:  # it fills its output views itself
                 def run_into() -> None:
                     stream.wait()
                     fn(ins, outs)  # type: ignore[call-arg]

@@ -379,13 +379,14 @@ class LowerContext:
                                   info=info)
 
     def add_numpy(self, name: str, fn: NumpyFn, reads: Sequence[str], writes: Sequence[str],
-                  info: KernelInfo, kind: str = "numpy") -> Kernel:
+                  info: KernelInfo, kind: str = "numpy", into: bool = False) -> Kernel:
+        """A kernel numpy runs; ``into``: fn(inputs, outputs) writes the output views."""
         for slot in (*reads, *writes):
             if not is_row_major(self.slots[slot].md):
                 raise RuntimeError(f"numpy kernel {name} needs plain slots, '{slot}' is "
                                    f"{self.slots[slot].md.describe()}")
         kernel = Kernel(self.fresh_kernel(name), kind, list(reads), list(writes),
-                        numpy_fn=fn, info=info)
+                        numpy_fn=fn, numpy_into=into, info=info)
         self.kernels.append(kernel)
         return kernel
 

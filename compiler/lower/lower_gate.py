@@ -116,10 +116,11 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     composed = node.meta.get("composed")
     assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"
     finish = as_float_post_ops(composed)
-    if int_source and fused is not None and fused.src_scale != 1.0:
-        assert fused.src_scale is not None  # (scale 1: a per-channel DQ's chain items follow)
-        finish = replace(finish, post_ops=[Eltwise("linear", float(fused.src_scale), 0.0),
-                                           *finish.post_ops])
+    if int_source:
+        assert fused is not None and fused.src_scale is not None
+        if fused.src_scale != 1.0:  # 1: a per-channel DQ's Shift / Scale start the chain
+            finish = replace(finish, post_ops=[Eltwise("linear", float(fused.src_scale), 0.0),
+                                               *finish.post_ops])
 
     def tensor_slot(port: int) -> tuple[str, MemoryDesc]:
         value = node.inputs[port]  # a full-size operand in x's layout; a broadcast one as is

@@ -12,6 +12,7 @@ runs; `inspect` shows it with primitive "island", its engine and why the nodes a
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -82,28 +83,22 @@ def lower_island(ctx: LowerContext, node: Node) -> None:
             writes.append(ctx.define_plain(value))
             cells.append(None)
 
-    if attrs.engine is IslandEngine.ONNXRUNTIME and not any(attrs.dynamic):
-        into = make_runner_into(attrs, threads=ctx.options.threads)
-
-        def run_into(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
-            args = list(constants)
-            for port, array in zip(ports, arrays, strict=True):
-                args[port] = array
-            into(args, outs)  # type: ignore[arg-type]
-
-        run_into.writes_into = True  # type: ignore[attr-defined]
-        note = (f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes, writing its "
-                f"outputs in place): {attrs.reason}")
-        ctx.add_numpy(node.name, run_into, reads, writes, ctx.info_for(node, note=note),
-                      kind="island")
-        return
-
-    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    def with_constants(arrays: list[np.ndarray]) -> list[np.ndarray | None]:
         args = list(constants)
         for port, array in zip(ports, arrays, strict=True):
             args[port] = array
+        return args
+
+    if attrs.engine is IslandEngine.ONNXRUNTIME and not any(attrs.dynamic):
+        into = make_runner_into(attrs, threads=ctx.options.threads)
+        _add_in_place(ctx, node, lambda arrays, outs: into(with_constants(arrays), outs),
+                      reads, writes, "writing its outputs in place")
+        return
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
         results = []
-        for out, dtype, cell in zip(runner(args), dtypes, cells, strict=True):  # type: ignore[arg-type]
+        for out, dtype, cell in zip(runner(with_constants(arrays)),  # type: ignore[arg-type]
+                                    dtypes, cells, strict=True):
             if cell is None:
                 results.append(np.asarray(out, dtype=dtype))
             else:
@@ -126,12 +121,17 @@ def _lower_in_any_order(ctx: LowerContext, node: Node, md: MemoryDesc) -> None:
     dst = ctx.temp(f"{y}@flat", plain_md(flat, md.dtype))
     ctx.define(y, md, alias=dst)  # y's home aliases the view the kernel writes
     into = make_runner_into(attrs, threads=ctx.options.threads)
+    _add_in_place(ctx, node,
+                  lambda arrays, outs: into([arrays[0].reshape(shape)], [outs[0].reshape(shape)]),
+                  [src], [dst],
+                  f"elementwise: on its input's own layout, {md.describe()}, outputs in place")
 
-    def run_into(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        into([arrays[0].reshape(shape)], [outs[0].reshape(shape)])
 
-    run_into.writes_into = True  # type: ignore[attr-defined]
-    note = (f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes, elementwise: on its "
-            f"input's own layout, {md.describe()}, outputs in place): {attrs.reason}")
-    ctx.add_numpy(node.name, run_into, [src], [dst], ctx.info_for(node, note=note),
-                  kind="island")
+def _add_in_place(ctx: LowerContext, node: Node,
+                  fn: Callable[[list[np.ndarray], list[np.ndarray]], None],
+                  reads: list[str], writes: list[str], how: str) -> None:
+    """An island kernel whose ``fn(inputs, outputs)`` writes the output views itself."""
+    attrs: IslandAttrs = node.attrs
+    note = f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes, {how}): {attrs.reason}"
+    ctx.add_numpy(node.name, fn,  # type: ignore[arg-type]  (fn(inputs, outputs), into=True)
+                  reads, writes, ctx.info_for(node, note=note), kind="island", into=True)

@@ -82,6 +82,8 @@ class Kernel:
     args: dict[int, str] = field(default_factory=dict)  # arg -> slot name
     fixed: dict[int, Memory] = field(default_factory=dict)  # arg -> constant memory
     numpy_fn: NumpyFn | None = None
+    # numpy_fn(inputs, outputs) fills the output views itself instead of returning arrays
+    numpy_into: bool = False
     info: KernelInfo = field(default_factory=KernelInfo)
 
     @property

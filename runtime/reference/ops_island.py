@@ -88,12 +88,17 @@ def make_runner(attrs: IslandAttrs, engine: IslandEngine | None = None,
         try:
             results = run(dict(zip(names, arrays, strict=True)))
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise IslandError(f"island of {ops} ({engine.value}) failed: "
-                              f"{type(exc).__name__}: {first}") from exc
+            raise _failed(ops, engine, exc) from exc
         return [np.asarray(r) for r in results]
 
     return run_island
+
+
+def _failed(ops: str, engine: IslandEngine, exc: Exception) -> IslandError:
+    """The one-line error of an island's failed run."""
+    first = (str(exc).strip().splitlines() or [""])[0][:300]
+    return IslandError(f"island of {ops} ({engine.value}) failed: "
+                       f"{type(exc).__name__}: {first}")
 
 
 def make_runner_into(attrs: IslandAttrs, threads: int | None = None
@@ -121,9 +126,7 @@ def make_runner_into(attrs: IslandAttrs, threads: int | None = None
         try:
             session.run_with_iobinding(binding)
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [""])[0][:300]
-            raise IslandError(f"island of {ops} (onnxruntime) failed: "
-                              f"{type(exc).__name__}: {first}") from exc
+            raise _failed(ops, IslandEngine.ONNXRUNTIME, exc) from exc
 
     return run_into
 
