@@ -44,13 +44,19 @@ the same scale; 20 inputs, nchw and nhwc):
 - u8 → u8 resampling on the quantized input (same scale and zero point; the exact Σ w·q,
   rounded half to even on store): max 1 LSB, 98.18 % identical.
 
-Both are under the 99.9 % bar, so linear runs in numpy, bit-exact with the reference: the taps
-come from the reference itself (``linear_taps``) and the kernel evaluates the same float32
-operations in the same order — ``weight = w_last·…·w_first``, ``term = weight·x[corner]``, the
-corners summed left to right — only gathered at once from a channels-last view (the producer
-writes f32 channels-last through ``probe_resize``), with the tables built at compile time. When
-the interpolated axes are not exactly the spatial dims (rank 3, or dims 1-2 of a rank-4 input)
-the reference implementation itself runs.
+Both are under the 99.9 % bar, so linear runs bit-exact with the reference, on a row-major
+(N, spatial..., C) view of channels-last slots (the producer writes f32 channels-last through
+``probe_resize``). The numpy kernel (``LinearKernel``) takes its taps from the reference itself
+(``linear_taps``) and evaluates the same float32 operations in the same order — ``weight =
+w_last·…·w_first``, ``term = weight·x[corner]``, the corners summed left to right — gathered at
+once, with the tables built at compile time. Where onnxruntime's own Resize over that view (its
+channels-last bilinear kernel) gives the same bytes on a compile-time probe over the whole
+tensor, it runs instead, writing the plan's buffer (``ort_linear``): same formula, about 6x
+faster (28x28 → 224x224 on 21 channels, 2 threads: 0.21 against 1.39 ms). It has no
+channels-last trilinear kernel and refuses tf_half_pixel_for_nearest, and its
+half_pixel_symmetric coordinates round differently at some non-integer factors; those keep the
+numpy kernel. When the interpolated axes are not exactly the spatial dims (rank 3, or dims 1-2
+of a rank-4 input) the reference implementation itself runs.
 
 Where no quantization follows (every path from the Resize's output reaches graph outputs
 through float ops only: a segmentation head's final upsampling), those ulps cannot move an
@@ -70,10 +76,12 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
+from onnx import TensorProto, helper, numpy_helper
 
 from qfuse.compiler.lower import unfused
 from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr
@@ -82,9 +90,10 @@ from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.postops import Composed
-from qfuse.ir.ops import ResizeAttrs, ResizeMode
+from qfuse.ir.ops import IslandAttrs, IslandEngine, ResizeAttrs, ResizeMode
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
 from qfuse.runtime.onednn.reference import resampling_linear_taps, resampling_nearest_index
+from qfuse.runtime.reference.ops_island import make_runner_into
 from qfuse.runtime.reference.ops_shape import linear_taps, nearest_indices
 
 log = logging.getLogger(__name__)
@@ -96,6 +105,11 @@ BROADCAST_WEIGHTS_BYTES = 4 << 20
 LINEAR_ONEDNN_NOTE = ("linear {}: oneDNN's resampling_linear (its taps are ONNX's; no "
                       "quantization follows, so float32 rounding differences of a few ulps "
                       "reach only float outputs; not bit-exact)")
+ORT_LINEAR_NOTE = ("linear: onnxruntime's float32 Resize on the (N, spatial..., C) view of "
+                   "the channels-last slots, the reference's formula (bytes equal to the "
+                   "bit-exact numpy kernel's on a probe at compile time)")
+# the single-node model onnxruntime runs (opset 19: half_pixel_symmetric)
+ORT_OPSET, ORT_IR_VERSION = 19, 9
 LINEAR_NOTE = ("linear: oneDNN's resampling_linear rounds differently from ONNX Runtime's "
                "float32 formula (max 3 ulps; 99.57 % of unet's requantized values identical, "
                "under the 99.9 % bar): bit-exact numpy kernel")
@@ -297,9 +311,68 @@ def _lower_linear(ctx: LowerContext, node: Node, note: str) -> None:
     dst_view = ctx.temp(f"{y}@cl", plain_md((out[0], *out[2:], out[1]), DataType.f32))
     ctx.define(y, channels_last(out, DataType.f32), alias=dst_view)
     kernel = LinearKernel(node.attrs, shape)
+    into = ort_linear(node.attrs, shape, kernel, ctx.options.threads)
+    if into is not None:
+        ctx.add_numpy(node.name, into, [src_view], [dst_view],  # type: ignore[arg-type]
+                      ctx.info_for(node, note=ORT_LINEAR_NOTE), kind="onnxruntime", into=True)
+        return
     ctx.add_numpy(node.name, kernel, [src_view], [dst_view],
                   ctx.info_for(node, note=note + " on (N, spatial..., C) views of channels-last "
                                                  "slots"))
+
+
+def _channels_last_model(attrs: ResizeAttrs, shape: tuple[int, ...]) -> bytes:
+    """One ONNX Resize node over the (N, spatial..., C) view: the node's own scales (or
+    sizes) and coordinate mode, with C moved last."""
+    order = (0, *range(2, len(shape)), 1)
+    src = [shape[a] for a in order]
+    dst = [attrs.sizes[a] for a in order]
+    if attrs.scales:
+        inputs = ["x", "", "scales"]
+        given = numpy_helper.from_array(
+            np.array([attrs.scales[a] for a in order], F32), "scales")
+    else:
+        inputs = ["x", "", "", "sizes"]
+        given = numpy_helper.from_array(np.array(dst, np.int64), "sizes")
+    node = helper.make_node("Resize", inputs, ["y"], mode="linear",
+                            coordinate_transformation_mode=attrs.coordinate_transformation_mode)
+    graph = helper.make_graph(
+        [node], "resize", [helper.make_tensor_value_info("x", TensorProto.FLOAT, src)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, dst)], [given])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ORT_OPSET)])
+    model.ir_version = ORT_IR_VERSION
+    return model.SerializeToString()
+
+
+def ort_linear(attrs: ResizeAttrs, shape: tuple[int, ...], kernel: LinearKernel,
+               threads: int | None) -> Callable[[list[np.ndarray], list[np.ndarray]], None] | None:
+    """onnxruntime's Resize writing the numpy kernel's output view (``fn(inputs, outputs)``)
+    when, probed here on seeded random values over the whole tensor, it computes the same
+    bytes; None when it does not or cannot (then the numpy kernel runs).
+
+    The reference is ONNX Runtime's float32 formula (runtime/reference/ops_shape.py), and its
+    channels-last bilinear kernel (upsample.cc, scales 1 on N and C) evaluates the same
+    operations in the same order, about 6x faster than the numpy gathers (28x28 → 224x224 on
+    21 channels: 0.21 against 1.39 ms at 2 threads). The probe keeps that an observed fact of
+    the installed onnxruntime, not an assumption: a version that rounds differently, or has
+    no kernel for the view (a 3-d spatial view), leaves the numpy kernel in place."""
+    island = IslandAttrs(model=_channels_last_model(attrs, shape), ops=("Resize",),
+                         nodes=("Resize",), engine=IslandEngine.ONNXRUNTIME, reason="",
+                         infos=(), dynamic=(False,))
+    probe = np.random.default_rng(0).standard_normal(kernel.src_shape, dtype=F32)
+    view = probe.reshape((shape[0], *shape[2:], shape[1]))
+    expected = kernel([view])[0]
+    got = np.empty_like(expected)
+    try:
+        into = make_runner_into(island, threads=threads)
+        into([view], [got])
+    except Exception as exc:  # an onnxruntime without a kernel (or version) for it
+        log.debug("linear Resize %s: onnxruntime cannot run it: %s", shape, exc)
+        return None
+    if not np.array_equal(got.view(np.uint32), expected.view(np.uint32)):
+        log.debug("linear Resize %s: onnxruntime's bytes differ from the reference's", shape)
+        return None
+    return into
 
 
 class LinearKernel:

@@ -19,7 +19,13 @@ import pytest
 
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower import Plan
-from qfuse.compiler.lower.lower_resize import LINEAR_NOTE, linear_taps_differ
+from qfuse.compiler.lower.lower_resize import (
+    LINEAR_NOTE,
+    ORT_LINEAR_NOTE,
+    LinearKernel,
+    linear_taps_differ,
+    ort_linear,
+)
 from qfuse.examples import zoo
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.ops import ResizeAttrs, ResizeMode
@@ -152,17 +158,54 @@ def test_nearest_reads_the_convolutions_channels_last_output() -> None:
     assert plan.reorders == 0
 
 
+def _assert_exact_linear_kernel(kernel: dict, shape: tuple[int, ...],
+                                ctm: str = "half_pixel") -> None:
+    """A 4-d linear Resize runs onnxruntime's channels-last bilinear kernel (its bytes probed
+    equal to the numpy kernel's at compile time); onnxruntime has no channels-last trilinear
+    one and refuses tf_half_pixel_for_nearest in a linear Resize, so those keep the numpy
+    kernel. Its half_pixel_symmetric coordinates round differently from ONNX's formula at some
+    non-integer factors (probe refused: 9 → 3, 7 → 17), so either kernel may run there."""
+    if ctm == "half_pixel_symmetric" and kernel["primitive"] == "numpy":
+        assert kernel["note"].startswith(LINEAR_NOTE), kernel
+    elif len(shape) == 4 and ctm != "tf_half_pixel_for_nearest":
+        assert kernel["primitive"] == "onnxruntime" and kernel["note"] == ORT_LINEAR_NOTE, kernel
+    else:
+        assert kernel["primitive"] == "numpy" and kernel["note"].startswith(LINEAR_NOTE), kernel
+
+
 @pytest.mark.parametrize("ctm", LINEAR_MODES)
 @pytest.mark.parametrize("shape,out", [((2, 5, 6, 7), (2, 5, 12, 14)),
                                        ((1, 3, 5, 7), (1, 3, 7, 20)),
                                        ((1, 4, 9, 8), (1, 4, 3, 4)),
                                        ((1, 2, 3, 4, 5), (1, 2, 6, 8, 10))])
-def test_linear_numpy_kernel_is_bit_exact(shape: tuple[int, ...], out: tuple[int, ...],
-                                          ctm: str) -> None:
+def test_linear_kernel_is_bit_exact(shape: tuple[int, ...], out: tuple[int, ...],
+                                    ctm: str) -> None:
     plan = _check_exact(_resize_graph(shape, out, DType.F32, ResizeMode.LINEAR, ctm),
                         linear_resampling=False)
-    kernel = _resize_kernel(plan)
-    assert kernel["primitive"] == "numpy" and kernel["note"].startswith(LINEAR_NOTE)
+    _assert_exact_linear_kernel(_resize_kernel(plan), shape, ctm)
+
+
+@pytest.mark.parametrize("ctm", LINEAR_MODES)
+def test_linear_with_scales_given_is_bit_exact(ctm: str) -> None:
+    """Scales given (ONNX maps coordinates with them, not with out / in): 7 → 17 at 2.5."""
+    g = _resize_graph((1, 3, 7, 6), (1, 3, 17, 15), DType.F32, ResizeMode.LINEAR, ctm,
+                      scales=(1.0, 1.0, 2.5, 2.5))
+    _assert_exact_linear_kernel(_resize_kernel(_check_exact(g, linear_resampling=False)),
+                                (1, 3, 7, 6), ctm)
+
+
+def test_onnxruntime_linear_is_refused_when_its_bytes_differ() -> None:
+    """The compile-time probe: given the numpy kernel of another coordinate mode, onnxruntime's
+    Resize computes other bytes, and ``ort_linear`` declines."""
+    shape, out = (1, 4, 6, 5), (1, 4, 12, 10)
+
+    def attrs(ctm: str) -> ResizeAttrs:
+        return ResizeAttrs(ResizeMode.LINEAR, out, (1.0, 1.0, 2.0, 2.0), ctm)
+
+    same = LinearKernel(attrs("half_pixel"), shape)
+    assert ort_linear(attrs("half_pixel"), shape, same, threads=1) is not None
+    other = LinearKernel(attrs("align_corners"), shape)
+    assert ort_linear(attrs("half_pixel"), shape, other, threads=1) is None
 
 
 ONEDNN_LINEAR = {"half_pixel", "pytorch_half_pixel", "half_pixel_symmetric"}
@@ -182,7 +225,7 @@ def test_linear_without_quantization_after_runs_on_onednn(shape: tuple[int, ...]
     want = ref_eval(g, feeds)["y"]
     kernel = _resize_kernel(plan)
     if ctm not in ONEDNN_LINEAR:
-        assert kernel["primitive"] == "numpy" and kernel["note"].startswith(LINEAR_NOTE)
+        _assert_exact_linear_kernel(kernel, shape, ctm)
         resize = g.producer("y")
         assert resize is not None and linear_taps_differ(resize.attrs, shape) is not None
         np.testing.assert_array_equal(got["y"], want)
@@ -195,11 +238,11 @@ def test_linear_without_quantization_after_runs_on_onednn(shape: tuple[int, ...]
 
 def test_linear_resize_to_one_pixel_differs_in_pytorch_half_pixel() -> None:
     """pytorch_half_pixel maps an output of size 1 to source coordinate 0, oneDNN to the
-    centre: the interpolation matrices differ, so the numpy kernel runs."""
+    centre: the interpolation matrices differ, so the exact kernel runs."""
     g = _resize_graph((1, 2, 4, 6), (1, 2, 1, 3), DType.F32, ResizeMode.LINEAR,
                       "pytorch_half_pixel")
     plan = _check_exact(g)
-    assert _resize_kernel(plan)["primitive"] == "numpy"
+    _assert_exact_linear_kernel(_resize_kernel(plan), (1, 2, 4, 6))
 
 
 def test_linear_on_other_axes_runs_the_reference() -> None:
@@ -233,8 +276,8 @@ def test_unet_resizes_in_inspect(unet: dict) -> None:
     kernels = {k["node"]: k for k in info["kernels"] if k["op"] == "Resize"}
     assert kernels["/up2/Resize"]["primitive"] == "resampling"  # nearest asymmetric/floor ×2
     assert kernels["/up2/Resize"]["src_dtype"] == "u8"
-    assert kernels["/up1/Resize"]["primitive"] == "numpy"  # linear half_pixel ×2: why
-    assert kernels["/up1/Resize"]["note"].startswith(LINEAR_NOTE)
+    # linear half_pixel ×2, requantized: onnxruntime's exact kernel (why: the note)
+    _assert_exact_linear_kernel(kernels["/up1/Resize"], (1, 1, 1, 1))
     assert info["numpy_kernels"] == 1 and info["reorders"] == 0
 
 
