@@ -17,10 +17,13 @@ import logging
 import os
 import re
 import stat
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
+import onnx.parser
+from google.protobuf import json_format, text_format
 from google.protobuf.message import DecodeError
 from onnx import TensorProto, helper
 
@@ -35,6 +38,10 @@ logger = logging.getLogger(__name__)
 # OLDEST_OPSET). MAX_OPSET: the newest both the installed onnx and
 # onnxruntime run (max_opset()).
 OLDEST_OPSET, MIN_OPSET = 1, 11
+# what onnx.load raises on bytes that are no model in the format the file's suffix names
+# (.onnx binary protobuf, .json, .textproto / .prototxt, .onnxtxt)
+NOT_A_MODEL = (DecodeError, json_format.Error, text_format.Error, onnx.parser.ParseError,
+               RuntimeError, ValueError)
 
 
 def load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
@@ -47,10 +54,7 @@ def load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
         path = regular_file(model, "model")
         if path.stat().st_size == 0:
             raise MalformedModelError(f"'{path}' is empty, not an ONNX model")
-        try:
-            proto = onnx.load(str(path), load_external_data=False)
-        except (DecodeError, RuntimeError, ValueError) as exc:
-            raise MalformedModelError(f"'{path}' is not an ONNX model: {exc}") from exc
+        proto = read_proto(path, load_external_data=False)
         base = path.resolve().parent
     else:
         raise TypeError(f"import_model takes a ModelProto or a path, not {type(model).__name__}")
@@ -67,6 +71,20 @@ def load(model: onnx.ModelProto | str | os.PathLike) -> onnx.ModelProto:
     logger.debug("loaded model '%s' (opset %d, %d nodes)", proto.graph.name, opset,
                  len(proto.graph.node))
     return proto
+
+
+def read_proto(path: Path, load_external_data: bool = True) -> onnx.ModelProto:
+    """onnx.load, with bytes that are no model in the suffix's format (the module's
+    NOT_A_MODEL) refused in one line naming the file."""
+    try:
+        with warnings.catch_warnings():  # onnx warns that its .onnxtxt parser is experimental
+            warnings.simplefilter("ignore", UserWarning)
+            return onnx.load(str(path), load_external_data=load_external_data)
+    except NOT_A_MODEL as exc:
+        why = exc.args[0] if exc.args else exc
+        why = why.decode(errors="replace") if isinstance(why, bytes) else str(why)
+        first = " ".join(why.split())[:300]
+        raise MalformedModelError(f"'{path}' is not an ONNX model: {first}") from exc
 
 
 def default_opset(proto: onnx.ModelProto) -> int:

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from google.protobuf.message import DecodeError
 
-from qfuse.compiler.errors import InputError, MalformedModelError
+from qfuse.compiler.errors import InputError
 from qfuse.compiler.files import regular_file
+from qfuse.compiler.onnx_import.loading import read_proto
 from qfuse.compiler.quantize import bias_correction
 from qfuse.compiler.quantize import data as calib
 from qfuse.compiler.quantize.collect import ChannelRange, collect, graph_inputs
@@ -59,10 +59,7 @@ def load_model(model: ModelLike) -> onnx.ModelProto:
     if isinstance(model, onnx.ModelProto):
         return model
     path = regular_file(model, "model")
-    try:
-        return onnx.load(str(path))
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise MalformedModelError(f"'{path}' is not an ONNX model: {exc}") from exc
+    return read_proto(path)
 
 
 @dataclass

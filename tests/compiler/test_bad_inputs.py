@@ -83,10 +83,10 @@ def good_x() -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- the model file
-def _bytes_case(id: str, data: bytes, match: str) -> None:
+def _bytes_case(id: str, data: bytes, match: str, name: str = "model.onnx") -> None:
     def make(tmp: Path) -> list[str]:
-        (tmp / "model.onnx").write_bytes(data)
-        return ["compile", str(tmp / "model.onnx")]
+        (tmp / name).write_bytes(data)
+        return ["compile", str(tmp / name)]
     CASES.append(Case(id, make, "error", match))
 
 
@@ -106,6 +106,11 @@ _bytes_case("file_empty_model_proto", onnx.ModelProto().SerializeToString(),
             r"empty|no graph|not an ONNX model|no opset")
 _bytes_case("file_npz_as_model", b"PK\x03\x04" + bytes(200), r"not an ONNX model")
 _bytes_case("file_doubled", VALID + VALID, r"not an ONNX model|rejects|duplicate|more than")
+# onnx.load reads the format the suffix names: JSON and the two text formats have their own
+# parse errors
+_bytes_case("file_json_not_a_model", b'{"a": 1}', r"not an ONNX model", "model.json")
+_bytes_case("file_textproto_not_a_model", b"garbage", r"not an ONNX model", "model.textproto")
+_bytes_case("file_onnxtxt_not_a_model", b"garbage\n", r"not an ONNX model", "model.onnxtxt")
 
 
 @case("model_missing", "error", r"No such file|not found|does not exist")
