@@ -116,6 +116,7 @@ def _qfuse(mode: str, model: Path, threads: int, feeds: dict[str, np.ndarray], *
         impls = Counter(k.impl for k in kernels)
         info = {"kernels": len(kernels), "reorders": compiled.plan.reorders,
                 "numpy_kernels": impls.get("numpy", 0),
+                "onnxruntime_kernels": impls.get("onnxruntime", 0),
                 "ref_kernels": sum(c for i, c in impls.items() if i.startswith("ref")),
                 "impls": dict(impls.most_common())}
     return Engine(label or mode, run, outputs, seconds, info, compiled)
@@ -276,6 +277,8 @@ def engine_note(engine: Engine) -> str:
         note = f"{info['kernels']} kernels, {info['reorders']} reorders"
         if info["ref_kernels"] or info["numpy_kernels"]:
             note += f", {info['ref_kernels']} ref, {info['numpy_kernels']} numpy"
+        if info["onnxruntime_kernels"]:
+            note += f", {info['onnxruntime_kernels']} onnxruntime"
         return note
     if engine.name == "onnxruntime":
         return f"ort {info.get('version')}"

@@ -75,7 +75,9 @@ class KernelInfo:
 @dataclass(frozen=True)
 class Kernel:
     name: str
-    kind: str  # oneDNN primitive kind ("convolution", "reorder", ...) or "numpy"
+    # oneDNN primitive kind ("convolution", "reorder", ...), or "numpy", "island" or
+    # "onnxruntime" (a single op onnxruntime computes, as lower_resize's linear Resize)
+    kind: str
     reads: list[str]
     writes: list[str]
     primitive: Primitive | None = None
@@ -88,7 +90,9 @@ class Kernel:
 
     @property
     def impl(self) -> str:
-        return "numpy" if self.primitive is None else self.primitive.impl_name
+        if self.primitive is not None:
+            return self.primitive.impl_name
+        return "onnxruntime" if self.kind == "onnxruntime" else "numpy"
 
 
 @dataclass(frozen=True)
@@ -240,7 +244,7 @@ class Plan:
             "kernels": kernels,
             "reorders": self.reorders,
             "io_reorders": self.io_reorders,
-            "numpy_kernels": sum(k.primitive is None for k in self.kernels),
+            "numpy_kernels": sum(k.impl == "numpy" for k in self.kernels),
             "buffers": {
                 "count": self.distinct_buffers(),
                 "bytes": sum(self.buffers.sizes),
