@@ -167,7 +167,7 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     attr = PrimitiveAttr()
     attr.set_post_ops(posts)
     same = md_like(src_md, dtype) or plain_md(src_md.dims, dtype)
-    want = preferred_md(ctx, y, dtype, src_md)
+    want = same if _read_by_reorders(ctx, y) else preferred_md(ctx, y, dtype, src_md)
     out = ctx.define(y, want)
     target = out if want == same else ctx.temp(f"{y}@{same.dtype.name}", same)
     pd = binary(alg, src_md, src1_md, same, attr=attr)
@@ -183,6 +183,16 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
         at_input = src_value in ctx.graph.inputs
         ctx.add_reorder(target, out, role="io" if at_input else "reorder",
                         note=f"'{y}' laid out for its reader")
+
+
+def _read_by_reorders(ctx: LowerContext, value: str) -> bool:
+    """Whether only dequantizes read ``value`` (a Q → DQ pair a float op and a graph output
+    sandwich): their reorder reads any layout, so a quantize writing ``value`` in its
+    source's layout saves the int → int reorder to the layout their outputs prefer (LRASPP's
+    224x224 output: u8 channels-last → nchw, 0.13 ms of 2.6)."""
+    readers = ctx.graph.consumers(value)
+    return bool(readers) and not ctx.is_output(value) and all(
+        r.op is Op.DEQUANTIZE_LINEAR and r.fused is None for r, _ in readers)
 
 
 def _reorder(ctx: LowerContext, node: Node, src_value: str, src: QuantSide | None,

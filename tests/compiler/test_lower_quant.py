@@ -221,3 +221,32 @@ def test_per_channel_dequantize_into_quantizes_is_one_binary_each(dtype: DType) 
     want = np.clip(np.rint(x / F32(0.043)) + 7, 0, 255).astype(np.uint8)
     np.testing.assert_array_equal(out["r"], want)
     np.testing.assert_array_equal(out["r"], ref_eval(g, {"q": q})["r"])
+
+
+def test_quantize_read_only_by_a_dequantize_keeps_its_source_layout() -> None:
+    """A Q → DQ pair after a float op writing channels-last (the linear Resize of a QDQ
+    segmentation head, before the graph output): the quantize writes u8 channels-last and the
+    dequantize's reorder writes the row-major f32 output from it, no u8 reorder between them;
+    bit-exact."""
+    from qfuse.ir.ops import ResizeAttrs, ResizeMode
+
+    shape, out = (1, 5, 6, 7), (1, 5, 12, 14)
+    g = Graph("q_dq_after_resize")
+    g.add_input("x", TensorInfo(shape, DType.F32))
+    g.add_node(Op.RESIZE, ["x"], ["r"],
+               ResizeAttrs(ResizeMode.LINEAR, out, (1.0, 1.0, 2.0, 2.0), "half_pixel"),
+               infos=[TensorInfo(out, DType.F32)])
+    g.add_node(Op.QUANTIZE_LINEAR, ["r", g.add_constant("q_s", F32(0.0257)).name,
+                                    g.add_constant("q_z", np.array(118, np.uint8)).name],
+               ["q"], QuantizeAttrs(U8, 1), name="q_q", infos=[TensorInfo(out, U8)])
+    _dq_node(g, "q", "y", 0.0257, 118)
+    g.outputs.append("y")
+    x = np.random.default_rng(8).standard_normal(shape).astype(F32)
+    got, plan = run_plan(g, {"x": x})
+    np.testing.assert_array_equal(got["y"], ref_eval(g, {"x": x})["y"])
+    kernels = {k["node"]: k for k in plan.inspect()["kernels"]}
+    assert "strides=(840, 1, 70, 5)" in kernels["q_q"]["dst_layouts"][0], kernels["q_q"]
+    assert kernels["dq_y"]["src_layouts"] == kernels["q_q"]["dst_layouts"]
+    assert kernels["dq_y"]["dst_layouts"] == ["f32 (1, 5, 12, 14) strides=(840, 168, 14, 1)"]
+    assert not any(k["primitive"] == "reorder" and k["src_dtype"] == k["dst_dtype"] == "u8"
+                   for k in kernels.values()), kernels
