@@ -112,6 +112,21 @@ def ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[st
     return dict(zip(names, session.run(None, feeds), strict=True))
 
 
+def _reach(d_up: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The elements of a downstream tensor of ``shape`` that a near tie of an absorbed
+    upstream quantizer (its distances ``d_up``) may have moved: of the same shape, its own
+    positions and every line along one axis through them (an op that mixes one axis:
+    Softmax, ...); through an op that changes the shape (a grouped convolution's channels),
+    all of them if it has any near tie."""
+    hot = d_up < TIE_EPS
+    if d_up.shape != tuple(shape):
+        return np.full(shape, bool(np.any(hot)))
+    near = hot.copy()
+    for axis in range(hot.ndim):
+        near |= np.any(hot, axis=axis, keepdims=True)
+    return near
+
+
 def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
                      fused: Any) -> tuple[str, bool, float]:
     """(name, is_tie, tie distance) of the first QuantizeLinear output where fused and
@@ -156,15 +171,9 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
             if up.outputs[0] in got or not graph.reaches(up, node):
                 continue
             d_up = steps(up)
-            if d_up.shape == distance.shape:
-                hot = d_up < TIE_EPS
-                near_up |= hot
-                for axis in range(hot.ndim):  # an op that mixes one axis (Softmax, ...)
-                    near_up |= np.any(hot, axis=axis, keepdims=True)
-                distance = np.minimum(distance, d_up)
-            elif np.any(d_up < TIE_EPS):
-                near_up |= True
-                distance = np.minimum(distance, float(d_up.min()))
+            near_up |= _reach(d_up, distance.shape)
+            distance = np.minimum(distance, d_up if d_up.shape == distance.shape
+                                  else float(d_up.min()))
         # one step here, or any number of steps grown inside the fused chain from a tie of
         # an absorbed quantizer (its step times the scales between)
         one_step = np.abs(ref - ours) <= 1
@@ -187,12 +196,9 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
             if up.outputs[0] in got or not graph.reaches(up, producer):
                 continue
             d_up = steps(up)
-            if d_up.shape == differ.shape:
-                near_up |= d_up < TIE_EPS
-                distance = np.minimum(distance, d_up)
-            elif np.any(d_up < TIE_EPS):  # through an op that changes the shape (a grouped
-                near_up |= True            # convolution's channels), as in the loop above
-                distance = np.minimum(distance, float(d_up.min()))
+            near_up |= _reach(d_up, differ.shape)
+            distance = np.minimum(distance, d_up if d_up.shape == differ.shape
+                                  else float(d_up.min()))
         if np.any(near_up):
             return f"{name} (absorbed quantizers)", bool(np.all(near_up[differ])), float(
                 np.max(distance[differ]))

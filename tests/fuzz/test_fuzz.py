@@ -17,7 +17,16 @@ import onnx
 import pytest
 
 from tests.fuzz.generator import Spec, float_model, quantized_model, random_spec, fuzz_inputs
-from tests.fuzz.harness import Result, lsb_class, output_steps, run_model, run_spec, steps_apart
+from tests.fuzz.harness import (
+    TIE_EPS,
+    Result,
+    _reach,
+    lsb_class,
+    output_steps,
+    run_model,
+    run_spec,
+    steps_apart,
+)
 from tests.fuzz.minimize import minimize
 
 FAST_SEEDS = 60
@@ -86,6 +95,26 @@ def test_harness_measures_steps_and_classes() -> None:
     assert steps_apart(a, a[:2], 0.25) == np.inf
     assert Result(0, "", "worse").failed and not Result(0, "", "worse", tie=True).failed
     assert not Result(0, "", "le1").failed and Result(0, "", "compile").failed
+
+
+def test_a_near_tie_reaches_its_lines_along_each_axis() -> None:
+    """An absorbed quantizer's near tie may move its own position downstream and, through an
+    op that mixes one axis (Softmax), every element on a line through it."""
+    d = np.full((1, 3, 4), 0.3)
+    d[0, 1, 2] = TIE_EPS / 2
+    near = _reach(d, (1, 3, 4))
+    assert near[0, 1].all() and near[0, :, 2].all() and near.sum() == 6
+    assert _reach(d, (1, 6, 2)).all() and not _reach(np.full((2, 2), 0.3), (4,)).any()
+
+
+def test_a_tie_spread_by_softmax_after_absorbed_quantizers_is_a_tie() -> None:
+    """Seed 136000 (AveragePool → AveragePool → Softmax → Clip): where the second pool's
+    average is an exact half step (x/s = 0.5000001), that absorbed quantizer may round either
+    way, and the Softmax spreads it along its row to the output; no quantizer between is
+    materialized. Counted as a tie (or exact where the plan rounds as the reference)."""
+    r = run_spec(random_spec(136000))
+    _check(r)
+    assert r.cls == "exact" or r.tie, r
 
 
 def test_output_steps_read_the_producing_dequantize() -> None:
