@@ -9,6 +9,9 @@ from typing import Any
 
 from qfuse.compiler.cli_output import emit
 
+# op types and reasons an island's text lines list one by one; more are summarized
+ISLAND_TEXT_ITEMS = 8
+
 
 def _compile(args: argparse.Namespace) -> tuple[Any, float]:
     from qfuse.compiler.api import compile_model
@@ -112,9 +115,26 @@ def format_inspect(info: dict[str, Any]) -> str:
     lines.append(f"float islands ({len(info.get('islands', []))}):")
     for island in info.get("islands", []):
         lines.append(f"  {island['name']} on {island['engine']}: {len(island['nodes'])} ONNX "
-                     f"node(s), ops {', '.join(island['ops'])}")
-        lines.append(f"    why: {island['reason']}")
+                     f"node(s), ops {_ops_text(island['ops'])}")
+        lines.append(f"    why: {_reasons_text(island['reason'])}")
     return "\n".join(lines)
+
+
+def _ops_text(ops: list[str]) -> str:
+    """An island's op types in order, or with counts when there are many (a detector's
+    post-processing island holds a thousand nodes)."""
+    if len(ops) <= ISLAND_TEXT_ITEMS:
+        return ", ".join(ops)
+    return ", ".join(op if n == 1 else f"{op} ×{n}" for op, n in Counter(ops).most_common())
+
+
+def _reasons_text(reason: str) -> str:
+    """An island's reasons ("; "-joined), the first few of many (``--json`` has them all)."""
+    parts = reason.split("; ")
+    if len(parts) <= ISLAND_TEXT_ITEMS:
+        return reason
+    return "; ".join(parts[:ISLAND_TEXT_ITEMS]) + (
+        f"; and {len(parts) - ISLAND_TEXT_ITEMS} more (--json lists them)")
 
 
 def main_inspect(args: argparse.Namespace) -> int:

@@ -195,3 +195,20 @@ def test_a_symbolic_dim_left_unfixed_is_named() -> None:
                                                     r"--input-shape x=1xNx4"):
         compile_model(m)
     assert compile_model(m, input_shapes={"x": (1, 5, 4)}).graph.info("y").shape == (1, 5, 4)
+
+
+def test_inspect_text_summarizes_a_large_island() -> None:
+    """A detector's post-processing island holds a thousand nodes and as many reasons: the
+    text counts its ops and lists the first reasons (JSON keeps every one)."""
+    from qfuse.compiler.cli_inspect import ISLAND_TEXT_ITEMS, format_inspect
+
+    ops = ["NonZero", "Gather"] * 10 + ["TopK"]
+    reasons = [f"reads 'v{i}', whose shape is known only at run time" for i in range(12)]
+    info = {"kernels": [], "mode": "fused", "cpu_isa": "any", "reorders": 0, "io_reorders": 0,
+            "in_place_sums": 0, "numpy_kernels": 0, "concats": [],
+            "not_fused": [], "islands": [{"name": "post", "engine": "onnxruntime",
+                                          "nodes": [f"n{i}" for i in range(21)], "ops": ops,
+                                          "reason": "; ".join(reasons)}]}
+    text = format_inspect(info).split("float islands (1):\n")[1]
+    assert "21 ONNX node(s), ops NonZero ×10, Gather ×10, TopK\n" in text
+    assert "v7" in text and "v8" not in text and f"; and {12 - ISLAND_TEXT_ITEMS} more" in text
