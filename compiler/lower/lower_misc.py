@@ -427,7 +427,8 @@ def _strided_source(ctx: LowerContext, x: str) -> str:
 
 def _views(ctx: LowerContext, node: Node, source: str,
            parts: list[tuple[tuple[int, ...], tuple[int, ...], int]]) -> None:
-    """One reorder per output from a view (dims, element strides, element offset)."""
+    """Per output a view (dims, element strides, element offset) of the source: the output
+    itself when the view is one contiguous run, else one reorder from it."""
     md = ctx.slots[source].md
     itemsize = md.numpy_dtype.itemsize
     try:
@@ -436,6 +437,15 @@ def _views(ctx: LowerContext, node: Node, source: str,
         lower_numpy(ctx, node, note="the selection is not a oneDNN strided layout")
         return
     for value, view_md, (dims, _, offset) in zip(node.outputs, views, parts, strict=True):
+        dense = dense_in_order(view_md, dims)
+        if same_bytes(view_md, dense) and not ctx.is_output(value):
+            # one contiguous run of the source (attention's q, k or v picked from the
+            # stacked qkv, a leading-axis Split): the output is the view itself, no copy,
+            # described densely (the source's strides of size-1 dims would reach readers
+            # that compare them: oneDNN's jit binary, docs/onednn.md)
+            ctx.home[value] = ctx.temp(f"{value}@view", dense, alias=source,
+                                       offset=offset * itemsize)
+            continue
         view = ctx.temp(f"{value}@view", view_md, alias=source, offset=offset * itemsize)
         wanted = ctx.preferred(value, md.dtype)
         out = ctx.define(value, wanted if wanted is not None and wanted.is_plain

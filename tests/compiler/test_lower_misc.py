@@ -371,3 +371,35 @@ def test_a_source_equal_but_for_size_one_strides_is_a_view_with_the_strides_aske
     assert view != home and ctx.slots[view].alias == home
     assert ctx.slots[view].md.strides == plain.strides and not ctx.kernels
     assert ctx.source("x", plain) == view and ctx.source("x", acdb) == home
+
+
+def test_a_contiguous_slice_is_a_view_and_reads_right_downstream() -> None:
+    """YOLOv8's box decoding: an int8 (1, 4, N) tensor split into rows 0:2 and 2:4 (one
+    contiguous run each), each dequantized and subtracted from / added to constant anchors.
+    The Slices are views of the tensor (no kernel); bit-exact. The views are described with
+    dense strides: the source's stride of its size-1 dim reached the dequantize's output and
+    the Sub's oneDNN binary then computed row 1 wrong (YOLOv8n's outputs at cosine 0.96, while
+    this model's own kernels were right: the descriptor is what differed)."""
+    from qfuse.ir import QuantParams
+    from qfuse.ir.ops import DequantizeAttrs
+
+    n = 2100
+    g = Graph("box_decode")
+    g.add_input("q", TensorInfo((1, 4, n), DType.U8, QuantParams.make(0.05, 0)))
+    g.add_node(Op.RELU, ["q"], ["r"], infos=[TensorInfo((1, 4, n), DType.U8)])
+    anchors = g.add_constant("anchors", RNG.standard_normal((1, 2, n)).astype(F32) * 40).name
+    g.add_constant("s", np.array(0.05, F32))
+    g.add_constant("z", np.array(0, np.uint8))
+    for i, (op, out) in enumerate(((Op.SUB, "lt"), (Op.ADD, "rb"))):
+        g.add_node(Op.SLICE, ["r"], [f"part{i}"], SliceAttrs((2 * i,), (2 * i + 2,), (1,), (1,)),
+                   name=f"slice{i}", infos=[TensorInfo((1, 2, n), DType.U8)])
+        g.add_node(Op.DEQUANTIZE_LINEAR, [f"part{i}", "s", "z"], [f"d{i}"], DequantizeAttrs(1),
+                   infos=[TensorInfo((1, 2, n), DType.F32)])
+        g.add_node(op, [anchors, f"d{i}"], [out], infos=[TensorInfo((1, 2, n), DType.F32)])
+        g.outputs.append(out)
+    feeds = {"q": random_int(RNG, (1, 4, n), DType.U8)}
+    out, plan = run_plan(g, feeds)
+    ref = ref_eval(g, feeds)
+    for name in g.outputs:
+        np.testing.assert_array_equal(out[name], ref[name])
+    assert not [k for k in plan.kernels if k.info.node in ("slice0", "slice1")]
