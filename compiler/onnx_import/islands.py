@@ -200,24 +200,26 @@ def reads_dynamic(ctx: Context, node: NodeView) -> str | None:
 
 # ------------------------------------------------------------------------------ merging
 def merge(graph: Graph) -> int:
-    """Join connected islands into maximal ones (module docstring); returns the merges."""
+    """Join connected islands into maximal ones (module docstring); returns the merges.
+
+    Each pass visits the islands in topological order and joins each with its mergeable
+    island readers until it has none (the joined island keeps its name); passes repeat until
+    one joins nothing. One topological sort per pass, not per join: torchvision's SSDlite
+    post-processing (1556 nodes in one island) took 41 s to import with a sort per join."""
     merged = 0
     changed = True
     while changed:
         changed = False
-        for node in graph.topo_order():
-            if node.op is not Op.ISLAND or not graph.has_node(node.name):
-                continue
-            for out in node.outputs:
-                readers = [r for r, _ in graph.consumers(out) if r.op is Op.ISLAND]
-                target = next((r for r in readers if _mergeable(graph, node, r)), None)
-                if target is not None:
-                    _join(graph, node, target)
-                    merged += 1
-                    changed = True
+        for name in [n.name for n in graph.topo_order() if n.op is Op.ISLAND]:
+            while graph.has_node(name):
+                node = graph.node(name)
+                target = next((r for out in node.outputs for r, _ in graph.consumers(out)
+                               if r.op is Op.ISLAND and _mergeable(graph, node, r)), None)
+                if target is None:
                     break
-            if changed:
-                break
+                _join(graph, node, target)
+                merged += 1
+                changed = True
     return merged
 
 
