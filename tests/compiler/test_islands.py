@@ -36,6 +36,21 @@ def test_connected_islands_merge_native_nodes_split_them() -> None:
     assert [n.op for n in g] == [Op.ISLAND, Op.RELU, Op.ISLAND]
 
 
+def test_a_long_chain_of_islands_merges_with_one_sort_per_pass(monkeypatch) -> None:
+    """60 island ops in a row join into one island, sorting the graph once per merging pass
+    (two: one that joins, one that finds nothing), not once per join (a detector's
+    post-processing holds thousands of island nodes)."""
+    from qfuse.ir.graph import Graph
+
+    sorts = []
+    topo_order = Graph.topo_order
+    monkeypatch.setattr(Graph, "topo_order", lambda g: sorts.append(1) or topo_order(g))
+    ops = ["Erf", "Sin", "Cos"] * 20
+    g = import_model(model(_chain(ops), {"x": ([2, 3], FLOAT)}, ["y"]))
+    assert [n.op for n in g] == [Op.ISLAND] and islands(g)[0].attrs.ops == tuple(ops)
+    assert len(sorts) < 10, len(sorts)
+
+
 def test_islands_joined_through_a_native_node_stay_apart() -> None:
     # a = Erf(x); b = Relu(a); y = Add(Sin(a), b) with Add native: Erf and Sin both islands,
     # joined directly (a → Sin) and through Relu; merging them would need Relu inside.
