@@ -2,9 +2,11 @@
 
 ONNX Q/DQ: ``q = saturate(round_half_even(x / s) + zp)``, ``x' = (q - zp) · s``. Accepted:
 u8/s8 (and s32 for DequantizeLinear, ONNX Runtime's bias), per tensor or per axis, scale a
-float32 constant that is finite and > 0, zero point a constant of the quantized type within
+float32 constant that is > 0 (not NaN), zero point a constant of the quantized type within
 its range. A scale outside [MIN_SCALE, MAX_SCALE] is valid ONNX that qfuse's kernels cannot
-compute exactly: that node runs as a float island (onnxruntime). ``saturate`` (opset 19+)
+compute exactly: that node runs as a float island (onnxruntime). That includes +inf, which
+onnxruntime's quantize_static writes for a tensor holding -inf (a GPT-style causal mask
+`Where(cond, 0, -inf)`): its DequantizeLinear gives what onnxruntime gives. ``saturate`` (opset 19+)
 only concerns float8 types and is ignored. Blocked quantization (opset 21 ``block_size``),
 16-bit, 4-bit and float8 types are refused.
 
@@ -102,11 +104,12 @@ def _params(ctx: Context, node: NodeView, x: TensorInfo, *, kernel_scale: bool =
     if scale.ndim > 1 or scale.size == 0:
         raise ctx.malformed(node, f"scale of shape {scale.shape}: ONNX wants a scalar or a "
                                   f"non-empty 1-D per-axis scale")
-    if not np.all(np.isfinite(scale)):
-        raise ctx.malformed(node, f"scale must be finite, got {_show(scale)}")
+    if np.any(np.isnan(scale)):
+        raise ctx.malformed(node, f"scale must be a number, got {_show(scale)}")
     if np.any(scale <= 0):
         raise ctx.malformed(node, f"scale must be > 0, got {_show(scale)}")
-    if kernel_scale and (np.any(scale < MIN_SCALE) or np.any(scale > MAX_SCALE)):
+    # +inf too: quantize_static writes it for a tensor holding -inf (a causal attention mask)
+    if np.any(scale > MAX_SCALE) or (kernel_scale and np.any(scale < MIN_SCALE)):
         bad = float(scale.min()) if np.any(scale < MIN_SCALE) else float(scale.max())
         raise ctx.unsupported(node, f"scale {bad:.3g} is outside the range qfuse computes "
                                     f"exactly, [{MIN_SCALE:.3g}, {MAX_SCALE:.3g}]")

@@ -31,6 +31,7 @@ from onnx import helper, numpy_helper
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import.context import ONNX_TO_DTYPE, Context, NodeView, onnx_type_name
 from qfuse.ir.graph import Graph, Node
+from qfuse.ir.limits import limits
 from qfuse.ir.ops import IslandAttrs, IslandEngine, Op
 from qfuse.ir.types import DType, TensorInfo
 
@@ -76,12 +77,44 @@ def _add(ctx: Context, node: NodeView, reason: str) -> None:
     for name in outputs:
         if name in ctx.graph.values or name in ctx.consts:
             raise ctx.malformed(node, f"output '{name}' is already defined")
+    if (not inputs and node.op_type not in NONDETERMINISTIC and not any(dynamic)
+            and all(i.size * i.dtype.np.itemsize <= limits().max_tensor_bytes
+                    for i in out_infos)):
+        values = _evaluate_once(model, outputs)
+        if values is not None:  # every input a constant: the outputs are constants too
+            for name, value in zip(outputs, values, strict=True):
+                ctx.set_const(name, value)
+            logger.info("node %s (%s) reads only constants: folded by onnxruntime",
+                        node, reason)
+            return
     attrs = IslandAttrs(model.SerializeToString(), (node.op_type,), tuple(node.origin),
                         _PENDING, reason, tuple(out_infos), tuple(dynamic))
     ir_node = ctx.graph.add_node(Op.ISLAND, inputs, outputs, attrs, name=node.name,
                                  infos=out_infos, origin=node.origin)
     ctx.dynamic.update(o for o, d in zip(ir_node.outputs, dynamic, strict=True) if d)
     logger.info("node %s runs in a float island: %s", node, reason)
+
+
+# ops whose outputs differ from run to run (unseeded): never folded into constants
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
+                              "RandomUniformLike", "Multinomial", "Bernoulli"})
+
+
+def _evaluate_once(model: onnx.ModelProto, outputs: list[str]) -> list[np.ndarray] | None:
+    """The outputs of a one-node island that reads only constants, computed once by
+    onnxruntime (as the island would compute them on every run; the reference interpreter
+    runs islands there too): a DequantizeLinear of a constant whose +inf scale qfuse's
+    kernels cannot take (quantize_static's causal attention mask). None if onnxruntime
+    cannot run it (the island stays, its engine chosen later). The caller checks the
+    outputs' declared sizes against the tensor limit first."""
+    from qfuse.runtime.reference.ops_island import ort_session
+
+    try:
+        values = ort_session(model.SerializeToString()).run(outputs, {})
+    except Exception as exc:  # noqa: BLE001 (onnxruntime refuses: the island decides later)
+        logger.debug("constant island not folded: %s", _first_line(exc))
+        return None
+    return [np.asarray(v) for v in values]
 
 
 def _outer_names(proto: onnx.NodeProto) -> set[str]:

@@ -133,7 +133,9 @@ def _exp_avx512f(shifted: np.ndarray) -> np.ndarray:
     shifted = np.maximum(shifted, F32(-103.9720840454))
     r = fma32(shifted, _LOG2E, _ROUNDING_BIAS) - _ROUNDING_BIAS
     reduced = fma32(r, _LN2_LO, fma32(r, _LN2_HI, shifted))
-    return np.ldexp(_horner(_EXP_POLY, reduced), r.astype(np.int32)).astype(F32)
+    with np.errstate(invalid="ignore"):  # NaN in, NaN out (its exponent is never used)
+        exponent = r.astype(np.int32)
+    return np.ldexp(_horner(_EXP_POLY, reduced), exponent).astype(F32)
 
 
 def _exp_fma3(shifted: np.ndarray) -> np.ndarray:

@@ -227,3 +227,29 @@ def test_inspect_text_summarizes_a_large_island() -> None:
     text = format_inspect(info).split("float islands (1):\n")[1]
     assert "21 ONNX node(s), ops NonZero ×10, Gather ×10, TopK\n" in text
     assert "v7" in text and "v8" not in text and f"; and {12 - ISLAND_TEXT_ITEMS} more" in text
+
+
+def test_an_island_reading_only_constants_is_computed_at_import() -> None:
+    """quantize_static's causal mask: DequantizeLinear(q, +inf) of a constant, added to the
+    scores, whose quantizer (scale +inf as well) runs as an island. The mask's dequantize reads
+    only constants: computed once by onnxruntime at import, no island of its own. Fused,
+    reference and onnxruntime agree bit for bit (the NaN of 0·inf reaches a u8 quantizer)."""
+    inf = np.float32(np.inf)
+    nodes = [helper.make_node("DequantizeLinear", ["mq", "ms", "mz"], ["mask"], name="mask_dq"),
+             helper.make_node("Add", ["x", "mask"], ["s"], name="add"),
+             helper.make_node("QuantizeLinear", ["s", "ss", "sz"], ["sq"], name="s_q"),
+             helper.make_node("DequantizeLinear", ["sq", "ss", "sz"], ["sd"], name="s_dq"),
+             helper.make_node("Softmax", ["sd"], ["p"], name="softmax", axis=-1),
+             helper.make_node("QuantizeLinear", ["p", "ps", "pz"], ["pq"], name="p_q"),
+             helper.make_node("DequantizeLinear", ["pq", "ps", "pz"], ["y"], name="p_dq")]
+    inits = [init("mq", np.zeros((8, 8), np.uint8)), init("ms", np.array(inf)),
+             init("mz", np.array(0, np.uint8)), init("ss", np.array(inf)),
+             init("sz", np.array(0, np.uint8)), init("ps", np.array(1 / 255, F)),
+             init("pz", np.array(0, np.uint8))]
+    m = model(nodes, {"x": ([1, 8, 8], FLOAT)}, ["y"], inits)
+    g = import_model(m)
+    assert [i.attrs.ops for i in islands(g)] == [("QuantizeLinear", "DequantizeLinear")]
+    x = np.random.default_rng(3).standard_normal((1, 8, 8)).astype(F)
+    want = run_ort(m, {"x": x})[0]
+    for mode in ("fused", "reference"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode).run({"x": x})["y"], want)
