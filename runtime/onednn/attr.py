@@ -113,7 +113,6 @@ class PostOps(Native):
         if alg not in BINARY_ALGS:
             raise ValueError(f"{alg!r} is not a binary algorithm")
         self._room()
-        src1_md = src1_md.canonical()  # as binary() takes its operands (MemoryDesc.canonical)
         check(C.dnnl_post_ops_append_binary(self.handle, alg, src1_md.handle),
               "dnnl_post_ops_append_binary", f"{Alg(alg).name} src1={src1_md.describe()}")
         self._records.append(PostOpRecord("binary", Alg(alg), src1_md=src1_md))

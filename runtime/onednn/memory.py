@@ -249,7 +249,8 @@ class MemoryDesc(Native):
         a slice of (1, 4, 2100) whose leading stride is 8400) it computes every row after the
         first wrong, silently, and the cache then hands that kernel to later binaries of the
         same shape (tests/runtime/test_onednn_f32.py). Non-plain descriptors are returned as
-        they are."""
+        they are. Not applied to binary post-op operands: a single pixel's per-channel operand
+        stays jit only in the dst's own strides (compiler/lower/attrs.py)."""
         if not self.is_plain:
             return self
         dims, strides = self.dims, list(self.strides or ())
