@@ -27,6 +27,7 @@ from qfuse.passes import (
     gemm_to_matmul,
     merge_duplicates,
     move_dequantize,
+    patch_conv,
     propagate_dequantize,
     qdq_to_fake_quantize,
     signed_matmul_weights,
@@ -85,6 +86,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # an int8 MatMul of one row (a classifier head at batch 1) as a 1x1 convolution: its
     # weights reordered once, where oneDNN's GEMM matmul packs them on every call
     ("vector_matmul_as_conv", vector_matmul_as_conv.run),
+    # an int8 conv whose kernel tiles an image of few channels (a patch embedding) as a 1x1
+    # conv over the patches: oneDNN's kernels for 3 input channels are slow
+    ("patch_conv", patch_conv.run),
     # a 1x1 conv with strides reads a strided Slice (oneDNN's own copy for it goes wrong);
     # last, so the Slice changes no fusion decision (nodes are visited in topological order)
     ("strided_pointwise_conv", strided_pointwise_conv.run),

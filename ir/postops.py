@@ -50,6 +50,7 @@ OPTIMIZATIONS = (
     "unsigned_activations",
     "flatten_matmul_rows",
     "vector_matmul_as_conv",
+    "patch_conv",
     "deconv_as_depth_to_space",
     "linear_resampling",
 )
