@@ -240,27 +240,23 @@ class MemoryDesc(Native):
               "dnnl_memory_desc_query", "submemory_offset_s64")
         return padded == self.dims and offset.value == 0
 
-    def canonical(self) -> MemoryDesc:
-        """This layout with the stride of every size-1 dim set to what a dense format tag
-        gives it: the extent of the larger dims after it (``max(stride·dim)`` over them), 1
-        if none. No address changes (a size-1 dim has only index 0). oneDNN's descriptor
+    def size1_strides_of(self, other: MemoryDesc) -> MemoryDesc:
+        """This layout with the stride of every size-1 dim taken from ``other`` (of the same
+        dims): no address changes (a size-1 dim has only index 0). oneDNN's descriptor
         equality, and so its primitive cache key, ignores those strides, but oneDNN 3.2's jit
-        binary reads them: with src0 and src1 differing in one (a row-major (1, 2, 2100) beside
-        a slice of (1, 4, 2100) whose leading stride is 8400) it computes every row after the
-        first wrong, silently, and the cache then hands that kernel to later binaries of the
-        same shape (tests/runtime/test_onednn_f32.py). Non-plain descriptors are returned as
-        they are. Not applied to binary post-op operands: a single pixel's per-channel operand
-        stays jit only in the dst's own strides (compiler/lower/attrs.py)."""
-        if not self.is_plain:
+        binary reads them: with src0 and src1 differing in one (a row-major (1, 2, 2100)
+        beside a slice of (1, 4, 2100) whose leading stride is 8400) it computes every row
+        after the first wrong, silently, and the cache then hands that kernel to later
+        binaries of the same key (tests/runtime/test_onednn_f32.py). ``self`` when either is
+        not plain, the dims differ, or nothing changes."""
+        if not (self.is_plain and other.is_plain) or self.dims != other.dims:
             return self
-        dims, strides = self.dims, list(self.strides or ())
-        for i, d in enumerate(dims):
-            if d == 1:
-                strides[i] = max((strides[k] * dims[k] for k in range(i + 1, len(dims))
-                                  if dims[k] > 1), default=1)
-        if tuple(strides) == self.strides:
+        mine, theirs = self.strides or (), other.strides or ()
+        strides = tuple(t if d == 1 else m for d, m, t in zip(self.dims, mine, theirs,
+                                                                 strict=True))
+        if strides == mine:
             return self
-        return MemoryDesc.from_strides(dims, self.dtype, tuple(strides))
+        return MemoryDesc.from_strides(self.dims, self.dtype, strides)
 
     @property
     def numpy_dtype(self) -> np.dtype[Any]:

@@ -193,16 +193,17 @@ def eltwise(alg: Alg, src: MemoryDesc, dst: MemoryDesc | None = None, *, alpha: 
 
 def binary(alg: Alg, src0: MemoryDesc, src1: MemoryDesc, dst: MemoryDesc, *,
            attr: PrimitiveAttr | None = None, engine: Engine | None = None,
-           canonical: bool = True) -> PrimitiveDesc:
-    """dst = alg(src0, src1), src1 broadcast along its size-1 dims. The descriptors are
-    taken with canonical size-1 strides (``MemoryDesc.canonical``: oneDNN 3.2's jit binary
-    computes wrong when they differ between operands); a memory of the given descriptor
-    still binds (oneDNN calls the two equal). ``canonical=False`` passes them as given (the
-    test that measures the pitfall)."""
+           align: bool = True) -> PrimitiveDesc:
+    """dst = alg(src0, src1), src1 broadcast along its size-1 dims. A full-size src1 is taken
+    with src0's strides on its size-1 dims (``MemoryDesc.size1_strides_of``: oneDNN 3.2's jit
+    binary computes wrong when they differ); a memory of the given descriptor still binds
+    (oneDNN calls the two equal). src0 and dst are left as given: a single pixel's
+    per-channel post-op operand is right only in the dst's own strides (compiler/lower/
+    attrs.py). ``align=False`` passes src1 as given (the test that measures the pitfall)."""
     attr = attr or PrimitiveAttr()
     engine = engine or default_engine()
-    if canonical:
-        src0, src1, dst = src0.canonical(), src1.canonical(), dst.canonical()
+    if align:
+        src1 = src1.size1_strides_of(src0)
     handle = c_void_p()
     status = C.dnnl_binary_primitive_desc_create(byref(handle), engine.handle, alg,
                                                  src0.handle, src1.handle, dst.handle,

@@ -117,6 +117,17 @@ def test_a_tie_spread_by_softmax_after_absorbed_quantizers_is_a_tie() -> None:
     assert r.cls == "exact" or r.tie, r
 
 
+def test_a_batch_of_single_pixels_dequantized_per_channel_is_exact() -> None:
+    """Seed 140948 (Conv → GlobalAveragePool → Clip → Conv → Concat, batch 2): the Concat's
+    per-channel dequantize is a binary over (2, 10, 1, 1) with a per-channel post-op, right
+    on oneDNN's jit binary only with the operand in the dst's own strides. Giving every binary
+    descriptor canonical size-1 strides (a guard tried for another oneDNN pitfall,
+    docs/onednn.md) broke that: 43.6 LSB."""
+    r = run_spec(random_spec(140948))
+    _check(r)
+    assert r.cls == "exact", r
+
+
 def test_output_steps_read_the_producing_dequantize() -> None:
     spec = random_spec(0)
     model = quantized_model(spec)

@@ -283,8 +283,9 @@ def test_binary_operands_differing_in_a_size_one_stride() -> None:
     view): with src0 row-major (1, 2, 2100) and src1 the same but for its leading stride (8400,
     a slice's), descriptors oneDNN calls equal, the jit binary computes every row after the
     first wrong, silently; the primitive cache then hands that kernel to any later binary of
-    the same key, dense ones included. ``binary`` takes canonical size-1 strides
-    (MemoryDesc.canonical): exact. Run with the cache off, so each primitive is its own."""
+    the same key, dense ones included. ``binary`` gives src1 src0's size-1 strides
+    (MemoryDesc.size1_strides_of): exact. Run with the cache off, so each primitive is its
+    own."""
     from qfuse.runtime.onednn.threads import (
         primitive_cache_capacity,
         set_primitive_cache_capacity,
@@ -294,25 +295,25 @@ def test_binary_operands_differing_in_a_size_one_stride() -> None:
     a, b = f32(*shape), f32(*shape)
     dense = MemoryDesc.from_strides(shape, DataType.f32, (4200, 2100, 1))
     sliced = MemoryDesc.from_strides(shape, DataType.f32, (8400, 2100, 1))
-    assert dense == sliced and sliced.canonical().strides == dense.strides
+    assert dense == sliced and sliced.size1_strides_of(dense).strides == dense.strides
     capacity = primitive_cache_capacity()
     set_primitive_cache_capacity(0)
     try:
         got = {}
-        for canonical in (False, True):
-            pd = binary(Alg.binary_sub, dense, sliced, dense, canonical=canonical)
+        for align in (False, True):
+            pd = binary(Alg.binary_sub, dense, sliced, dense, align=align)
             src0, src1, dst = Memory(dense), Memory(sliced), Memory(dense)
             src0.write(a)
             src1.write(b)
             primitive = pd.create()
             primitive.execute(primitive.with_scratchpad(
                 {Arg.SRC_0: src0, Arg.SRC_1: src1, Arg.DST: dst}))
-            got[canonical] = dst.read()
+            got[align] = dst.read()
     finally:
         set_primitive_cache_capacity(capacity)
     assert np.array_equal(got[True], a - b)
     wrong = got[False] != a - b
-    # if this fails, oneDNN computes it right: MemoryDesc.canonical's reason is gone
+    # if this fails, oneDNN computes it right: MemoryDesc.size1_strides_of's reason is gone
     assert not wrong[0, 0].any() and wrong[0, 1].mean() > 0.9
 
 
