@@ -73,9 +73,11 @@ def eltwise(x: np.ndarray, alg: str, alpha: float = 0.0, beta: float = 0.0) -> n
     if alg == "round":
         return np.rint(x).astype(F32)
     if alg == "logistic":
-        return (F32(1) / (F32(1) + np.exp(-x))).astype(F32)
+        with np.errstate(over="ignore"):  # exp(-x) = inf below -88: 1 / inf is the 0 wanted
+            return (F32(1) / (F32(1) + np.exp(-x))).astype(F32)
     if alg == "swish":
-        return (x / (F32(1) + np.exp(-(x * a)))).astype(F32)
+        with np.errstate(over="ignore"):  # likewise x / inf = -0 for large negative x
+            return (x / (F32(1) + np.exp(-(x * a)))).astype(F32)
     if alg == "tanh":
         return np.tanh(x).astype(F32)
     if alg == "hardswish":
