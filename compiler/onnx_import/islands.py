@@ -107,10 +107,10 @@ def _evaluate_once(model: onnx.ModelProto, outputs: list[str]) -> list[np.ndarra
     kernels cannot take (quantize_static's causal attention mask). None if onnxruntime
     cannot run it (the island stays, its engine chosen later). The caller checks the
     outputs' declared sizes against the tensor limit first."""
-    from qfuse.runtime.reference.ops_island import ort_session
+    from qfuse.runtime.reference.ops_island import new_ort_session
 
     try:
-        values = ort_session(model.SerializeToString()).run(outputs, {})
+        values = new_ort_session(model.SerializeToString()).run(outputs, {})
     except Exception as exc:  # noqa: BLE001 (onnxruntime refuses: the island decides later)
         logger.debug("constant island not folded: %s", _first_line(exc))
         return None

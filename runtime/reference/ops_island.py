@@ -36,12 +36,9 @@ class IslandError(QfuseError, RuntimeError):
     """The engine failed while running an island; the message names the island's ops."""
 
 
-@functools.lru_cache(maxsize=32)
-def ort_session(model: bytes, threads: int | None = None):
-    """An onnxruntime CPU session over an island model (module docstring: no optimization).
-
-    Cached: the importer opens it to choose the engine and the lowering runs it; a session is
-    immutable once created and ``run`` is thread-safe, so compiled models may share one."""
+def new_ort_session(model: bytes, threads: int | None = None):
+    """An onnxruntime CPU session over an island model (module docstring: no optimization),
+    not cached: for a model run once (an island of constants computed at import)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -54,6 +51,14 @@ def ort_session(model: bytes, threads: int | None = None):
     # 41.8 ms per run spinning against 16.6 ms without
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+@functools.lru_cache(maxsize=32)
+def ort_session(model: bytes, threads: int | None = None):
+    """``new_ort_session``, cached: the importer opens it to choose the engine and the
+    lowering runs it; a session is immutable once created and ``run`` is thread-safe, so
+    compiled models may share one."""
+    return new_ort_session(model, threads)
 
 
 def reference_evaluator(model: bytes) -> onnx.reference.ReferenceEvaluator:
@@ -103,14 +108,20 @@ def _failed(ops: str, engine: IslandEngine, exc: Exception) -> IslandError:
 
 def make_runner_into(attrs: IslandAttrs, threads: int | None = None
                      ) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
-    """onnxruntime writing the island's outputs straight into ``outs`` (its IOBinding over
-    the caller's contiguous arrays, which must have the outputs' shapes and types): no
-    output allocation, whose fresh pages cost more than ONNX Runtime's Erf itself on a large
-    tensor, and no copy after. Inputs are bound the same way. Every output static-shaped."""
-    session = ort_session(attrs.model, threads)
-    names = input_names(attrs.model)
-    outputs = [o.name for o in _graph_io(attrs.model)[1]]
-    ops = ", ".join(sorted(set(attrs.ops)))
+    """``runner_into`` for an island (every output static-shaped)."""
+    return runner_into(attrs.model, ", ".join(sorted(set(attrs.ops))), threads)
+
+
+def runner_into(model: bytes, ops: str, threads: int | None = None
+                ) -> Callable[[list[np.ndarray], list[np.ndarray]], None]:
+    """onnxruntime running ``model`` (its op types ``ops``, for errors) and writing its
+    outputs straight into ``outs`` (its IOBinding over the caller's contiguous arrays, which
+    must have the outputs' shapes and types): no output allocation, whose fresh pages cost
+    more than ONNX Runtime's Erf itself on a large tensor, and no copy after. Inputs are
+    bound the same way."""
+    session = ort_session(model, threads)
+    names = input_names(model)
+    outputs = [o.name for o in _graph_io(model)[1]]
 
     def run_into(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
         binding = session.io_binding()
