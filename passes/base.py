@@ -111,3 +111,20 @@ def rewrite_each(
     if count:
         graph.remove_unused()
     return count
+
+
+def rewrite_where(graph: Graph, ctx: PassContext, op: Op,
+                  applies: Callable[[Graph, Node], bool],
+                  rewrite: Callable[[Graph, Node], None]) -> int:
+    """``rewrite`` every ``op`` node ``applies`` accepts, the others left silently (a shape
+    rewrite for speed, not a fusion whose refusal `inspect` should report); returns the
+    number of rewrites. Nodes left unread afterwards (the old weights) are removed."""
+    count = 0
+    for node in graph.topo_order():
+        if node.op is op and applies(graph, node):
+            ctx.visit(node)
+            rewrite(graph, node)
+            count += 1
+    if count:
+        graph.remove_unused()
+    return count

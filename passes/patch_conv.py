@@ -37,7 +37,7 @@ import numpy as np
 
 from qfuse.ir import Graph, Node, Op, TensorInfo
 from qfuse.ir.ops import ConvAttrs, ReshapeAttrs, TransposeAttrs
-from qfuse.passes.base import PassContext
+from qfuse.passes.base import PassContext, rewrite_where
 from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
@@ -49,15 +49,7 @@ MAX_CHANNELS = 4  # input channels up to which oneDNN's direct convolution is sl
 def run(graph: Graph, ctx: PassContext) -> int:
     if not ctx.composer.on("patch_conv"):
         return 0
-    changed = 0
-    for node in graph.topo_order():
-        if node.op is Op.CONV and _applies(graph, node):
-            ctx.visit(node)
-            _rewrite(graph, node)
-            changed += 1
-    if changed:
-        graph.remove_unused()  # the convolutions' 4-D weights
-    return changed
+    return rewrite_where(graph, ctx, Op.CONV, _applies, _rewrite)
 
 
 def _applies(graph: Graph, node: Node) -> bool:
@@ -84,9 +76,10 @@ def _rewrite(graph: Graph, node: Node) -> None:
     depth = c * kh * kw
     weights = graph.constant(w)
     assert weights is not None
+    o = weights.shape[0]
     w_flat = graph.add_constant(graph.unique_name(f"{w}@patches"),
-                                np.ascontiguousarray(weights.reshape(weights.shape[0], depth, 1, 1)),
-                                TensorInfo((weights.shape[0], depth, 1, 1), graph.info(w).dtype,
+                                np.ascontiguousarray(weights.reshape(o, depth, 1, 1)),
+                                TensorInfo((o, depth, 1, 1), graph.info(w).dtype,
                                            graph.info(w).quant)).name
     name, origin, yinfo = node.name, list(node.origin), graph.info(y)
     fused = dataclasses.replace(node.fused, notes=[  # type: ignore[arg-type]
@@ -94,25 +87,21 @@ def _rewrite(graph: Graph, node: Node) -> None:
         f"{kh}x{kw} patches of {c} channels: a 1x1 convolution over {depth} channels "
         f"(oneDNN's int8 kernels for {c} input channels are slow)"])
     meta = dict(node.meta)
-    inputs = [*node.inputs[2:]]
-
-    def value(suffix: str, shape: tuple[int, ...]) -> tuple[str, list[TensorInfo]]:
-        return (graph.unique_name(f"{x}@{suffix}"),
-                [TensorInfo(shape, xinfo.dtype, xinfo.quant)])
+    # x viewed as its grid of patches, each patch's values made contiguous (the one reorder),
+    # and viewed as the 1x1 convolution's channels
+    stages = [("grid", Op.RESHAPE, ReshapeAttrs((n, c, oh, kh, ow, kw)), (n, c, oh, kh, ow, kw)),
+              ("cells", Op.TRANSPOSE, TransposeAttrs((0, 1, 3, 5, 2, 4)), (n, c, kh, kw, oh, ow)),
+              ("patches", Op.RESHAPE, ReshapeAttrs((n, depth, oh, ow)), (n, depth, oh, ow))]
+    bias = list(node.inputs[2:])
 
     def build() -> None:
-        grid, grid_info = value("grid", (n, c, oh, kh, ow, kw))
-        graph.add_node(Op.RESHAPE, [x], [grid], ReshapeAttrs(grid_info[0].shape),
-                       name=graph.unique_name(f"{name}/grid"), infos=grid_info, origin=origin)
-        cells, cells_info = value("cells", (n, c, kh, kw, oh, ow))
-        graph.add_node(Op.TRANSPOSE, [grid], [cells], TransposeAttrs((0, 1, 3, 5, 2, 4)),
-                       name=graph.unique_name(f"{name}/patches"), infos=cells_info,
-                       origin=origin)
-        patches, patches_info = value("patches", (n, depth, oh, ow))
-        graph.add_node(Op.RESHAPE, [cells], [patches], ReshapeAttrs(patches_info[0].shape),
-                       name=graph.unique_name(f"{name}/flat"), infos=patches_info,
-                       origin=origin)
-        conv = graph.add_node(Op.CONV, [patches, w_flat, *inputs], [y],
+        value = x
+        for suffix, op, attrs, shape in stages:
+            out = graph.unique_name(f"{x}@{suffix}")
+            graph.add_node(op, [value], [out], attrs, name=graph.unique_name(f"{name}/{suffix}"),
+                           infos=[TensorInfo(shape, xinfo.dtype, xinfo.quant)], origin=origin)
+            value = out
+        conv = graph.add_node(Op.CONV, [value, w_flat, *bias], [y],
                               ConvAttrs((1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1), name=name,
                               infos=[yinfo], origin=origin)
         conv.fused, conv.meta = fused, meta

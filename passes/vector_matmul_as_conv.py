@@ -38,7 +38,7 @@ import numpy as np
 
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.ops import ConvAttrs, ReshapeAttrs
-from qfuse.passes.base import PassContext
+from qfuse.passes.base import PassContext, rewrite_where
 from qfuse.passes.replace import replace_nodes
 from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, MemoryDesc, matmul
 
@@ -50,15 +50,7 @@ MIN_WEIGHTS = 1 << 16  # K·N from which the convolution is measurably faster (d
 def run(graph: Graph, ctx: PassContext) -> int:
     if not ctx.composer.on("vector_matmul_as_conv"):
         return 0
-    changed = 0
-    for node in graph.topo_order():
-        if node.op is Op.MATMUL and _applies(graph, node):
-            ctx.visit(node)
-            _rewrite(graph, node)
-            changed += 1
-    if changed:
-        graph.remove_unused()  # the MatMul's weights
-    return changed
+    return rewrite_where(graph, ctx, Op.MATMUL, _applies, _rewrite)
 
 
 @functools.cache
