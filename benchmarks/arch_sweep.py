@@ -75,6 +75,12 @@ def _torch_model(name: str, size: int) -> tuple[Any, Any]:
     if name.startswith("video_"):
         return getattr(torchvision.models.video, name[6:])(weights=None), \
             torch.randn(1, 3, 8, 112, 112)
+    if name.startswith("timm_"):  # timm's architectures, at their own input size
+        import timm
+
+        model = timm.create_model(name[5:], pretrained=False)
+        side = model.pretrained_cfg.get("input_size", (3, size, size))[-1]
+        return model, torch.randn(1, 3, side, side)
     kwargs: dict[str, Any] = {}
     if name in ("googlenet", "inception_v3"):
         kwargs = {"aux_logits": False, "init_weights": True}
@@ -98,7 +104,7 @@ def _Tensor(inner: Any) -> Any:
     return Tensor()
 
 
-def export(names: list[str], out: Path, size: int) -> None:
+def export(names: list[str], out: Path, size: int, exporter: str = "torchscript") -> None:
     import torch
 
     warnings.filterwarnings("ignore")
@@ -108,7 +114,11 @@ def export(names: list[str], out: Path, size: int) -> None:
         path = out / "float" / f"{name}.onnx"
         if path.exists():
             continue
-        model, x = _torch_model(name, size)
+        try:
+            model, x = _torch_model(name, size)
+        except Exception as exc:  # noqa: BLE001 - an unknown name or a builder's error
+            print(f"cannot build {name}: {type(exc).__name__}: {exc}", flush=True)
+            continue
         for module in model.modules():  # statistics from data, as a trained model has them
             if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
                 module.momentum = None
@@ -118,8 +128,18 @@ def export(names: list[str], out: Path, size: int) -> None:
             for _ in range(4):
                 model(torch.randn(2, *x.shape[1:]))
         model.eval()
-        torch.onnx.export(_Tensor(model), x, str(path), opset_version=17, dynamo=False,
-                          input_names=["input"], output_names=["output"])
+        try:
+            if exporter == "dynamo":  # torch.export + onnxscript: torch.onnx.export's default
+                torch.onnx.export(_Tensor(model), (x,), str(path), dynamo=True,
+                                  input_names=["input"], output_names=["output"],
+                                  external_data=False)
+            else:
+                torch.onnx.export(_Tensor(model), x, str(path), opset_version=17,
+                                  dynamo=False, input_names=["input"],
+                                  output_names=["output"])
+        except Exception as exc:  # noqa: BLE001 - the exporter refusing is a result
+            print(f"cannot export {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
         print(f"exported {name}", flush=True)
 
 
@@ -171,6 +191,9 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
 
     row: dict[str, Any] = {"model": name, "quantizer": quantizer}
     float_path = out / "float" / f"{name}.onnx"
+    if not float_path.exists():
+        row["error"] = "export: no float model (the export step said why)"
+        return row
     graph_input = onnx.load(float_path, load_external_data=False).graph.input[0]
     shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
     rng = np.random.default_rng(0)
@@ -245,13 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantizers", default=",".join(QUANTIZERS))
     parser.add_argument("--size", type=int, default=224, help="image side (default 224)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--exporter", choices=("torchscript", "dynamo"), default="torchscript",
+                        help="torch.onnx.export's TorchScript exporter (opset 17) or its "
+                             "torch.export-based one (dynamo=True, the default since torch 2.9)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--no-openvino", dest="openvino", action="store_false",
                         help="time ONNX Runtime only")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     if args.step in ("export", "all"):
-        export(names, args.out, args.size)
+        export(names, args.out, args.size, args.exporter)
     if args.step == "export":
         return 0
     rows = []
