@@ -234,11 +234,22 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
                 int(diff.size), int(np.count_nonzero(differing)),
                 int(diff.max(initial=0)), tie, "graph" if value in derived else "reference"))
         else:
-            top = float(np.max(np.abs(ref.astype(np.float64)), initial=0.0))
-            err = float(np.max(np.abs(mine.astype(np.float64) - ref), initial=0.0))
+            top, err = _float_error(mine, ref)
             check.floats.append(FloatRow(value, node, op, err / top if top else float(err > 0),
                                          "graph" if value in derived else "reference"))
     return check
+
+
+def _float_error(mine: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    """(largest finite |reference|, largest |difference|): equal values, the same infinity and
+    NaN against NaN count as no difference, NaN against a number as an infinite one."""
+    a, b = np.asarray(mine, np.float64), np.asarray(ref, np.float64)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(a - b)
+    diff[(a == b) | (np.isnan(a) & np.isnan(b))] = 0.0
+    diff[np.isnan(diff)] = np.inf
+    finite = np.abs(b[np.isfinite(b)])
+    return float(finite.max(initial=0.0)), float(diff.max(initial=0.0))
 
 
 def in_plan_type(ref: np.ndarray, info: TensorInfo) -> np.ndarray:

@@ -212,10 +212,24 @@ def as_float_post_ops(composed: Composed) -> Composed:
     """``composed`` with no attributes of its own: weight scales and bias
     (``scale_bias_post_ops``), its post-ops, then the int8 store's scale and zero point
     (``store_post_ops``), all as post-ops of a float32 primitive (a binary or resampling
-    primitive, or the finishing binary of split weights, which take no such attributes)."""
+    primitive, or the finishing binary of split weights, which take no such attributes),
+    and for an s8 dst ``nan_to_qmin``."""
     return Composed(composed.channels, DType.F32,
                     post_ops=[*scale_bias_post_ops(composed), *composed.post_ops,
-                              *store_post_ops(composed)])
+                              *store_post_ops(composed), *nan_to_qmin(composed.dst_dtype)])
+
+
+def nan_to_qmin(dst: DType) -> list[PostOp]:
+    """ONNX's QuantizeLinear (as onnxruntime computes it) turns NaN into qmin; oneDNN 3.2's
+    s8 store of a float32 NaN gives +127 (its u8 store gives 0, qmin). A last
+    ``clip(-128, 127)`` gives -128 for NaN, since its jit kernel keeps the bound where
+    ``max(x, lo)`` meets NaN, and is the identity on every finite value the store then rounds
+    and saturates alike (integer bounds). A NaN made inside a model: 0/0 in a linear attention
+    whose quantized denominator is 0 (EfficientViT)."""
+    if dst is not DType.S8:
+        return []
+    lo, hi = dst.range
+    return [Eltwise("clip", float(lo), float(hi))]
 
 
 def scale_bias_post_ops(composed: Composed) -> list[PostOp]:

@@ -187,6 +187,43 @@ def dense_in_order(md: MemoryDesc, dims: Sequence[int],
     return MemoryDesc.from_strides(tuple(dims), md.dtype if dtype is None else dtype, out)
 
 
+def memory_order_groups(md: MemoryDesc, operands: Sequence[Sequence[int]]
+                        ) -> tuple[tuple[int, ...], ...] | None:
+    """The dims of a dense plain ``md`` in memory order (outermost first, size-1 dims left
+    out), neighbours grouped while every operand — dims broadcast from md's, each 1 or md's —
+    is full along both or broadcast along both. An elementwise kernel over md and operands
+    laid out densely in md's order (``dense_in_order``) is the same kernel, element for
+    element, over one dim per group (``grouped_md``). None when md has gaps or blocks, an
+    operand does not broadcast to it, or every dim is 1."""
+    if not md.is_plain:
+        return None
+    dims, strides = md.dims, md.strides or ()
+    order = sorted((i for i in range(len(dims)) if dims[i] != 1), key=lambda i: (-strides[i], i))
+    step = 1
+    for i in reversed(order):
+        if strides[i] != step:
+            return None
+        step *= dims[i]
+    if not order or any(len(op) != len(dims) or any(o not in (1, d) for o, d in zip(
+            op, dims, strict=True)) for op in operands):
+        return None
+    groups: list[tuple[list[int], tuple[bool, ...]]] = []
+    for i in order:
+        pattern = tuple(op[i] == 1 for op in operands)
+        if groups and groups[-1][1] == pattern:
+            groups[-1][0].append(i)
+        else:
+            groups.append(([i], pattern))
+    return tuple(tuple(g) for g, _ in groups)
+
+
+def grouped_md(groups: Sequence[Sequence[int]], dims: Sequence[int], dtype: DataType,
+               lead: int = 0) -> MemoryDesc:
+    """``dims`` (md's or an operand's) seen over ``groups`` (``memory_order_groups``),
+    row-major, after ``lead`` leading 1s."""
+    return plain_md((1,) * lead + tuple(math.prod(dims[i] for i in g) for g in groups), dtype)
+
+
 def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:
     """``md``'s dims densely laid out with ``axis`` innermost (stride 1) and the other dims in
     row-major order: oneDNN's jit softmax needs the softmax axis innermost in memory and runs

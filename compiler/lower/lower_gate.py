@@ -39,23 +39,27 @@ from dataclasses import replace
 import numpy as np
 
 from qfuse.compiler.lower import lower_misc, lower_quant, unfused
-from qfuse.compiler.lower.attrs import as_float_post_ops, build_attr
+from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
     const_memory,
+    dense_in_order,
     dnnl_type,
+    grouped_md,
     is_slow,
     md_like,
+    memory_order_groups,
     plain_md,
     same_bytes,
 )
 from qfuse.compiler.lower.lower_misc import stored_broadcast
 from qfuse.ir import Node
-from qfuse.ir.postops import Composed, Eltwise, TensorBinary, channel_in_the_middle
+from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
+    DnnlError,
     Memory,
     MemoryDesc,
     PrimitiveAttr,
@@ -112,7 +116,6 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         ctx.add_reorder(src, work, role="op", note=f"unfused copy of the input of {node}")
         unfused.finish_chain(ctx, node, work, channel_axis=1)
         return
-    src = ctx.source(x, md_like(f32, home.dtype) if int_source else f32)
     composed = node.meta.get("composed")
     assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"
     finish = as_float_post_ops(composed)
@@ -133,6 +136,12 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     if own:  # the chain's first x ∘ r is the primitive's operation (module docstring)
         assert isinstance(first, TensorBinary)
         finish = replace(finish, post_ops=finish.post_ops[1:])
+    mine = first if own else None
+    assert mine is None or isinstance(mine, TensorBinary)
+    if (_slow_as_laid_out(ctx, node, finish, mine, f32, int_source)
+            and _in_memory_order(ctx, node, finish, mine, composed)):
+        return
+    src = ctx.source(x, md_like(f32, home.dtype) if int_source else f32)
     built = build_attr(finish, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
                        dst_type=DataType.f32, tensor_slot=tensor_slot)
     dst_md = md_like(f32, dnnl_type(yinfo.dtype))
@@ -161,6 +170,141 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
                         post_op_details=details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
+
+
+def _chain_kernel(finish: Composed, first: TensorBinary | None, src: MemoryDesc, dst: MemoryDesc,
+                  ndims: int, slot_of: Callable[[int], tuple[str, MemoryDesc]],
+                  zero_point: int | None) -> tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]:
+    """The chain's binary primitive over descriptors of ``ndims`` dims: ``x ∘ r`` (``first``),
+    ``q − zp`` (an 8-bit source) or ``x·1``; with the operand of the last two."""
+    built = build_attr(finish, ndims=ndims, channel_axis=1, wei_mask=0, dst_type=DataType.f32,
+                       tensor_slot=slot_of)
+    if first is not None:
+        return binary(Alg[f"binary_{first.alg}"], src, slot_of(first.port)[1], dst,
+                      attr=built.attr), built, None
+    one = plain_md((1,) * ndims, DataType.f32)
+    if zero_point is not None:
+        return (binary(Alg.binary_sub, src, one, dst, attr=built.attr), built,
+                np.full(one.dims, zero_point, np.float32))
+    return binary(Alg.binary_mul, src, one, dst, attr=built.attr), built, np.ones(one.dims,
+                                                                                   np.float32)
+
+
+def _operand_ports(finish: Composed, first: TensorBinary | None) -> list[int] | None:
+    """The inputs the chain reads besides x; None when a post-op is per channel (its axis
+    would not survive ``_in_memory_order``'s regrouping)."""
+    ports = [] if first is None else [first.port]
+    for op in finish.post_ops:
+        if isinstance(op, TensorBinary):
+            ports.append(op.port)
+        elif isinstance(op, Binary):
+            v = np.asarray(op.values, np.float32).ravel()
+            if v.size > 1 and not np.all(v.view(np.uint32) == v.view(np.uint32)[0]):
+                return None
+        elif not isinstance(op, Eltwise):
+            return None
+    return ports
+
+
+def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
+                      first: TensorBinary | None, f32: MemoryDesc, int_source: bool) -> bool:
+    """Would the chain's primitive, in the layouts ``lower_gate`` gives it, run on a reference
+    kernel? (Descriptors only: nothing is emitted.)"""
+    yinfo = ctx.info(node.outputs[0])
+    ports = _operand_ports(finish, first)
+    if ports is None or ctx.options.mode != "fused":
+        return False
+    mds: dict[int, tuple[str, MemoryDesc]] = {}
+    for port in ports:
+        value = node.inputs[port]
+        if ctx.info(value).shape == yinfo.shape:
+            mds[port] = ("", f32)
+        elif ctx.const(value) is None and value in ctx.home:
+            home = ctx.md_of(value)
+            mds[port] = ("", md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32))
+        else:
+            return False
+    src = md_like(f32, ctx.md_of(node.inputs[0]).dtype) if int_source else f32
+    dst = md_like(f32, dnnl_type(yinfo.dtype))
+    if src is None or dst is None:
+        return False
+    fused = node.fused
+    zp = fused.src_zero_point if int_source and fused is not None else None
+    try:
+        pd, _, _ = _chain_kernel(finish, first, src, dst, len(yinfo.shape), mds.__getitem__, zp)
+    except DnnlError:
+        return False
+    return is_slow(pd.impl_name, "binary")
+
+
+def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
+                     first: TensorBinary | None, composed: Composed) -> bool:
+    """The chain over x's own bytes with its dims in memory order, neighbours merged
+    (layouts.memory_order_groups), where oneDNN 3.2's jit binary takes it and the layouts
+    ``lower_gate`` picks run on ``ref:any``: a broadcast operand full along two dims
+    (ResNeSt's split attention, [1, 2, C, 1, 1] on [1, 2, C, H, W] of a channels-last conv:
+    4 kernels, 250 ms of 255 on ``ref:any``) or a layout whose innermost dim is neither the
+    last nor the channel (a transposed attention head). The same operations element for
+    element, so bit-identical; operands read in x's dim order (a reorder of a small broadcast
+    one, else as ``lower_gate`` would). False, emitting nothing, when the chain has a
+    per-channel post-op or the jit kernel declines the merged dims too."""
+    x, y = node.inputs[0], node.outputs[0]
+    ports = _operand_ports(finish, first)
+    home = ctx.md_of(x)
+    yinfo = ctx.info(y)
+    fused = node.fused
+    int_source = fused is not None and fused.src_scale is not None
+    if ports is None or home.dtype != DataType.f32 and not int_source:
+        return False
+    dims = {p: (1,) * (len(yinfo.shape) - len(ctx.info(node.inputs[p]).shape))
+            + tuple(ctx.info(node.inputs[p]).shape) for p in ports}
+    groups = memory_order_groups(home, list(dims.values()))
+    if groups is None:
+        return False
+    dst_type = dnnl_type(yinfo.dtype)
+    zp = fused.src_zero_point if int_source and fused is not None else None
+    out = tuple(home.dims)
+    for lead in (0, 1):
+        def view(d: tuple[int, ...], t: DataType, lead: int = lead) -> MemoryDesc:
+            return grouped_md(groups, d, t, lead)
+
+        probe = {p: ("", view(dims[p], DataType.f32)) for p in ports}
+        try:
+            pd, _, _ = _chain_kernel(finish, first, view(out, home.dtype),
+                                     view(out, dst_type), len(groups) + lead,
+                                     probe.__getitem__, zp)
+        except DnnlError:
+            continue
+        if not is_slow(pd.impl_name, "binary"):
+            break
+    else:
+        return False
+    slots: dict[int, tuple[str, MemoryDesc]] = {}
+    for port in ports:
+        value = node.inputs[port]
+        laid, _ = unfused.dequantized(ctx, value, 1.0, 0,
+                                      dense_in_order(home, dims[port], DataType.f32))
+        slots[port] = (ctx.temp(f"{value}@order", view(dims[port], DataType.f32), alias=laid),
+                       view(dims[port], DataType.f32))
+    src = ctx.temp(f"{x}@order", view(out, home.dtype), alias=ctx.home_slot(x))
+    dst = ctx.temp(f"{y}@order", view(out, dst_type),
+                   alias=ctx.define(y, dense_in_order(home, out, dst_type)))
+    pd, built, operand = _chain_kernel(finish, first, ctx.slots[src].md, ctx.slots[dst].md,
+                                       len(groups) + lead, slots.__getitem__, zp)
+    args = {int(Arg.SRC_0): src, int(Arg.DST): dst, **built.slot_args}
+    fixed = dict(built.fixed)
+    names, details = built.names, built.details
+    if first is not None:
+        args[int(Arg.SRC_1)] = slots[first.port][0]
+        names = [f"binary_{first.alg}", *names]
+        details = [f"binary_{first.alg}(input {first.port}) (the primitive's own)", *details]
+    else:
+        assert operand is not None
+        fixed[int(Arg.SRC_1)] = const_memory(operand)
+    info = ctx.info_for(node, optimizations=[*composed.fired, "memory_order"], post_ops=names,
+                        post_op_details=details, rounding=composed.rounding())
+    ctx.add_primitive(node.name, pd, args, fixed, info=info)
+    return True
 
 
 def _own_operation(ctx: LowerContext, node: Node, first: TensorBinary, src: str,

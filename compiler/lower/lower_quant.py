@@ -70,11 +70,20 @@ import numpy as np
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
-from qfuse.compiler.lower.layouts import dnnl_type, md_like, plain_md
-from qfuse.ir import Node, Op
+from qfuse.compiler.lower.plan import KernelInfo
+from qfuse.compiler.lower.layouts import (
+    const_memory,
+    dense_in_order,
+    dnnl_type,
+    grouped_md,
+    is_slow,
+    md_like,
+    memory_order_groups,
+    plain_md,
+)
+from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
-from qfuse.compiler.lower.attrs import per_channel_dims
-from qfuse.compiler.lower.layouts import const_memory
+from qfuse.compiler.lower.attrs import nan_to_qmin, per_channel_dims
 from qfuse.ir.chain import ONNX_FORM
 from qfuse.runtime.onednn import (
     Alg,
@@ -84,6 +93,7 @@ from qfuse.runtime.onednn import (
     MemoryDesc,
     PostOps,
     PrimitiveAttr,
+    PrimitiveDesc,
     binary,
 )
 
@@ -112,77 +122,138 @@ def preferred_md(ctx: LowerContext, value: str, dtype: DataType,
 
 def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide | None,
                    dst: QuantSide, absorbed: list[str]) -> None:
-    """ONNX's rounding as one binary primitive (module docstring)."""
+    """ONNX's rounding as one binary primitive (module docstring); where its layout runs on
+    ``ref:any`` and every scale and zero point is one value, over the bytes with the dims in
+    memory order, merged (layouts.memory_order_groups: a transposed attention head)."""
     y = node.outputs[0]
     dtype = dnnl_type(ctx.info(y).dtype)
     home = ctx.home_slot(src_value)
     src_md = ctx.slots[home].md
-    ndims = len(src_md.dims)
-    one = (1,) * ndims
-    scale_dims = one if dst.axis is None else per_channel_dims(ndims, dst.axis, dst.scale.size)
-    scale_md = MemoryDesc.from_tag(scale_dims, DataType.f32)
-    scales = const_memory(dst.scale.astype(F32).reshape(scale_dims))
-    posts, fixed, names, details = PostOps(), {}, [], []
-    s_text = (f"{float(dst.scale[0]):.6g}" if dst.scale.size == 1
-              else f"[{dst.scale.size} scales, axis {dst.axis}]")
-    if src is None:
-        alg, src1_md = Alg.binary_div, scale_md
-        fixed[int(Arg.SRC_1)] = scales
-    elif src.axis is None:
-        alg, src1_md = Alg.binary_sub, MemoryDesc.from_tag(one, DataType.f32)
-        fixed[int(Arg.SRC_1)] = const_memory(np.full(one, src.zero_point, F32))
-        posts.append_eltwise(Alg.eltwise_linear, float(src.scale[0]), 0.0)
-        posts.append_binary(Alg.binary_div, scale_md)
-        fixed[Arg.post_op(1, Arg.SRC_1)] = scales
-        names += ["eltwise_linear", "binary_div"]
-        details += [f"eltwise_linear(alpha={float(src.scale[0]):.6g}, beta=0)",
-                    f"binary_div({s_text})"]
-    else:  # a per-channel dequantize: q - zp[c] (exact), ·s[c] (one rounding), / s
-        assert dst.axis is None, "a per-channel requantize writes one scale"
-        dims = per_channel_dims(ndims, src.axis, src.scale.size)
-        zps = (src.zero_points if src.zero_points is not None
-               else np.full(src.scale.size, src.zero_point))
-        alg, src1_md = Alg.binary_sub, MemoryDesc.from_tag(dims, DataType.f32)
-        fixed[int(Arg.SRC_1)] = const_memory(zps.astype(F32).reshape(dims))
-        posts.append_binary(Alg.binary_mul, MemoryDesc.from_tag(dims, DataType.f32))
-        fixed[Arg.post_op(0, Arg.SRC_1)] = const_memory(src.scale.astype(F32).reshape(dims))
-        posts.append_binary(Alg.binary_div, scale_md)
-        fixed[Arg.post_op(1, Arg.SRC_1)] = scales
-        names += ["binary_mul", "binary_div"]
-        details += [f"binary_mul([{src.scale.size} scales, axis {src.axis}])",
-                    f"binary_div({s_text})"]
-    posts.append_eltwise(Alg.eltwise_round)
-    names.append("eltwise_round")
-    details.append("eltwise_round")
-    if dst.zero_points is not None:
-        posts.append_binary(Alg.binary_add, scale_md)
-        fixed[Arg.post_op(len(posts) - 1, Arg.SRC_1)] = const_memory(
-            dst.zero_points.astype(F32).reshape(scale_dims))
-        names.append("binary_add")
-        details.append(f"binary_add([{dst.zero_points.size} zero points, axis {dst.axis}])")
-    elif dst.zero_point:
-        posts.append_eltwise(Alg.eltwise_linear, 1.0, float(dst.zero_point))
-        names.append("eltwise_linear")
-        details.append(f"eltwise_linear(alpha=1, beta={dst.zero_point})")
-    attr = PrimitiveAttr()
-    attr.set_post_ops(posts)
+    kernel = _QuantizeKernel(ctx.info(y).dtype, src, dst)
     same = md_like(src_md, dtype) or plain_md(src_md.dims, dtype)
+    pd, fixed = kernel.primitive(src_md, same)
+    groups = (memory_order_groups(src_md, []) if is_slow(pd.impl_name, "binary")
+              and kernel.per_tensor else None)
+    if groups is not None:
+        for lead in (0, 1):
+            flat = grouped_md(groups, src_md.dims, src_md.dtype, lead)
+            flat_pd, flat_fixed = kernel.primitive(flat, md_like(flat, dtype))
+            if not is_slow(flat_pd.impl_name, "binary"):
+                same = dense_in_order(src_md, src_md.dims, dtype)
+                out = ctx.define(y, same)
+                ctx.add_primitive(node.name, flat_pd, {
+                    int(Arg.SRC_0): ctx.temp(f"{src_value}@order", flat, alias=home),
+                    int(Arg.DST): ctx.temp(f"{y}@order", md_like(flat, dtype), alias=out)},
+                    flat_fixed, info=kernel.info(ctx, node, len(flat.dims), absorbed,
+                                                 ["memory_order"]))
+                return
     want = same if _read_by_reorders(ctx, y) else preferred_md(ctx, y, dtype, src_md)
     out = ctx.define(y, want)
     target = out if want == same else ctx.temp(f"{y}@{same.dtype.name}", same)
-    pd = binary(alg, src_md, src1_md, same, attr=attr)
-    what = (f"x / {s_text}" if src is None
-            else f"x - {src.zero_point} (then the post-ops)" if src.axis is None
-            else f"x - zero point per channel (axis {src.axis}; then the post-ops)")
-    info = ctx.info_for(node, role="op", post_ops=names, post_op_details=details,
-                        rounding=ONNX_FORM, note=f"binary_{alg.name.split('_')[-1]}: {what}")
-    info.absorbed += [a for a in absorbed if a not in info.absorbed]
     ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): home, int(Arg.DST): target}, fixed,
-                      info=info)
+                      info=kernel.info(ctx, node, len(src_md.dims), absorbed))
     if target != out:
         at_input = src_value in ctx.graph.inputs
         ctx.add_reorder(target, out, role="io" if at_input else "reorder",
                         note=f"'{y}' laid out for its reader")
+
+
+@dataclass(frozen=True)
+class _QuantizeKernel:
+    """``_onnx_quantize``'s binary primitive and post-ops, over descriptors of any rank."""
+
+    dtype: DType
+    src: QuantSide | None
+    dst: QuantSide
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.dst.axis is None and (self.src is None or self.src.axis is None)
+
+    def primitive(self, src_md: MemoryDesc, dst_md: MemoryDesc
+                  ) -> tuple[PrimitiveDesc, dict[int, Memory]]:
+        alg, src1_md, posts, fixed, _, _ = self._parts(len(src_md.dims))
+        attr = PrimitiveAttr()
+        attr.set_post_ops(posts)
+        return binary(alg, src_md, src1_md, dst_md, attr=attr), fixed
+
+    def info(self, ctx: LowerContext, node: Node, ndims: int, absorbed: list[str],
+             optimizations: list[str] | None = None) -> KernelInfo:
+        alg, _, _, _, names, details = self._parts(ndims)
+        src, dst = self.src, self.dst
+        s_text = _scale_text(dst)
+        what = (f"x / {s_text}" if src is None
+                else f"x - {src.zero_point} (then the post-ops)" if src.axis is None
+                else f"x - zero point per channel (axis {src.axis}; then the post-ops)")
+        info = ctx.info_for(node, role="op", optimizations=list(optimizations or []),
+                            post_ops=names, post_op_details=details, rounding=ONNX_FORM,
+                            note=f"binary_{alg.name.split('_')[-1]}: {what}")
+        info.absorbed += [a for a in absorbed if a not in info.absorbed]
+        return info
+
+    def _parts(self, ndims: int) -> tuple[Alg, MemoryDesc, PostOps, dict[int, Memory],
+                                          list[str], list[str]]:
+        src, dst = self.src, self.dst
+        one = (1,) * ndims
+        scale_dims = (one if dst.axis is None
+                      else per_channel_dims(ndims, dst.axis, dst.scale.size))
+        scale_md = MemoryDesc.from_tag(scale_dims, DataType.f32)
+        scales = const_memory(dst.scale.astype(F32).reshape(scale_dims))
+        posts, fixed = PostOps(), {}
+        names: list[str] = []
+        details: list[str] = []
+        s_text = _scale_text(dst)
+        if src is None:
+            alg, src1_md = Alg.binary_div, scale_md
+            fixed[int(Arg.SRC_1)] = scales
+        elif src.axis is None:
+            alg, src1_md = Alg.binary_sub, MemoryDesc.from_tag(one, DataType.f32)
+            fixed[int(Arg.SRC_1)] = const_memory(np.full(one, src.zero_point, F32))
+            posts.append_eltwise(Alg.eltwise_linear, float(src.scale[0]), 0.0)
+            posts.append_binary(Alg.binary_div, scale_md)
+            fixed[Arg.post_op(1, Arg.SRC_1)] = scales
+            names += ["eltwise_linear", "binary_div"]
+            details += [f"eltwise_linear(alpha={float(src.scale[0]):.6g}, beta=0)",
+                        f"binary_div({s_text})"]
+        else:  # a per-channel dequantize: q - zp[c] (exact), ·s[c] (one rounding), / s
+            assert dst.axis is None, "a per-channel requantize writes one scale"
+            dims = per_channel_dims(ndims, src.axis, src.scale.size)
+            zps = (src.zero_points if src.zero_points is not None
+                   else np.full(src.scale.size, src.zero_point))
+            alg, src1_md = Alg.binary_sub, MemoryDesc.from_tag(dims, DataType.f32)
+            fixed[int(Arg.SRC_1)] = const_memory(zps.astype(F32).reshape(dims))
+            posts.append_binary(Alg.binary_mul, MemoryDesc.from_tag(dims, DataType.f32))
+            fixed[Arg.post_op(0, Arg.SRC_1)] = const_memory(
+                src.scale.astype(F32).reshape(dims))
+            posts.append_binary(Alg.binary_div, scale_md)
+            fixed[Arg.post_op(1, Arg.SRC_1)] = scales
+            names += ["binary_mul", "binary_div"]
+            details += [f"binary_mul([{src.scale.size} scales, axis {src.axis}])",
+                        f"binary_div({s_text})"]
+        posts.append_eltwise(Alg.eltwise_round)
+        names.append("eltwise_round")
+        details.append("eltwise_round")
+        if dst.zero_points is not None:
+            posts.append_binary(Alg.binary_add, scale_md)
+            fixed[Arg.post_op(len(posts) - 1, Arg.SRC_1)] = const_memory(
+                dst.zero_points.astype(F32).reshape(scale_dims))
+            names.append("binary_add")
+            details.append(f"binary_add([{dst.zero_points.size} zero points, axis {dst.axis}])")
+        elif dst.zero_point:
+            posts.append_eltwise(Alg.eltwise_linear, 1.0, float(dst.zero_point))
+            names.append("eltwise_linear")
+            details.append(f"eltwise_linear(alpha=1, beta={dst.zero_point})")
+        if src is None:  # a float32 source may hold NaN (a 0/0 in the model): ONNX gives qmin
+            for op in nan_to_qmin(self.dtype):
+                posts.append_eltwise(Alg[f"eltwise_{op.alg}"], op.alpha, op.beta)
+                names.append(f"eltwise_{op.alg}")
+                details.append(f"eltwise_{op.alg}(alpha={op.alpha:.6g}, beta={op.beta:.6g})")
+        return alg, src1_md, posts, fixed, names, details
+
+
+def _scale_text(side: QuantSide) -> str:
+    return (f"{float(side.scale[0]):.6g}" if side.scale.size == 1
+            else f"[{side.scale.size} scales, axis {side.axis}]")
 
 
 def _read_by_reorders(ctx: LowerContext, value: str) -> bool:

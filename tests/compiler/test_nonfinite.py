@@ -141,3 +141,46 @@ def test_a_rerouted_run_still_refuses_a_bad_feed() -> None:
         warnings.simplefilter("ignore", NonFiniteInputWarning)
         with pytest.raises(InputError, match="input 'x'"):
             model.run({"x": x})
+
+
+def _made_inside(dtype: type, zp: int, chain: bool) -> onnx.ModelProto:
+    """x / d, quantized (the graph output): 0/0 makes NaN inside the model from finite inputs
+    (EfficientViT's linear attention divides by a quantized sum that is 0 where a row's keys
+    are all 0).
+    ``chain``: the quotient multiplied by x again first (a gate chain's binary primitive)."""
+    inits = [_init("s", 0.05, np.float32), _init("z", zp, dtype)]
+    nodes = [helper.make_node("Div", ["x", "d"], ["q"])]
+    quotient = "q"
+    if chain:
+        nodes.append(helper.make_node("Mul", ["q", "x"], ["qx"]))
+        quotient = "qx"
+    nodes.append(helper.make_node("QuantizeLinear", [quotient, "s", "z"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "made_inside", [helper.make_tensor_value_info(n, TensorProto.FLOAT, SHAPE)
+                               for n in ("x", "d")],
+        [helper.make_tensor_value_info("y", helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+                                       SHAPE)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.parametrize("mode", QUANTIZED_MODES)
+@pytest.mark.parametrize("chain", [False, True])
+@pytest.mark.parametrize(("dtype", "zp"), [(np.int8, 0), (np.int8, 3), (np.uint8, 128)])
+def test_nan_made_inside_quantizes_to_qmin(dtype: type, zp: int, chain: bool,
+                                           mode: str) -> None:
+    """Measured before the fix: +127 on s8 in the fused and unfused modes (onnxruntime and the
+    reference: -128), EfficientViT-B0 NNCF's output at cosine 0.23."""
+    model = _made_inside(dtype, zp, chain)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(SHAPE).astype(np.float32)
+    d = rng.standard_normal(SHAPE).astype(np.float32)
+    x.reshape(-1)[::4] = 0.0
+    d.reshape(-1)[::3] = 0.0  # every 12th element 0/0, others ±inf or finite
+    feeds = {"x": x, "d": d}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    want = session.run(None, feeds)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # finite inputs: no warning, no rerouting
+        got = qfuse.compile_model(model, mode=mode).run(feeds)["y"]
+    assert np.all(want.reshape(-1)[::12] == np.iinfo(dtype).min)
+    assert np.array_equal(got, want), np.argwhere(got != want)[:5]

@@ -1,0 +1,132 @@
+"""Elementwise kernels over a layout oneDNN 3.2's jit binary declines run with their dims in
+memory order, neighbours merged (compiler/lower/layouts.py ``memory_order_groups``; lower_gate
+``_in_memory_order``, lower_quant ``_onnx_quantize``).
+
+Two patterns found on timm's architectures, quantized by quantize_static and NNCF, each on
+``ref:any`` before: ResNeSt's split attention multiplies a channels-last [1, R, C, H, W] view of
+a convolution by a [1, R, C, 1, 1] softmax over the radix (a broadcast full along two dims:
+ResNeSt-14d 255 ms, 250 of it in four such kernels), and CoaT's factorized attention quantizes
+q, k and v split from a transposed [3, B, h, N, C] tensor whose innermost dim is neither the last
+nor the channel. The same operations element for element: bit-identical to onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import qfuse
+from qfuse.compiler.lower.layouts import grouped_md, memory_order_groups
+from qfuse.runtime.onednn import DataType, MemoryDesc
+
+
+def _init(name: str, value: object, dtype: type) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def _qdq(name: str, src: str, dst: str, scale: float, zp: int, dtype: type = np.uint8
+         ) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    return ([helper.make_node("QuantizeLinear", [src, f"{name}_s", f"{name}_z"], [f"{name}_q"]),
+             helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"],
+                              [dst])],
+            [_init(f"{name}_s", scale, np.float32), _init(f"{name}_z", zp, dtype)])
+
+
+def _add(nodes: list, inits: list,
+         part: tuple[list[onnx.NodeProto], list[onnx.TensorProto]]) -> None:
+    nodes += part[0]
+    inits += part[1]
+
+
+def _model(name: str, nodes: list, inits: list, inputs: dict[str, list[int]],
+           output: list[int]) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info(n, TensorProto.FLOAT, s)
+                      for n, s in inputs.items()],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, output)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def split_attention(radix: int = 2, channels: int = 8, side: int = 6) -> onnx.ModelProto:
+    """ResNeSt's split attention: an int8 conv's output seen as [1, R, C, H, W] times the
+    softmax over R of a [1, C, R] tensor, transposed to [1, R, C, 1, 1], then quantized."""
+    rng = np.random.default_rng(0)
+    nodes, inits = _qdq("x", "x", "xd", 0.05, 128)
+    w = rng.integers(-60, 61, (radix * channels, channels, 3, 3)).astype(np.int8)
+    inits += [numpy_helper.from_array(w, "w"), _init("ws", 0.01, np.float32),
+              _init("wz", 0, np.int8),
+              _init("shape5", [1, radix, channels, side, side], np.int64),
+              _init("shape3", [1, channels, radix], np.int64),
+              _init("shapeg", [1, radix, channels, 1, 1], np.int64)]
+    nodes += [helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+              helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c"], ["r"])]
+    _add(nodes, inits, _qdq("r", "r", "rd", 0.04, 0))
+    nodes += [helper.make_node("Reshape", ["rd", "shape5"], ["x5"]),
+              helper.make_node("Reshape", ["a", "shape3"], ["a3"]),
+              helper.make_node("Softmax", ["a3"], ["sm"], axis=2),
+              helper.make_node("Transpose", ["sm"], ["smt"], perm=[0, 2, 1]),
+              helper.make_node("Reshape", ["smt", "shapeg"], ["g"])]
+    _add(nodes, inits, _qdq("g", "g", "gd", 1 / 255, 0))
+    nodes.append(helper.make_node("Mul", ["x5", "gd"], ["m"]))
+    _add(nodes, inits, _qdq("m", "m", "y", 0.03, 0))
+    return _model("split_attention", nodes, inits,
+                  {"x": [1, channels, side, side], "a": [1, channels * radix]},
+                  [1, radix, channels, side, side])
+
+
+def factorized_head(tokens: int = 50, heads: int = 4, width: int = 8) -> onnx.ModelProto:
+    """CoaT's factorized attention: q, k, v split from [B, N, 3, h, C] transposed to
+    [3, B, h, N, C], each quantized (s8), softmax(k)ᵀ·v, then q·(that)."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[2, 0, 3, 1, 4]),
+             helper.make_node("Split", ["t"], ["q0", "k0", "v0"], axis=0)]
+    inits: list[onnx.TensorProto] = []
+    for n in ("q", "k", "v"):
+        _add(nodes, inits, _qdq(n, f"{n}0", f"{n}d", 0.02, 0, np.int8))
+    nodes += [helper.make_node("Softmax", ["kd"], ["ks"], axis=3),
+              helper.make_node("Transpose", ["ks"], ["kt"], perm=[0, 1, 2, 4, 3]),
+              helper.make_node("MatMul", ["kt", "vd"], ["kv"])]
+    _add(nodes, inits, _qdq("kv", "kv", "kvd", 0.01, 0, np.int8))
+    nodes.append(helper.make_node("MatMul", ["qd", "kvd"], ["y"]))
+    return _model("factorized_head", nodes, inits, {"x": [1, tokens, 3, heads, width]},
+                  [1, 1, heads, tokens, width])
+
+
+@pytest.mark.parametrize("build", [split_attention, factorized_head])
+def test_no_reference_kernel_and_bit_exact(build) -> None:
+    model = build()
+    rng = np.random.default_rng(1)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim])
+             .astype(np.float32) for i in model.graph.input}
+    session = ort.InferenceSession(model.SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    want = session.run(None, feeds)[0]
+    for mode in ("fused", "unfused"):
+        compiled = qfuse.compile_model(model, mode=mode)
+        assert np.array_equal(compiled.run(feeds)["y"], want), mode
+    kernels = qfuse.compile_model(model).inspect()["kernels"]
+    assert not [k["name"] for k in kernels if k["impl"].startswith("ref")]
+    assert any("memory_order" in k["optimizations"] for k in kernels)
+
+
+def _md(dims: tuple[int, ...], strides: tuple[int, ...]) -> MemoryDesc:
+    return MemoryDesc.from_strides(dims, DataType.f32, strides)
+
+
+def test_memory_order_groups() -> None:
+    # a channels-last conv seen as [1, 2, 64, 56, 56], a [1, 2, 64, 1, 1] operand
+    md = _md((1, 2, 64, 56, 56), (401408, 64, 1, 7168, 128))
+    groups = memory_order_groups(md, [(1, 2, 64, 1, 1)])
+    assert groups == ((3, 4), (1, 2))
+    assert grouped_md(groups, md.dims, DataType.f32).dims == (3136, 128)
+    assert grouped_md(groups, (1, 2, 64, 1, 1), DataType.f32, lead=1).dims == (1, 1, 128)
+    # a transposed head: one run
+    assert memory_order_groups(_md((1, 1, 8, 3137, 8), (200768, 200768, 25096, 1, 3137)),
+                               []) == ((2, 4, 3),)
+    # a gap (a slice of a wider tensor), an operand that does not broadcast, all ones
+    assert memory_order_groups(_md((2, 3), (4, 1)), []) is None
+    assert memory_order_groups(_md((2, 3), (3, 1)), [(2, 2)]) is None
+    assert memory_order_groups(_md((1, 1), (1, 1)), []) is None
