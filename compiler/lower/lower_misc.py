@@ -29,6 +29,7 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
+    is_host,
     is_row_major,
     is_slow,
     md_like,
@@ -494,6 +495,31 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
     inner = ctx.temp(f"{y}@interior", MemoryDesc.from_strides(shape, dtype, strides),
                      alias=out, offset=begin)
     ctx.add_reorder(ctx.home_slot(x), inner, role="op", node=node)
+
+
+def lower_expand(ctx: LowerContext, node: Node) -> None:
+    """Expand as one reorder from a view of x with stride 0 along each broadcast dim (oneDNN
+    3.2's jit reorder reads such a view: measured, ``jit:uni``), into the layout its reader
+    wants. The same values copied, no arithmetic. ECA-Net's channel attention expands its
+    [1, C, 1, 1] gate to the image before quantizing it (timm's eca_resnet33ts: 10 numpy
+    kernels). A host value (int64 shape arithmetic) runs in numpy."""
+    x, y = node.inputs[0], node.outputs[0]
+    out = tuple(ctx.info(y).shape)
+    if is_host(ctx.info(x)) or is_host(ctx.info(y)):
+        lower_numpy(ctx, node, note="oneDNN describes no such values (a host value)")
+        return
+    src = ctx.plain_source(x)
+    md = ctx.slots[src].md
+    lead = len(out) - len(md.dims)
+    dims = (1,) * lead + tuple(md.dims)
+    strides = (0,) * lead + tuple(md.strides or ())
+    broadcast = tuple(0 if d == 1 and o != 1 else st
+                      for d, o, st in zip(dims, out, strides, strict=True))
+    view = ctx.temp(f"{x}@expand", MemoryDesc.from_strides(out, md.dtype, broadcast),
+                    alias=src)
+    dst = ctx.define(y, ctx.preferred(y, md.dtype) or plain_md(out, md.dtype))
+    ctx.add_reorder(view, dst, role="op", node=node,
+                    note="a reorder from a view with stride 0 along the broadcast dims")
 
 
 def lower_split(ctx: LowerContext, node: Node) -> None:

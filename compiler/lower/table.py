@@ -97,7 +97,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.RESIZE: lower_resize.lower_resize,
     # no oneDNN primitive: the reference semantics in numpy
     Op.PRELU: lower_numpy,
-    Op.EXPAND: lower_numpy,  # a broadcast copy; passes/drop_identity bypasses most
+    Op.EXPAND: lower_misc.lower_expand,  # passes/drop_identity bypasses most
     Op.CAST: lower_numpy,
     # float islands: the ONNX subgraph run by onnxruntime or onnx.reference
     Op.ISLAND: lower_island.lower_island,
@@ -124,7 +124,6 @@ PROBES = {
     Op.RESIZE: lower_resize.probe_resize,
     Op.DEPTH_TO_SPACE: lower_misc.probe_depth_to_space,
     Op.PAD: lower_misc.probe_plain,
-    Op.EXPAND: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,
     Op.SOFTMAX: lower_norm.probe_softmax,
 }

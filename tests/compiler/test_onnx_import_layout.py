@@ -214,6 +214,8 @@ def test_pad_by_nothing_is_an_identity(mode: str) -> None:
     ((4, 3, 1), [4, 3, 5], (4, 3, 5)),
     ((3, 1), [2, 1, 6], (2, 3, 6)),  # bidirectional: the requested 1 keeps x's 3
     ((1, 5), [5], (1, 5)),  # nothing to expand: an Identity
+    ((1, 8, 1, 1), [1, 8, 5, 6], (1, 8, 5, 6)),  # a channel gate to the image (ECA-Net)
+    ((6,), [2, 3, 6], (2, 3, 6)),  # new leading dims
 ])
 def test_expand_is_a_native_broadcast(x_shape: tuple[int, ...], shape: list[int],
                                       out: tuple[int, ...]) -> None:
@@ -227,6 +229,9 @@ def test_expand_is_a_native_broadcast(x_shape: tuple[int, ...], shape: list[int]
     want = run_ort(m, {"x": x})[0]
     for mode in ("reference", "fused", "unfused"):
         np.testing.assert_array_equal(compile_model(m, mode=mode).run({"x": x})["y"], want)
+    # a jit reorder from a stride-0 view of x (lower_misc.lower_expand), no numpy kernel
+    assert [k["impl"] for k in compile_model(m).inspect()["kernels"]
+            if k["impl"] == "numpy"] == []
 
 
 def test_expand_to_an_incompatible_shape_is_malformed() -> None:
