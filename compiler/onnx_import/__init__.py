@@ -84,6 +84,7 @@ _DEFAULT: dict[str, Converter] = {
     "Gelu": convert_math.gelu,
     "Softmax": convert_math.softmax,
     "LayerNormalization": convert_math.layer_norm,
+    "InstanceNormalization": convert_math.instance_norm,
     "BatchNormalization": convert_math.batch_norm,
     "Dropout": convert_math.dropout,
     **{op: convert_reduce.reduce for op in convert_reduce.REDUCE_OPS},

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from qfuse.compiler.onnx_import.context import Context, NodeView
+from qfuse.runtime.reference.ops_quant import dequantize_linear
 from qfuse.ir import DType, TensorInfo
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -117,6 +118,58 @@ def layer_norm(ctx: Context, node: NodeView) -> None:
     axis = _axis(ctx, node, int(node.attr("axis", -1)), x.rank)
     attrs = LayerNormAttrs(axis, float(node.attr("epsilon", 1e-5)))
     ctx.emit(node, Op.LAYER_NORM, node.inputs[:3], attrs)
+
+
+def instance_norm(ctx: Context, node: NodeView) -> None:
+    """InstanceNormalization(x, scale, B) on [N, C, D...] normalizes each (n, c) over D...:
+    the statistics of LayerNormalization over axis 2, which oneDNN runs (its scale and bias
+    are per normalized element, so this one's per-channel scale and B follow as Mul and Add
+    when they are not 1 and 0). torch exports GroupNorm(G, C) as a Reshape to [N, G, -1], this
+    op with scale 1 and B 0, a Reshape back and its own affine Mul / Add (PoolFormer, U-Nets,
+    detection heads). ONNX: https://onnx.ai/onnx/operators/onnx__InstanceNormalization.html"""
+    x = ctx.input_info(node, 0)
+    _float32(ctx, node, x)
+    if x.rank < 3:
+        raise ctx.malformed(node, f"input of rank {x.rank}; InstanceNormalization needs "
+                                  f"[N, C, D...]")
+    scale = np.asarray(_parameter(ctx, node, 1, "the scale"), np.float32).ravel()
+    bias = np.asarray(_parameter(ctx, node, 2, "B"), np.float32).ravel()
+    channels = x.shape[1]
+    if scale.size != channels or bias.size != channels:
+        raise ctx.malformed(node, f"scale and B hold {scale.size} and {bias.size} values for "
+                                  f"{channels} channels")
+    one = ctx.graph.unique_name(f"{node.outputs[0]}@one")
+    ctx.set_const(one, np.ones(1, np.float32))
+    attrs = LayerNormAttrs(2, float(node.attr("epsilon", 1e-5)))
+    affine = [(op, values) for op, values, neutral in ((Op.MUL, scale, 1.0), (Op.ADD, bias, 0.0))
+              if np.any(values != neutral)]
+    if not affine:
+        ctx.emit(node, Op.LAYER_NORM, [node.input(0), one], attrs)
+        return
+    value = ctx.graph.unique_name(f"{node.outputs[0]}@normalized")
+    ctx.emit(node, Op.LAYER_NORM, [node.input(0), one], attrs, outputs=[value])
+    per_channel = (channels,) + (1,) * (x.rank - 2)
+    for i, (op, values) in enumerate(affine):
+        operand = ctx.graph.unique_name(f"{node.outputs[0]}@{op.value.lower()}")
+        ctx.set_const(operand, values.reshape(per_channel))
+        last = i == len(affine) - 1
+        out = node.outputs[0] if last else ctx.graph.unique_name(f"{node.outputs[0]}@scaled")
+        ctx.emit(node, op, [value, operand], outputs=[out])
+        value = out
+
+
+def _parameter(ctx: Context, node: NodeView, port: int, what: str) -> np.ndarray:
+    """Input ``port``'s value: a constant, or a DequantizeLinear of constants (quantize_static
+    quantizes InstanceNormalization's scale and B as weights), dequantized as ONNX does."""
+    name = node.input(port)
+    if ctx.is_const(name) or not name:
+        return ctx.const(node, port, what)
+    producer = ctx.graph.producer(name) if name in ctx.graph.values else None
+    if producer is not None and producer.op is Op.DEQUANTIZE_LINEAR:
+        args = [ctx.graph.constant(v) if v else None for v in producer.inputs]
+        if all(a is not None for a, v in zip(args, producer.inputs, strict=True) if v):
+            return dequantize_linear(producer, args)[0]
+    return ctx.const(node, port, what)  # raises: computed at run time
 
 
 def batch_norm(ctx: Context, node: NodeView) -> None:
