@@ -22,6 +22,7 @@ from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.shapes import infer_node
 from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.runtime.reference.ops_quant import dequantize_linear
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +148,22 @@ class Context:
             raise self.unsupported(node, f"{what} '{name}' must be a constant (it is computed "
                                          f"at run time)")
         return self.consts[name]
+
+    def parameter(self, node: NodeView, port: int, what: str) -> np.ndarray:
+        """Like ``const``, also through a DequantizeLinear of constants, dequantized as ONNX
+        does: quantize_static quantizes some parameters read at import as weights (the
+        scale and B of InstanceNormalization, Pad's constant_value)."""
+        name = node.input(port)
+        producer = self.graph.producer(name) if name in self.graph.values else None
+        if name and not self.is_const(name) and producer is not None and \
+                producer.op is Op.DEQUANTIZE_LINEAR:
+            args = [self.graph.constant(v) if v else None for v in producer.inputs]
+            if all(a is not None for a, v in zip(args, producer.inputs, strict=True) if v):
+                return dequantize_linear(producer, args)[0]
+        return self.const(node, port, what)
+
+    def optional_parameter(self, node: NodeView, port: int, what: str) -> np.ndarray | None:
+        return self.parameter(node, port, what) if node.input(port) else None
 
     def optional_const(self, node: NodeView, port: int, what: str) -> np.ndarray | None:
         """Like ``const`` but None when the optional input is absent."""

@@ -212,7 +212,7 @@ def pad(ctx: Context, node: NodeView) -> None:
         raise ctx.unsupported(node, f"mode '{mode}' is not supported (constant, reflect, "
                                     f"edge are)") from exc
     pads = _ints(ctx.const(node, 1, "pads"))
-    value_in = ctx.optional_const(node, 2, "constant_value")
+    value_in = ctx.optional_parameter(node, 2, "constant_value")
     axes_in = ctx.optional_const(node, 3, "axes")
     axes = _axes(ctx, node, axes_in, x.rank) if axes_in is not None else tuple(range(x.rank))
     if len(pads) != 2 * len(axes):

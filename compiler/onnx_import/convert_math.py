@@ -13,7 +13,6 @@ import math
 import numpy as np
 
 from qfuse.compiler.onnx_import.context import Context, NodeView
-from qfuse.runtime.reference.ops_quant import dequantize_linear
 from qfuse.ir import DType, TensorInfo
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -132,8 +131,8 @@ def instance_norm(ctx: Context, node: NodeView) -> None:
     if x.rank < 3:
         raise ctx.malformed(node, f"input of rank {x.rank}; InstanceNormalization needs "
                                   f"[N, C, D...]")
-    scale = np.asarray(_parameter(ctx, node, 1, "the scale"), np.float32).ravel()
-    bias = np.asarray(_parameter(ctx, node, 2, "B"), np.float32).ravel()
+    scale = np.asarray(ctx.parameter(node, 1, "the scale"), np.float32).ravel()
+    bias = np.asarray(ctx.parameter(node, 2, "B"), np.float32).ravel()
     channels = x.shape[1]
     if scale.size != channels or bias.size != channels:
         raise ctx.malformed(node, f"scale and B hold {scale.size} and {bias.size} values for "
@@ -156,20 +155,6 @@ def instance_norm(ctx: Context, node: NodeView) -> None:
         out = node.outputs[0] if last else ctx.graph.unique_name(f"{node.outputs[0]}@scaled")
         ctx.emit(node, op, [value, operand], outputs=[out])
         value = out
-
-
-def _parameter(ctx: Context, node: NodeView, port: int, what: str) -> np.ndarray:
-    """Input ``port``'s value: a constant, or a DequantizeLinear of constants (quantize_static
-    quantizes InstanceNormalization's scale and B as weights), dequantized as ONNX does."""
-    name = node.input(port)
-    if ctx.is_const(name) or not name:
-        return ctx.const(node, port, what)
-    producer = ctx.graph.producer(name) if name in ctx.graph.values else None
-    if producer is not None and producer.op is Op.DEQUANTIZE_LINEAR:
-        args = [ctx.graph.constant(v) if v else None for v in producer.inputs]
-        if all(a is not None for a, v in zip(args, producer.inputs, strict=True) if v):
-            return dequantize_linear(producer, args)[0]
-    return ctx.const(node, port, what)  # raises: computed at run time
 
 
 def batch_norm(ctx: Context, node: NodeView) -> None:

@@ -199,6 +199,23 @@ def test_pad(mode: str, value: float | None, axes: list[int] | None) -> None:
     assert len(attrs.pads) == 6 and attrs.value == (value or 0.0)
 
 
+def test_pad_value_dequantized_from_a_constant() -> None:
+    """quantize_static quantizes Pad's constant_value as a weight (EfficientViT pads v with a
+    column of ones): a DequantizeLinear of constants, read at import, not an island."""
+    nodes = [helper.make_node("DequantizeLinear", ["vq", "vs", "vz"], ["v"]),
+             helper.make_node("Pad", ["x", "pads", "v"], ["y"], mode="constant")]
+    m = model(nodes, {"x": ([1, 2, 3, 4], TensorProto.FLOAT)}, ["y"],
+              [init("pads", np.array([0, 0, 0, 0, 0, 0, 0, 1], I64)),
+               init("vq", np.array(254, np.uint8)), init("vs", np.array(1 / 127, F)),
+               init("vz", np.array(0, np.uint8))], opset=18)
+    pad = [n for n in check_against_ort(m, (1, 2, 3, 4)).topo_order() if n.op is Op.PAD]
+    assert len(pad) == 1 and pad[0].attrs.value == np.float32(254) * np.float32(1 / 127)
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(F)
+    for mode in ("fused", "reference"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode).run({"x": x})["y"],
+                                      run_ort(m, {"x": x})[0])
+
+
 @pytest.mark.parametrize("mode", ["constant", "reflect"])
 def test_pad_by_nothing_is_an_identity(mode: str) -> None:
     """torchvision's Swin pads each stage to a multiple of its window, by 0 at 224x224."""
