@@ -108,7 +108,8 @@ def gather(ctx: Context, node: NodeView) -> None:
     Slice (ONNX spec: ``out[..., j, ...] = data[..., indices[j], ...]`` along ``axis``), plus a
     Squeeze of ``axis`` for a scalar index: PyTorch writes ``x[:, 0]`` (a class token) and
     ``qkv[0]`` / ``unbind`` (attention's q, k, v) so. Bit-exact: the values are moved, not
-    computed. Other indices (run-time, repeated, out of order) stay a float island."""
+    computed. Indices of rank > 1 reshape the run. Other indices (run-time, repeated, out of
+    order) stay a float island."""
     x = ctx.input_info(node, 0)
     axis = _axis(ctx, node, int(node.attr("axis", 0)), x.rank)
     if not ctx.is_const(node.input(1)):
@@ -116,7 +117,7 @@ def gather(ctx: Context, node: NodeView) -> None:
     indices = np.asarray(ctx.const(node, 1, "indices"))
     dim = x.shape[axis]
     flat = [int(i) for i in indices.reshape(-1).tolist()]
-    if not flat or indices.ndim > 1:
+    if not flat:
         raise ctx.unsupported(node, f"indices of shape {indices.shape}")
     if any(not -dim <= i < dim for i in flat):
         raise ctx.malformed(node, f"indices {flat} are out of range for dim {axis} of size {dim}")
@@ -129,7 +130,13 @@ def gather(ctx: Context, node: NodeView) -> None:
         return
     sliced = ctx.graph.unique_name(f"{node.outputs[0]}@slice")
     ctx.emit(node, Op.SLICE, node.inputs[:1], attrs, outputs=[sliced])
-    ctx.emit(node, Op.SQUEEZE, [sliced], AxesAttrs((axis,)))
+    if indices.ndim == 0:
+        ctx.emit(node, Op.SQUEEZE, [sliced], AxesAttrs((axis,)))
+        return
+    # indices of rank > 1 (torch.export's as_strided after a global pool: arange(C) shaped
+    # [1, C, 1, 1]): the run, reshaped to ``x.shape[:axis] + indices.shape + ...``
+    shape = (*x.shape[:axis], *indices.shape, *x.shape[axis + 1:])
+    ctx.emit(node, Op.RESHAPE, [sliced], ReshapeAttrs(shape))
 
 
 def reshape(ctx: Context, node: NodeView) -> None:

@@ -1,5 +1,6 @@
 """Gather with constant indices: one index, or a run of consecutive ones, is a Slice (plus a
-Squeeze for a scalar index), exact in every mode; other indices stay a float island."""
+Squeeze for a scalar index, a Reshape for indices of rank > 1), exact in every mode; other
+indices stay a float island."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def _feeds(shape: tuple[int, ...] = SHAPE) -> dict[str, np.ndarray]:
     (np.array([2], np.int64), 2),    # one index, axis kept
     (np.array([1, 2, 3], np.int64), 2),  # a run
     (np.array([-2, -1], np.int64), 3),   # a run written from the end
+    (np.array([[0, 1]], np.int64), 2),   # indices of rank 2: the run reshaped
+    (np.arange(4, dtype=np.int64).reshape(1, 4, 1, 1), 3),  # torch.export's as_strided
 ])
 def test_a_run_of_indices_is_a_slice_and_equal_to_onnxruntime(indices: np.ndarray,
                                                                axis: int) -> None:
@@ -36,6 +39,7 @@ def test_a_run_of_indices_is_a_slice_and_equal_to_onnxruntime(indices: np.ndarra
     ops = [n.op for n in import_model(m)]
     assert Op.ISLAND not in ops and Op.SLICE in ops
     assert (Op.SQUEEZE in ops) == (indices.ndim == 0)
+    assert (Op.RESHAPE in ops) == (indices.ndim > 1)
     want = run_ort(m, _feeds())[0]
     for mode in ("reference", "fused", "unfused"):
         got = compile_model(m, mode=mode).run(_feeds())
@@ -45,7 +49,7 @@ def test_a_run_of_indices_is_a_slice_and_equal_to_onnxruntime(indices: np.ndarra
 @pytest.mark.parametrize(("indices", "why"), [
     (np.array([2, 1], np.int64), "not consecutive"),
     (np.array([0, 0], np.int64), "not consecutive"),
-    (np.array([[0, 1]], np.int64), "indices of shape"),
+    (np.array([[1, 0]], np.int64), "not consecutive"),
 ])
 def test_other_constant_indices_stay_an_island(indices: np.ndarray, why: str) -> None:
     assert_island(single("Gather", SHAPE, [init("i", indices)], axis=2), {"Gather"}, why,
