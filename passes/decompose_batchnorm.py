@@ -37,6 +37,7 @@ import numpy as np
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.postops import single_pixel_batch
 from qfuse.passes.base import PassContext, rewrite_each
+from qfuse.passes.matmul_reshape import SHAPE_OPS
 from qfuse.passes.post_op_match import activation, constant_operand, sole_reader
 from qfuse.passes.replace import replace_nodes
 
@@ -54,7 +55,7 @@ def _check(graph: Graph, bn: Node) -> str | None:
     for port, what in enumerate(("scale", "bias", "mean", "var"), 1):
         if constant_operand(graph, bn.inputs[port])[0] is None:
             return f"BatchNorm {what} '{bn.inputs[port]}' is not a constant"
-    producer = graph.producer(bn.inputs[0])
+    producer = _before_reshapes(graph, bn)
     if _after_quantized_compute(graph, producer) or _quantized_after(graph, bn):
         return None
     if producer is None or producer.op not in COMPUTE:
@@ -77,9 +78,29 @@ def _quantized_after(graph: Graph, bn: Node) -> bool:
             return False
         if reader.op in QUANTIZERS:
             return True
-        if activation(reader) is None:  # not one the gate chain takes as a post-op
-            return False
+        if not _keeps_channels_last(graph, bn, reader) and activation(reader) is None:
+            return False  # not one the gate chain takes as a post-op
         value = reader.outputs[0]
+
+
+def _keeps_channels_last(graph: Graph, bn: Node, node: Node) -> bool:
+    """``node`` only regroups the leading dims of a 2-D BatchNorm's [rows, C] values (LeViT
+    normalizes a Linear's [B·N, C] output: Flatten before, Reshape to [B, N, C] after), so a
+    per-channel Mul / Add stays per last dim across it."""
+    channels = graph.info(bn.inputs[0]).shape
+    if len(channels) != 2 or node.op not in SHAPE_OPS:
+        return False
+    before, after = graph.info(node.inputs[0]).shape, graph.info(node.outputs[0]).shape
+    return bool(before) and bool(after) and before[-1] == after[-1] == channels[-1]
+
+
+def _before_reshapes(graph: Graph, bn: Node) -> Node | None:
+    """The producer of the BN's input, past single-reader ``_keeps_channels_last`` nodes."""
+    producer = graph.producer(bn.inputs[0])
+    while (producer is not None and _keeps_channels_last(graph, bn, producer)
+           and graph.uses(producer.outputs[0]) == 1):
+        producer = graph.producer(producer.inputs[0])
+    return producer
 
 
 def _after_quantized_compute(graph: Graph, producer: Node | None) -> bool:

@@ -186,3 +186,52 @@ def test_batchnorm_parameters_through_dequantize_linear() -> None:
         diff = step_diff(compiled.run(_feeds(seed))["out"],
                          reference.run(_feeds(seed))["out"], S_Y)
         assert diff.max_steps <= 1 and diff.identical >= 0.99
+
+
+def _linear_norm(rows: int = 6, tokens: int = 5) -> onnx.ModelProto:
+    """LeViT's LinearNorm: int8 MatMul [B, N, K]·[K, C] → Q → DQ → Flatten to [B·N, C] →
+    BatchNorm (2-D: C is the last dim) → Reshape to [B, N, C] → HardSwish → Q → DQ."""
+    rng = np.random.default_rng(5)
+    inits = [nh.from_array(rng.integers(-100, 100, (C, C)).astype(np.int8), "w"),
+             nh.from_array(np.float32(2e-3), "ws"), nh.from_array(np.int8(0), "wz"),
+             nh.from_array(np.float32(0.05), "xs"), nh.from_array(np.int8(0), "xz"),
+             nh.from_array(np.float32(0.03), "ms"), nh.from_array(np.int8(0), "mz"),
+             nh.from_array(np.float32(S_Y), "ys"), nh.from_array(np.int8(ZP_Y), "yz"),
+             nh.from_array(rng.uniform(0.5, 2, C).astype(np.float32), "gamma"),
+             nh.from_array(rng.uniform(-1, 1, C).astype(np.float32), "beta"),
+             nh.from_array(rng.uniform(-1, 1, C).astype(np.float32), "mean"),
+             nh.from_array(rng.uniform(0.5, 2, C).astype(np.float32), "var"),
+             nh.from_array(np.array([rows, tokens, C], np.int64), "shape")]
+    nodes = [h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             h.make_node("MatMul", ["xd", "wd"], ["m"]),
+             h.make_node("QuantizeLinear", ["m", "ms", "mz"], ["mq"]),
+             h.make_node("DequantizeLinear", ["mq", "ms", "mz"], ["md"]),
+             h.make_node("Flatten", ["md"], ["f"], axis=2),
+             h.make_node("BatchNormalization", ["f", "gamma", "beta", "mean", "var"], ["bn"]),
+             h.make_node("Reshape", ["bn", "shape"], ["r"]),
+             h.make_node("HardSwish", ["r"], ["a"]),
+             h.make_node("QuantizeLinear", ["a", "ys", "yz"], ["aq"]),
+             h.make_node("DequantizeLinear", ["aq", "ys", "yz"], ["out"])]
+    graph = h.make_graph(nodes, "linear_norm",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [rows, tokens, C])],
+                         [h.make_tensor_value_info("out", TensorProto.FLOAT,
+                                                   [rows, tokens, C])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+def test_batchnorm_between_reshapes_of_a_matmul_output_joins_its_kernel() -> None:
+    """LeViT NNCF: 11 BatchNorm binaries and the dequantize reorders before them (238 → 205
+    kernels). The BN over [B·N, C] sits between a Flatten and a Reshape that keep C last."""
+    model = _linear_norm()
+    compiled = compile_model(model)
+    kernels = compiled.inspect()["kernels"]
+    assert [k["primitive"] for k in kernels].count("matmul") == 1
+    assert not [k for k in kernels if k["op"] in ("BatchNormalization", "HardSwish")
+                or k["primitive"] == "batch_normalization"], [k["name"] for k in kernels]
+    reference = compile_model(model, mode="reference")
+    for seed in range(3):
+        x = np.random.default_rng(seed).standard_normal((6, 5, C)).astype(np.float32)
+        assert step_diff(compiled.run({"x": x})["out"],
+                         reference.run({"x": x})["out"], S_Y).max_steps <= 1
