@@ -126,6 +126,7 @@ PROBES = {
     Op.PAD: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,
     Op.SOFTMAX: lower_norm.probe_softmax,
+    **{op: lower_reduce.probe_reduce for op in lower_reduce.ACROSS_SLICES},
 }
 
 

@@ -102,6 +102,35 @@ def test_reduce_matches_onnxruntime_and_onnx_reference(op: str, shape: tuple[int
             assert np.all(error <= limit), (mode, engine, float((error - limit).max()))
 
 
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin"])
+@pytest.mark.parametrize(("shape", "axis"), [((2, 16, 7, 7), 0), ((1, 2, 16, 5, 5), 1),
+                                             ((1, 3, 8, 5, 5), 1), ((1, 4, 6, 6), 1)], ids=str)
+@pytest.mark.parametrize("keepdims", [1, 0])
+def test_short_axis_reduces_across_slices(op: str, shape: tuple[int, ...], axis: int,
+                                          keepdims: int) -> None:
+    """One outermost axis of 2 to 4 elements (SKNet / ResNeSt sum their radix branches): one
+    binary primitive over x's slices (lower_reduce._across_slices), no reorder; ReduceMean of
+    3 keeps the reduction kernel (·1/3 is not /3). Max / min and a sum of 2 are bit-exact
+    against onnxruntime; sums of 3 or 4 within the float32 bound above."""
+    m = single(op, shape, [init("axes", np.array([axis], np.int64))], opset=18,
+               keepdims=keepdims)
+    x = RNG.standard_normal(shape).astype(F32)
+    compiled = compile_model(m)
+    k = shape[axis]
+    sliced = not (op == "ReduceMean" and k == 3)
+    kernels = compiled.inspect()["kernels"]
+    assert ([kk["primitive"] for kk in kernels] == ["binary"]) == sliced, kernels
+    assert ("across_slices" in kernels[0]["optimizations"]) == sliced
+    want = run_ort(m, {"x": x})[0]
+    got = compiled.run({"x": x})["y"]
+    assert got.shape == want.shape
+    if op in ("ReduceMax", "ReduceMin") or (op in ("ReduceSum", "ReduceMean") and k == 2):
+        np.testing.assert_array_equal(got, want)
+    else:
+        bound = 2 * k * EPS * _magnitude(op, x, (axis,))
+        assert np.all(np.abs(got.astype(np.float64) - want).reshape(bound.shape) <= bound)
+
+
 def test_reduce_with_empty_axes_and_noop_is_the_input() -> None:
     m = single("ReduceMean", (2, 3), [init("axes", np.zeros(0, np.int64))], opset=18,
                noop_with_empty_axes=1)
