@@ -69,6 +69,7 @@ from qfuse.runtime.onednn import (
     binary,
     concat,
     eltwise,
+    reorder,
 )
 from qfuse.runtime.reference.ops_shape import onnx_slice
 
@@ -515,10 +516,15 @@ def lower_expand(ctx: LowerContext, node: Node) -> None:
     strides = (0,) * lead + tuple(md.strides or ())
     broadcast = tuple(0 if d == 1 and o != 1 else st
                       for d, o, st in zip(dims, out, strides, strict=True))
-    view = ctx.temp(f"{x}@expand", MemoryDesc.from_strides(out, md.dtype, broadcast),
-                    alias=src)
-    dst = ctx.define(y, ctx.preferred(y, md.dtype) or plain_md(out, md.dtype))
-    ctx.add_reorder(view, dst, role="op", node=node,
+    view_md = MemoryDesc.from_strides(out, md.dtype, broadcast)
+    dst_md = ctx.preferred(y, md.dtype) or plain_md(out, md.dtype)
+    try:
+        reorder(view_md, dst_md)
+    except DnnlError:
+        lower_numpy(ctx, node, note="oneDNN has no reorder from a stride-0 view here")
+        return
+    view = ctx.temp(f"{x}@expand", view_md, alias=src)
+    ctx.add_reorder(view, ctx.define(y, dst_md), role="op", node=node,
                     note="a reorder from a view with stride 0 along the broadcast dims")
 
 
