@@ -30,6 +30,7 @@ from qfuse.passes import (
     patch_conv,
     propagate_dequantize,
     qdq_to_fake_quantize,
+    quantize_before_reshape,
     signed_matmul_weights,
     strided_pointwise_conv,
     strip_quantization,
@@ -53,6 +54,7 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("qdq_to_fake_quantize", qdq_to_fake_quantize.run),
     ("decompose_fake_quantize", decompose_fake_quantize.run),
     ("fold_weight_quantize", fold_weight_quantize.run),
+    ("quantize_before_reshape", quantize_before_reshape.run),
     # x·sigmoid(x), x·hardsigmoid(x), x·relu6(x + 3)/6 as one activation the producer absorbs
     ("fuse_gated_activation", fuse_gated_activation.run),
     # 4. dequantize moved through precision-preserving ops and after compute ops

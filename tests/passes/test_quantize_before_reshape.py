@@ -1,0 +1,83 @@
+"""quantize_before_reshape: ``x → Reshape → Q`` (per tensor) becomes ``x → Q → Reshape``, so a
+global pool whose quantize follows a flatten (torch.export's ResNet head, quantize_static) is one
+int8 pooling kernel. Exact: the reference interpreter's outputs are bit-identical before and
+after the pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from qfuse.compiler.api import compile_model, import_graph
+from qfuse.compiler.pipeline import run_pipeline
+from qfuse.passes.base import PassContext
+from qfuse.runtime.numerics import step_diff
+from qfuse.runtime.reference import evaluate
+
+C, S_Y = 8, 0.02
+
+
+def _pool_head(per_channel: bool = False) -> onnx.ModelProto:
+    """x → Q/DQ → int8 conv → Relu → Q/DQ → ReduceMean(H, W) → Reshape [1, C] → Q → DQ."""
+    rng = np.random.default_rng(4)
+    y_scale = rng.uniform(0.01, 0.03, C) if per_channel else S_Y
+    inits = [nh.from_array(rng.integers(-90, 90, (C, 3, 3, 3)).astype(np.int8), "w"),
+             nh.from_array(np.float32(0.004), "ws"), nh.from_array(np.int8(0), "wz"),
+             nh.from_array(np.float32(0.05), "xs"), nh.from_array(np.uint8(128), "xz"),
+             nh.from_array(np.float32(0.05), "rs"), nh.from_array(np.uint8(0), "rz"),
+             nh.from_array(np.asarray(y_scale, np.float32), "ys"),
+             nh.from_array(np.zeros(C, np.uint8) if per_channel else np.uint8(0), "yz"),
+             nh.from_array(np.array([2, 3], np.int64), "axes"),
+             nh.from_array(np.array([1, C], np.int64), "shape")]
+    nodes = [h.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             h.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("QuantizeLinear", ["r", "rs", "rz"], ["rq"]),
+             h.make_node("DequantizeLinear", ["rq", "rs", "rz"], ["rd"]),
+             h.make_node("ReduceMean", ["rd", "axes"], ["m"], keepdims=1),
+             h.make_node("Reshape", ["m", "shape"], ["v"]),
+             h.make_node("QuantizeLinear", ["v", "ys", "yz"], ["vq"], axis=1),
+             h.make_node("DequantizeLinear", ["vq", "ys", "yz"], ["y"], axis=1)]
+    graph = h.make_graph(nodes, "pool_head",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, C])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+
+
+def _feeds(seed: int) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((1, 3, 6, 6)).astype(np.float32)}
+
+
+def test_quantize_moves_before_the_reshape_exactly() -> None:
+    graph = import_graph(_pool_head())
+    before = [evaluate(graph, _feeds(s))["y"] for s in range(3)]
+    results = {r.name: r for r in run_pipeline(graph, PassContext(),
+                                                until="quantize_before_reshape")}
+    assert results["quantize_before_reshape"].changed == 1
+    for seed, want in enumerate(before):
+        np.testing.assert_array_equal(evaluate(graph, _feeds(seed))["y"], want)
+
+
+def test_the_pool_is_one_int8_kernel() -> None:
+    model = _pool_head()
+    compiled = compile_model(model)
+    pools = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "pooling"]
+    assert len(pools) == 1 and pools[0]["src_dtype"] == pools[0]["dst_dtype"] == "u8", pools
+    assert not [k for k in compiled.inspect()["kernels"] if k["primitive"] == "reduction"]
+    reference = compile_model(model, mode="reference")
+    for seed in range(3):
+        assert step_diff(compiled.run(_feeds(seed))["y"], reference.run(_feeds(seed))["y"],
+                         S_Y).max_steps <= 1
+
+
+def test_a_per_channel_quantize_stays_after_the_reshape() -> None:
+    graph = import_graph(_pool_head(per_channel=True))
+    results = {r.name: r for r in run_pipeline(graph, PassContext(),
+                                                until="quantize_before_reshape")}
+    assert results["quantize_before_reshape"].changed == 0
+    assert any("per channel" in d.reason for d in results["quantize_before_reshape"].declined)
