@@ -180,8 +180,10 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
     if ctx.info(a).shape != out and ctx.info(b).shape == out and node.op in (Op.ADD, Op.MUL):
         a, b = b, a
     if ctx.info(a).shape != out:
-        lower_numpy(ctx, node, note="the first operand is broadcast")
-        return
+        if not _first_operand_stored(ctx, node, a, out):
+            lower_numpy(ctx, node, note="the first operand is broadcast")
+            return
+        a = f"{a}@expanded"
     nd = len(out)
     b_dims = (1,) * (nd - len(ctx.info(b).shape)) + ctx.info(b).shape
     fixed: dict[int, Memory] = {}
@@ -223,6 +225,23 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
         fixed[int(Arg.SRC_1)] = ctx.weights(b_array, src1_md)
     args[int(Arg.DST)] = _in_place_or_new(ctx, node, args[int(Arg.SRC_0)], src0_md)
     ctx.add_primitive(node.name, pd, args, fixed, info=ctx.info_for(node))
+
+
+def _first_operand_stored(ctx: LowerContext, node: Node, a: str, out: tuple[int, ...]) -> bool:
+    """A constant first operand broadcast to ``out`` (``1 / x``: RMSNorm's rsqrt, Reciprocal;
+    ``c − x``), stored expanded as the value ``a@expanded``: the binary primitive's first
+    source is full size. False when ``a`` is not a constant or the copy would pass
+    BROADCAST_CONSTANT_BYTES."""
+    value = ctx.const(a)
+    if value is None:
+        return False
+    dims = (1,) * (len(out) - np.ndim(value)) + tuple(np.shape(value))
+    wide = stored_broadcast(value, dims, out)
+    if wide is None:
+        return False
+    ctx.folded[f"{a}@expanded"] = wide  # what ctx.const gives, should a layout copy be made
+    ctx.home[f"{a}@expanded"] = ctx.const_slot(f"const:{a}@expanded", const_memory(wide))
+    return True
 
 
 def collapsed_dims(out: tuple[int, ...], b_dims: tuple[int, ...]

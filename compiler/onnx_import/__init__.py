@@ -71,6 +71,7 @@ _DEFAULT: dict[str, Converter] = {
     "Sub": convert_math.binary,
     "Mul": convert_math.binary,
     "Div": convert_math.binary,
+    "Reciprocal": convert_math.reciprocal,
     "Sum": convert_math.sum_,
     "Relu": convert_math.unary,
     "Sigmoid": convert_math.unary,
