@@ -6,9 +6,11 @@ what runs where, how close, how fast.
     .venv/bin/python benchmarks/arch_sweep.py run --out sweep         # needs qfuse's test extra
     .venv/bin/python benchmarks/arch_sweep.py all --out sweep --models resnet18,vit_b_16
 
-``export`` builds each torchvision architecture from its code (random weights: no weights are
-downloaded), sets every BatchNorm's statistics from four batches of N(0, 1) data as training
-would, and exports it with ``torch.onnx.export`` (TorchScript exporter, opset 17, batch 1);
+``export`` builds each torchvision architecture (``timm_<name>``: timm's, at its own input
+size) from its code (random weights: no weights are downloaded), sets every BatchNorm's
+statistics from four batches of N(0, 1) data as training would, and exports it with
+``torch.onnx.export`` (TorchScript exporter, opset 17, batch 1; ``--exporter dynamo``: the
+torch.export-based exporter, torch.onnx.export's default since torch 2.9, at its opset);
 ``bert`` is PyTorch's own ``nn.TransformerEncoder`` (2 layers, d_model 256, 4 heads, GELU) on
 64 tokens. ``run`` quantizes each float model the three ways of examples/realzoo/quantize.py
 (quantize_static QDQ and QOperator after quant_pre_process, NNCF with its defaults) on 8 N(0, 1)
