@@ -1,7 +1,7 @@
 """Published architectures, quantized the ways users quantize, compiled by qfuse: what compiles,
 what runs where, how close, how fast.
 
-    pip install -e '.[archs]'                       # torch + torchvision, CPU wheels from PyPI
+    pip install -e '.[archs]'                       # torch, torchvision, timm: CPU wheels
     .venv/bin/python benchmarks/arch_sweep.py export --out sweep      # needs torch
     .venv/bin/python benchmarks/arch_sweep.py run --out sweep         # needs qfuse's test extra
     .venv/bin/python benchmarks/arch_sweep.py all --out sweep --models resnet18,vit_b_16
