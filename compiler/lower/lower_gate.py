@@ -280,12 +280,19 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     else:
         return False
     slots: dict[int, tuple[str, MemoryDesc]] = {}
+    order = [i for g in groups for i in g]
     for port in ports:
-        value = node.inputs[port]
+        value, md = node.inputs[port], view(dims[port], DataType.f32)
+        constant = ctx.const(value)
+        if constant is not None:  # a constant of its own in the view's order (no writer)
+            data = np.asarray(constant, np.float32).reshape(dims[port])
+            rest = [i for i in range(data.ndim) if i not in order]
+            laid_out = data.transpose(order + rest).reshape(md.dims)
+            slots[port] = (ctx.const_slot(f"const:{value}@order", const_memory(laid_out)), md)
+            continue
         laid, _ = unfused.dequantized(ctx, value, 1.0, 0,
                                       dense_in_order(home, dims[port], DataType.f32))
-        slots[port] = (ctx.temp(f"{value}@order", view(dims[port], DataType.f32), alias=laid),
-                       view(dims[port], DataType.f32))
+        slots[port] = (ctx.temp(f"{value}@order", md, alias=laid), md)
     src = ctx.temp(f"{x}@order", view(out, home.dtype), alias=ctx.home_slot(x))
     dst = ctx.temp(f"{y}@order", view(out, dst_type),
                    alias=ctx.define(y, dense_in_order(home, out, dst_type)))
