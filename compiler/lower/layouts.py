@@ -12,7 +12,8 @@ other strides, not a reorder (ShuffleNet's channel shuffle splits C of an nhwc t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -23,6 +24,8 @@ from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, Memory, MemoryD
 DNNL_TYPES = {DType.F32: DataType.f32, DType.S32: DataType.s32, DType.S8: DataType.s8,
               DType.U8: DataType.u8, DType.F16: DataType.f16}
 CHANNELS_LAST = {3: FormatTag.nwc, 4: FormatTag.nhwc, 5: FormatTag.ndhwc}
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def const_memory(values: object, dtype: object = None) -> Memory:
@@ -104,6 +107,22 @@ def is_slow(impl: str, kind: str) -> bool:
     also wrapped (a deconvolution on ``conv:any+ref:any``), and GEMM-based convolutions."""
     return ("ref:" in impl or impl.startswith("ref")
             or (kind in ("convolution", "deconvolution") and "gemm" in impl))
+
+
+def first_fast(kind: str, candidates: Iterable[T], make: Callable[[T], R]
+               ) -> tuple[T, R] | None:
+    """The first candidate whose primitive oneDNN implements on a kernel that is not slow
+    (``make(candidate)`` returns it, or a tuple whose first item is its PrimitiveDesc), with
+    what ``make`` returned; None when every candidate is refused or slow."""
+    for candidate in candidates:
+        try:
+            made = make(candidate)
+        except DnnlError:
+            continue
+        pd = made[0] if isinstance(made, tuple) else made
+        if not is_slow(pd.impl_name, kind):  # type: ignore[attr-defined]
+            return candidate, made
+    return None
 
 
 RESHAPES = (Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE)

@@ -45,6 +45,7 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
+    first_fast,
     grouped_md,
     is_slow,
     md_like,
@@ -264,21 +265,21 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     dst_type = dnnl_type(yinfo.dtype)
     zp = fused.src_zero_point if int_source and fused is not None else None
     out = tuple(home.dims)
-    for lead in (0, 1):
-        def view(d: tuple[int, ...], t: DataType, lead: int = lead) -> MemoryDesc:
-            return grouped_md(groups, d, t, lead)
 
-        probe = {p: ("", view(dims[p], DataType.f32)) for p in ports}
-        try:
-            pd, _, _ = _chain_kernel(finish, first, view(out, home.dtype),
-                                     view(out, dst_type), len(groups) + lead,
-                                     probe.__getitem__, zp)
-        except DnnlError:
-            continue
-        if not is_slow(pd.impl_name, "binary"):
-            break
-    else:
+    def probe(lead: int) -> tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]:
+        mds = {p: ("", grouped_md(groups, dims[p], DataType.f32, lead)) for p in ports}
+        return _chain_kernel(finish, first, grouped_md(groups, out, home.dtype, lead),
+                             grouped_md(groups, out, dst_type, lead), len(groups) + lead,
+                             mds.__getitem__, zp)
+
+    found = first_fast("binary", (0, 1), probe)
+    if found is None:
         return False
+    lead = found[0]
+
+    def view(d: tuple[int, ...], t: DataType) -> MemoryDesc:
+        return grouped_md(groups, d, t, lead)
+
     slots: dict[int, tuple[str, MemoryDesc]] = {}
     order = [i for g in groups for i in g]
     for port in ports:

@@ -29,6 +29,7 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
+    first_fast,
     is_host,
     is_row_major,
     is_slow,
@@ -277,16 +278,14 @@ def _collapsed_binary(ctx: LowerContext, node: Node, a: str, b_value: str | None
     merged = collapsed_dims(out, b_dims)
     if merged is None:
         return False
-    for out_c, b_c in (merged, ((1, *merged[0]), (1, *merged[1]))):
-        f32_out, f32_b = plain_md(out_c, DataType.f32), plain_md(b_c, DataType.f32)
-        try:
-            pd = binary(BINARY[node.op], f32_out, f32_b, f32_out)
-        except DnnlError:
-            continue
-        if not is_slow(pd.impl_name, "binary"):
-            break
-    else:
+    found = first_fast("binary", (merged, ((1, *merged[0]), (1, *merged[1]))),
+                       lambda dims: binary(BINARY[node.op], plain_md(dims[0], DataType.f32),
+                                           plain_md(dims[1], DataType.f32),
+                                           plain_md(dims[0], DataType.f32)))
+    if found is None:
         return False
+    (out_c, b_c), pd = found
+    f32_out, f32_b = plain_md(out_c, DataType.f32), plain_md(b_c, DataType.f32)
     y = node.outputs[0]
     args = {int(Arg.SRC_0): ctx.view(a, out_c, row_major=True)}
     fixed: dict[int, Memory] = {}

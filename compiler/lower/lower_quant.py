@@ -75,6 +75,7 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
+    first_fast,
     grouped_md,
     is_slow,
     md_like,
@@ -134,19 +135,17 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     pd, fixed = kernel.primitive(src_md, same)
     groups = (memory_order_groups(src_md, []) if is_slow(pd.impl_name, "binary")
               and kernel.per_tensor else None)
-    if groups is not None:
-        for lead in (0, 1):
-            flat = grouped_md(groups, src_md.dims, src_md.dtype, lead)
-            flat_pd, flat_fixed = kernel.primitive(flat, md_like(flat, dtype))
-            if not is_slow(flat_pd.impl_name, "binary"):
-                same = dense_in_order(src_md, src_md.dims, dtype)
-                out = ctx.define(y, same)
-                ctx.add_primitive(node.name, flat_pd, {
-                    int(Arg.SRC_0): ctx.temp(f"{src_value}@order", flat, alias=home),
-                    int(Arg.DST): ctx.temp(f"{y}@order", md_like(flat, dtype), alias=out)},
-                    flat_fixed, info=kernel.info(ctx, node, len(flat.dims), absorbed,
-                                                 ["memory_order"]))
-                return
+    found = None if groups is None else first_fast(
+        "binary", (grouped_md(groups, src_md.dims, src_md.dtype, lead) for lead in (0, 1)),
+        lambda flat: kernel.primitive(flat, md_like(flat, dtype)))
+    if found is not None:
+        flat, (flat_pd, flat_fixed) = found
+        out = ctx.define(y, dense_in_order(src_md, src_md.dims, dtype))
+        ctx.add_primitive(node.name, flat_pd, {
+            int(Arg.SRC_0): ctx.temp(f"{src_value}@order", flat, alias=home),
+            int(Arg.DST): ctx.temp(f"{y}@order", md_like(flat, dtype), alias=out)},
+            flat_fixed, info=kernel.info(ctx, node, len(flat.dims), absorbed, ["memory_order"]))
+        return
     want = same if _read_by_reorders(ctx, y) else preferred_md(ctx, y, dtype, src_md)
     out = ctx.define(y, want)
     target = out if want == same else ctx.temp(f"{y}@{same.dtype.name}", same)
