@@ -38,6 +38,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from qfuse.compiler.lower import lower_binary as binary_ops
 from qfuse.compiler.lower import lower_misc, lower_quant, unfused
 from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
@@ -53,7 +54,6 @@ from qfuse.compiler.lower.layouts import (
     plain_md,
     same_bytes,
 )
-from qfuse.compiler.lower.lower_misc import stored_broadcast
 from qfuse.ir import Node
 from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
 from qfuse.runtime.onednn import (
@@ -88,7 +88,7 @@ def lower_fake_quantize(ctx: LowerContext, node: Node) -> None:
 def lower_binary(ctx: LowerContext, node: Node) -> None:
     """Add / Mul: a gate chain's first op (x + 3 of x·relu6(x + 3)/6), or plain."""
     if node.fused is None:
-        lower_misc.lower_binary(ctx, node)
+        binary_ops.lower_binary(ctx, node)
         return
     lower_gate(ctx, node)
 
@@ -321,7 +321,7 @@ def _own_operation(ctx: LowerContext, node: Node, first: TensorBinary, src: str,
                    ) -> tuple[PrimitiveDesc, dict[int, str], dict[int, Memory]]:
     """The binary primitive ``x ∘ r`` carrying the chain's post-ops (module docstring), with
     the slots and constants it reads: r as oneDNN broadcasts it on jit; a constant r stored
-    broadcast where that broadcast is ref:any only (lower_misc.stored_broadcast); else the
+    broadcast where that broadcast is ref:any only (lower_binary.stored_broadcast); else the
     operation alone into f32 (jit without post-ops) and the chain as ``x·1`` on that."""
     alg = Alg[f"binary_{first.alg}"]
     slot, md = tensor_slot(first.port)
@@ -329,7 +329,7 @@ def _own_operation(ctx: LowerContext, node: Node, first: TensorBinary, src: str,
     pd = binary(alg, f32, md, dst_md, attr=attr)
     if not is_slow(pd.impl_name, "binary"):
         return pd, {int(Arg.SRC_0): src, int(Arg.SRC_1): slot}, {}
-    wide = stored_broadcast(ctx.const(node.inputs[first.port]), tuple(md.dims), shape)
+    wide = binary_ops.stored_broadcast(ctx.const(node.inputs[first.port]), tuple(md.dims), shape)
     if wide is not None:
         stored = binary(alg, f32, f32, dst_md, attr=attr)
         if not is_slow(stored.impl_name, "binary"):

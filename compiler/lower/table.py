@@ -17,6 +17,7 @@ import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import (
+    lower_binary,
     lower_compute,
     lower_dynamic,
     lower_gate,
@@ -69,10 +70,10 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.HARD_SIGMOID: lower_gate.lower_activation,
     Op.GELU: lower_gate.lower_activation,
     Op.ADD: lower_gate.lower_binary,
-    Op.SUB: lower_misc.lower_binary,
+    Op.SUB: lower_binary.lower_binary,
     Op.MUL: lower_gate.lower_binary,
-    Op.DIV: lower_misc.lower_binary,
-    Op.SUM: lower_misc.lower_binary,
+    Op.DIV: lower_binary.lower_binary,
+    Op.SUM: lower_binary.lower_binary,
     Op.SOFTMAX: lower_norm.lower_softmax,
     Op.LAYER_NORM: lower_norm.lower_layer_norm,
     Op.BATCH_NORM: lower_misc.lower_batch_norm,
@@ -113,7 +114,7 @@ PARAMETER_PORTS = {
 
 # Consumers that tell a reorder producing their input which layout they want.
 PROBES = {
-    **{op: lower_misc.probe_binary for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SUM)},
+    **{op: lower_binary.probe_binary for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SUM)},
     Op.CONV: lower_compute.probe_conv,
     Op.CONV_TRANSPOSE: lower_compute.probe_conv,
     Op.MAX_POOL: lower_pool.probe_int8_pool,

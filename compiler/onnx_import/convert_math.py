@@ -45,7 +45,7 @@ def reciprocal(ctx: Context, node: NodeView) -> None:
     """Reciprocal(x) = 1 / x (ONNX: https://onnx.ai/onnx/operators/onnx__Reciprocal.html), a
     Div of a one-element constant 1 by x: the same IEEE division. torch.export writes rsqrt so
     (Reciprocal of Sqrt: RMSNorm, T5 and LLaMA-style models), the TorchScript exporter as
-    Div(1, Sqrt(...)); both run on the binary primitive (lower_misc.lower_binary)."""
+    Div(1, Sqrt(...)); both run on the binary primitive (lower_binary.lower_binary)."""
     x = ctx.input_info(node, 0)
     _float32(ctx, node, x)
     one = ctx.graph.unique_name(f"{node.outputs[0]}@one")

@@ -133,7 +133,7 @@ def test_binary_with_a_run_time_broadcast_oneDNN_has_on_ref_only_runs_merged(
     """oneDNN 3.2 runs these broadcasts of a run-time operand on ref:any; seen with their
     neighbouring dims merged ([4, 3, 16, 8] / [4, 3, 16, 1] as [192, 8] / [192, 1]) they
     run on jit: bit-exact against the reference, every kernel jit."""
-    from qfuse.compiler.lower.lower_misc import collapsed_dims
+    from qfuse.compiler.lower.lower_binary import collapsed_dims
 
     assert collapsed_dims(shape, b_shape) is not None
     g = _graph({"a": shape, "b": b_shape})
@@ -146,7 +146,7 @@ def test_binary_with_a_run_time_broadcast_oneDNN_has_on_ref_only_runs_merged(
 
 
 def test_collapsed_dims() -> None:
-    from qfuse.compiler.lower.lower_misc import collapsed_dims
+    from qfuse.compiler.lower.lower_binary import collapsed_dims
 
     assert collapsed_dims((64, 3, 64, 32), (64, 3, 64, 1)) == ((12288, 32), (12288, 1))
     assert collapsed_dims((2, 5, 7, 9), (1, 5, 7, 1)) == ((2, 35, 9), (1, 35, 1))
