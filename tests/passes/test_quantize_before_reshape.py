@@ -12,16 +12,19 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from qfuse.compiler.api import compile_model, import_graph
+from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
 from qfuse.compiler.pipeline import run_pipeline
 from qfuse.passes.base import PassContext
 from qfuse.runtime.numerics import step_diff
+from qfuse.runtime.onednn import effective_cpu_isa
 from qfuse.runtime.reference import evaluate
 
 C, S_Y = 8, 0.02
 
 
-def _pool_head(per_channel: bool = False) -> onnx.ModelProto:
-    """x → Q/DQ → int8 conv → Relu → Q/DQ → ReduceMean(H, W) → Reshape [1, C] → Q → DQ."""
+def _pool_head(per_channel: bool = False, quantize_first: bool = False) -> onnx.ModelProto:
+    """x → Q/DQ → int8 conv → Relu → Q/DQ → ReduceMean(H, W) → Reshape [1, C] → Q → DQ;
+    ``quantize_first``: the Reshape after the Q → DQ (the TorchScript export's form)."""
     rng = np.random.default_rng(4)
     y_scale = rng.uniform(0.01, 0.03, C) if per_channel else S_Y
     inits = [nh.from_array(rng.integers(-90, 90, (C, 3, 3, 3)).astype(np.int8), "w"),
@@ -39,10 +42,15 @@ def _pool_head(per_channel: bool = False) -> onnx.ModelProto:
              h.make_node("Relu", ["c"], ["r"]),
              h.make_node("QuantizeLinear", ["r", "rs", "rz"], ["rq"]),
              h.make_node("DequantizeLinear", ["rq", "rs", "rz"], ["rd"]),
-             h.make_node("ReduceMean", ["rd", "axes"], ["m"], keepdims=1),
-             h.make_node("Reshape", ["m", "shape"], ["v"]),
-             h.make_node("QuantizeLinear", ["v", "ys", "yz"], ["vq"], axis=1),
-             h.make_node("DequantizeLinear", ["vq", "ys", "yz"], ["y"], axis=1)]
+             h.make_node("ReduceMean", ["rd", "axes"], ["m"], keepdims=1)]
+    if quantize_first:
+        nodes += [h.make_node("QuantizeLinear", ["m", "ys", "yz"], ["vq"], axis=1),
+                  h.make_node("DequantizeLinear", ["vq", "ys", "yz"], ["v"], axis=1),
+                  h.make_node("Reshape", ["v", "shape"], ["y"])]
+    else:
+        nodes += [h.make_node("Reshape", ["m", "shape"], ["v"]),
+                  h.make_node("QuantizeLinear", ["v", "ys", "yz"], ["vq"], axis=1),
+                  h.make_node("DequantizeLinear", ["vq", "ys", "yz"], ["y"], axis=1)]
     graph = h.make_graph(nodes, "pool_head",
                          [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
                          [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, C])], inits)
@@ -63,16 +71,25 @@ def test_quantize_moves_before_the_reshape_exactly() -> None:
         np.testing.assert_array_equal(evaluate(graph, _feeds(seed))["y"], want)
 
 
-def test_the_pool_is_one_int8_kernel() -> None:
+def test_the_pool_compiles_as_with_the_quantize_first() -> None:
+    """The same kernels as the TorchScript export's form: with VNNI one u8 → u8 pooling kernel
+    (without VNNI the pool runs in float32 in both forms), the same outputs."""
     model = _pool_head()
     compiled = compile_model(model)
-    pools = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "pooling"]
-    assert len(pools) == 1 and pools[0]["src_dtype"] == pools[0]["dst_dtype"] == "u8", pools
-    assert not [k for k in compiled.inspect()["kernels"] if k["primitive"] == "reduction"]
+    kernels = compiled.inspect()["kernels"]
+    first = compile_model(_pool_head(quantize_first=True))
+    assert ([(k["primitive"], k["src_dtype"], k["dst_dtype"]) for k in kernels]
+            == [(k["primitive"], k["src_dtype"], k["dst_dtype"])
+                for k in first.inspect()["kernels"]])
+    assert not [k for k in kernels if k["primitive"] == "reduction"]
+    if effective_cpu_isa() in EXACT_INT8_ISAS:  # int8 kernels with VNNI / AMX
+        pools = [k for k in kernels if k["primitive"] == "pooling"]
+        assert len(pools) == 1 and pools[0]["src_dtype"] == pools[0]["dst_dtype"] == "u8"
     reference = compile_model(model, mode="reference")
     for seed in range(3):
-        assert step_diff(compiled.run(_feeds(seed))["y"], reference.run(_feeds(seed))["y"],
-                         S_Y).max_steps <= 1
+        got = compiled.run(_feeds(seed))["y"]
+        np.testing.assert_array_equal(got, first.run(_feeds(seed))["y"])
+        assert step_diff(got, reference.run(_feeds(seed))["y"], S_Y).max_steps <= 1
 
 
 def test_a_per_channel_quantize_stays_after_the_reshape() -> None:
