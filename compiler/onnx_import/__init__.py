@@ -72,6 +72,7 @@ _DEFAULT: dict[str, Converter] = {
     "Mul": convert_math.binary,
     "Div": convert_math.binary,
     "Reciprocal": convert_math.reciprocal,
+    "Neg": convert_math.neg,
     "Sum": convert_math.sum_,
     "Relu": convert_math.unary,
     "Sigmoid": convert_math.unary,

@@ -53,6 +53,18 @@ def reciprocal(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.DIV, [one, node.input(0)])
 
 
+def neg(ctx: Context, node: NodeView) -> None:
+    """Neg(x) = −x (https://onnx.ai/onnx/operators/onnx__Neg.html) as Mul(x, −1): the same
+    value for every float32, the sign of a zero and of NaN included (an eltwise linear
+    ``−1·x + 0`` would turn −0 into +0). Rotary embeddings' ``rotate_half`` (LLaMA, Qwen2:
+    an onnxruntime island each before)."""
+    x = ctx.input_info(node, 0)
+    _float32(ctx, node, x)
+    minus_one = ctx.graph.unique_name(f"{node.outputs[0]}@minus_one")
+    ctx.set_const(minus_one, np.full((1,) * max(x.rank, 1), -1.0, np.float32))
+    ctx.emit(node, Op.MUL, [node.input(0), minus_one])
+
+
 def unary(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, _UNARY[node.op_type], node.inputs[:1])
 
