@@ -22,7 +22,7 @@ from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.shapes import infer_node
 from qfuse.ir.types import DType, QuantParams, TensorInfo
-from qfuse.runtime.reference.ops_quant import dequantize_linear
+from qfuse.passes.post_op_match import constant_operand
 
 logger = logging.getLogger(__name__)
 
@@ -154,12 +154,10 @@ class Context:
         does: quantize_static quantizes some parameters read at import as weights (the
         scale and B of InstanceNormalization, Pad's constant_value)."""
         name = node.input(port)
-        producer = self.graph.producer(name) if name in self.graph.values else None
-        if name and not self.is_const(name) and producer is not None and \
-                producer.op is Op.DEQUANTIZE_LINEAR:
-            args = [self.graph.constant(v) if v else None for v in producer.inputs]
-            if all(a is not None for a, v in zip(args, producer.inputs, strict=True) if v):
-                return dequantize_linear(producer, args)[0]
+        if name and not self.is_const(name) and name in self.graph.values:
+            data, _ = constant_operand(self.graph, name)
+            if data is not None:
+                return np.asarray(data)
         return self.const(node, port, what)
 
     def optional_parameter(self, node: NodeView, port: int, what: str) -> np.ndarray | None:
