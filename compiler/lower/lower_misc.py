@@ -28,7 +28,6 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
-    is_host,
     is_row_major,
     plain_md,
     same_bytes,
@@ -65,7 +64,6 @@ from qfuse.runtime.onednn import (
     binary,
     concat,
     eltwise,
-    reorder,
 )
 from qfuse.runtime.reference.ops_shape import onnx_slice
 
@@ -367,12 +365,10 @@ def lower_expand(ctx: LowerContext, node: Node) -> None:
     3.2's jit reorder reads such a view: measured, ``jit:uni``), into the layout its reader
     wants. The same values copied, no arithmetic. ECA-Net's channel attention expands its
     [1, C, 1, 1] gate to the image before quantizing it (timm's eca_resnet33ts: 10 numpy
-    kernels). A host value (int64 shape arithmetic) runs in numpy."""
+    kernels). A host value (int64 shape arithmetic), or a view oneDNN's reorder declines,
+    runs in numpy (table._numpy_instead, table._lower_or_numpy)."""
     x, y = node.inputs[0], node.outputs[0]
     out = tuple(ctx.info(y).shape)
-    if is_host(ctx.info(x)) or is_host(ctx.info(y)):
-        lower_numpy(ctx, node, note="oneDNN describes no such values (a host value)")
-        return
     src = ctx.plain_source(x)
     md = ctx.slots[src].md
     lead = len(out) - len(md.dims)
@@ -380,15 +376,10 @@ def lower_expand(ctx: LowerContext, node: Node) -> None:
     strides = (0,) * lead + tuple(md.strides or ())
     broadcast = tuple(0 if d == 1 and o != 1 else st
                       for d, o, st in zip(dims, out, strides, strict=True))
-    view_md = MemoryDesc.from_strides(out, md.dtype, broadcast)
-    dst_md = ctx.preferred(y, md.dtype) or plain_md(out, md.dtype)
-    try:
-        reorder(view_md, dst_md)
-    except DnnlError:
-        lower_numpy(ctx, node, note="oneDNN has no reorder from a stride-0 view here")
-        return
-    view = ctx.temp(f"{x}@expand", view_md, alias=src)
-    ctx.add_reorder(view, ctx.define(y, dst_md), role="op", node=node,
+    view = ctx.temp(f"{x}@expand", MemoryDesc.from_strides(out, md.dtype, broadcast),
+                    alias=src)
+    dst = ctx.define(y, ctx.preferred(y, md.dtype) or plain_md(out, md.dtype))
+    ctx.add_reorder(view, dst, role="op", node=node,
                     note="a reorder from a view with stride 0 along the broadcast dims")
 
 
