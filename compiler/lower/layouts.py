@@ -192,18 +192,25 @@ def strided(dims: Sequence[int], dtype: DataType,
         return None
 
 
+def ordered_strides(dims: Sequence[int], order: Sequence[int]) -> list[int]:
+    """Element strides that lay ``dims`` out densely with ``order`` (every axis once)
+    outermost first."""
+    out = [0] * len(dims)
+    step = 1
+    for i in reversed(order):
+        out[i] = step
+        step *= dims[i]
+    return out
+
+
 def dense_in_order(md: MemoryDesc, dims: Sequence[int],
                    dtype: DataType | None = None) -> MemoryDesc:
     """``dims`` densely laid out in ``md``'s dimension order (outermost = largest stride), of
     ``md``'s element type unless ``dtype`` is given."""
     strides = md.strides or ()
     order = sorted(range(len(dims)), key=lambda i: (-strides[i], i))
-    out = [0] * len(dims)
-    step = 1
-    for i in reversed(order):
-        out[i] = step
-        step *= dims[i]
-    return MemoryDesc.from_strides(tuple(dims), md.dtype if dtype is None else dtype, out)
+    return MemoryDesc.from_strides(tuple(dims), md.dtype if dtype is None else dtype,
+                                   ordered_strides(dims, order))
 
 
 def memory_order_groups(md: MemoryDesc, operands: Sequence[Sequence[int]]
@@ -254,10 +261,6 @@ def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:
     axis = axis + len(dims) if axis < 0 else axis
     strides = row_major(dims)
     order = sorted((i for i in range(len(dims)) if i != axis), key=lambda i: (-strides[i], i))
-    out = [0] * len(dims)
-    step = 1
-    for i in [axis, *reversed(order)]:
-        out[i] = step
-        step *= dims[i]
-    return MemoryDesc.from_strides(tuple(dims), md.dtype, out)
+    return MemoryDesc.from_strides(tuple(dims), md.dtype,
+                                   ordered_strides(dims, [*order, axis]))
 

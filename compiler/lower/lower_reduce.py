@@ -46,7 +46,13 @@ import math
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.attrs import DTYPE_SIZE
-from qfuse.compiler.lower.layouts import is_slow, memory_order_groups, plain_md
+from qfuse.compiler.lower.layouts import (
+    first_fast,
+    is_slow,
+    memory_order_groups,
+    ordered_strides,
+    plain_md,
+)
 from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import LrnAttrs, ReduceAttrs
 from qfuse.runtime.onednn import (
@@ -138,6 +144,18 @@ ACROSS_SLICES = {Op.REDUCE_SUM: Alg.binary_add, Op.REDUCE_MEAN: Alg.binary_add,
 MAX_SLICES = 4
 
 
+def _slices(node: Node, dims: tuple[int, ...]) -> tuple[int, int] | None:
+    """(the reduced axis, its size) when ``_across_slices`` takes the reduction: one axis of
+    2 to MAX_SLICES elements (a ReduceMean of 2 or 4 only, where ·1/k is /k exactly)."""
+    attrs: ReduceAttrs = node.attrs
+    if node.op not in ACROSS_SLICES or len(attrs.axes) != 1:
+        return None
+    k = dims[attrs.axes[0]]
+    if not 2 <= k <= MAX_SLICES or (node.op is Op.REDUCE_MEAN and k not in (2, 4)):
+        return None
+    return attrs.axes[0], k
+
+
 def _across_slices(ctx: LowerContext, node: Node, dtype: DataType,
                    kept: tuple[int, ...]) -> bool:
     """A reduction over one axis of 2 to MAX_SLICES elements as one binary primitive over
@@ -151,13 +169,10 @@ def _across_slices(ctx: LowerContext, node: Node, dtype: DataType,
     (the slices would not be laid out alike) or the jit binary declines."""
     attrs: ReduceAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
-    dims = ctx.info(x).shape
-    if node.op not in ACROSS_SLICES or len(attrs.axes) != 1:
+    found = _slices(node, ctx.info(x).shape)
+    if found is None:
         return False
-    axis = attrs.axes[0]
-    k = dims[axis]
-    if not 2 <= k <= MAX_SLICES or (node.op is Op.REDUCE_MEAN and k not in (2, 4)):
-        return False
+    axis, k = found
     src = ctx.home_slot(x)
     md = ctx.slots[src].md
     if not md.is_plain or md.dtype != dtype:
@@ -174,12 +189,11 @@ def _across_slices(ctx: LowerContext, node: Node, dtype: DataType,
     attr = PrimitiveAttr()
     if len(post_ops):
         attr.set_post_ops(post_ops)
-    try:
-        pd = binary(ACROSS_SLICES[node.op], slice_md, slice_md, slice_md, attr=attr)
-    except DnnlError:
+    made = first_fast("binary", [slice_md], lambda md: binary(ACROSS_SLICES[node.op], md, md,
+                                                              md, attr=attr))
+    if made is None:
         return False
-    if is_slow(pd.impl_name, "binary"):
-        return False
+    pd = made[1]
     step = strides[axis] * DTYPE_SIZE[dtype]
     views = [ctx.temp(f"{x}@slice{i}", slice_md, alias=src, offset=i * step) for i in range(k)]
     y_strides = strides if attrs.keepdims else tuple(
@@ -199,21 +213,15 @@ def probe_reduce(ctx: LowerContext, node: Node, port: int, dtype: DataType
     """The layout ``_across_slices`` reads: the reduced axis outermost, each slice dense,
     channels-last when a slice is an image (ResNeSt's [1, 2, C, H, W] view of a channels-last
     convolution: its dequantize writes the radix outermost instead of a reorder after it)."""
-    attrs: ReduceAttrs = node.attrs
     dims = ctx.info(node.inputs[0]).shape
-    if (port != 0 or node.op not in ACROSS_SLICES or len(attrs.axes) != 1
-            or not 2 <= dims[attrs.axes[0]] <= MAX_SLICES):
+    found = _slices(node, dims)
+    if port != 0 or found is None:
         return None
-    axis = attrs.axes[0]
+    axis = found[0]
     rest = [i for i in range(len(dims)) if i != axis]
     if len(rest) >= 3:  # channels-last: the first non-batch dim innermost
         rest = [rest[0], *rest[2:], rest[1]]
-    strides = [0] * len(dims)
-    step = 1
-    for i in [axis, *rest][::-1]:
-        strides[i] = step
-        step *= dims[i]
-    return MemoryDesc.from_strides(dims, dtype, strides)
+    return MemoryDesc.from_strides(dims, dtype, ordered_strides(dims, [axis, *rest]))
 
 
 def _reduced_innermost(ctx: LowerContext, node: Node, alg: Alg, p: float, eps: float,
@@ -258,12 +266,7 @@ def _innermost_order(node: Node, dims: tuple[int, ...]) -> tuple[list[int], list
     """(axis order with the reduced axes last, the strides that lay x out in that order)."""
     attrs: ReduceAttrs = node.attrs
     order = [a for a in range(len(dims)) if a not in attrs.axes] + list(attrs.axes)
-    strides = [0] * len(dims)
-    step = 1
-    for a in reversed(order):  # memory order = ``order``
-        strides[a] = step
-        step *= dims[a]
-    return order, strides
+    return order, ordered_strides(dims, order)
 
 
 def _norm_by_sum(ctx: LowerContext, node: Node, kept: tuple[int, ...]) -> bool:
