@@ -93,9 +93,15 @@ def post_op_operand(values: np.ndarray, ndims: int, axis: int, channels: int) ->
     values that are all the same float32 (bit for bit) are that one value: the same products
     (an int8 1x1 convolution of SSDLite's extra blocks, NNCF: ref:any → jit)."""
     v = np.asarray(values, F32).ravel()
-    if v.size == 1 or (v.size and np.all(v.view(np.uint32) == v.view(np.uint32)[0])):
+    if one_value(v):
         return np.full((1,) * ndims, v[0], F32)
     return channel_array(v, ndims, axis, channels)
+
+
+def one_value(values: np.ndarray) -> bool:
+    """Per-channel values that are all the same float32, bit for bit (or just one)."""
+    v = np.asarray(values, F32).ravel()
+    return v.size == 1 or bool(v.size and np.all(v.view(np.uint32) == v.view(np.uint32)[0]))
 
 
 def build_attr(

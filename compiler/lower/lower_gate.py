@@ -40,7 +40,7 @@ import numpy as np
 
 from qfuse.compiler.lower import lower_binary as binary_ops
 from qfuse.compiler.lower import lower_misc, lower_quant, unfused
-from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr
+from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr, one_value
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
     const_memory,
@@ -139,8 +139,10 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         finish = replace(finish, post_ops=finish.post_ops[1:])
     mine = first if own else None
     assert mine is None or isinstance(mine, TensorBinary)
-    if (_slow_as_laid_out(ctx, node, finish, mine, f32, int_source)
-            and _in_memory_order(ctx, node, finish, mine, composed)):
+    ports = _operand_ports(finish, mine)
+    zp = fused.src_zero_point if int_source and fused is not None else None
+    if (ports is not None and _slow_as_laid_out(ctx, node, finish, mine, ports, f32, zp)
+            and _in_memory_order(ctx, node, finish, mine, ports, zp, composed)):
         return
     src = ctx.source(x, md_like(f32, home.dtype) if int_source else f32)
     built = build_attr(finish, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
@@ -199,8 +201,7 @@ def _operand_ports(finish: Composed, first: TensorBinary | None) -> list[int] | 
         if isinstance(op, TensorBinary):
             ports.append(op.port)
         elif isinstance(op, Binary):
-            v = np.asarray(op.values, np.float32).ravel()
-            if v.size > 1 and not np.all(v.view(np.uint32) == v.view(np.uint32)[0]):
+            if not one_value(op.values):
                 return None
         elif not isinstance(op, Eltwise):
             return None
@@ -208,12 +209,12 @@ def _operand_ports(finish: Composed, first: TensorBinary | None) -> list[int] | 
 
 
 def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
-                      first: TensorBinary | None, f32: MemoryDesc, int_source: bool) -> bool:
-    """Would the chain's primitive, in the layouts ``lower_gate`` gives it, run on a reference
-    kernel? (Descriptors only: nothing is emitted.)"""
+                      first: TensorBinary | None, ports: list[int], f32: MemoryDesc,
+                      zp: int | None) -> bool:
+    """Would the chain's primitive, in the layouts ``lower_gate`` gives it (``zp``: an 8-bit
+    source's zero point), run on a reference kernel? (Descriptors only: nothing is emitted.)"""
     yinfo = ctx.info(node.outputs[0])
-    ports = _operand_ports(finish, first)
-    if ports is None or ctx.options.mode != "fused":
+    if ctx.options.mode != "fused":
         return False
     mds: dict[int, tuple[str, MemoryDesc]] = {}
     for port in ports:
@@ -225,12 +226,10 @@ def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
             mds[port] = ("", md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32))
         else:
             return False
-    src = md_like(f32, ctx.md_of(node.inputs[0]).dtype) if int_source else f32
+    src = md_like(f32, ctx.md_of(node.inputs[0]).dtype) if zp is not None else f32
     dst = md_like(f32, dnnl_type(yinfo.dtype))
     if src is None or dst is None:
         return False
-    fused = node.fused
-    zp = fused.src_zero_point if int_source and fused is not None else None
     try:
         pd, _, _ = _chain_kernel(finish, first, src, dst, len(yinfo.shape), mds.__getitem__, zp)
     except DnnlError:
@@ -239,7 +238,8 @@ def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
 
 
 def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
-                     first: TensorBinary | None, composed: Composed) -> bool:
+                     first: TensorBinary | None, ports: list[int], zp: int | None,
+                     composed: Composed) -> bool:
     """The chain over x's own bytes with its dims in memory order, neighbours merged
     (layouts.memory_order_groups), where oneDNN 3.2's jit binary takes it and the layouts
     ``lower_gate`` picks run on ``ref:any``: a broadcast operand full along two dims
@@ -250,12 +250,9 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     one, else as ``lower_gate`` would). False, emitting nothing, when the chain has a
     per-channel post-op or the jit kernel declines the merged dims too."""
     x, y = node.inputs[0], node.outputs[0]
-    ports = _operand_ports(finish, first)
     home = ctx.md_of(x)
     yinfo = ctx.info(y)
-    fused = node.fused
-    int_source = fused is not None and fused.src_scale is not None
-    if ports is None or home.dtype != DataType.f32 and not int_source:
+    if home.dtype != DataType.f32 and zp is None:
         return False
     dims = {p: (1,) * (len(yinfo.shape) - len(ctx.info(node.inputs[p]).shape))
             + tuple(ctx.info(node.inputs[p]).shape) for p in ports}
@@ -263,7 +260,6 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     if groups is None:
         return False
     dst_type = dnnl_type(yinfo.dtype)
-    zp = fused.src_zero_point if int_source and fused is not None else None
     out = tuple(home.dims)
 
     def probe(lead: int) -> tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]:
