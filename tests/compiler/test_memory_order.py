@@ -136,8 +136,7 @@ def test_no_reference_kernel_and_bit_exact(build, optimized: bool) -> None:
         assert np.array_equal(compiled.run(feeds)["y"], want), mode
     kernels = qfuse.compile_model(model).inspect()["kernels"]
     assert not [k["name"] for k in kernels if k["impl"].startswith("ref")]
-    if build is not constant_then_mask:  # the mask's chain runs in memory order either way
-        assert any("memory_order" in k["optimizations"] for k in kernels)
+    assert any("memory_order" in k["optimizations"] for k in kernels)
 
 
 def _md(dims: tuple[int, ...], strides: tuple[int, ...]) -> MemoryDesc:
