@@ -239,6 +239,20 @@ def _fuse_fake_quantize(graph: Graph, ctx: PassContext, fq: Node) -> bool:
     source = graph.producer(x)
     if source is not None and source.op is Op.DEQUANTIZE_LINEAR:
         return False  # a requantize, which reads the integers (compiler/lower/lower_quant.py)
+    if graph.info(q).dtype is DType.F32:  # a whole pair with no 8-bit form (``_quantize``)
+        start = _State([], list(fq.inputs), x, xinfo)
+        try:
+            state = _quantize(graph, fq, start, fq, graph.info(q))
+        except _Stop:
+            return False
+        best = _output_dequantize(state, xinfo.shape[1], ctx)
+        if best is None:
+            return False
+        ctx.visit(fq)
+        fq.fused = Fused()
+        _commit(graph, fq, dataclasses.replace(best, absorbed=[]))  # fq itself is the node
+        _fuse(graph, ctx, graph.node(fq.name))  # and the float ops after it, as post-ops
+        return True
     dq, _ = sole_reader(graph, q)
     if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR or dq.fused is not None:
         return False
@@ -680,7 +694,9 @@ def _absorb(graph: Graph, node: Node, state: _State, reader: Node, out_info: Ten
 
 def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: TensorInfo
               ) -> _State:
-    if not out_info.dtype.is_quantized:
+    pair = fq.attrs.onnx
+    whole_pair = out_info.dtype is DType.F32 and pair is not None and pair.dequantize
+    if not out_info.dtype.is_quantized and not whole_pair:
         raise _Stop(fq, f"post-op: {fq} outputs {out_info.dtype.name} (not a quantize-only "
                         "FakeQuantize)")
     axis = channel_axis(node, state.info.rank)
@@ -693,6 +709,17 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
         if values is None:
             raise _Stop(fq, f"post-op: {fq}: range input {port} {why}")
         ranges.append(tuple(float(v) for v in values))
+    if whole_pair:  # a Q/DQ pair with no 8-bit form (16-bit): its float values (Q(x) − zp)·s
+        assert pair is not None
+        quant = pair.quant
+        if quant.axis is not None and quant.axis % state.info.rank != axis:
+            raise _Stop(fq, f"post-op: {fq}: per-axis along {quant.axis}, not the channel "
+                            f"axis {axis}")
+        item = Quantize(*ranges, levels=fq.attrs.levels, dtype=pair.dtype,
+                        scale=quant.scale[0] if quant.per_tensor else None, onnx=pair)
+        shift = Shift.of([-float(z) for z in quant.zero_point])
+        exact = dataclasses.replace(Scale.of(quant.scale), exact=True)
+        return state.extended([item, shift, exact], fq, info=out_info, pending=False)
     known = out_info.quant.scale[0] if out_info.quant and out_info.quant.per_tensor else None
     item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known,
                     onnx=fq.attrs.onnx)

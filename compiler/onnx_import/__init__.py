@@ -151,6 +151,9 @@ def import_model(
     nodes = patterns.fuse_gelu(_live(nodes, ctx), ctx.consts, ctx.uses)
     nodes = patterns.fuse_layer_norm(nodes, ctx.consts, ctx.uses)
     for n in nodes:
+        for name in dict.fromkeys(i for i in n.inputs if i):
+            ctx.readers.setdefault(name, []).append(n)
+    for n in nodes:
         _convert(ctx, n)
 
     for out in onnx_graph.output:

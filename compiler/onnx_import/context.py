@@ -28,6 +28,12 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
 OPENVINO_DOMAIN = "org.openvinotoolkit"
+# onnxruntime's contrib QuantizeLinear / DequantizeLinear (ContribOperators.md,
+# https://github.com/microsoft/onnxruntime/blob/main/docs/ContribOperators.md): the ONNX ops'
+# formula and attributes, plus 16- and 4-bit types before opset 21. quantize_static writes them
+# for those types (and with UseQDQContribOps); the importer reads them as the ONNX ops.
+CONTRIB_QDQ = frozenset({("com.microsoft", "QuantizeLinear"),
+                         ("com.microsoft", "DequantizeLinear")})
 
 # ONNX element types the IR can hold.
 ONNX_TO_DTYPE: dict[int, DType] = {
@@ -82,7 +88,8 @@ class NodeView:
             if isinstance(value, bytes):
                 value = value.decode("utf-8", errors="replace")
             attrs[attr.name] = value
-        return cls(name, proto.op_type, proto.domain, list(proto.input), list(proto.output),
+        domain = "" if (proto.domain, proto.op_type) in CONTRIB_QDQ else proto.domain
+        return cls(name, proto.op_type, domain, list(proto.input), list(proto.output),
                    attrs, [name], proto)
 
     def __str__(self) -> str:
@@ -104,6 +111,11 @@ class Context:
         self.const_quant: dict[str, QuantParams] = {}
         self.graph_outputs = list(graph_outputs)
         self.uses: Counter[str] = Counter(graph_outputs)
+        # value -> the nodes reading it (import_model fills it before converting)
+        self.readers: dict[str, list[NodeView]] = {}
+        # outputs of 16-bit QuantizeLinear nodes imported as float fake quantization (their
+        # DequantizeLinear readers become identities; convert_quant.quantize_linear)
+        self.fake_quantized: set[str] = set()
         # The model (opsets, functions) island models copy; values whose shape is only known
         # at run time (outputs of islands, see islands.py).
         self.model = onnx.ModelProto()

@@ -7,8 +7,11 @@ its range. A scale outside [MIN_SCALE, MAX_SCALE] is valid ONNX that qfuse's ker
 compute exactly: that node runs as a float island (onnxruntime). That includes +inf, which
 onnxruntime's quantize_static writes for a tensor holding -inf (a GPT-style causal mask
 `Where(cond, 0, -inf)`): its DequantizeLinear gives what onnxruntime gives. ``saturate`` (opset 19+)
-only concerns float8 types and is ignored. Blocked quantization (opset 21 ``block_size``),
-16-bit, 4-bit and float8 types are refused.
+only concerns float8 types and is ignored. 16-bit activations are float fake quantization and
+4-bit weights are read as 8-bit ones (SIXTEEN_BIT, WIDENED_4BIT below); onnxruntime's
+com.microsoft QuantizeLinear / DequantizeLinear are these ops (context.py, CONTRIB_QDQ).
+Blocked quantization (opset 21 ``block_size``), float8 types and 4-bit activations are
+refused (float islands).
 
 A QuantizeLinear on a constant is folded into an integer constant carrying its QuantParams;
 a DequantizeLinear on an integer constant stays a node and the constant's TensorInfo gets the
@@ -21,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 from onnx import TensorProto, helper
 
+from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import.context import (
+    DEFAULT_DOMAINS,
     ONNX_TO_DTYPE,
     Context,
     NodeView,
@@ -30,7 +35,8 @@ from qfuse.compiler.onnx_import.context import (
 )
 from qfuse.compiler.onnx_import.folding import evaluate
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
-from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
+from qfuse.passes.quant_utils import along
 
 # Scales of u8/s8 tensors qfuse's kernels accept (an INT32 bias may have any). Below the smallest normal float32, 1/scale overflows and oneDNN's
 # kernels flush the scale to zero; above 1e30 the products of scales (and with accumulators)
@@ -41,6 +47,17 @@ MAX_SCALE = 1e30
 
 QUANTIZED = {TensorProto.UINT8: DType.U8, TensorProto.INT8: DType.S8}
 DEQUANTIZABLE = {**QUANTIZED, TensorProto.INT32: DType.S32}
+# 4-bit constants (quantize_static's QInt4 / QUInt4 weights): their integers are 8-bit integers
+# too, so they are read as int8 / uint8 (the same values, the same dequantized result) and
+# reach the int8 kernels.
+WIDENED_4BIT = {TensorProto.INT4: (TensorProto.INT8, np.int8),
+                TensorProto.UINT4: (TensorProto.UINT8, np.uint8)}
+# 16-bit quantization (quantize_static's QInt16 / QUInt16 activations). There are no 16-bit
+# integer kernels: a QuantizeLinear whose integers only DequantizeLinear nodes of the same
+# parameters read is the float fake quantization ``(saturate(rint(x/s) + zp) − zp)·s``, one
+# FakeQuantize carrying the pair (``OnnxQuantize``, exact), which the passes fuse into the
+# float kernels around it; a 16-bit constant is dequantized at import.
+SIXTEEN_BIT = {TensorProto.INT16: DType.S16, TensorProto.UINT16: DType.U16}
 
 
 def centered_weights(w: np.ndarray, zero_point: np.ndarray | None, axis: int) -> np.ndarray:
@@ -145,25 +162,109 @@ def quantize_linear(ctx: Context, node: NodeView) -> None:
     attr_type = int(node.attr("output_dtype", 0))
     zp_type = _elem_type(ctx, node, zp_name) if zp_name else 0
     qtype = attr_type or zp_type or TensorProto.UINT8
-    if qtype not in QUANTIZED:
+    constant = ctx.is_const(node.input(0))
+    if qtype not in QUANTIZED and not (qtype in SIXTEEN_BIT and constant):
+        if qtype in SIXTEEN_BIT:
+            _sixteen_bit_pair(ctx, node, qtype)
+            return
         raise ctx.unsupported(node, f"quantized type {onnx_type_name(qtype)} is not supported "
-                                    f"(only UINT8 and INT8)")
+                                    f"(only UINT8 and INT8, and INT16 / UINT16 read only by "
+                                    f"DequantizeLinear)")
     x = ctx.input_info(node, 0)
     if x.dtype is not DType.F32:
         raise ctx.unsupported(node, f"quantizing a {dtype_onnx_name(x.dtype)} tensor is not "
                                     f"supported (only FLOAT)")
     _check_zero_point(ctx, node, qtype)
     quant, axis = _params(ctx, node, x)
-    if ctx.is_const(node.input(0)):
+    if constant:
         ctx.set_const(node.outputs[0], evaluate(ctx, node)[0], quant)
         return
     ctx.emit(node, Op.QUANTIZE_LINEAR, node.inputs[:3],
              QuantizeAttrs(QUANTIZED[qtype], axis))
 
 
+def _check_opset(ctx: Context, node: NodeView, qtype: int) -> None:
+    """16- and 4-bit types in ONNX's own QuantizeLinear / DequantizeLinear need opset 21
+    (onnxruntime's contrib ops take them at any opset)."""
+    contrib = node.proto is not None and node.proto.domain not in DEFAULT_DOMAINS
+    if not contrib and ctx.opset < 21:
+        raise ctx.malformed(node, f"type {onnx_type_name(qtype)} needs opset 21 (the model's "
+                                  f"is {ctx.opset}) or onnxruntime's com.microsoft "
+                                  f"{node.op_type}")
+
+
+def _sixteen_bit_pair(ctx: Context, node: NodeView, qtype: int) -> None:
+    """A 16-bit QuantizeLinear and its DequantizeLinear readers as one FakeQuantize standing
+    for the pair (SIXTEEN_BIT); an island when some reader is not such a DequantizeLinear."""
+    x = ctx.input_info(node, 0)
+    if x.dtype is not DType.F32:
+        raise ctx.unsupported(node, f"quantizing a {dtype_onnx_name(x.dtype)} tensor is not "
+                                    f"supported (only FLOAT)")
+    _check_zero_point(ctx, node, qtype)
+    quant, _ = _params(ctx, node, x)
+    why = _not_paired(ctx, node, quant, x)
+    if why is not None:
+        raise ctx.unsupported(node, f"16-bit quantization ({onnx_type_name(qtype)}) {why}; "
+                                    f"qfuse has no 16-bit integer kernels")
+    _check_opset(ctx, node, qtype)
+    dtype = SIXTEEN_BIT[qtype]
+    qmin, qmax = dtype.range
+    zp = quant.zero_point_array().astype(np.float32)
+    low = along(quant.scale_array() * (np.float32(qmin) - zp), x.rank, quant.axis)
+    high = along(quant.scale_array() * (np.float32(qmax) - zp), x.rank, quant.axis)
+    ranges = [_constant(ctx, node, tag, values)
+              for tag, values in (("il", low), ("ih", high), ("ol", low), ("oh", high))]
+    ctx.emit(node, Op.FAKE_QUANTIZE, [node.input(0), *ranges],
+             FakeQuantizeAttrs(qmax - qmin + 1, OnnxQuantize(dtype, quant)))
+    ctx.fake_quantized.add(node.outputs[0])
+
+
+def _not_paired(ctx: Context, node: NodeView, quant: QuantParams, x: TensorInfo
+                ) -> str | None:
+    """Why the readers of ``node``'s integers are not all DequantizeLinear nodes with its
+    parameters, or None when they are."""
+    out = node.outputs[0]
+    if out in ctx.graph_outputs:
+        return "writes a graph output"
+    for reader in ctx.readers.get(out, []):
+        if reader.op_type != "DequantizeLinear" or reader.domain not in DEFAULT_DOMAINS \
+                or reader.inputs[0] != out or out in reader.inputs[1:]:
+            return f"is read by {reader}, not only by DequantizeLinear"
+        try:
+            theirs, _ = _params(ctx, reader, x)
+        except (UnsupportedModelError, MalformedModelError) as exc:
+            return f"is read by {reader}, whose parameters it cannot compare ({exc})"
+        if theirs != quant:
+            return f"is read by {reader}, whose scale or zero point differ"
+    return None
+
+
+def _constant(ctx: Context, node: NodeView, tag: str, values: np.ndarray) -> str:
+    name = ctx.graph.unique_name(f"{node.outputs[0]}@{tag}")
+    ctx.set_const(name, np.asarray(values, np.float32))
+    return name
+
+
 def dequantize_linear(ctx: Context, node: NodeView) -> None:
     x_name = node.input(0)
+    if x_name in ctx.fake_quantized:  # its 16-bit QuantizeLinear wrote (q − zp)·s already
+        ctx.emit(node, Op.IDENTITY, [x_name])
+        return
     qtype = _elem_type(ctx, node, x_name)
+    if ctx.is_const(x_name) and (qtype in WIDENED_4BIT or qtype in SIXTEEN_BIT):
+        _check_opset(ctx, node, qtype)
+    if ctx.is_const(x_name) and qtype in WIDENED_4BIT:
+        qtype = _widen_4bit(ctx, node, qtype)
+    if ctx.is_const(x_name) and qtype in SIXTEEN_BIT:
+        x = ctx.input_info(node, 0)
+        _check_zero_point(ctx, node, qtype)
+        quant, axis = _params(ctx, node, x, kernel_scale=False)
+        shifted = ctx.consts[x_name].astype(np.int64) - along(
+            quant.zero_point_array(), x.rank, quant.axis).astype(np.int64)
+        ctx.set_const(node.outputs[0],
+                      shifted.astype(np.float32) * along(quant.scale_array(), x.rank,
+                                                         quant.axis))
+        return
     if qtype not in DEQUANTIZABLE:
         raise ctx.unsupported(node, f"dequantizing type {onnx_type_name(qtype)} is not "
                                     f"supported (only UINT8, INT8 and INT32)")
@@ -177,6 +278,15 @@ def dequantize_linear(ctx: Context, node: NodeView) -> None:
     if ctx.is_const(x_name):
         inputs[0] = ctx.materialize(node, x_name, quant)
     ctx.emit(node, Op.DEQUANTIZE_LINEAR, inputs, DequantizeAttrs(axis))
+
+
+def _widen_4bit(ctx: Context, node: NodeView, qtype: int) -> int:
+    """The 4-bit constant data and zero point of ``node`` as 8-bit (WIDENED_4BIT); the type."""
+    wide, np_type = WIDENED_4BIT[qtype]
+    for name in (node.input(0), node.input(2)):
+        if name and ctx.is_const(name) and _elem_type(ctx, node, name) == qtype:
+            ctx.consts[name] = ctx.consts[name].astype(np_type)
+    return wide
 
 
 def fake_quantize(ctx: Context, node: NodeView) -> None:

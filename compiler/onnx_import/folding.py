@@ -22,7 +22,7 @@ import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
+from qfuse.compiler.onnx_import.context import CONTRIB_QDQ, DEFAULT_DOMAINS, Context, NodeView
 from qfuse.ir.limits import check_bytes, check_shape, element_count
 
 logger = logging.getLogger(__name__)
@@ -66,8 +66,13 @@ def evaluate(ctx: Context, node: NodeView) -> list[np.ndarray]:
     assert node.proto is not None
     feeds = {name: ctx.consts[name] for name in node.inputs if name}
     _check_result_size(node, feeds)
+    proto = node.proto
+    if (proto.domain, proto.op_type) in CONTRIB_QDQ:  # the ONNX op's formula (context.py)
+        proto = onnx.NodeProto()
+        proto.CopyFrom(node.proto)
+        proto.domain = ""
     try:
-        evaluator = ReferenceEvaluator(node.proto, opsets={"": ctx.opset})
+        evaluator = ReferenceEvaluator(proto, opsets={"": ctx.opset})
         results = evaluator.run(None, feeds)
     except Exception as exc:  # any evaluator failure is reported on the node
         raise ctx.unsupported(

@@ -4,6 +4,7 @@ weights kept as constants, and every invalid quantization refused with the node'
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import pytest
 from island_helpers import assert_island, islands
 from onnx import TensorProto, helper
@@ -131,27 +132,45 @@ def test_invalid_scales(scale: object, text: str) -> None:
         import_model(qdq_model(scale=scale, zp=zp))
 
 
-@pytest.mark.parametrize(("zp_type", "name"), [
-    (TensorProto.INT16, "INT16"), (TensorProto.UINT16, "UINT16"), (TensorProto.INT4, "INT4"),
-    (TensorProto.FLOAT8E4M3FN, "FLOAT8E4M3FN"),
-])
-def test_unsupported_quantized_types_opset21(zp_type: int, name: str) -> None:
+def _pair_model(zp_type: int) -> onnx.ModelProto:
     zp = helper.make_tensor("zp", zp_type, [], [0])
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["xq"], name="q"),
              helper.make_node("DequantizeLinear", ["xq", "s", "zp"], ["y"], name="dq")]
-    m = model(nodes, {"x": ([2, 3], FLOAT)}, ["y"], [init("s", np.array(0.1, F)), zp], opset=21)
-    if name in ("INT16", "UINT16"):  # a float island holding both
-        assert_island(m, {"QuantizeLinear", "DequantizeLinear"}, rf"quantized type {name} is not")
-        return
+    return model(nodes, {"x": ([2, 3], FLOAT)}, ["y"], [init("s", np.array(0.1, F)), zp],
+                 opset=21)
+
+
+@pytest.mark.parametrize("zp_type", [TensorProto.INT16, TensorProto.UINT16])
+def test_16bit_pair_is_a_float_fake_quantize(zp_type: int) -> None:
+    """No 16-bit kernels: the pair is one FakeQuantize computing (Q(x) − zp)·s in float32,
+    onnxruntime's values (tests/compiler/test_wide_quantization.py covers the fusion)."""
+    m = _pair_model(zp_type)
+    graph = import_model(m)
+    assert not islands(graph)
+    assert [n.op for n in graph.topo_order()] == [Op.FAKE_QUANTIZE, Op.IDENTITY]
+    x = np.array([[0.05, -0.05, 0.15], [1e6, -1e6, -0.25]], F)
+    for mode in ("reference", "fused"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode).run({"x": x})["y"],
+                                      run_ort(m, {"x": x})[0])
+
+
+@pytest.mark.parametrize(("zp_type", "name"), [
+    (TensorProto.INT4, "INT4"), (TensorProto.FLOAT8E4M3FN, "FLOAT8E4M3FN"),
+])
+def test_unsupported_quantized_types_opset21(zp_type: int, name: str) -> None:
+    m = _pair_model(zp_type)
     with pytest.raises(UnsupportedModelError,  # numpy has no 4-bit / float8 type
                        match=rf"node 'q' \(QuantizeLinear\): quantized type {name} is not.*as "
                              r"a float island: .*which the IR cannot hold"):
         import_model(m)
 
 
-def test_int16_output_dtype_attribute_is_unsupported() -> None:
+def test_int16_output_dtype_attribute_is_read() -> None:
     m = qdq_model(zp=None, opset=21, q_attrs={"output_dtype": TensorProto.INT16})
-    assert_island(m, {"QuantizeLinear", "DequantizeLinear"}, r"^quantized type INT16")
+    graph = import_model(m)
+    assert not islands(graph)
+    fq = next(n for n in graph.topo_order() if n.op is Op.FAKE_QUANTIZE)
+    assert fq.attrs.onnx.dtype is DType.S16 and fq.attrs.levels == 65536
 
 
 @pytest.mark.parametrize(("elem_type", "name"), [
