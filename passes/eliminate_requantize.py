@@ -34,7 +34,7 @@ from qfuse.ir.types import DType, QuantParams
 from qfuse.passes.base import PassContext
 from qfuse.passes.decompose_fake_quantize import channel_vector
 from qfuse.passes.quant_utils import dq_params, fq_ranges, is_op, quantize_only, remove_if_unused
-from qfuse.runtime.reference.ops_quant import fake_quantize_f32
+from qfuse.runtime.reference.ops_quant import fake_quantize_f32, quantize_onnx
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,57 @@ def run(graph: Graph, ctx: PassContext) -> int:
         graph.remove_node(fq)
         remove_if_unused(graph, dq)
         changed += 1
+    changed += _drop_repeated_pairs(graph, ctx)
     if changed:
         graph.remove_unused()
     return changed
+
+
+# ops that move values without changing any
+_VIEWS = frozenset({Op.RESHAPE, Op.FLATTEN, Op.TRANSPOSE, Op.SQUEEZE, Op.UNSQUEEZE,
+                    Op.IDENTITY})
+
+
+def _drop_repeated_pairs(graph: Graph, ctx: PassContext) -> int:
+    """A FakeQuantize standing for a whole Q → DQ pair (float output: 16-bit activations,
+    convert_quant.SIXTEEN_BIT) reading, through ops that only move values, the output of one
+    with the same type and parameters: quantize_static quantizes a Gemm's output and again the
+    Reshape after it. The second is the identity on the first's values (checked for every
+    integer of the type, as ``round_trip_exact``), so its readers read its input."""
+    changed = 0
+    for second in graph.topo_order():
+        pair = _whole_pair(second)
+        if pair is None or not graph.has_node(second.name):
+            continue
+        source = graph.producer(second.inputs[0])
+        while source is not None and source.op in _VIEWS:
+            source = graph.producer(source.inputs[0])
+        if source is None or _whole_pair(source) != pair or not _idempotent(*pair):
+            continue
+        ctx.visit(second)
+        if second.outputs[0] in graph.outputs:
+            continue
+        graph.replace_all_uses(second.outputs[0], second.inputs[0])
+        graph.remove_node(second)
+        changed += 1
+    return changed
+
+
+def _whole_pair(node: Node) -> tuple[DType, QuantParams] | None:
+    """(type, per-tensor parameters) of a FakeQuantize that stands for a whole Q → DQ pair."""
+    pair = node.attrs.onnx if node.op is Op.FAKE_QUANTIZE else None
+    if pair is None or not pair.dequantize or pair.quant.axis is not None:
+        return None
+    return pair.dtype, pair.quant
+
+
+def _idempotent(dtype: DType, quant: QuantParams) -> bool:
+    """Q/DQ(x) = x for every value x = (q − zp)·s the pair writes (ONNX's formulas in float32,
+    runtime/reference/ops_quant.py)."""
+    lo, hi = dtype.range
+    q = np.arange(lo, hi + 1, dtype=np.int64)
+    scale, zp = F32(quant.scale[0]), int(quant.zero_point[0])
+    x = (q - zp).astype(F32) * scale
+    again = quantize_onnx(x, np.asarray(scale), np.asarray(zp), dtype, 0)
+    return bool(np.array_equal((again - F32(zp)) * scale, x))
 

@@ -27,6 +27,9 @@ benchmarks/arch_sweep.py ``--quantizers``):
 - ``qdq-s8``: s8 activations, ``ActivationSymmetric`` (zero point 0);
 - ``qdq-tensor``: per-tensor weights with ``reduce_range=True`` (7-bit weights);
 - ``qdq-u8w``: u8 weights (``weight_type=QUInt8``: weight zero points);
+- ``qdq-a16``: 16-bit activations (``activation_type=QInt16``; A16W8, for accuracy);
+- ``qdq-w4``: 4-bit weights (``weight_type=QInt4``; com.microsoft Q/DQ below opset 21);
+- ``qdq-contrib``: ``extra_options={"UseQDQContribOps": True}`` (com.microsoft Q/DQ);
 - ``qoperator-s8``: QOperator with s8 activations;
 - ``qdq-compute``: ``op_types_to_quantize=["Conv", "MatMul", "Gemm"]`` (only the compute ops
   and their outputs are quantized; pooling, Add, Concat and the rest stay float);
@@ -66,6 +69,9 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
                         "extra_options": {"ActivationSymmetric": True,
                                           "OpTypesToExcludeOutputQuantization":
                                               ["Conv", "MatMul", "Gemm"]}}),
+    "qdq-a16": ("qdq", {"activation_type": "QInt16"}),
+    "qdq-w4": ("qdq", {"weight_type": "QInt4"}),
+    "qdq-contrib": ("qdq", {"extra_options": {"UseQDQContribOps": True}}),
     "qoperator-s8": ("qoperator", {"activation_type": "QInt8"}),
     "nncf-mixed": ("nncf", {"preset": "MIXED"}),
     "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),

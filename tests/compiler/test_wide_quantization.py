@@ -155,3 +155,27 @@ def test_16bit_activations_conv_runs_in_float_without_numpy() -> None:
     assert "numpy" not in impls and not any(i.startswith("ref") for i in impls), impls
     conv = next(k for k in compiled.inspect()["kernels"] if k["primitive"] == "convolution")
     assert {"QuantizeLinear_4", "DequantizeLinear_5"} <= set(conv["absorbed"])
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_repeated_16bit_pair_after_a_reshape_is_dropped(same: bool) -> None:
+    """quantize_static quantizes a Gemm's output and again the Reshape after it with the same
+    parameters: the second pair is the identity on the first's values (exact), so it goes
+    (passes/eliminate_requantize.py); with other parameters both stay."""
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+        helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+        helper.make_node("Reshape", ["xd", "shape"], ["r"]),
+        helper.make_node("QuantizeLinear", ["r", "s2", "z"], ["rq"]),
+        helper.make_node("DequantizeLinear", ["rq", "s2", "z"], ["rd"]),
+        helper.make_node("Relu", ["rd"], ["y"]),
+    ]
+    inits = [init("s", 0.0123, np.float32), init("s2", 0.0123 if same else 0.0321, np.float32),
+             init("z", 17, np.int16), init("shape", [2, 240], np.int64)]
+    m = model(nodes, {"x": ([2, 8, 5, 6], TensorProto.FLOAT)}, ["y"], inits, opset=21)
+    x = _inputs(0.0123)
+    compiled = compile_model(m)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"],
+                                  run_ort(m, {"x": x}, optimized=False)[0])
+    absorbed = [a for k in compiled.inspect()["kernels"] for a in k["absorbed"]]
+    assert ("QuantizeLinear_3" in absorbed) is not same, absorbed

@@ -1,7 +1,8 @@
 """examples/realzoo/quantize.py ``VARIANTS``: the other options users set each give a model
-onnxruntime loads, and qfuse compiles every one: int8 kernels without numpy or ``ref:``
-kernels (quantize_dynamic's: only its scales and zero points, computed at run time), outputs
-within quantization noise of the model run by onnxruntime without graph optimizations.
+onnxruntime loads, and qfuse compiles every one: int8 kernels (16-bit activations: float32
+ones) without numpy or ``ref:`` kernels (quantize_dynamic's: only its scales and zero points,
+computed at run time), outputs within quantization noise of the model run by onnxruntime
+without graph optimizations.
 """
 
 from __future__ import annotations
@@ -62,7 +63,9 @@ def test_variant_quantizes_and_compiles(variant: str, tmp_path) -> None:
     numpy_ops = {k["op"] for k in kernels if k["impl"] == "numpy"}
     # quantize_dynamic: each DynamicQuantizeLinear's scale and zero point (two floats in)
     assert numpy_ops <= ({"DynamicQuantizeLinear"} if variant == "dynamic" else set()), variant
-    assert any(k["src_dtype"] in ("u8", "s8") and k["primitive"] == "convolution"
+    # 16-bit activations: float32 convolutions with the fake quantization as post-ops
+    src_types = ("f32",) if variant == "qdq-a16" else ("u8", "s8")
+    assert any(k["src_dtype"] in src_types and k["primitive"] == "convolution"
                for k in kernels)
     ours = compiled.run(x)["y"]
     cosine = float(np.sum(ours * reference) / np.linalg.norm(ours) / np.linalg.norm(reference))
