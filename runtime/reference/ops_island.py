@@ -122,24 +122,44 @@ def runner_into(model: bytes, ops: str, threads: int | None = None
     session = ort_session(model, threads)
     names = input_names(model)
     outputs = [o.name for o in _graph_io(model)[1]]
+    # A binding over the same arrays is made once and run again (about 6 us a call less):
+    # a compiled plan calls with the same views of its context's buffers every run. Keyed
+    # by the arrays' addresses, shapes and types; each context has its own buffers, so
+    # concurrent runs (one context each) never share a binding.
+    bindings: dict[tuple, object] = {}
 
     def run_into(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        binding = session.io_binding()
         # contiguous (0-d kept 0-d), alive until the run returns
+        given = list(map(np.asarray, arrays))
         kept = [a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape)
-                for a in map(np.asarray, arrays)]
-        for name, array in zip(names, kept, strict=True):
-            binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-        for name, out in zip(outputs, outs, strict=True):
-            if not out.flags.c_contiguous:
-                raise IslandError(f"island of {ops}: output '{name}' is not contiguous")
-            binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
+                for a in given]
+        key = None
+        if all(k is g for k, g in zip(kept, given, strict=True)):
+            key = tuple((a.ctypes.data, a.shape, a.dtype.str) for a in [*kept, *outs])
+        binding = bindings.get(key) if key is not None else None
+        if binding is None:
+            binding = _bind(session, names, kept, outputs, outs, ops)
+            if key is not None and len(bindings) < 64:
+                bindings[key] = binding
         try:
             session.run_with_iobinding(binding)
         except Exception as exc:
             raise _failed(ops, IslandEngine.ONNXRUNTIME, exc) from exc
 
     return run_into
+
+
+def _bind(session, names: list[str], arrays: list[np.ndarray], outputs: list[str],
+          outs: list[np.ndarray], ops: str):
+    """An IOBinding of ``session`` over contiguous ``arrays`` and ``outs``."""
+    binding = session.io_binding()
+    for name, array in zip(names, arrays, strict=True):
+        binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+    for name, out in zip(outputs, outs, strict=True):
+        if not out.flags.c_contiguous:
+            raise IslandError(f"island of {ops}: output '{name}' is not contiguous")
+        binding.bind_output(name, "cpu", 0, out.dtype, out.shape, out.ctypes.data)
+    return binding
 
 
 @functools.lru_cache(maxsize=64)
