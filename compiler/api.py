@@ -51,6 +51,9 @@ class CompiledModel:
     plan: Any = None
     executor: Any = None
     guard: Any = None  # compiler/nonfinite.py: NaN / inf in float inputs
+    # the same compile for other sizes of the dims the model leaves symbolic (``run``)
+    specialize: Callable[[dict[str, tuple[int, ...]]], CompiledModel] | None = None
+    _specialized: dict[tuple, CompiledModel] = field(default_factory=dict)
 
     @property
     def inputs(self) -> list[str]:
@@ -66,9 +69,48 @@ class CompiledModel:
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Outputs by name, in the model's output order. Float inputs holding NaN / inf give
         ONNX's result in every mode and a NonFiniteInputWarning once per model
-        (compiler/nonfinite.py)."""
+        (compiler/nonfinite.py). Inputs whose dims the model leaves symbolic (a batch, a
+        sequence length) may come in other sizes than the compiled ones: the model is then
+        compiled again for those shapes, once per set of shapes (the last 8 kept)."""
+        other = self._other_shapes(feeds)
+        if other is not None:
+            return self._specialization(other).run(feeds)
         out = self._runner(feeds) if self.guard is None else self.guard(feeds, self._runner)
         return {name: out[name] for name in self.outputs if name in out} | out
+
+    def _other_shapes(self, feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]] | None:
+        """The feeds' input shapes when they differ from the compiled ones only in dims the
+        model leaves symbolic (and their rank is the model's); None otherwise (the executor
+        then names any mismatch)."""
+        if self.specialize is None or not self.graph.free_dims:
+            return None
+        shapes, differs = {}, False
+        for name in self.inputs:
+            array = feeds.get(name)
+            compiled = self.graph.info(name).shape
+            shape = tuple(getattr(array, "shape", compiled))
+            if len(shape) != len(compiled):
+                return None
+            free = self.graph.free_dims.get(name, ())
+            for i, (got, want) in enumerate(zip(shape, compiled, strict=True)):
+                if got != want:
+                    if i not in free:
+                        return None
+                    differs = True
+            shapes[name] = shape
+        return shapes if differs else None
+
+    def _specialization(self, shapes: dict[str, tuple[int, ...]]) -> CompiledModel:
+        assert self.specialize is not None
+        key = tuple(sorted(shapes.items()))
+        model = self._specialized.pop(key, None)
+        if model is None:
+            log.info("compiling again for input shapes %s", shapes)
+            model = self.specialize(shapes)
+        self._specialized[key] = model  # most recent last
+        while len(self._specialized) > 8:
+            self._specialized.pop(next(iter(self._specialized)))
+        return model
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every value the plan materializes (by name), for comparisons; oneDNN modes only."""
@@ -104,6 +146,19 @@ def compile_model(
     if threads is not None and not 1 <= threads <= MAX_THREADS:
         raise InputError(f"threads must be 1..{MAX_THREADS}, got {threads}")
     graph = import_graph(model, input_shapes=input_shapes)
+    compiled = _compile(graph, mode, threads, composer, exact_int8)
+    if graph.free_dims:
+        def specialize(shapes: dict[str, tuple[int, ...]]) -> CompiledModel:
+            return _compile(import_graph(model, input_shapes=shapes), mode, threads, composer,
+                            exact_int8)
+
+        compiled.specialize = specialize
+    return compiled
+
+
+def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOptions | None,
+             exact_int8: bool) -> CompiledModel:
+    """``compile_model`` for the imported ``graph`` (its input shapes fixed)."""
     from qfuse.compiler.onnx_import.islands import describe as islands
 
     from qfuse.compiler.nonfinite import NonFiniteGuard

@@ -68,6 +68,9 @@ class Graph:
         self._counter = itertools.count()
         self._seq: dict[str, int] = {}
         self._seq_counter = itertools.count()
+        # graph input -> the dims the model leaves symbolic (the importer fixed them: batch 1,
+        # or the caller's input_shapes); compiler/api.py re-specializes for other sizes
+        self.free_dims: dict[str, tuple[int, ...]] = {}
 
     # ----------------------------------------------------------------- values
     def add_input(self, name: str, info: TensorInfo) -> Value:

@@ -248,6 +248,13 @@ def _add_inputs(ctx: Context, onnx_graph: onnx.GraphProto,
         shape = _input_shape(value.name, tensor_type, shapes.get(value.name))
         check_shape(f"graph input '{value.name}'", shape, dtype.np.itemsize)
         ctx.graph.add_input(value.name, TensorInfo(shape, dtype))
+        if tensor_type.HasField("shape"):
+            free = tuple(i for i, d in enumerate(tensor_type.shape.dim)
+                         if not d.HasField("dim_value") or d.dim_value < 0)
+        else:
+            free = tuple(range(len(shape)))
+        if free:
+            ctx.graph.free_dims[value.name] = free
 
 
 def _input_shape(name: str, tensor_type: onnx.TypeProto.Tensor,
