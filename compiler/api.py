@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ class CompiledModel:
     # the same compile for other sizes of the dims the model leaves symbolic (``run``)
     specialize: Callable[[dict[str, tuple[int, ...]]], CompiledModel] | None = None
     _specialized: dict[tuple, CompiledModel] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def inputs(self) -> list[str]:
@@ -103,13 +105,14 @@ class CompiledModel:
     def _specialization(self, shapes: dict[str, tuple[int, ...]]) -> CompiledModel:
         assert self.specialize is not None
         key = tuple(sorted(shapes.items()))
-        model = self._specialized.pop(key, None)
-        if model is None:
-            log.info("compiling again for input shapes %s", shapes)
-            model = self.specialize(shapes)
-        self._specialized[key] = model  # most recent last
-        while len(self._specialized) > 8:
-            self._specialized.pop(next(iter(self._specialized)))
+        with self._lock:  # one compile per shape even when threads run the model at once
+            model = self._specialized.pop(key, None)
+            if model is None:
+                log.info("compiling again for input shapes %s", shapes)
+                model = self.specialize(shapes)
+            self._specialized[key] = model  # most recent last
+            while len(self._specialized) > 8:
+                self._specialized.pop(next(iter(self._specialized)))
         return model
 
     def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
