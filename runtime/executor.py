@@ -180,6 +180,7 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
             name = alias
         return out
 
+    homes = set(plan.homes.values())
     writes: dict[str, list[int]] = {}
     first_read: dict[str, int] = {}
     for index, kernel in enumerate(plan.kernels):
@@ -187,6 +188,12 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
             for slot in (name, *(chain(name) if name not in writer else ())):
                 first_read.setdefault(slot, index)
         for name in kernel.writes:
+            if name in homes and _covers(plan, name):
+                # another value written over all of these bytes (an in-place residual sum's
+                # dst over its residual, which it reads first): the value there is complete
+                for slot in chain(name):
+                    first_read.setdefault(slot, index)
+                continue
             for slot in chain(name):
                 if slot not in writer and not any(s in writer for s in chain(slot)):
                     writes.setdefault(slot, []).append(index)
@@ -196,3 +203,12 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
         if before:
             found[slot] = max(before)
     return found
+
+
+def _covers(plan: Plan, name: str) -> bool:
+    """Slot ``name`` aliases the start of its root and spans all of its bytes."""
+    slot = plan.slots[name]
+    root = slot
+    while root.alias is not None:
+        root = plan.slots[root.alias]
+    return slot.alias is not None and slot.offset == 0 and slot.md.size >= root.md.size

@@ -130,6 +130,43 @@ def test_view_overwritten_in_place_is_read_before() -> None:
     assert check.max_lsb <= 1, format_text(check)
 
 
+def test_padded_residual_overwritten_in_place_is_read_before() -> None:
+    """A constant Pad writes its output through two views (the border, the interior), and a
+    MatMul then sums its result into those bytes in place (CoaT's conv position encoding):
+    the Pad's value is read after its own kernels, not after the MatMul (which made `qfuse
+    check` report the MatMul's output as the Pad's, 106 LSB off, on CoaT-Lite QDQ)."""
+    rng = np.random.default_rng(0)
+    nodes = (qdq_pair("a", "x", "xd") + qdq_pair("k", "K", "Kd")
+             + [helper.make_node("MatMul", ["xd", "Kd"], ["mm"])] + qdq_pair("m", "mm", "mmd")
+             + qdq_pair("r", "res", "rd")
+             + [helper.make_node("Pad", ["rd", "pads"], ["p"], mode="constant")]
+             + qdq_pair("p", "p", "pd")
+             + [helper.make_node("Add", ["mmd", "pd"], ["o"])] + qdq_pair("o", "o", "y"))
+    # scales off any common grid: no product of dequantized values lands on an exact tie
+    scales = {"a": (0.0513, 128), "k": (0.0471, 128), "m": (0.0297, 126), "r": (0.0493, 128),
+              "p": (0.0493, 128), "o": (0.00707, 128)}
+    inits = [v for n, (s, z) in scales.items()
+             for v in (init(f"{n}s", np.float32(s)), init(f"{n}z", np.uint8(z)))]
+    inits.append(init("pads", np.array([0, 0, 1, 0, 0, 0, 0, 0], np.int64)))
+    m = model(nodes, {"x": ((1, 8, 50, 40), TensorProto.FLOAT),
+                      "K": ((1, 8, 40, 40), TensorProto.FLOAT),
+                      "res": ((1, 8, 49, 40), TensorProto.FLOAT)}, ["y"], inits, opset=13)
+    feeds = {"x": rng.normal(0, 0.5, (1, 8, 50, 40)).astype(np.float32),
+             "K": rng.normal(0, 0.5, (1, 8, 40, 40)).astype(np.float32),
+             "res": rng.normal(0, 0.3, (1, 8, 49, 40)).astype(np.float32)}
+    compiled = compile_model(m)
+    plan = compiled.plan
+    (dst,) = [k for k in plan.kernels if k.kind == "matmul"][-1].writes
+    # the Pad's integer output, which the MatMul's dst overwrites in place
+    padded = [v for v, slot in plan.homes.items()
+              if slot != dst and plan.root(slot)[0] == plan.root(dst)[0]]
+    assert len(padded) == 1, plan.homes
+    check = check_op_by_op(m, feeds, compiled=compiled)
+    rows = {r.tensor: r for r in check.ints}
+    assert rows[padded[0]].differing == 0, format_text(check)
+    assert check.max_lsb <= 1, format_text(check)
+
+
 @pytest.mark.parametrize("mode", ["fused", "unfused"])
 @pytest.mark.parametrize("name", zoo.SMALL_ARCHITECTURES)
 def test_example_zoo_within_one_lsb_op_by_op(name: str, mode: str) -> None:
