@@ -239,18 +239,14 @@ def _fuse_fake_quantize(graph: Graph, ctx: PassContext, fq: Node) -> bool:
     source = graph.producer(x)
     if source is not None and source.op is Op.DEQUANTIZE_LINEAR:
         return False  # a requantize, which reads the integers (compiler/lower/lower_quant.py)
+    start = _State([], list(fq.inputs), x, xinfo)
     if graph.info(q).dtype is DType.F32:  # a whole pair with no 8-bit form (``_quantize``)
-        start = _State([], list(fq.inputs), x, xinfo)
         try:
             state = _quantize(graph, fq, start, fq, graph.info(q))
         except _Stop:
             return False
-        best = _output_dequantize(state, xinfo.shape[1], ctx)
-        if best is None:
+        if not _commit_quantize(graph, ctx, fq, state, []):
             return False
-        ctx.visit(fq)
-        fq.fused = Fused()
-        _commit(graph, fq, dataclasses.replace(best, absorbed=[]))  # fq itself is the node
         _fuse(graph, ctx, graph.node(fq.name))  # and the float ops after it, as post-ops
         return True
     dq, _ = sole_reader(graph, q)
@@ -262,18 +258,24 @@ def _fuse_fake_quantize(graph: Graph, ctx: PassContext, fq: Node) -> bool:
             r.fused is not None or r.op in _FLOAT_READERS or activation(r) is not None
             for r, _ in readers):
         return False
-    start = _State([], list(fq.inputs), x, xinfo)
     try:
         state = _after_quantize(graph, fq, _quantize(graph, fq, start, fq, graph.info(q)), dq,
                                 graph.info(y))
     except _Stop:
         return False
-    best = _output_dequantize(state, xinfo.shape[1], ctx)
+    return _commit_quantize(graph, ctx, fq, state, [dq])
+
+
+def _commit_quantize(graph: Graph, ctx: PassContext, fq: Node, state: _State,
+                     absorbed: list[Node]) -> bool:
+    """``fq`` becomes a fused node writing the float32 values of ``state`` (a chain ending in
+    the exact dequantize), having absorbed ``absorbed``; False when the composer cannot."""
+    best = _output_dequantize(state, graph.info(fq.inputs[0]).shape[1], ctx)
     if best is None:
         return False
     ctx.visit(fq)
     fq.fused = Fused()
-    _commit(graph, fq, dataclasses.replace(best, absorbed=[dq]))  # fq itself is the node
+    _commit(graph, fq, dataclasses.replace(best, absorbed=absorbed))  # fq itself is the node
     return True
 
 

@@ -162,11 +162,7 @@ def quantize_linear(ctx: Context, node: NodeView) -> None:
     attr_type = int(node.attr("output_dtype", 0))
     zp_type = _elem_type(ctx, node, zp_name) if zp_name else 0
     qtype = attr_type or zp_type or TensorProto.UINT8
-    constant = ctx.is_const(node.input(0))
-    if qtype not in QUANTIZED and not (qtype in SIXTEEN_BIT and constant):
-        if qtype in SIXTEEN_BIT:
-            _sixteen_bit_pair(ctx, node, qtype)
-            return
+    if qtype not in QUANTIZED and qtype not in SIXTEEN_BIT:
         raise ctx.unsupported(node, f"quantized type {onnx_type_name(qtype)} is not supported "
                                     f"(only UINT8 and INT8, and INT16 / UINT16 read only by "
                                     f"DequantizeLinear)")
@@ -176,8 +172,11 @@ def quantize_linear(ctx: Context, node: NodeView) -> None:
                                     f"supported (only FLOAT)")
     _check_zero_point(ctx, node, qtype)
     quant, axis = _params(ctx, node, x)
-    if constant:
+    if ctx.is_const(node.input(0)):
         ctx.set_const(node.outputs[0], evaluate(ctx, node)[0], quant)
+        return
+    if qtype in SIXTEEN_BIT:
+        _sixteen_bit_pair(ctx, node, qtype, quant, x)
         return
     ctx.emit(node, Op.QUANTIZE_LINEAR, node.inputs[:3],
              QuantizeAttrs(QUANTIZED[qtype], axis))
@@ -193,15 +192,11 @@ def _check_opset(ctx: Context, node: NodeView, qtype: int) -> None:
                                   f"{node.op_type}")
 
 
-def _sixteen_bit_pair(ctx: Context, node: NodeView, qtype: int) -> None:
-    """A 16-bit QuantizeLinear and its DequantizeLinear readers as one FakeQuantize standing
-    for the pair (SIXTEEN_BIT); an island when some reader is not such a DequantizeLinear."""
-    x = ctx.input_info(node, 0)
-    if x.dtype is not DType.F32:
-        raise ctx.unsupported(node, f"quantizing a {dtype_onnx_name(x.dtype)} tensor is not "
-                                    f"supported (only FLOAT)")
-    _check_zero_point(ctx, node, qtype)
-    quant, _ = _params(ctx, node, x)
+def _sixteen_bit_pair(ctx: Context, node: NodeView, qtype: int, quant: QuantParams,
+                      x: TensorInfo) -> None:
+    """A 16-bit QuantizeLinear of run-time ``x`` and its DequantizeLinear readers as one
+    FakeQuantize standing for the pair (SIXTEEN_BIT); an island when some reader is not such
+    a DequantizeLinear."""
     why = _not_paired(ctx, node, quant, x)
     if why is not None:
         raise ctx.unsupported(node, f"16-bit quantization ({onnx_type_name(qtype)}) {why}; "
