@@ -358,7 +358,7 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     # BatchNorm → Relu → Q, a gate x·Q(sigmoid(x))); it reads an 8-bit source itself when
     # the chain ends in the quantize (an int8 → int8 kernel also replaces the dequantize)
     if source is None and not (best.quantized or best.output_dequantized
-                               or best.writes_dequantized):
+                               or best.writes_dequantized or _past_dequantize(best)):
         node.fused = None
         return False
     ctx.visit(node)
@@ -464,6 +464,13 @@ def _walk(
             elif state.pending and stop.reader is None and state.value in graph.outputs \
                     and ctx.composer.on("fold_output_dequantize"):
                 best = _output_dequantize(state, channels, ctx) or best
+            elif state.pending and _past_dequantize(state) and not state.quantized \
+                    and _valid(dataclasses.replace(state, pending=False)) \
+                    and ctx.composer.on("fold_float_dequantize"):
+                # float ops after the dequantize (a residual stream's Add): the value is
+                # float32 whatever the kernel writes, so it ends there (one kernel, not a
+                # dequantize and an add)
+                best = dataclasses.replace(state, pending=False)
             elif state.pending and (
                     (stop.reader is None and _float_readers(graph, state.value))
                     or _broadcast_operand(graph, stop.reader, state.value)) \
@@ -480,6 +487,16 @@ def _walk(
         state = new
         if _valid(state):
             best = state
+
+
+def _past_dequantize(state: _State) -> bool:
+    """The chain went on past its last dequantize into float ops of other operands (a
+    tensor operand): its value is no longer the dequantized integers."""
+    last = max((i for i, item in enumerate(state.chain)
+                if isinstance(item, Scale) and i > 0 and isinstance(state.chain[i - 1], Shift)),
+               default=None)
+    return last is not None and any(isinstance(item, TensorOperand)
+                                    for item in state.chain[last + 1:])
 
 
 def _output_dequantize(state: _State, channels: int, ctx: PassContext) -> _State | None:
