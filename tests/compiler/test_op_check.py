@@ -155,16 +155,17 @@ def test_padded_residual_overwritten_in_place_is_read_before() -> None:
              "K": rng.normal(0, 0.5, (1, 8, 40, 40)).astype(np.float32),
              "res": rng.normal(0, 0.3, (1, 8, 49, 40)).astype(np.float32)}
     compiled = compile_model(m)
-    plan = compiled.plan
-    (dst,) = [k for k in plan.kernels if k.kind == "matmul"][-1].writes
-    # the Pad's integer output, which the MatMul's dst overwrites in place
-    padded = [v for v, slot in plan.homes.items()
-              if slot != dst and plan.root(slot)[0] == plan.root(dst)[0]]
-    assert len(padded) == 1, plan.homes
     check = check_op_by_op(m, feeds, compiled=compiled)
-    rows = {r.tensor: r for r in check.ints}
-    assert rows[padded[0]].differing == 0, format_text(check)
     assert check.max_lsb <= 1, format_text(check)
+    if isa_is_exact():  # (without VNNI the weights are split and the residual is an operand)
+        plan = compiled.plan
+        (dst,) = [k for k in plan.kernels if k.kind == "matmul"][-1].writes
+        # the Pad's integer output, which the MatMul's dst overwrites in place
+        padded = [v for v, slot in plan.homes.items()
+                  if slot != dst and plan.root(slot)[0] == plan.root(dst)[0]]
+        assert len(padded) == 1, plan.homes
+        rows = {r.tensor: r for r in check.ints}
+        assert rows[padded[0]].differing == 0, format_text(check)
 
 
 @pytest.mark.parametrize("mode", ["fused", "unfused"])
