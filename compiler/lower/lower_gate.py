@@ -27,6 +27,13 @@ on [N, T, C]) makes that the primitive's own operation, ``x ∘ r`` with r its s
 oneDNN's binary primitive broadcasts its operand on jit kernels where a binary *post-op*
 with such a broadcast runs on ``ref:any`` (measured: [1, 1, C] on [1, T, C]).
 
+When that first operation's second tensor is itself a dequantized 8-bit tensor and both
+dequantizes are per tensor with zero point 0 (a residual Add of two symmetric int8 branches:
+NNCF's, or u8 after a ReLU), the primitive reads both 8-bit tensors with SRC_0 / SRC_1 scale
+attributes — ``f32(q)·s`` each, the DequantizeLinear's own multiply, measured bit-exact on
+jit:uni with an 8-bit dst — and the second dequantize is no kernel (``int8_operand``;
+lower_quant defers it): Res2Net-50 QDQ 461 → 389 kernels, 8.23 → 7.63 ms.
+
 The unfused mode runs the chain one primitive per basic operation on a copy of x
 (unfused.finish_chain).
 """
@@ -54,7 +61,7 @@ from qfuse.compiler.lower.layouts import (
     plain_md,
     same_bytes,
 )
-from qfuse.ir import Node
+from qfuse.ir import Node, Op
 from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
 from qfuse.runtime.onednn import (
     Alg,
@@ -131,6 +138,12 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         return unfused.dequantized(ctx, value, 1.0, 0,
                                    f32 if ctx.info(value).shape == yinfo.shape else None)
 
+    both = int8_operand(ctx, node)
+    if both is not None and both[3] in ctx.deferred:
+        if _both_int8(ctx, node, composed, both, f32, tensor_slot):
+            return
+        lower_quant.undefer(ctx, both[3])
+
     first = finish.post_ops[0] if finish.post_ops else None
     own = (not int_source and isinstance(first, TensorBinary) and first.port != 0
            and first.alg in ("add", "mul"))
@@ -173,6 +186,89 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
                         post_op_details=details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
+
+
+def int8_operand(ctx: LowerContext, node: Node) -> tuple[int, str, float, str] | None:
+    """(port, the 8-bit tensor q, its scale, the dequantized value) when ``node``'s gate chain
+    reads a dequantized 8-bit source and starts with ``x ∘ DQ(q)``, q of the output's shape,
+    both dequantizes per tensor with zero point 0 (NNCF's symmetric s8: a residual Add of two
+    quantized branches), into an 8-bit dst: one binary primitive then reads both 8-bit tensors
+    with their scales (``_both_int8``) and DQ(q) is no kernel of its own
+    (lower_quant.lower_dequantize defers it)."""
+    fused = node.fused
+    composed = node.meta.get("composed")
+    if (fused is None or fused.src_scale is None or fused.src_zero_point != 0
+            or node.op not in (Op.ADD, Op.MUL) or ctx.options.mode != "fused"
+            or not isinstance(composed, Composed)):
+        return None
+    chain = as_float_post_ops(composed).post_ops
+    first = chain[0] if chain else None
+    y = node.outputs[0]
+    if (not isinstance(first, TensorBinary) or first.port == 0 or first.alg not in ("add", "mul")
+            or not ctx.info(y).dtype.is_quantized):
+        return None
+    value = node.inputs[first.port]
+    dq = ctx.graph.producer(value)
+    if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR or ctx.is_output(value):
+        return None
+    q = dq.inputs[0]
+    scale = ctx.const(dq.inputs[1])
+    zp = ctx.const(dq.inputs[2]) if len(dq.inputs) > 2 and dq.inputs[2] else None
+    if (ctx.const(q) is not None or not ctx.info(q).dtype.is_quantized
+            or ctx.info(q).shape != ctx.info(y).shape or scale is None or scale.size != 1
+            or (zp is not None and np.any(zp)) or not np.all(np.isfinite(scale))
+            or not float(scale.ravel()[0]) > 0):
+        return None
+    return first.port, q, float(scale.ravel()[0]), value
+
+
+def _both_int8(ctx: LowerContext, node: Node, composed: Composed,
+               taken: tuple[int, str, float, str], f32: MemoryDesc,
+               tensor_slot: Callable[[int], tuple[str, MemoryDesc]]) -> bool:
+    """``int8_operand``'s chain as ``f32(q₀)·s₀ ∘ f32(q₁)·s₁`` — oneDNN's binary with SRC_0 /
+    SRC_1 scales, each the DequantizeLinear's own multiply (measured bit-exact, jit:uni with
+    an 8-bit dst) — then the chain's other post-ops; False (nothing emitted) when oneDNN
+    would run it on a reference kernel."""
+    fused = node.fused
+    assert fused is not None and fused.src_scale is not None
+    port, q, scale, value = taken
+    x, y = node.inputs[0], node.outputs[0]
+    finish = as_float_post_ops(composed)
+    first = finish.post_ops[0]
+    assert isinstance(first, TensorBinary)
+    rest = replace(finish, post_ops=finish.post_ops[1:])
+    src0 = md_like(f32, ctx.md_of(x).dtype)
+    src1 = md_like(f32, dnnl_type(ctx.info(q).dtype))
+    dst = md_like(f32, dnnl_type(ctx.info(y).dtype))
+    if src0 is None or src1 is None or dst is None:
+        return False
+    built = build_attr(rest, ndims=len(f32.dims), channel_axis=1, wei_mask=0,
+                       dst_type=DataType.f32, tensor_slot=tensor_slot)
+    built.attr.set_scales_mask(int(Arg.SRC_0), 0)
+    built.attr.set_scales_mask(int(Arg.SRC_1), 0)
+    try:
+        pd = binary(Alg[f"binary_{first.alg}"], src0, src1, dst, attr=built.attr)
+    except DnnlError:
+        return False
+    if is_slow(pd.impl_name, "binary"):
+        return False
+    _, _, absorbed = ctx.deferred[value]
+    if all(r.name == node.name or r.name in ctx.lowered for r, _ in ctx.graph.consumers(value)):
+        del ctx.deferred[value]
+    args = {int(Arg.SRC_0): ctx.source(x, src0), int(Arg.SRC_1): ctx.source(q, src1),
+            int(Arg.DST): ctx.define(y, dst), **built.slot_args}
+    fixed = {**built.fixed,
+             Arg.scales(Arg.SRC_0): Memory.scales(np.array([fused.src_scale], np.float32)),
+             Arg.scales(Arg.SRC_1): Memory.scales(np.array([scale], np.float32))}
+    info = ctx.info_for(node, optimizations=list(composed.fired),
+                        post_ops=[f"binary_{first.alg}", *built.names],
+                        post_op_details=[f"binary_{first.alg}(input {port}, 8-bit, scales "
+                                         f"{fused.src_scale:.6g} and {scale:.6g}) (the "
+                                         f"primitive's own)", *built.details],
+                        rounding=composed.rounding())
+    info.absorbed += [a for a in absorbed if a not in info.absorbed]
+    ctx.add_primitive(node.name, pd, args, fixed, info=info)
+    return True
 
 
 def _chain_kernel(finish: Composed, first: TensorBinary | None, src: MemoryDesc, dst: MemoryDesc,

@@ -344,6 +344,18 @@ def _side(scale: np.ndarray, zp: np.ndarray | None, axis: int, ndim: int) -> Qua
     return QuantSide(s, z, None if s.size == 1 else axis)
 
 
+def _taken_as_int8(ctx: LowerContext, y: str, readers: list[tuple[Node, int]]) -> bool:
+    from qfuse.compiler.lower.lower_gate import int8_operand
+
+    if ctx.is_output(y):
+        return False
+    for reader, _ in readers:
+        taken = int8_operand(ctx, reader)
+        if taken is None or taken[3] != y:
+            return False
+    return True
+
+
 def _take_deferred(ctx: LowerContext, node: Node) -> tuple[str, QuantSide | None, list[str]]:
     """The int source and src quantization a skipped DequantizeLinear left for its readers
     (gone once ``node``, the last of them still to be lowered, took it)."""
@@ -373,6 +385,12 @@ def lower_dequantize(ctx: LowerContext, node: Node) -> None:
     if (readers and not ctx.is_output(y)
             and all(r.op in (Op.FAKE_QUANTIZE, Op.QUANTIZE_LINEAR) and r.fused is None
                     and _requantizes(ctx, r, side) for r, _ in readers)):
+        ctx.deferred[y] = (x, side, list(node.origin))
+        return
+    # read only by gate chains that read q themselves with its scale (a symmetric int8
+    # residual Add: lower_gate.int8_operand), nothing writes y either
+    if (readers and side.zero_points is None and side.zero_point == 0 and side.axis is None
+            and _taken_as_int8(ctx, y, readers)):
         ctx.deferred[y] = (x, side, list(node.origin))
         return
     if side.zero_points is not None:
