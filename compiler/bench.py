@@ -424,10 +424,12 @@ def main_bench(args: Any) -> int:
     if args.json and args.json != "-":
         writable(args.json, "JSON")
     if getattr(args, "inputs", None):
-        from qfuse.compiler.input_files import graph_input_names, read_inputs
+        from qfuse.compiler.input_files import graph_input_names, read_inputs, shapes_of
 
         config.inputs = read_inputs(Path(args.inputs), graph_input_names(config.model))
         config.inputs_source = str(args.inputs)
+        if config.input_shapes is None and config.batch is None:
+            config.input_shapes = shapes_of(config.model, config.inputs)
     if config.iters < 1:
         raise InputError(f"--iters must be at least 1, got {config.iters}")
     with tempfile.TemporaryDirectory(prefix="qfuse-bench-") as tmp:

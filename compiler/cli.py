@@ -40,8 +40,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
         model = emulated_model(args.model, args.emulate)
     else:
+        shapes = input_shapes(args)
+        if args.inputs and shapes is None and Path(args.model).is_file():
+            from qfuse.compiler.input_files import shapes_of
+
+            shapes = shapes_of(Path(args.model), load_npz(args.inputs))
         model = compile_model(args.model, mode=args.mode, threads=args.threads,
-                              input_shapes=input_shapes(args), exact_int8=exact_int8(args))
+                              input_shapes=shapes, exact_int8=exact_int8(args))
     if args.inputs:
         feeds = load_npz(args.inputs)
         missing = [n for n in model.inputs if n not in feeds]

@@ -16,9 +16,24 @@ __all__ = ["graph_input_names", "read_inputs"]
 
 def graph_input_names(model: Path) -> list[str]:
     """The model's graph inputs that are not initializers, in order (no external data read)."""
+    return list(_graph_inputs(model))
+
+
+def shapes_of(model: Path, feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]] | None:
+    """The feeds' shapes as ``input_shapes`` when the model leaves some input dim symbolic
+    (a user's --inputs then fixes them, as --input-shape would); None when every dim is
+    fixed (the model's own shapes apply, and a mismatch is the feeds' error)."""
+    inputs = _graph_inputs(model)
+    if not any(not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim)
+               for t in inputs.values()):
+        return None
+    return {name: tuple(np.shape(feeds[name])) for name in inputs if name in feeds}
+
+
+def _graph_inputs(model: Path) -> dict[str, onnx.TypeProto.Tensor]:
     proto = onnx.load(str(model), load_external_data=False)
     initializers = {i.name for i in proto.graph.initializer}
-    return [v.name for v in proto.graph.input if v.name not in initializers]
+    return {v.name: v.type.tensor_type for v in proto.graph.input if v.name not in initializers}
 
 
 def read_inputs(path: Path, names: list[str]) -> dict[str, np.ndarray]:

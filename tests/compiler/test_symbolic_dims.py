@@ -74,3 +74,25 @@ def test_at_most_eight_shapes_are_kept() -> None:
     for batch in range(2, 12):
         compiled.run({"x": _x((batch, 3, 4, 4))})
     assert [key[0][1][0] for key in compiled._specialized] == list(range(4, 12))
+
+
+def test_cli_takes_symbolic_dims_from_the_inputs(tmp_path, capsys) -> None:
+    """`qfuse run` / `qfuse bench` with --inputs on a model whose image size is symbolic: the
+    inputs fix it, as --input-shape would (without --inputs the error names the dim)."""
+    from qfuse.compiler.cli import main
+
+    path = tmp_path / "m.onnx"
+    onnx.save(_qdq_conv(["n", 3, "h", "w"]), path)
+    inputs = tmp_path / "x.npz"
+    x = _x((2, 3, 7, 9))
+    np.savez(inputs, x=x)
+    assert main(["run", str(path), "--inputs", str(inputs), "--output",
+                 str(tmp_path / "y.npz")]) == 0
+    want = compile_model(_qdq_conv(["n", 3, "h", "w"]), input_shapes={"x": x.shape})
+    np.testing.assert_array_equal(np.load(tmp_path / "y.npz")["y"],
+                                  want.run({"x": x})["y"])
+    assert main(["bench", str(path), "--inputs", str(inputs), "--compare", "fused",
+                 "--iters", "2", "--threads", "1"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path)]) == 1
+    assert "symbolic dim 2 'h'" in capsys.readouterr().err
