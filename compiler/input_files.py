@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 
 from qfuse.compiler.errors import InputError
+from qfuse.compiler.onnx_import.context import symbolic_dims
 
 __all__ = ["graph_input_names", "read_inputs"]
 
@@ -24,8 +25,7 @@ def shapes_of(model: Path, feeds: dict[str, np.ndarray]) -> dict[str, tuple[int,
     (a user's --inputs then fixes them, as --input-shape would); None when every dim is
     fixed (the model's own shapes apply, and a mismatch is the feeds' error)."""
     inputs = _graph_inputs(model)
-    if not any(not t.HasField("shape") or any(not d.HasField("dim_value") for d in t.shape.dim)
-               for t in inputs.values()):
+    if all(symbolic_dims(t) == () for t in inputs.values()):
         return None
     return {name: tuple(np.shape(feeds[name])) for name in inputs if name in feeds}
 

@@ -44,6 +44,7 @@ from qfuse.compiler.onnx_import.context import (
     Context,
     NodeView,
     onnx_type_name,
+    symbolic_dims,
 )
 from qfuse.ir.graph import Graph, GraphError
 from qfuse.ir.limits import check_shape, check_total, element_count, limits
@@ -248,11 +249,8 @@ def _add_inputs(ctx: Context, onnx_graph: onnx.GraphProto,
         shape = _input_shape(value.name, tensor_type, shapes.get(value.name))
         check_shape(f"graph input '{value.name}'", shape, dtype.np.itemsize)
         ctx.graph.add_input(value.name, TensorInfo(shape, dtype))
-        if tensor_type.HasField("shape"):
-            free = tuple(i for i, d in enumerate(tensor_type.shape.dim)
-                         if not d.HasField("dim_value") or d.dim_value < 0)
-        else:
-            free = tuple(range(len(shape)))
+        free = symbolic_dims(tensor_type)
+        free = tuple(range(len(shape))) if free is None else free
         if free:
             ctx.graph.free_dims[value.name] = free
 

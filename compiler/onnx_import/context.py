@@ -35,6 +35,15 @@ OPENVINO_DOMAIN = "org.openvinotoolkit"
 CONTRIB_QDQ = frozenset({("com.microsoft", "QuantizeLinear"),
                          ("com.microsoft", "DequantizeLinear")})
 
+def symbolic_dims(tensor_type: onnx.TypeProto.Tensor) -> tuple[int, ...] | None:
+    """The dims of a declared tensor type that hold no size (a name, or nothing); None when
+    the rank itself is unknown."""
+    if not tensor_type.HasField("shape"):
+        return None
+    return tuple(i for i, d in enumerate(tensor_type.shape.dim)
+                 if not d.HasField("dim_value") or d.dim_value < 0)
+
+
 # ONNX element types the IR can hold.
 ONNX_TO_DTYPE: dict[int, DType] = {
     TensorProto.FLOAT: DType.F32,
@@ -203,6 +212,13 @@ class Context:
             name = self.graph.unique_name(f"{name}_{node.name}")
         info = TensorInfo(tuple(data.shape), self._dtype(node, name, data), quant)
         self.graph.add_constant(name, data, info)
+        return name
+
+    def constant(self, node: NodeView, tag: str, values: np.ndarray) -> str:
+        """A new constant, named after ``node``'s output and ``tag``, for the ops ``node``
+        becomes."""
+        name = self.graph.unique_name(f"{node.outputs[0]}@{tag}")
+        self.set_const(name, values)
         return name
 
     def set_const(self, name: str, data: np.ndarray, quant: QuantParams | None = None) -> None:

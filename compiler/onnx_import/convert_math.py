@@ -41,14 +41,6 @@ def sum_(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.SUM, node.inputs)
 
 
-def _constant(ctx: Context, node: NodeView, tag: str, values: np.ndarray) -> str:
-    """A new constant (named after ``node``'s output and ``tag``) for the ops ``node``
-    becomes."""
-    name = ctx.graph.unique_name(f"{node.outputs[0]}@{tag}")
-    ctx.set_const(name, values)
-    return name
-
-
 def reciprocal(ctx: Context, node: NodeView) -> None:
     """Reciprocal(x) = 1 / x (ONNX: https://onnx.ai/onnx/operators/onnx__Reciprocal.html), a
     Div of a one-element constant 1 by x: the same IEEE division. torch.export writes rsqrt so
@@ -56,7 +48,7 @@ def reciprocal(ctx: Context, node: NodeView) -> None:
     Div(1, Sqrt(...)); both run on the binary primitive (lower_binary.lower_binary)."""
     x = ctx.input_info(node, 0)
     _float32(ctx, node, x)
-    one = _constant(ctx, node, "one", np.ones((1,) * max(x.rank, 1), np.float32))
+    one = ctx.constant(node, "one", np.ones((1,) * max(x.rank, 1), np.float32))
     ctx.emit(node, Op.DIV, [one, node.input(0)])
 
 
@@ -67,7 +59,7 @@ def neg(ctx: Context, node: NodeView) -> None:
     an onnxruntime island each before)."""
     x = ctx.input_info(node, 0)
     _float32(ctx, node, x)
-    minus_one = _constant(ctx, node, "minus_one",
+    minus_one = ctx.constant(node, "minus_one",
                           np.full((1,) * max(x.rank, 1), -1.0, np.float32))
     ctx.emit(node, Op.MUL, [node.input(0), minus_one])
 
@@ -168,7 +160,7 @@ def instance_norm(ctx: Context, node: NodeView) -> None:
     if scale.size != channels or bias.size != channels:
         raise ctx.malformed(node, f"scale and B hold {scale.size} and {bias.size} values for "
                                   f"{channels} channels")
-    one = _constant(ctx, node, "one", np.ones(1, np.float32))
+    one = ctx.constant(node, "one", np.ones(1, np.float32))
     attrs = LayerNormAttrs(2, float(node.attr("epsilon", 1e-5)))
     affine = [(op, values) for op, values, neutral in ((Op.MUL, scale, 1.0), (Op.ADD, bias, 0.0))
               if np.any(values != neutral)]
@@ -179,7 +171,7 @@ def instance_norm(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.LAYER_NORM, [node.input(0), one], attrs, outputs=[value])
     per_channel = (channels,) + (1,) * (x.rank - 2)
     for i, (op, values) in enumerate(affine):
-        operand = _constant(ctx, node, op.value.lower(), values.reshape(per_channel))
+        operand = ctx.constant(node, op.value.lower(), values.reshape(per_channel))
         last = i == len(affine) - 1
         out = node.outputs[0] if last else ctx.graph.unique_name(f"{node.outputs[0]}@scaled")
         ctx.emit(node, op, [value, operand], outputs=[out])

@@ -36,7 +36,8 @@ from qfuse.compiler.onnx_import.context import (
 from qfuse.compiler.onnx_import.folding import evaluate
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
 from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
-from qfuse.passes.quant_utils import along
+from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
+from qfuse.passes.quant_utils import DqParams
 
 # Scales of u8/s8 tensors qfuse's kernels accept (an INT32 bias may have any). Below the smallest normal float32, 1/scale overflows and oneDNN's
 # kernels flush the scale to zero; above 1e30 the products of scales (and with accumulators)
@@ -204,10 +205,9 @@ def _sixteen_bit_pair(ctx: Context, node: NodeView, qtype: int, quant: QuantPara
     _check_opset(ctx, node, qtype)
     dtype = SIXTEEN_BIT[qtype]
     qmin, qmax = dtype.range
-    zp = quant.zero_point_array().astype(np.float32)
-    low = along(quant.scale_array() * (np.float32(qmin) - zp), x.rank, quant.axis)
-    high = along(quant.scale_array() * (np.float32(qmax) - zp), x.rank, quant.axis)
-    ranges = [_constant(ctx, node, tag, values)
+    low, high = qdq_ranges(DqParams(quant.scale_array(), quant.zero_point_array(), quant.axis,
+                                    dtype), x.rank)
+    ranges = [ctx.constant(node, tag, values)
               for tag, values in (("il", low), ("ih", high), ("ol", low), ("oh", high))]
     ctx.emit(node, Op.FAKE_QUANTIZE, [node.input(0), *ranges],
              FakeQuantizeAttrs(qmax - qmin + 1, OnnxQuantize(dtype, quant)))
@@ -234,12 +234,6 @@ def _not_paired(ctx: Context, node: NodeView, quant: QuantParams, x: TensorInfo
     return None
 
 
-def _constant(ctx: Context, node: NodeView, tag: str, values: np.ndarray) -> str:
-    name = ctx.graph.unique_name(f"{node.outputs[0]}@{tag}")
-    ctx.set_const(name, np.asarray(values, np.float32))
-    return name
-
-
 def dequantize_linear(ctx: Context, node: NodeView) -> None:
     x_name = node.input(0)
     if x_name in ctx.fake_quantized:  # its 16-bit QuantizeLinear wrote (q − zp)·s already
@@ -250,15 +244,10 @@ def dequantize_linear(ctx: Context, node: NodeView) -> None:
         _check_opset(ctx, node, qtype)
     if ctx.is_const(x_name) and qtype in WIDENED_4BIT:
         qtype = _widen_4bit(ctx, node, qtype)
-    if ctx.is_const(x_name) and qtype in SIXTEEN_BIT:
-        x = ctx.input_info(node, 0)
+    if ctx.is_const(x_name) and qtype in SIXTEEN_BIT:  # checked, then folded as ONNX says
         _check_zero_point(ctx, node, qtype)
-        quant, axis = _params(ctx, node, x, kernel_scale=False)
-        shifted = ctx.consts[x_name].astype(np.int64) - along(
-            quant.zero_point_array(), x.rank, quant.axis).astype(np.int64)
-        ctx.set_const(node.outputs[0],
-                      shifted.astype(np.float32) * along(quant.scale_array(), x.rank,
-                                                         quant.axis))
+        _params(ctx, node, ctx.input_info(node, 0), kernel_scale=False)
+        ctx.set_const(node.outputs[0], evaluate(ctx, node)[0])
         return
     if qtype not in DEQUANTIZABLE:
         raise ctx.unsupported(node, f"dequantizing type {onnx_type_name(qtype)} is not "
