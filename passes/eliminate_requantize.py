@@ -24,17 +24,18 @@ recorded as declined so that `inspect` shows it.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import numpy as np
 
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
-from qfuse.ir.types import DType, QuantParams
+from qfuse.ir.types import DType, OnnxQuantize, QuantParams
 from qfuse.passes.base import PassContext
 from qfuse.passes.decompose_fake_quantize import channel_vector
 from qfuse.passes.quant_utils import dq_params, fq_ranges, is_op, quantize_only, remove_if_unused
-from qfuse.runtime.reference.ops_quant import fake_quantize_f32, quantize_onnx
+from qfuse.runtime.reference.ops_quant import fake_quantize_f32, onnx_pair
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +143,7 @@ def _drop_repeated_pairs(graph: Graph, ctx: PassContext) -> int:
         source = graph.producer(second.inputs[0])
         while source is not None and source.op in _VIEWS:
             source = graph.producer(source.inputs[0])
-        if source is None or _whole_pair(source) != pair or not _idempotent(*pair):
+        if source is None or _whole_pair(source) != pair or not _idempotent(pair):
             continue
         ctx.visit(second)
         if second.outputs[0] in graph.outputs:
@@ -153,21 +154,20 @@ def _drop_repeated_pairs(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
-def _whole_pair(node: Node) -> tuple[DType, QuantParams] | None:
-    """(type, per-tensor parameters) of a FakeQuantize that stands for a whole Q → DQ pair."""
+def _whole_pair(node: Node) -> OnnxQuantize | None:
+    """The per-tensor Q → DQ pair a FakeQuantize stands for whole (its float values)."""
     pair = node.attrs.onnx if node.op is Op.FAKE_QUANTIZE else None
     if pair is None or not pair.dequantize or pair.quant.axis is not None:
         return None
-    return pair.dtype, pair.quant
+    return pair
 
 
-def _idempotent(dtype: DType, quant: QuantParams) -> bool:
-    """Q/DQ(x) = x for every value x = (q − zp)·s the pair writes (ONNX's formulas in float32,
-    runtime/reference/ops_quant.py)."""
-    lo, hi = dtype.range
-    q = np.arange(lo, hi + 1, dtype=np.int64)
-    scale, zp = F32(quant.scale[0]), int(quant.zero_point[0])
-    x = (q - zp).astype(F32) * scale
-    again = quantize_onnx(x, np.asarray(scale), np.asarray(zp), dtype, 0)
-    return bool(np.array_equal((again - F32(zp)) * scale, x))
+@functools.lru_cache(maxsize=64)
+def _idempotent(pair: OnnxQuantize) -> bool:
+    """The pair maps every value x = (q − zp)·s it writes to itself (its reference,
+    runtime/reference/ops_quant.onnx_pair, on all integers of the type)."""
+    lo, hi = pair.dtype.range
+    q = np.arange(lo, hi + 1, dtype=np.int64) - pair.quant.zero_point[0]
+    x = q.astype(F32) * F32(pair.quant.scale[0])
+    return bool(np.array_equal(onnx_pair(x, pair), x))
 

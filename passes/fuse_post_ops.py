@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -658,11 +659,19 @@ def _after_quantize(
     scale, zero_point = _dq_params(graph, reader, state.info, axis)
     if scale is None:
         raise _Stop(reader, f"post-op: {reader}: {zero_point}")
-    shift = Shift.of([-z for z in zero_point])
     if float_compute(graph, node):  # the float32 values (Q(x) − zp)·s: the node's dst
-        exact = dataclasses.replace(Scale.of(scale), exact=True)
-        return state.extended([shift, exact], reader, info=out_info, pending=False)
-    return state.extended([shift, Scale.of(scale)], reader, info=out_info, pending=True)
+        return state.extended(_dequantize(scale, zero_point, exact=True), reader,
+                              info=out_info, pending=False)
+    return state.extended(_dequantize(scale, zero_point, exact=False), reader, info=out_info,
+                          pending=True)
+
+
+def _dequantize(scale: Sequence[float], zero_point: Sequence[float], *, exact: bool
+                ) -> list[ChainOp]:
+    """A dequantize's chain items, ``(q − zp)·s``; ``exact``: the multiply as the standalone
+    op rounds it (the chain's end writes it), not folded into what follows."""
+    return [Shift.of([-float(z) for z in zero_point]),
+            dataclasses.replace(Scale.of(scale), exact=exact)]
 
 
 def _dq_params(
@@ -736,9 +745,8 @@ def _quantize(graph: Graph, node: Node, state: _State, fq: Node, out_info: Tenso
                             f"axis {axis}")
         item = Quantize(*ranges, levels=fq.attrs.levels, dtype=pair.dtype,
                         scale=quant.scale[0] if quant.per_tensor else None, onnx=pair)
-        shift = Shift.of([-float(z) for z in quant.zero_point])
-        exact = dataclasses.replace(Scale.of(quant.scale), exact=True)
-        return state.extended([item, shift, exact], fq, info=out_info, pending=False)
+        return state.extended([item, *_dequantize(quant.scale, quant.zero_point, exact=True)],
+                              fq, info=out_info, pending=False)
     known = out_info.quant.scale[0] if out_info.quant and out_info.quant.per_tensor else None
     item = Quantize(*ranges, levels=fq.attrs.levels, dtype=out_info.dtype, scale=known,
                     onnx=fq.attrs.onnx)

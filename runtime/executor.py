@@ -207,8 +207,5 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
 
 def _covers(plan: Plan, name: str) -> bool:
     """Slot ``name`` aliases the start of its root and spans all of its bytes."""
-    slot = plan.slots[name]
-    root = slot
-    while root.alias is not None:
-        root = plan.slots[root.alias]
-    return slot.alias is not None and slot.offset == 0 and slot.md.size >= root.md.size
+    root, offset = plan.root(name)
+    return root != name and offset == 0 and plan.slots[name].md.size >= plan.slots[root].md.size

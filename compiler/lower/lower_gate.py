@@ -252,9 +252,7 @@ def _both_int8(ctx: LowerContext, node: Node, composed: Composed,
         return False
     if is_slow(pd.impl_name, "binary"):
         return False
-    _, _, absorbed = ctx.deferred[value]
-    if all(r.name == node.name or r.name in ctx.lowered for r, _ in ctx.graph.consumers(value)):
-        del ctx.deferred[value]
+    _, _, absorbed = lower_quant.take_deferred(ctx, node, value)
     args = {int(Arg.SRC_0): ctx.source(x, src0), int(Arg.SRC_1): ctx.source(q, src1),
             int(Arg.DST): ctx.define(y, dst), **built.slot_args}
     fixed = {**built.fixed,

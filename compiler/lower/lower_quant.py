@@ -345,21 +345,19 @@ def _side(scale: np.ndarray, zp: np.ndarray | None, axis: int, ndim: int) -> Qua
 
 
 def _taken_as_int8(ctx: LowerContext, y: str, readers: list[tuple[Node, int]]) -> bool:
-    from qfuse.compiler.lower.lower_gate import int8_operand
+    """Every reader of ``y`` is a gate chain reading its 8-bit source itself."""
+    from qfuse.compiler.lower.lower_gate import int8_operand  # (lower_gate imports this)
 
-    if ctx.is_output(y):
-        return False
-    for reader, _ in readers:
-        taken = int8_operand(ctx, reader)
-        if taken is None or taken[3] != y:
-            return False
-    return True
+    return all((taken := int8_operand(ctx, r)) is not None and taken[3] == y
+               for r, _ in readers)
 
 
-def _take_deferred(ctx: LowerContext, node: Node) -> tuple[str, QuantSide | None, list[str]]:
-    """The int source and src quantization a skipped DequantizeLinear left for its readers
-    (gone once ``node``, the last of them still to be lowered, took it)."""
-    x = node.inputs[0]
+def take_deferred(ctx: LowerContext, node: Node, x: str | None = None
+                  ) -> tuple[str, QuantSide | None, list[str]]:
+    """The int source and src quantization a skipped DequantizeLinear left for the readers of
+    ``x`` (default: ``node``'s first input), gone once ``node``, the last of them still to be
+    lowered, took it."""
+    x = node.inputs[0] if x is None else x
     deferred = ctx.deferred.get(x)
     if deferred is None:
         return x, None, []
@@ -460,7 +458,7 @@ def lower_quantize(ctx: LowerContext, node: Node) -> None:
         return
     if side.zero_points is not None and node.inputs[0] in ctx.deferred:
         undefer(ctx, node.inputs[0])
-    src_value, src_side, absorbed = _take_deferred(ctx, node)
+    src_value, src_side, absorbed = take_deferred(ctx, node)
     if (side.zero_points is not None or (src_side is not None and src_side.axis is not None)
             or (ctx.options.onnx_rounding and _onnx_rounding(node))):
         _onnx_quantize(ctx, node, src_value, src_side, side, absorbed)

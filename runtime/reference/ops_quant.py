@@ -123,7 +123,7 @@ def fake_quantize(node: Node, args: Arrays) -> list[np.ndarray]:
     if attrs.levels < 2:
         raise ValueError(f"levels must be >= 2, got {attrs.levels}")
     if attrs.onnx is not None:
-        return [_onnx_pair(x, attrs.onnx)]
+        return [onnx_pair(x, attrs.onnx)]
     y = fake_quantize_f32(x, il, ih, ol, oh, attrs.levels)
     if y.shape != x.shape:
         raise ValueError(f"ranges of shapes {[a.shape for a in (il, ih, ol, oh)]} "
@@ -131,7 +131,7 @@ def fake_quantize(node: Node, args: Arrays) -> list[np.ndarray]:
     return [y]
 
 
-def _onnx_pair(x: np.ndarray, form: OnnxQuantize) -> np.ndarray:
+def onnx_pair(x: np.ndarray, form: OnnxQuantize) -> np.ndarray:
     """A FakeQuantize that stands for an ONNX Q/DQ pair (module docstring)."""
     quant = form.quant
     axis = quant.axis if quant.axis is not None else 1
