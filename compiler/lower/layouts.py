@@ -244,10 +244,17 @@ def memory_order_groups(md: MemoryDesc, operands: Sequence[Sequence[int]]
 
 
 def grouped_md(groups: Sequence[Sequence[int]], dims: Sequence[int], dtype: DataType,
-               lead: int = 0) -> MemoryDesc:
+               lead: int = 0, tile: int = 1) -> MemoryDesc:
     """``dims`` (md's or an operand's) seen over ``groups`` (``memory_order_groups``),
-    row-major, after ``lead`` leading 1s."""
-    return plain_md((1,) * lead + tuple(math.prod(dims[i] for i in g) for g in groups), dtype)
+    row-major, after ``lead`` leading 1s. ``tile`` > 1: the last two groups, (outer, inner),
+    seen as (outer/tile, tile·inner) — the same bytes for md's dims, and for an operand
+    broadcast along outer its row repeated ``tile`` times (the caller lays it out so)."""
+    grouped = [math.prod(dims[i] for i in g) for g in groups]
+    if tile > 1 and grouped[-1] != 1:
+        grouped[-1] *= tile
+        if grouped[-2] != 1:
+            grouped[-2] //= tile
+    return plain_md((1,) * lead + tuple(grouped), dtype)
 
 
 def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:

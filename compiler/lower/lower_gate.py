@@ -40,6 +40,7 @@ The unfused mode runs the chain one primitive per basic operation on a copy of x
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -47,7 +48,13 @@ import numpy as np
 
 from qfuse.compiler.lower import lower_binary as binary_ops
 from qfuse.compiler.lower import lower_misc, lower_quant, unfused
-from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr, one_value
+from qfuse.compiler.lower.attrs import (
+    BuiltAttr,
+    as_float_post_ops,
+    build_attr,
+    one_value,
+    per_channel_dims,
+)
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
     const_memory,
@@ -155,11 +162,11 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     assert mine is None or isinstance(mine, TensorBinary)
     ports = _operand_ports(finish, mine)
     zp = fused.src_zero_point if int_source and fused is not None else None
-    if (ports is not None
-            and (_channel_tails(ctx, node, ports, f32)
-                 or _slow_as_laid_out(ctx, node, finish, mine, ports, f32, zp))
-            and _in_memory_order(ctx, node, finish, mine, ports, zp, composed)):
-        return
+    if ports is not None:
+        slow = _slow_as_laid_out(ctx, node, finish, mine, ports, f32, zp)
+        if ((slow or _may_regroup(ctx, node, ports, f32))
+                and _in_memory_order(ctx, node, finish, mine, ports, zp, composed, slow=slow)):
+            return
     src = ctx.source(x, md_like(f32, home.dtype) if int_source else f32)
     built = build_attr(finish, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
                        dst_type=DataType.f32, tensor_slot=tensor_slot)
@@ -274,11 +281,12 @@ def _both_int8(ctx: LowerContext, node: Node, composed: Composed,
 
 def _chain_kernel(finish: Composed, first: TensorBinary | None, src: MemoryDesc, dst: MemoryDesc,
                   ndims: int, slot_of: Callable[[int], tuple[str, MemoryDesc]],
-                  zero_point: int | None) -> tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]:
+                  zero_point: int | None, channel_axis: int = 1
+                  ) -> tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]:
     """The chain's binary primitive over descriptors of ``ndims`` dims: ``x ∘ r`` (``first``),
     ``q − zp`` (an 8-bit source) or ``x·1``; with the operand of the last two."""
-    built = build_attr(finish, ndims=ndims, channel_axis=1, wei_mask=0, dst_type=DataType.f32,
-                       tensor_slot=slot_of)
+    built = build_attr(finish, ndims=ndims, channel_axis=channel_axis, wei_mask=0,
+                       dst_type=DataType.f32, tensor_slot=slot_of)
     if first is not None:
         return binary(Alg[f"binary_{first.alg}"], src, slot_of(first.port)[1], dst,
                       attr=built.attr), built, None
@@ -291,38 +299,72 @@ def _chain_kernel(finish: Composed, first: TensorBinary | None, src: MemoryDesc,
 
 
 def _operand_ports(finish: Composed, first: TensorBinary | None) -> list[int] | None:
-    """The inputs the chain reads besides x; None when a post-op is per channel (its axis
-    would not survive ``_in_memory_order``'s regrouping)."""
+    """The inputs the chain reads besides x; None when a post-op is neither eltwise nor binary
+    (a per-channel constant one is regrouped with the channels, ``_in_memory_order``)."""
     ports = [] if first is None else [first.port]
     for op in finish.post_ops:
         if isinstance(op, TensorBinary):
             ports.append(op.port)
-        elif isinstance(op, Binary):
-            if not one_value(op.values):
-                return None
-        elif not isinstance(op, Eltwise):
+        elif not isinstance(op, Eltwise | Binary):
             return None
     return ports
 
 
-def _channel_tails(ctx: LowerContext, node: Node, ports: list[int], f32: MemoryDesc) -> bool:
-    """Would the chain run over a dense layout that is not row-major (channels-last) where
-    merging its dims (``_in_memory_order``) reads and writes the same bytes in the same places?
-    oneDNN 3.2's jit binary then walks the innermost dim — the channels — in vector-length
-    pieces, the last one masked: measured at one thread, a hardswish chain on
-    [1, 8, 24, 96] channels-last takes 47.7 µs, the same chain over its 18432 elements as one
-    dim 14.0 µs ([1, 24, 24, 48]: 39.5 → 15.6; [1, 120, 6, 24]: 23.5 → 13.6; a multiple of
-    16 channels gains 2-4 %). Only when the merge costs no copy: x's own layout is the one the
-    chain would use, and every operand is a constant or a full-size tensor (broadcast ones
-    keep oneDNN's broadcast)."""
+def _may_regroup(ctx: LowerContext, node: Node, ports: list[int], f32: MemoryDesc) -> bool:
+    """May the chain run regrouped (``_in_memory_order``) for speed, at no copy the plain
+    layout does not make too? x's own layout is the one the chain would use, and every
+    operand is a constant, a full-size tensor, or a float32 one already dense in x's order."""
     if ctx.options.mode != "fused":
         return False
     home = ctx.md_of(node.inputs[0])
-    shape = ctx.info(node.outputs[0]).shape
     own = md_like(home, f32.dtype)
-    return (home.is_plain and not is_row_major(home) and own is not None and same_bytes(own, f32)
-            and all(ctx.const(node.inputs[p]) is not None
-                    or ctx.info(node.inputs[p]).shape == shape for p in ports))
+    if not home.is_plain or own is None or not same_bytes(own, f32):
+        return False
+    shape = ctx.info(node.outputs[0]).shape
+    for port in ports:
+        value = node.inputs[port]
+        if ctx.const(value) is not None or ctx.info(value).shape == shape:
+            continue
+        if value not in ctx.home:
+            return False
+        md = ctx.md_of(value)
+        if (md.dtype != DataType.f32 or len(md.dims) != len(shape)
+                or not same_bytes(md, dense_in_order(home, md.dims, DataType.f32))):
+            return False
+    return True
+
+
+ROW = 2048  # elements of a broadcast operand's row worth tiling to (``_tile_factor``)
+# a run-time operand is repeated by a kernel of its own, 3.5-7 µs in a plan at two threads;
+# measured, the rows it saves take about 0.2 ns an element where they hold at most 256
+# elements (PP-OCRv4 det's gate on [1, 96, 120, 160]: 575 → 225 µs), less beyond: so only
+# for a chain of at least RUNTIME_ELEMENTS elements in RUNTIME_ROWS rows of at most RUNTIME_ROW
+# (PP-OCR cls's gates on [1, 200, 2, 96], 192 rows of 200: 6.2 µs before, 4.4 + 2.3 after)
+RUNTIME_ELEMENTS = 32768
+RUNTIME_ROWS = 512
+RUNTIME_ROW = 256
+
+
+def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
+                 operands: list[tuple[int, ...]]) -> int:
+    """k > 1 when the last two groups, (outer, inner) elements, run faster as
+    (outer/k, k·inner) with the operands broadcast along ``outer`` tiled k times along
+    ``inner``: oneDNN 3.2's jit binary walks a broadcast operand row by row at a cost a row.
+    Measured at one thread, ``x·g`` quantized with g per channel on channels-last
+    [1, 8, 12, 96]: 11.6 µs in rows of 8, 1.9 µs in rows of 256; [1, 24, 24, 48]: 16.9 → 3.5
+    (rows of 768); [1, 64, 12, 48]: 12.3 → 4.2; and longer rows still gain on large tensors
+    at two threads (PP-OCRv4 det's gate on [1, 96, 120, 160]: 575 µs in rows of 96, 258 in
+    rows of 576, 225 in rows of 4608). The smallest such k with rows of at least ``ROW``
+    elements; 1 when rows are that long already, no k gets there within 4·ROW, or an operand
+    is full along outer but broadcast along inner."""
+    if len(groups) < 2:
+        return 1
+    outer = math.prod(out[i] for i in groups[-2])
+    inner = math.prod(out[i] for i in groups[-1])
+    if inner >= ROW or any(d[groups[-1][0]] == 1 and d[groups[-2][0]] != 1 for d in operands):
+        return 1
+    k = next((k for k in range(2, outer + 1) if outer % k == 0 and k * inner >= ROW), 1)
+    return k if k * inner <= 4 * ROW else 1
 
 
 def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
@@ -356,42 +398,79 @@ def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
 
 def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
                      first: TensorBinary | None, ports: list[int], zp: int | None,
-                     composed: Composed) -> bool:
+                     composed: Composed, *, slow: bool) -> bool:
     """The chain over x's own bytes with its dims in memory order, neighbours merged
-    (layouts.memory_order_groups), where oneDNN 3.2's jit binary takes it and the layouts
-    ``lower_gate`` picks run on ``ref:any``: a broadcast operand full along two dims
-    (ResNeSt's split attention, [1, 2, C, 1, 1] on [1, 2, C, H, W] of a channels-last conv:
-    4 kernels, 250 ms of 255 on ``ref:any``) or a layout whose innermost dim is neither the
-    last nor the channel (a transposed attention head). The same operations element for
-    element, so bit-identical; operands read in x's dim order (a reorder of a small broadcast
-    one, else as ``lower_gate`` would). False, emitting nothing, when the chain has a
-    per-channel post-op or the jit kernel declines the merged dims too."""
+    (layouts.memory_order_groups): the same operations element for element, so
+    bit-identical; operands read in x's dim order (a reorder of a small broadcast one, else as
+    ``lower_gate`` would). A per-channel constant post-op needs the channels innermost, a
+    group of their own. False, emitting nothing, when the dims do not regroup so, the jit
+    kernel declines them, or (``slow`` False) the regrouped kernel would not be faster.
+
+    ``slow``: the layouts ``lower_gate`` picks run on ``ref:any``, e.g. a broadcast operand
+    full along two dims (ResNeSt's split attention, [1, 2, C, 1, 1] on [1, 2, C, H, W] of a
+    channels-last conv: 4 kernels, 250 ms of 255 on ``ref:any``) or a layout whose innermost
+    dim is neither the last nor the channel (a transposed attention head).
+
+    Else, for speed, two cases where oneDNN 3.2's jit binary (with post-ops) walks short rows:
+    - a channels-last x whose operands are all full-size or scalars: one dim of all its
+      elements. The jit kernel runs the channels as rows in vector-length pieces, the last one
+      masked: a hardswish chain on [1, 8, 24, 96] channels-last took 38.8 µs at one thread,
+      4.8 µs as one dim ([1, 24, 24, 48]: 29.8 → 6.9; [1, 120, 6, 24]: 13.7 → 4.9);
+    - an operand broadcast along the outer dims with rows shorter than ``ROW``: the
+      last two groups seen as (outer/k, k·inner) and the operand tiled k times
+      (``_tile_factor``): a constant at compile time, a run-time one (a squeeze-excitation
+      gate) by a small kernel of its own, ``1·g`` (exact)."""
     x, y = node.inputs[0], node.outputs[0]
     home = ctx.md_of(x)
     yinfo = ctx.info(y)
     if home.dtype != DataType.f32 and zp is None:
         return False
-    dims = {p: (1,) * (len(yinfo.shape) - len(ctx.info(node.inputs[p]).shape))
+    ndims = len(yinfo.shape)
+    dims = {p: (1,) * (ndims - len(ctx.info(node.inputs[p]).shape))
             + tuple(ctx.info(node.inputs[p]).shape) for p in ports}
-    groups = memory_order_groups(home, list(dims.values()))
-    if groups is None:
+    channels = int(yinfo.shape[1]) if ndims > 1 else 1
+    per_channel = [op for op in finish.post_ops
+                   if isinstance(op, Binary) and not one_value(op.values)]
+    if any(np.asarray(op.values).size != channels for op in per_channel):
         return False
-    dst_type = dnnl_type(yinfo.dtype)
+    operands = [*dims.values(), *([per_channel_dims(ndims, 1, channels)] if per_channel else [])]
+    groups = memory_order_groups(home, operands)
+    if groups is None or (per_channel and groups[-1] != (1,)):
+        return False
     out = tuple(home.dims)
+    tile = _tile_factor(groups, out, operands)
+    if tile > 1 and any(ctx.const(node.inputs[p]) is None and _repeated(
+            grouped_md(groups, dims[p], DataType.f32), tile) for p in ports):
+        outer, inner = (math.prod(out[i] for i in g) for g in groups[-2:])
+        if inner > RUNTIME_ROW or outer < RUNTIME_ROWS or outer * inner < RUNTIME_ELEMENTS:
+            tile = 1  # a run-time operand's repeat is a kernel: worth it for many short rows
+    if not slow and tile == 1 and (len(groups) > 1 or is_row_major(home)):
+        return False
+    if per_channel:  # the channels are the last dim of the view, tiled with it
+        finish = replace(finish, channels=channels * tile, post_ops=[
+            Binary(op.alg, np.tile(np.asarray(op.values, np.float32).ravel(), tile))
+            if isinstance(op, Binary) and not one_value(op.values) else op
+            for op in finish.post_ops])
+    dst_type = dnnl_type(yinfo.dtype)
+
+    def kernel(lead: int, slot_of: Callable[[int], tuple[str, MemoryDesc]],
+               src: MemoryDesc, dst: MemoryDesc
+               ) -> tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]:
+        rank = len(groups) + lead
+        return _chain_kernel(finish, first, src, dst, rank, slot_of, zp, channel_axis=rank - 1)
 
     def probe(lead: int) -> tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]:
-        mds = {p: ("", grouped_md(groups, dims[p], DataType.f32, lead)) for p in ports}
-        return _chain_kernel(finish, first, grouped_md(groups, out, home.dtype, lead),
-                             grouped_md(groups, out, dst_type, lead), len(groups) + lead,
-                             mds.__getitem__, zp)
+        mds = {p: ("", grouped_md(groups, dims[p], DataType.f32, lead, tile)) for p in ports}
+        return kernel(lead, mds.__getitem__, grouped_md(groups, out, home.dtype, lead, tile),
+                      grouped_md(groups, out, dst_type, lead, tile))
 
     found = first_fast("binary", (0, 1), probe)
     if found is None:
         return False
     lead = found[0]
 
-    def view(d: tuple[int, ...], t: DataType) -> MemoryDesc:
-        return grouped_md(groups, d, t, lead)
+    def view(d: tuple[int, ...], t: DataType, k: int = tile) -> MemoryDesc:
+        return grouped_md(groups, d, t, lead, k)
 
     slots: dict[int, tuple[str, MemoryDesc]] = {}
     order = [i for g in groups for i in g]
@@ -401,17 +480,26 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
         if constant is not None:  # a constant of its own in the view's order (no writer)
             data = np.asarray(constant, np.float32).reshape(dims[port])
             rest = [i for i in range(data.ndim) if i not in order]
-            laid_out = data.transpose(order + rest).reshape(md.dims)
+            row = view(dims[port], DataType.f32, 1)
+            laid_out = data.transpose(order + rest).reshape(row.dims)
+            if _repeated(row, tile):
+                laid_out = np.tile(laid_out, tile)
+            laid_out = laid_out.reshape(md.dims)
             slots[port] = (ctx.const_slot(f"const:{value}@order", const_memory(laid_out)), md)
             continue
         laid, _ = unfused.dequantized(ctx, value, 1.0, 0,
                                       dense_in_order(home, dims[port], DataType.f32))
-        slots[port] = (ctx.temp(f"{value}@order", md, alias=laid), md)
+        row = view(dims[port], DataType.f32, 1)
+        if not _repeated(row, tile):
+            slots[port] = (ctx.temp(f"{value}@order", md, alias=laid), md)
+            continue
+        wide = _tiled_operand(ctx, node, value, ctx.temp(f"{value}@order", row, alias=laid),
+                              row, tile)
+        slots[port] = (ctx.temp(f"{value}@rows", md, alias=wide), md)
     src = ctx.temp(f"{x}@order", view(out, home.dtype), alias=ctx.home_slot(x))
     dst = ctx.temp(f"{y}@order", view(out, dst_type),
                    alias=ctx.define(y, dense_in_order(home, out, dst_type)))
-    pd, built, operand = _chain_kernel(finish, first, ctx.slots[src].md, ctx.slots[dst].md,
-                                       len(groups) + lead, slots.__getitem__, zp)
+    pd, built, operand = kernel(lead, slots.__getitem__, ctx.slots[src].md, ctx.slots[dst].md)
     args = {int(Arg.SRC_0): src, int(Arg.DST): dst, **built.slot_args}
     fixed = dict(built.fixed)
     names, details = built.names, built.details
@@ -422,10 +510,34 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     else:
         assert operand is not None
         fixed[int(Arg.SRC_1)] = const_memory(operand)
-    info = ctx.info_for(node, optimizations=[*composed.fired, "memory_order"], post_ops=names,
-                        post_op_details=details, rounding=composed.rounding())
+    fired = [*composed.fired, "memory_order", *(["tiled_rows"] if tile > 1 else [])]
+    info = ctx.info_for(node, optimizations=fired, post_ops=names, post_op_details=details,
+                        rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
     return True
+
+
+def _repeated(row: MemoryDesc, tile: int) -> bool:
+    """Is an operand, seen over the groups untiled (``row``), broadcast along the outer of
+    the last two and full along the inner: its row repeated ``tile`` times in the tiled view."""
+    return tile > 1 and row.dims[-2] == 1 and row.dims[-1] != 1
+
+
+def _tiled_operand(ctx: LowerContext, node: Node, value: str, row_slot: str, row: MemoryDesc,
+                   tile: int) -> str:
+    """A slot holding the run-time operand ``row`` ([..., 1, n]) repeated ``tile`` times,
+    [..., tile, n] (seen by the caller as [..., 1, tile·n]): oneDNN's binary ``1·r`` with r
+    broadcast, exact for every float32."""
+    wide = plain_md((*row.dims[:-2], tile, row.dims[-1]), DataType.f32)
+    slot = ctx.temp(f"{value}@tiled", wide)
+    pd = binary(Alg.binary_mul, wide, row, wide)
+    ctx.add_primitive(f"{node.name}:tile:{value}", pd,
+                      {int(Arg.SRC_1): row_slot, int(Arg.DST): slot},
+                      {int(Arg.SRC_0): const_memory(np.ones(wide.dims, np.float32))},
+                      info=ctx.info_for(node, note=f"'{value}' repeated {tile} times: the "
+                                        "chain reads it in rows of "
+                                        f"{tile * row.dims[-1]} (module _tile_factor)"))
+    return slot
 
 
 def _own_operation(ctx: LowerContext, node: Node, first: TensorBinary, src: str,

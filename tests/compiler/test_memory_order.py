@@ -12,6 +12,8 @@ nor the channel. The same operations element for element: bit-identical to onnxr
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -20,6 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qfuse
 from qfuse.compiler.lower.layouts import grouped_md, memory_order_groups
+from qfuse.compiler.lower.lower_gate import ROW, _tile_factor
 from qfuse.runtime.onednn import DataType, MemoryDesc
 
 
@@ -141,6 +144,63 @@ def hardswish_after_conv(channels: int = 8, side: int = 12) -> onnx.ModelProto:
                   [1, channels, side, side])
 
 
+def squeeze_excitation(channels: int = 24, side: int = 48) -> onnx.ModelProto:
+    """An int8 conv's output, channels-last, times its squeeze-excitation gate
+    sigmoid(W₂·relu(W₁·mean(x))), a run-time [1, C, 1, 1] tensor: rows of C elements."""
+    rng = np.random.default_rng(5)
+    nodes, inits = _qdq("x", "x", "xd", 0.03, 128)
+    for name, shape in (("w", (channels, 3, 3, 3)), ("w1", (8, channels, 1, 1)),
+                        ("w2", (channels, 8, 1, 1))):
+        inits += [numpy_helper.from_array(rng.integers(-60, 61, shape).astype(np.int8), name),
+                  _init(f"{name}s", 0.01, np.float32), _init(f"{name}z", 0, np.int8)]
+        nodes.append(helper.make_node("DequantizeLinear", [name, f"{name}s", f"{name}z"],
+                                      [f"{name}d"]))
+    nodes.append(helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]))
+    _add(nodes, inits, _qdq("c", "c", "cd", 0.06, 120))
+    nodes.append(helper.make_node("GlobalAveragePool", ["cd"], ["p"]))
+    _add(nodes, inits, _qdq("p", "p", "pd", 0.02, 120))
+    nodes += [helper.make_node("Conv", ["pd", "w1d"], ["s1"]),
+              helper.make_node("Relu", ["s1"], ["r1"])]
+    _add(nodes, inits, _qdq("r1", "r1", "r1d", 0.02, 0))
+    nodes += [helper.make_node("Conv", ["r1d", "w2d"], ["s2"]),
+              helper.make_node("Sigmoid", ["s2"], ["g"])]
+    _add(nodes, inits, _qdq("g", "g", "gd", 1 / 255, 0))
+    nodes.append(helper.make_node("Mul", ["cd", "gd"], ["m"]))
+    _add(nodes, inits, _qdq("m", "m", "y", 0.04, 120))
+    return _model("squeeze_excitation", nodes, inits, {"x": [1, 3, side, side]},
+                  [1, channels, side, side])
+
+
+def norm_after_concat(channels: int = 24, side: int = 40) -> onnx.ModelProto:
+    """MixNet's mixed convolutions as NNCF quantizes them: two int8 convs concatenated, then a
+    BatchNormalization and ReLU on the dequantized concat — per-channel constants that fold
+    into neither conv: rows of C elements, channels-last."""
+    rng = np.random.default_rng(6)
+    half = channels // 2
+    nodes, inits = _qdq("x", "x", "xd", 0.03, 128)
+    for name in ("a", "b"):
+        inits += [numpy_helper.from_array(rng.integers(-60, 61, (half, 3, 3, 3)).astype(np.int8),
+                                          f"w{name}"),
+                  _init(f"w{name}s", 0.01, np.float32), _init(f"w{name}z", 0, np.int8)]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{name}", f"w{name}s", f"w{name}z"],
+                                   [f"w{name}d"]),
+                  helper.make_node("Conv", ["xd", f"w{name}d"], [name], pads=[1, 1, 1, 1])]
+        _add(nodes, inits, _qdq(name, name, f"{name}d", 0.05, 0, np.int8))
+        nodes[-1].output[0] = f"{name}d"
+    nodes.append(helper.make_node("Concat", ["ad", "bd"], ["cat"], axis=1))
+    _add(nodes, inits, _qdq("cat", "cat", "catd", 0.05, 0, np.int8))
+    inits += [_init("gamma", rng.uniform(0.5, 2, channels), np.float32),
+              _init("beta", rng.uniform(-1, 1, channels), np.float32),
+              _init("mean", rng.uniform(-0.5, 0.5, channels), np.float32),
+              _init("var", rng.uniform(0.5, 2, channels), np.float32)]
+    nodes += [helper.make_node("BatchNormalization", ["catd", "gamma", "beta", "mean", "var"],
+                               ["bn"]),
+              helper.make_node("Relu", ["bn"], ["r"])]
+    _add(nodes, inits, _qdq("r", "r", "y", 0.03, 0))
+    return _model("norm_after_concat", nodes, inits, {"x": [1, 3, side, side]},
+                  [1, channels, side, side])
+
+
 # onnxruntime optimized (its Softmax kernel) or node by node (QDQ Adds as written, not fused
 # into QLinearAdd, which rounds its own way)
 @pytest.mark.parametrize(("build", "optimized"), [(split_attention, True),
@@ -185,6 +245,56 @@ def test_chain_on_few_channels_runs_over_one_dim() -> None:
     assert len(chain) == 1, [k["name"] for k in compiled.inspect()["kernels"]]
     assert "memory_order" in chain[0]["optimizations"]
     assert chain[0]["impl"] == "jit:uni"
+
+
+# tolerance against onnxruntime in steps of y: its float convolution rounds c's near-ties its
+# own way, and one step of c moves y by up to 2 steps (gate ≤ 1, 0.06 / 0.04), or 5 (the
+# norm's γ/σ ≤ 2.8: 0.05·2.8 / 0.03)
+@pytest.mark.parametrize(("build", "runtime", "steps"), [(squeeze_excitation, True, 2 * 0.04),
+                                                          (norm_after_concat, False, 5 * 0.03)])
+def test_short_rows_of_a_broadcast_operand_are_tiled(build, runtime: bool, steps: float) -> None:
+    """A chain whose operand is broadcast along the pixels of a channels-last tensor with few
+    channels runs in rows of at least ``ROW`` elements, the operand repeated (lower_gate
+    ``_tile_factor``): a run-time gate by a kernel of its own, per-channel constants at
+    compile time. The same operations element for element: bit-identical to the unfused
+    mode."""
+    model = build()
+    x = np.random.default_rng(7).standard_normal(
+        [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+    ).astype(np.float32) * 2
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    want = ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    compiled = qfuse.compile_model(model)
+    got = compiled.run({"x": x})["y"]
+    assert np.array_equal(got, qfuse.compile_model(model, mode="unfused").run({"x": x})["y"])
+    assert np.abs(got.astype(np.float64) - want).max() <= steps + 1e-6
+    kernels = compiled.inspect()["kernels"]
+    tiled = [k for k in kernels if "tiled_rows" in k["optimizations"]]
+    assert len(tiled) == 1, [k["name"] for k in kernels]
+    assert tiled[0]["impl"] == "jit:uni"
+    found = re.search(r"\(([\d, ]+)\) strides", tiled[0]["src_layouts"][0])
+    assert found is not None
+    dims = tuple(int(d) for d in found.group(1).split(","))
+    assert len(dims) == 2 and dims[1] >= ROW, dims
+    assert any(":tile:" in k["name"] for k in kernels) == runtime
+
+
+def test_tile_factor() -> None:
+    """Rows shorter than ``ROW`` grow by the smallest divisor of the outer group that makes
+    them long enough; no tiling where an operand is full along the outer group only, where
+    rows are long already, or where no divisor gets there within 4·ROW."""
+    groups = ((2, 3), (1,))  # channels-last [1, C, H, W]: (H·W, C)
+    assert _tile_factor(groups, (1, 8, 24, 96), [(1, 8, 1, 1)]) == 256
+    assert _tile_factor(groups, (1, 24, 48, 48), [(1, 24, 1, 1)]) == 96
+    assert _tile_factor(groups, (1, 4096, 2, 2), [(1, 4096, 1, 1)]) == 1
+    assert _tile_factor(groups, (1, 8, 1, 2), [(1, 8, 1, 1)]) == 1
+    assert _tile_factor(groups, (1, 8, 24, 96), [(1, 1, 24, 96)]) == 1
+    # the view: x's bytes as (outer/k, k·inner), the operand's row k times as long
+    assert grouped_md(groups, (1, 8, 24, 96), DataType.f32, 0, 256).dims == (9, 2048)
+    assert grouped_md(groups, (1, 8, 1, 1), DataType.f32, 0, 256).dims == (1, 2048)
+    assert grouped_md(groups, (1, 1, 1, 1), DataType.f32, 1, 256).dims == (1, 1, 1)
 
 
 def _md(dims: tuple[int, ...], strides: tuple[int, ...]) -> MemoryDesc:
