@@ -99,8 +99,8 @@ def not_fused(graph: Graph, results: list[PassResult]) -> list[dict[str, str]]:
                           "reason": "runs in float32, its post-ops fused (mark_float_compute): "
                                     + reasons[node.name]})
             continue
-        if node.fused is not None or is_trivial_int_op(graph, node):
-            continue
+        if node.fused is not None or node.op is Op.TABLE or is_trivial_int_op(graph, node):
+            continue  # a Table is a chain in one kernel (passes/table_lookup.py)
         reason = (_REQUANTIZED if _requantized(graph, node)
                   else reasons.get(node.name) or structural_reason(graph, node)
                   or "no pass matched")

@@ -1,8 +1,9 @@
 """What each compile mode runs before lowering (docs/design.md, "Modes").
 
 - ``fused``: the full pipeline (compiler/pipeline.py), then the fused lowering.
-- ``unfused``: the same pipeline; the lowering runs every post-op of a fused node as its own
-  oneDNN primitive (compiler/lower/unfused.py).
+- ``unfused``: the same pipeline but table_lookup (a chain of ops as one table is fusion);
+  the lowering runs every post-op of a fused node as its own oneDNN primitive
+  (compiler/lower/unfused.py).
 - ``fp32``: quantization stripped (passes/strip_quantization.py), the import cleanup, every
   float Conv / ConvTranspose / MatMul marked as a fused node with an empty chain, then
   fuse_bias, fuse_post_ops and compose_post_ops on the float graph: f32 primitives with fused
@@ -33,6 +34,8 @@ FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "deconv_as_dept
 def run_passes(graph: Graph, mode: Mode | str, ctx: PassContext | None = None) -> list[PassResult]:
     """Rewrite ``graph`` in place for ``mode``; the results of the passes that ran."""
     ctx = ctx or PassContext()
+    if mode == Mode.UNFUSED:
+        ctx.disabled_passes = ctx.disabled_passes | {"table_lookup"}
     if mode in (Mode.FUSED, Mode.UNFUSED):
         return run_pipeline(graph, ctx)
     if mode != Mode.FP32:

@@ -34,6 +34,7 @@ from qfuse.passes import (
     signed_matmul_weights,
     strided_pointwise_conv,
     strip_quantization,
+    table_lookup,
     vector_matmul_as_conv,
 )
 from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
@@ -50,6 +51,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("decompose_batchnorm", decompose_batchnorm.run),
     ("gemm_to_matmul", gemm_to_matmul.run),
     ("canonicalize_arith", canonicalize_arith.run),
+    # an 8-bit tensor's elementwise chain with an island (quantize_static's GELU), up to a
+    # quantize, as a table of its 256 values
+    ("table_lookup", table_lookup.run),
     # 2-3. quantization into FakeQuantize, then quantize-only FakeQuantize + dequantize
     ("qdq_to_fake_quantize", qdq_to_fake_quantize.run),
     ("decompose_fake_quantize", decompose_fake_quantize.run),

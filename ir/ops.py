@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 from qfuse.ir.types import DType, OnnxQuantize, TensorInfo
 
 
@@ -87,6 +89,8 @@ class Op(enum.Enum):
     CAST = "Cast"
     # opaque float compute: an ONNX subgraph run by onnxruntime or onnx.reference
     ISLAND = "Island"
+    # an 8-bit → 8-bit elementwise function given by its value for each of the 256 inputs
+    TABLE = "Table"
 
 
 @dataclass(frozen=True)
@@ -359,6 +363,14 @@ class IslandEngine(enum.Enum):
     ONNX_REFERENCE = "onnx.reference"
 
 
+# ONNX ops that map each element to one element of the same type by itself: an island made
+# only of them computes the same bytes whatever order the elements are laid out in
+UNARY_ELEMENTWISE = frozenset({
+    "Erf", "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh",
+    "Atanh", "Softplus", "Softsign", "Neg", "Abs", "Sign", "Floor", "Ceil", "Round",
+    "Reciprocal", "Exp", "Log", "Sqrt"})
+
+
 @dataclass(frozen=True)
 class IslandAttrs:
     """A float island: ONNX nodes qfuse does not lower natively, kept as an ONNX model.
@@ -377,6 +389,21 @@ class IslandAttrs:
     reason: str
     infos: tuple[TensorInfo, ...]
     dynamic: tuple[bool, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class TableAttrs:
+    """Table: ``y = table[x]`` elementwise, x and y 8-bit (passes/table_lookup.py).
+
+    ``by_byte[b]`` is y's byte for the input whose byte is b (an s8 input's -1 is byte 255);
+    ``info`` is y's TensorInfo; ``nodes`` names the nodes the table stands for and ``ops``
+    their op types (what `inspect` shows).
+    """
+
+    by_byte: np.ndarray  # uint8, 256 entries
+    info: TensorInfo
+    nodes: tuple[str, ...]
+    ops: tuple[str, ...]
 
 
 # The attribute class each op carries; a missing entry is a bug the verifier reports.
@@ -433,6 +460,7 @@ ATTRS: dict[Op, type] = {
     Op.DROPOUT: NoAttrs,
     Op.CAST: CastAttrs,
     Op.ISLAND: IslandAttrs,
+    Op.TABLE: TableAttrs,
 }
 
 # (min, max) number of inputs each op takes; None = unbounded. Optional inputs are "".

@@ -102,6 +102,8 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.CAST: lower_numpy,
     # float islands: the ONNX subgraph run by onnxruntime or onnx.reference
     Op.ISLAND: lower_island.lower_island,
+    # an 8-bit elementwise chain as its values for the 256 inputs (passes/table_lookup.py)
+    Op.TABLE: lower_island.lower_table,
 }
 
 # Inputs from this port on are parameters the oneDNN lowerings read as constants (weights,

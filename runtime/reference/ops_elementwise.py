@@ -29,6 +29,7 @@ from qfuse.ir.ops import (
     HardSigmoidAttrs,
     HardSwishAttrs,
     Op,
+    TableAttrs,
 )
 from qfuse.runtime.reference.ops_mlas import gelu_erf
 from qfuse.runtime.reference.registry import Arrays, impl, need
@@ -169,3 +170,11 @@ def gelu(node: Node, args: Arrays) -> list[np.ndarray]:
     x64 = x.astype(np.float64)
     inner = math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64**3)
     return [(0.5 * x64 * (1.0 + np.tanh(inner))).astype(F32)]
+
+
+@impl(Op.TABLE)
+def table(node: Node, args: Arrays) -> list[np.ndarray]:
+    """``y = table[x]``, looked up by x's byte (ir.ops.TableAttrs)."""
+    attrs: TableAttrs = node.attrs
+    x = np.ascontiguousarray(need(args, 0))
+    return [attrs.by_byte[x.view(np.uint8)].view(attrs.info.dtype.np)]
