@@ -23,8 +23,9 @@ elementwise ops (``ELEMENTWISE``; an island of unary elementwise ONNX ops) whose
 is q's dequantized value, a value of the chain, or a one-element constant, all of q's shape;
 up to the last QuantizeLinear to 8 bits whose chain's values nothing else reads. Only a chain
 with an island: the jit binary kernels of lower_gate run a chain of oneDNN operations at
-0.2-0.3 ns an element, faster than the table. Not for a tensor of fewer than
-``MIN_ELEMENTS``, nor in the unfused mode (compiler/modes.py), which runs each op by itself.
+0.2-0.3 ns an element, faster than the table. Any size: an island's call costs more than a
+look-up of a small tensor (Whisper's encoder, tiny: 0.24 → 0.16 ms). Not in the unfused mode
+(compiler/modes.py), which runs each op by itself.
 """
 
 from __future__ import annotations
@@ -40,7 +41,6 @@ ELEMENTWISE = frozenset({
     Op.QUANTIZE_LINEAR, Op.DEQUANTIZE_LINEAR, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.RELU,
     Op.CLIP, Op.LEAKY_RELU, Op.SIGMOID, Op.TANH, Op.HARD_SIGMOID, Op.HARD_SWISH, Op.GELU,
     Op.SWISH, Op.SQRT, Op.ISLAND})
-MIN_ELEMENTS = 4096
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -61,7 +61,6 @@ def _source(graph: Graph, dq: Node) -> str | None:
     q = dq.inputs[0]
     info = graph.info(q)
     if (graph.constant(q) is not None or not info.dtype.is_quantized
-            or int(np.prod(info.shape)) < MIN_ELEMENTS
             or not all(_scalar(graph, v) for v in dq.inputs[1:] if v)):
         return None
     return q
@@ -169,30 +168,40 @@ def _ancestors(graph: Graph, end: Node, inside: dict[str, Node]) -> list[Node]:
     return list(found.values())
 
 
-def _rewrite(graph: Graph, dq: Node, q: str, chain: list[Node], end: Node, keep: bool,
-             ctx: PassContext) -> bool:
+def _evaluate(graph: Graph, q: str, chain: list[Node], y: str, values: np.ndarray,
+              dtype: np.dtype) -> np.ndarray:
+    """The bytes of y the chain computes from q = ``values`` (the reference interpreter)."""
     from qfuse.runtime.reference.interpreter import run_node
 
+    env: dict[str, np.ndarray] = {q: values}
+    for node in chain:
+        args = [None if not v else env[v] if v in env else _constant(graph, v)
+                for v in node.inputs]
+        for out, array in zip(node.outputs, run_node(node, args, graph), strict=True):
+            env[out] = np.asarray(array)
+    return np.ascontiguousarray(env[y].astype(dtype)).reshape(-1).view(np.uint8)
+
+
+def _rewrite(graph: Graph, dq: Node, q: str, chain: list[Node], end: Node, keep: bool,
+             ctx: PassContext) -> bool:
     info = graph.info(q)
     y = end.outputs[0]
     out_info = graph.info(y)
     lo, hi = info.dtype.range
-    values = np.resize(np.arange(lo, hi + 1), info.shape).astype(info.dtype.np)
-    env: dict[str, np.ndarray] = {q: values}
+    size = int(np.prod(info.shape))
+    every = np.arange(lo, hi + 1).astype(info.dtype.np)
+    # tensors of q's shape that hold every 8-bit value, together (several when q is small)
+    inputs = [np.resize(np.roll(every, -start), info.shape) for start in range(0, 256, size)]
+    index = np.concatenate([a.reshape(-1).view(np.uint8) for a in inputs])
     try:
-        for node in chain:
-            args = [None if not v else env[v] if v in env else _constant(graph, v)
-                    for v in node.inputs]
-            for out, array in zip(node.outputs, run_node(node, args, graph), strict=True):
-                env[out] = np.asarray(array)
+        result = np.concatenate([_evaluate(graph, q, chain, y, a, out_info.dtype.np)
+                                 for a in inputs])
     except Exception as exc:  # noqa: BLE001 - a chain the reference cannot run stays as it is
         ctx.decline(end, f"table: the reference could not evaluate the chain ({exc})")
         return False
-    result = np.ascontiguousarray(env[y].astype(out_info.dtype.np)).reshape(-1)
-    index = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
     by_byte = np.zeros(256, np.uint8)
-    by_byte[index] = result.view(np.uint8)
-    if not np.array_equal(by_byte[index], result.view(np.uint8)):
+    by_byte[index] = result
+    if not np.array_equal(by_byte[index], result):
         ctx.decline(end, "table: an input value gave different results at different positions")
         return False
     removed = [n for n in chain if not (keep and n is dq)]
