@@ -9,14 +9,17 @@ Erf has no oneDNN primitive, so it ran as an onnxruntime island between a float3
 quantize kernel (timm EfficientFormer-L1 QDQ: 15 islands, 1.6 ms of 6.9). Every value on the
 way is a function of the one 8-bit tensor q alone: x is read twice, the other operands are
 scalar constants. So y is a function of q's 256 values, and the chain is the table ``y =
-T[q]``, one numpy kernel (``take``, about 0.55 ns an element at one thread) that also lets
-q's producer write 8 bits instead of float32.
+T[q]``, one numpy kernel (``take`` over pairs of bytes, about 0.32 ns a byte at one thread,
+compiler/lower/lower_island.py ``lower_table``) that also lets q's producer write 8 bits
+instead of float32.
 
 The table is the chain's own arithmetic: the reference interpreter (runtime/reference, each
 op's ONNX semantics; an island by onnxruntime, as the plan runs it) evaluates the chain once,
-at compile time, on a tensor of q's shape holding every 8-bit value, and the pass checks that
-each value gave one result wherever it stood (an elementwise op's result does not depend on
-the position; this checks it). Bit-identical, then, to the chain op by op.
+at compile time, on tensors of q's shape holding every 8-bit value (several when q has fewer
+than 256 elements), and the pass checks that each value gave one result wherever it stood (an
+elementwise op's result does not depend on the position; this checks it). Bit-identical,
+then, to the chain op by op as the graph has it here (after canonicalize_arith: a Div by a
+constant is already the Mul by its reciprocal the fused and unfused modes compute).
 
 Which chains: from a DequantizeLinear of a run-time 8-bit tensor q (per tensor), the
 elementwise ops (``ELEMENTWISE``; an island of unary elementwise ONNX ops) whose every input
