@@ -6,7 +6,8 @@ V) would be shifted by a reorder kernel of its own before the matmul
 write the shifted values itself.
 
 Pattern: a fused MatMul M reads, as its weights (input 1), a non-constant u8 value w that a
-fused Conv / ConvTranspose / MatMul P produces through value-moving ops (Reshape, Flatten,
+fused Conv / ConvTranspose / MatMul, or a fused Add / Mul (attention's k·(1/√d) with its
+quantize: DeiT, PiT, TinyViT, MobileViT QDQ), P produces through value-moving ops (Reshape, Flatten,
 Squeeze, Unsqueeze, Transpose), every value from P to w read only by the next node of the path
 and not a graph output; P's chain ends with a per-tensor ``Quantize`` of 256 levels onto
 exactly [0, 255] (u8).
@@ -37,6 +38,10 @@ from qfuse.passes.post_op_match import COMPUTE_OPS
 log = logging.getLogger(__name__)
 
 MOVES = frozenset({Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE, Op.TRANSPOSE})
+# fused nodes whose lowering writes the chain's final quantize with its own zero point: the
+# compute ops (a dst zero point) and Add / Mul gate chains (a binary primitive storing
+# ``x·(1/s) + zp`` as post-ops, compiler/lower/lower_gate.py)
+PRODUCERS = COMPUTE_OPS | {Op.ADD, Op.MUL}
 SHIFT = 128
 
 
@@ -65,8 +70,8 @@ def _path(graph: Graph, w: str) -> tuple[Node, list[str]] | str | None:
     while producer is not None and producer.op in MOVES and producer.fused is None:
         values.append(producer.inputs[0])
         producer = graph.producer(producer.inputs[0])
-    if producer is None or producer.op not in COMPUTE_OPS or producer.fused is None:
-        return "not produced by a fused compute node (through value-moving ops)"
+    if producer is None or producer.op not in PRODUCERS or producer.fused is None:
+        return "not produced by a fused compute node or Add / Mul (through value-moving ops)"
     for value in values:
         if value in graph.outputs or graph.uses(value) != 1:
             return f"'{value}' has other readers"

@@ -1,0 +1,44 @@
+"""Attention's K as int8 MatMul weights when a quantized k·(1/√d) produces it (DeiT, PiT,
+TinyViT, MobileViT QDQ): the Mul's kernel writes s8 with zero point − 128
+(passes/signed_matmul_weights.py), so no reorder shifts K from u8 before the MatMul."""
+
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto, helper
+from onnx_builders import init, model, qdq_pair, run_ort
+
+from qfuse.compiler.api import compile_model
+
+F = np.float32
+
+
+def _scaled_keys():
+    """q, k: [1, 2, 16, 8] quantized; k·0.35 quantized, transposed, then q·kᵀ quantized."""
+    nodes = [*qdq_pair("q", "q", "qd"), *qdq_pair("k", "k", "kd"),
+             helper.make_node("Mul", ["kd", "c"], ["km"]), *qdq_pair("km", "km", "kmd"),
+             helper.make_node("Transpose", ["kmd"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["qd", "kt"], ["s"]), *qdq_pair("s", "s", "y")]
+    inits = [init("qs", np.array(0.03, F)), init("qz", np.array(128, np.uint8)),
+             init("ks", np.array(0.02, F)), init("kz", np.array(120, np.uint8)),
+             init("c", np.array(0.35, F)),
+             init("kms", np.array(0.01, F)), init("kmz", np.array(131, np.uint8)),
+             init("ss", np.array(0.05, F)), init("sz", np.array(125, np.uint8))]
+    return model(nodes, {"q": ((1, 2, 16, 8), TensorProto.FLOAT),
+                         "k": ((1, 2, 16, 8), TensorProto.FLOAT)}, ["y"], inits, opset=13)
+
+
+def test_scaled_keys_are_written_as_s8() -> None:
+    m = _scaled_keys()
+    compiled = compile_model(m)
+    kernels = compiled.inspect()["kernels"]
+    assert not [k for k in kernels if "shifted to s8" in k.get("note", "")], \
+        [k["name"] for k in kernels]
+    rng = np.random.default_rng(5)
+    feeds = {n: rng.uniform(-2, 2, (1, 2, 16, 8)).astype(F) for n in ("q", "k")}
+    got = compiled.run(feeds)["y"]
+    want = run_ort(m, feeds, optimized=False)[0]
+    # onnxruntime multiplies in float32, the int8 matmul sums integers: near-ties part
+    steps = np.abs(got - want) / 0.05
+    assert steps.max() <= 1 + 1e-4 and np.mean(steps < 1e-4) > 0.99
+    np.testing.assert_array_equal(got, compile_model(m, mode="unfused").run(feeds)["y"])
