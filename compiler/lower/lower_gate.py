@@ -431,7 +431,8 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     channels = int(yinfo.shape[1]) if ndims > 1 else 1
     per_channel = [op for op in finish.post_ops
                    if isinstance(op, Binary) and not one_value(op.values)]
-    if any(np.asarray(op.values).size != channels for op in per_channel):
+    if per_channel and (ndims < 2 or any(np.asarray(op.values).size != channels
+                                         for op in per_channel)):
         return False
     operands = [*dims.values(), *([per_channel_dims(ndims, 1, channels)] if per_channel else [])]
     groups = memory_order_groups(home, operands)
