@@ -161,3 +161,36 @@ def test_pair_table() -> None:
     every = np.arange(65536, dtype=np.uint16)
     got = np.take(pairs, every).view(np.uint8)
     assert np.array_equal(got, by_byte[every.view(np.uint8)])
+
+
+def mish(shape: tuple[int, ...] = (1, 8, 16, 16)) -> onnx.ModelProto:
+    """Mish, x·tanh(softplus(x)), with a Q/DQ pair after each op (YOLOv4-style detectors):
+    Softplus is an island, Tanh and the Mul are oneDNN operations."""
+    nodes: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+
+    def qdq(src: str, tag: str, dst: str, scale: float, zp: int) -> None:
+        nodes.extend([
+            helper.make_node("QuantizeLinear", [src, f"s_{tag}", f"z_{tag}"], [f"{dst}_q"]),
+            helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{tag}", f"z_{tag}"], [dst])])
+        inits.extend([_init(f"s_{tag}", scale, np.float32), _init(f"z_{tag}", zp, np.uint8)])
+
+    qdq("x", "x", "xd", 0.04, 128)
+    nodes.append(helper.make_node("Softplus", ["xd"], ["sp"]))
+    qdq("sp", "sp", "spd", 0.03, 0)
+    nodes.append(helper.make_node("Tanh", ["spd"], ["t"]))
+    qdq("t", "t", "td", 1 / 255, 0)
+    nodes.append(helper.make_node("Mul", ["xd", "td"], ["m"]))
+    qdq("m", "m", "y", 0.03, 20)
+    graph = helper.make_graph(
+        nodes, "mish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_mish_is_one_table() -> None:
+    """Any unary island op: Mish's 9 nodes from x's dequantize to y's quantize are a table."""
+    model = mish()
+    tables = [k for k in _kernels(model) if "a table" in k.get("note", "")]
+    assert len(tables) == 1 and "9 ONNX nodes" in tables[0]["note"], tables
+    _check_exact(model)
