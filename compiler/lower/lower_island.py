@@ -149,11 +149,11 @@ def lower_table(ctx: LowerContext, node: Node) -> None:
     by_pair = pair_table(by_byte)
 
     def take(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
-        src, dst = arrays[0].reshape(-1).view(np.uint8), outs[0].reshape(-1).view(np.uint8)
-        even = src.size - src.size % 2
-        np.take(by_pair, src[:even].view(np.uint16), out=dst[:even].view(np.uint16))
-        if even < src.size:
-            dst[-1] = by_byte[src[-1]]
+        q, out = arrays[0].reshape(-1).view(np.uint8), outs[0].reshape(-1).view(np.uint8)
+        even = q.size - q.size % 2
+        np.take(by_pair, q[:even].view(np.uint16), out=out[:even].view(np.uint16))
+        if even < q.size:  # an odd count: the last byte alone
+            out[-1] = by_byte[q[-1]]
 
     note = (f"a table of x's 256 values for {len(attrs.nodes)} ONNX nodes "
             f"({', '.join(attrs.ops)}): y = T[x], two bytes per look-up")
