@@ -64,6 +64,7 @@ def _source(graph: Graph, dq: Node) -> str | None:
     q = dq.inputs[0]
     info = graph.info(q)
     if (graph.constant(q) is not None or not info.dtype.is_quantized
+            or int(np.prod(info.shape)) == 0
             or not all(_scalar(graph, v) for v in dq.inputs[1:] if v)):
         return None
     return q
