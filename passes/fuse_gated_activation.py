@@ -56,8 +56,8 @@ import numpy as np
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.ops import ClipAttrs, HardSigmoidAttrs, HardSwishAttrs, NoAttrs
 from qfuse.passes.base import PassContext
+from qfuse.passes.canonicalize_arith import constant_value
 from qfuse.passes.quant_utils import dq_params, fq_ranges, quantize_only, readers, rebuild
-from qfuse.runtime.reference import IMPLS
 
 log = logging.getLogger(__name__)
 F32 = np.float32
@@ -78,27 +78,12 @@ def _close(value: float, target: float) -> bool:
     return abs(value - target) <= 1e-6 * max(1.0, abs(target))
 
 
-def _constant(graph: Graph, name: str) -> np.ndarray | None:
-    """A constant, also one still behind a DequantizeLinear of constants (quantize_static
-    stores the scalars of Add / Mul as u8 initializers: ``(q - zp)·s``)."""
-    value = graph.constant(name)
-    if value is not None:
-        return value
-    dq = graph.producer(name)
-    if dq is None or dq.op is not Op.DEQUANTIZE_LINEAR:
-        return None
-    args = [graph.constant(v) if v else None for v in dq.inputs]
-    if any(a is None for a, v in zip(args, dq.inputs, strict=True) if v):
-        return None
-    return IMPLS[Op.DEQUANTIZE_LINEAR](dq, args)[0]
-
-
 def _scalar(graph: Graph, node: Node) -> tuple[str, float] | None:
     """(the non-constant input, the scalar constant) of a binary node, else None."""
     a, b = node.inputs[:2]
     for x, c in ((a, b), (b, a)):
-        value = _constant(graph, c)
-        if value is not None and _constant(graph, x) is None and np.size(value) == 1:
+        value = constant_value(graph, c)
+        if value is not None and constant_value(graph, x) is None and np.size(value) == 1:
             return x, float(np.asarray(value, F32).ravel()[0])
     return None
 

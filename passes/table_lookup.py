@@ -38,7 +38,9 @@ import numpy as np
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.ops import UNARY_ELEMENTWISE, IslandAttrs, TableAttrs
 from qfuse.passes.base import PassContext
+from qfuse.passes.canonicalize_arith import constant_value
 from qfuse.passes.replace import replace_nodes
+from qfuse.runtime.reference.interpreter import run_node
 
 ELEMENTWISE = frozenset({
     Op.QUANTIZE_LINEAR, Op.DEQUANTIZE_LINEAR, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.RELU,
@@ -73,25 +75,8 @@ def _source(graph: Graph, dq: Node) -> str | None:
 def _scalar(graph: Graph, value: str) -> bool:
     """A one-element constant, or the dequantized value of one (quantize_static's 1 and 0.5
     of GELU are DequantizeLinear nodes of constants)."""
-    data = graph.constant(value)
-    if data is not None:
-        return data.size == 1
-    producer = graph.producer(value)
-    return (producer is not None and producer.op is Op.DEQUANTIZE_LINEAR
-            and all(v and _scalar(graph, v) for v in producer.inputs))
-
-
-def _constant(graph: Graph, value: str) -> np.ndarray:
-    """A ``_scalar`` value's array."""
-    from qfuse.runtime.reference.interpreter import run_node
-
-    data = graph.constant(value)
-    if data is not None:
-        return data
-    producer = graph.producer(value)
-    assert producer is not None
-    return np.asarray(run_node(producer, [_constant(graph, v) for v in producer.inputs],
-                               graph)[0])
+    data = constant_value(graph, value)
+    return data is not None and data.size == 1
 
 
 def _joins(graph: Graph, node: Node, shape: tuple[int, ...], produced: set[str]) -> bool:
@@ -175,11 +160,9 @@ def _ancestors(graph: Graph, end: Node, inside: dict[str, Node]) -> list[Node]:
 def _evaluate(graph: Graph, q: str, chain: list[Node], y: str, values: np.ndarray,
               dtype: np.dtype) -> np.ndarray:
     """The bytes of y the chain computes from q = ``values`` (the reference interpreter)."""
-    from qfuse.runtime.reference.interpreter import run_node
-
     env: dict[str, np.ndarray] = {q: values}
     for node in chain:
-        args = [None if not v else env[v] if v in env else _constant(graph, v)
+        args = [None if not v else env[v] if v in env else constant_value(graph, v)
                 for v in node.inputs]
         for out, array in zip(node.outputs, run_node(node, args, graph), strict=True):
             env[out] = np.asarray(array)
