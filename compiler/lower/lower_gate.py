@@ -81,6 +81,7 @@ from qfuse.runtime.onednn import (
     PrimitiveAttr,
     PrimitiveDesc,
     binary,
+    reorder,
 )
 
 
@@ -346,7 +347,7 @@ RUNTIME_ROW = 256
 
 
 def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
-                 operands: list[tuple[int, ...]]) -> int:
+                 operands: list[tuple[int, ...]], runtime: list[tuple[int, ...]] = ()) -> int:
     """k > 1 when the last two groups, (outer, inner) elements, run faster as
     (outer/k, k·inner) with the operands broadcast along ``outer`` tiled k times along
     ``inner``: oneDNN 3.2's jit binary walks a broadcast operand row by row at a cost a row.
@@ -355,16 +356,24 @@ def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
     (rows of 768); [1, 64, 12, 48]: 12.3 → 4.2; and longer rows still gain on large tensors
     at two threads (PP-OCRv4 det's gate on [1, 96, 120, 160]: 575 µs in rows of 96, 258 in
     rows of 576, 225 in rows of 4608). The smallest such k with rows of at least ``ROW``
-    elements; 1 when rows are that long already, no k gets there within 4·ROW, or an operand
-    is full along outer but broadcast along inner."""
+    elements; 1 when rows are that long already, no k gets there within 4·ROW, an operand
+    is full along outer but broadcast along inner, or one of the ``runtime`` operands (their
+    dims) would be repeated by a kernel where the chain is too small for it (``RUNTIME_*``)."""
     if len(groups) < 2:
         return 1
+    outer_dim, inner_dim = groups[-2][0], groups[-1][0]
     outer = math.prod(out[i] for i in groups[-2])
     inner = math.prod(out[i] for i in groups[-1])
-    if inner >= ROW or any(d[groups[-1][0]] == 1 and d[groups[-2][0]] != 1 for d in operands):
+    if inner >= ROW or any(d[inner_dim] == 1 and d[outer_dim] != 1 for d in operands):
         return 1
     k = next((k for k in range(2, outer + 1) if outer % k == 0 and k * inner >= ROW), 1)
-    return k if k * inner <= 4 * ROW else 1
+    if k * inner > 4 * ROW:
+        return 1
+    repeats = any(d[outer_dim] == 1 and d[inner_dim] != 1 for d in runtime)
+    if repeats and (inner > RUNTIME_ROW or outer < RUNTIME_ROWS
+                    or outer * inner < RUNTIME_ELEMENTS):
+        return 1  # a run-time operand's repeat is a kernel: worth it for many short rows
+    return k
 
 
 def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
@@ -439,12 +448,8 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     if groups is None or (per_channel and groups[-1] != (1,)):
         return False
     out = tuple(home.dims)
-    tile = _tile_factor(groups, out, operands)
-    if tile > 1 and any(ctx.const(node.inputs[p]) is None and _repeated(
-            grouped_md(groups, dims[p], DataType.f32), tile) for p in ports):
-        outer, inner = (math.prod(out[i] for i in g) for g in groups[-2:])
-        if inner > RUNTIME_ROW or outer < RUNTIME_ROWS or outer * inner < RUNTIME_ELEMENTS:
-            tile = 1  # a run-time operand's repeat is a kernel: worth it for many short rows
+    tile = _tile_factor(groups, out, operands,
+                        [dims[p] for p in ports if ctx.const(node.inputs[p]) is None])
     if not slow and tile == 1 and (len(groups) > 1 or is_row_major(home)):
         return False
     if per_channel:  # the channels are the last dim of the view, tiled with it
@@ -527,14 +532,16 @@ def _repeated(row: MemoryDesc, tile: int) -> bool:
 def _tiled_operand(ctx: LowerContext, node: Node, value: str, row_slot: str, row: MemoryDesc,
                    tile: int) -> str:
     """A slot holding the run-time operand ``row`` ([..., 1, n]) repeated ``tile`` times,
-    [..., tile, n] (seen by the caller as [..., 1, tile·n]): oneDNN's binary ``1·r`` with r
-    broadcast, exact for every float32."""
-    wide = plain_md((*row.dims[:-2], tile, row.dims[-1]), DataType.f32)
-    slot = ctx.temp(f"{value}@tiled", wide)
-    pd = binary(Alg.binary_mul, wide, row, wide)
-    ctx.add_primitive(f"{node.name}:tile:{value}", pd,
-                      {int(Arg.SRC_1): row_slot, int(Arg.DST): slot},
-                      {int(Arg.SRC_0): const_memory(np.ones(wide.dims, np.float32))},
+    [..., tile, n] (seen by the caller as [..., 1, tile·n]): one reorder from a view of the
+    row with stride 0 along the repeats, as lower_misc.lower_expand copies (the same bytes)."""
+    dims = (*row.dims[:-2], tile, row.dims[-1])
+    strides = (*(row.strides or ())[:-2], 0, 1)
+    view = ctx.temp(f"{value}@repeat", MemoryDesc.from_strides(dims, DataType.f32, strides),
+                    alias=row_slot)
+    plain = plain_md(dims, DataType.f32)
+    slot = ctx.temp(f"{value}@tiled", plain)
+    ctx.add_primitive(f"{node.name}:tile:{value}", reorder(ctx.slots[view].md, plain),
+                      {int(Arg.SRC): view, int(Arg.DST): slot},
                       info=ctx.info_for(node, note=f"'{value}' repeated {tile} times: the "
                                         "chain reads it in rows of "
                                         f"{tile * row.dims[-1]} (module _tile_factor)"))
