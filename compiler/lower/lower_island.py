@@ -21,7 +21,7 @@ from qfuse.compiler.lower.layouts import dnnl_type, is_row_major, md_like, plain
 from qfuse.compiler.lower.plan import DynamicOutput
 from qfuse.ir import Node
 from qfuse.ir.ops import UNARY_ELEMENTWISE, IslandAttrs, IslandEngine, TableAttrs
-from qfuse.runtime.onednn import MemoryDesc
+from qfuse.runtime.onednn import DataType, MemoryDesc
 from qfuse.runtime.reference.ops_island import make_runner, make_runner_into
 
 log = logging.getLogger(__name__)
@@ -42,9 +42,27 @@ def _any_order(ctx: LowerContext, node: Node) -> MemoryDesc | None:
             x).dtype is not ctx.info(y).dtype:
         return None
     md = ctx.md_of(x)
-    if not md.is_plain or is_row_major(md) or md.size != md.nelems * md.numpy_dtype.itemsize:
+    if not _dense(md) or is_row_major(md):
         return None
     return md
+
+
+def _dense(md: MemoryDesc) -> bool:
+    """A plain layout without gaps: its bytes are its elements in some order."""
+    return md.is_plain and md.size == md.nelems * md.numpy_dtype.itemsize
+
+
+def _flat_views(ctx: LowerContext, x: str, y: str, md: MemoryDesc, y_type: DataType
+                ) -> tuple[str, str]:
+    """Slots over x's bytes (``md``, dense) and y's, seen as one dim each: y is laid out as
+    x, its home the view the kernel writes. An elementwise kernel computes the same bytes."""
+    flat = (md.nelems,)
+    src = ctx.temp(f"{x}@flat", plain_md(flat, md.dtype), alias=ctx.home_slot(x))
+    dst = ctx.temp(f"{y}@flat", plain_md(flat, y_type))
+    laid = md_like(md, y_type)
+    assert laid is not None
+    ctx.define(y, laid, alias=dst)
+    return src, dst
 
 
 def lower_island(ctx: LowerContext, node: Node) -> None:
@@ -108,10 +126,7 @@ def _lower_in_any_order(ctx: LowerContext, node: Node, md: MemoryDesc) -> None:
     attrs: IslandAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     shape = ctx.info(x).shape
-    flat = (md.nelems,)
-    src = ctx.temp(f"{x}@flat", plain_md(flat, md.dtype), alias=ctx.home_slot(x))
-    dst = ctx.temp(f"{y}@flat", plain_md(flat, md.dtype))
-    ctx.define(y, md, alias=dst)  # y's home aliases the view the kernel writes
+    src, dst = _flat_views(ctx, x, y, md, md.dtype)
     into = make_runner_into(attrs, threads=ctx.options.threads)
     _add_in_place(ctx, node,
                   lambda arrays, outs: into([arrays[0].reshape(shape)], [outs[0].reshape(shape)]),
@@ -135,14 +150,8 @@ def lower_table(ctx: LowerContext, node: Node) -> None:
     attrs: TableAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     md = ctx.md_of(x)
-    y_type = dnnl_type(attrs.info.dtype)
-    if md.is_plain and md.size == md.nelems * md.numpy_dtype.itemsize:
-        flat = (md.nelems,)
-        src = ctx.temp(f"{x}@flat", plain_md(flat, md.dtype), alias=ctx.home_slot(x))
-        dst = ctx.temp(f"{y}@flat", plain_md(flat, y_type))
-        laid = md_like(md, y_type)
-        assert laid is not None
-        ctx.define(y, laid, alias=dst)
+    if _dense(md):
+        src, dst = _flat_views(ctx, x, y, md, dnnl_type(attrs.info.dtype))
     else:
         src, dst = ctx.plain_source(x), ctx.define_plain(y)
     by_byte = attrs.by_byte
