@@ -84,6 +84,13 @@ def test_forced_value_is_what_the_next_kernel_reads(tmp_path) -> None:
     assert rows[d].differing == 0
 
 
+def _quantizer_inits(scales: dict[str, tuple[float, int]]) -> list:
+    """Per name n of ``scales``: the initializers ``{n}s`` (f32 scale) and ``{n}z`` (u8 zero
+    point) its qdq_pair reads."""
+    return [v for n, (s, z) in scales.items()
+            for v in (init(f"{n}s", np.float32(s)), init(f"{n}z", np.uint8(z)))]
+
+
 def _view_residual_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """conv → Q → Reshape → Transpose (a view of the conv's channels-last output) → residual
     Add after a MatMul whose input is another quantization of the conv output."""
@@ -103,8 +110,7 @@ def _view_residual_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
              + [helper.make_node("Add", ["td", "mmd"], ["r"])] + qdq_pair("d", "r", "y"))
     scales = {"a": (0.05, 128), "b": (0.05, 128), "t": (0.05, 128), "e": (0.07, 128),
               "c": (0.06, 120), "d": (0.08, 125)}
-    inits = [v for n, (s, z) in scales.items()
-             for v in (init(f"{n}s", np.float32(s)), init(f"{n}z", np.uint8(z)))]
+    inits = _quantizer_inits(scales)
     inits += [init("ks", np.float32(0.02)), init("kz", np.int8(0)),
               init("K", rng.normal(0, 0.5, (c, 8, 1, 1)).astype(np.float32)),
               init("ws", np.float32(0.01)), init("wz", np.int8(0)),
@@ -145,8 +151,7 @@ def test_padded_residual_overwritten_in_place_is_read_before() -> None:
     # scales off any common grid: no product of dequantized values lands on an exact tie
     scales = {"a": (0.0513, 128), "k": (0.0471, 128), "m": (0.0297, 126), "r": (0.0493, 128),
               "p": (0.0493, 128), "o": (0.00707, 128)}
-    inits = [v for n, (s, z) in scales.items()
-             for v in (init(f"{n}s", np.float32(s)), init(f"{n}z", np.uint8(z)))]
+    inits = _quantizer_inits(scales)
     inits.append(init("pads", np.array([0, 0, 1, 0, 0, 0, 0, 0], np.int64)))
     m = model(nodes, {"x": ((1, 8, 50, 40), TensorProto.FLOAT),
                       "K": ((1, 8, 40, 40), TensorProto.FLOAT),
