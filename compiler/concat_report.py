@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qfuse.ir import Graph, Node, Op
+from qfuse.ir import Graph, Op
 from qfuse.ir.chain import Quantize, Scale, Shift
 
 
@@ -56,8 +56,12 @@ def concat_report(graph: Graph, plan_concats: list[dict[str, Any]],
                 bytes_ = "not a oneDNN concat kernel"
             elif i in placed["in_place"] and placed["removed"]:
                 bytes_ = "written in place by its producer"
+            elif i in placed.get("resampled", ()):
+                bytes_ = ("written in place by its nearest Resize (a reorder repeating its "
+                          "source)")
             elif i in placed["copied"]:
-                bytes_ = "copied by a reorder into its region of the output"
+                words = " as 4-byte words" if placed.get("words") else ""
+                bytes_ = f"copied by a reorder{words} into its region of the output"
             else:
                 reason = placed["reasons"].get(i) or placed["reasons"].get(str(i))
                 if reason is None:  # placeable, but too many others were not

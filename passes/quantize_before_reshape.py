@@ -11,6 +11,15 @@ Exact: a per-tensor quantize is elementwise, ``Q(reshape(x)) = reshape(Q(x))`` v
 Only a quantize-only FakeQuantize with one range (scalar ranges: per channel, its axis would
 move) that is the Reshape's only reader, and only on a float32 Reshape (an integer one is
 already moved by propagate_dequantize).
+
+A nearest Resize that enlarges its input is moved past the same way: each output element is a
+copy of one input element, so ``Q(resize(x)) = resize(Q(x))`` too, and the quantize then runs
+on the smaller tensor. Where it matters: an FPN that requantizes each upsampled map into its
+Concat's scale (PP-OCRv4 det NNCF: a ×8 and a ×4 nearest Resize of the quantized lateral maps,
+each quantized again after the Resize). The quantize then meets the dequantize before the
+Resize, a requantize its producer's kernel absorbs (passes/fuse_post_ops.py), and the Resize
+moves bytes only: its copy goes straight into the Concat's output
+(compiler/lower/in_place_concat.py).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import logging
 
 from qfuse.ir import DType, Graph, Node, Op
+from qfuse.ir.ops import ResizeMode
 from qfuse.passes.base import PassContext
 from qfuse.passes.quant_utils import fq_ranges, quantize_only, rebuild
 
@@ -30,7 +40,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
     changed = 0
     for fq in [n for n in graph.topo_order() if n.op is Op.FAKE_QUANTIZE]:
         reshape = graph.producer(fq.inputs[0])
-        if reshape is None or reshape.op not in RESHAPES or fq.fused is not None:
+        if reshape is None or fq.fused is not None or not (
+                reshape.op in RESHAPES or _enlarging_nearest(graph, reshape)):
             continue
         ctx.visit(fq)
         reason = _why_not(graph, reshape, fq)
@@ -40,6 +51,13 @@ def run(graph: Graph, ctx: PassContext) -> int:
         _swap(graph, reshape, fq)
         changed += 1
     return changed
+
+
+def _enlarging_nearest(graph: Graph, node: Node) -> bool:
+    """A nearest Resize whose output has no fewer elements than its input."""
+    if node.op is not Op.RESIZE or node.attrs.mode is not ResizeMode.NEAREST:
+        return False
+    return graph.info(node.outputs[0]).size >= graph.info(node.inputs[0]).size
 
 
 def _why_not(graph: Graph, reshape: Node, fq: Node) -> str:

@@ -186,3 +186,125 @@ def test_threads_share_the_plan_not_the_views() -> None:
     assert not errors, errors
     assert not bad, bad[:5]
     assert on.executor.contexts >= 1
+
+
+def _channels_last_concat(channels: int, size: tuple[int, int]) -> onnx.ModelProto:
+    """Four int8 convolutions of ``channels`` outputs each (channels-last), quantized with
+    one scale, concatenated along channels and read by another int8 convolution: PP-OCRv4
+    det's FPN concat in small."""
+    rng = np.random.default_rng(7)
+    nodes, inits = _qdq("x", "x", 0.02, 128)
+    branches = []
+    for i in range(4):
+        w = rng.integers(-60, 60, size=(channels, 8, 1, 1)).astype(np.int8)
+        inits += [init(f"w{i}", w), init(f"w{i}_s", np.float32(0.01)),
+                  init(f"w{i}_z", np.int8(0)), init(f"b{i}", rng.normal(0, 1, channels)
+                                                     .astype(np.float32))]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", f"w{i}_s", f"w{i}_z"],
+                                   [f"w{i}_dq"]),
+                  helper.make_node("Conv", ["x_dq", f"w{i}_dq", f"b{i}"], [f"conv{i}"])]
+        q_nodes, q_inits = _qdq(f"c{i}", f"conv{i}", 0.05, 128)
+        nodes += q_nodes
+        inits += q_inits
+        branches.append(f"c{i}_dq")
+    nodes.append(helper.make_node("Concat", branches, ["cat"], axis=1))
+    w = rng.integers(-60, 60, size=(8, 4 * channels, 1, 1)).astype(np.int8)
+    inits += [init("wy", w), init("wy_s", np.float32(0.01)), init("wy_z", np.int8(0))]
+    nodes += [helper.make_node("DequantizeLinear", ["wy", "wy_s", "wy_z"], ["wy_dq"]),
+              helper.make_node("Conv", ["cat", "wy_dq"], ["y"])]
+    return model(nodes, {"x": ([1, 8, *size], TensorProto.FLOAT)}, ["y"], inits)
+
+
+def test_channels_last_concat_is_copied_as_words() -> None:
+    """Inputs of 24 s8 channels (6 words a pixel) over 48x40 pixels: four s32 reorders into
+    the output's regions replace oneDNN's concat kernel, every value bit-exact."""
+    on, off = _both(_channels_last_concat(24, (48, 40)))
+    assert "concat" in _kinds(off) and "concat" not in _kinds(on)
+    [placed] = _concats(on)
+    assert placed["removed"] and placed["words"] and placed["copied"] == [0, 1, 2, 3]
+    copies = [k for k in on.plan.kernels if k.info.op == "Concat"]
+    assert [k.kind for k in copies] == ["reorder"] * 4
+    assert all(on.plan.slots[k.reads[0]].md.dtype.name == "s32" for k in copies)
+    assert not [k.name for k in copies if "ref" in k.impl]
+    [report] = on.inspect()["concats"]
+    assert all("4-byte words" in i["bytes"] for i in report["inputs"])
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        feeds["x"] *= 40  # saturating: every byte value crosses the concat
+        everything, reference = on.run_all(feeds), off.run_all(feeds)
+        assert np.array_equal(everything["cat_q"], reference["cat_q"])
+        assert _same(on.run(feeds), off.run(feeds))
+
+
+@pytest.mark.parametrize("channels, size, why", [
+    (24, (24, 20), "fewer pixels than WORD_COPY_RUNS: the concat kernel is as fast"),
+    (6, (48, 40), "6 bytes a pixel are not whole words")])
+def test_channels_last_concat_kernel_stays(channels: int, size: tuple[int, int],
+                                           why: str) -> None:
+    on, off = _both(_channels_last_concat(channels, size))
+    assert "concat" in _kinds(on), why
+    assert len(on.plan.kernels) == len(off.plan.kernels)
+    feeds = random_inputs(on, seed=1)
+    assert _same(on.run(feeds), off.run(feeds))
+
+
+def fpn_concat(requantize: bool) -> onnx.ModelProto:
+    """An FPN's top-down merge in small: a half-size int8 map (conv, stride 2) enlarged by a
+    nearest Resize x2 and concatenated with a full-size one along channels (24 each, so 6
+    words a pixel), then read by an int8 conv. ``requantize``: the Resize's output is
+    quantized again in another scale (NNCF's PP-OCRv4 det), else it keeps its input's."""
+    rng = np.random.default_rng(11)
+    nodes, inits = _qdq("x", "x", 0.02, 128)
+    for i, stride in enumerate((2, 1)):
+        w = rng.integers(-60, 60, size=(24, 8, 1, 1)).astype(np.int8)
+        inits += [init(f"w{i}", w), init(f"w{i}_s", np.float32(0.01)),
+                  init(f"w{i}_z", np.int8(0)), init(f"b{i}", rng.normal(0, 1, 24)
+                                                     .astype(np.float32))]
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", f"w{i}_s", f"w{i}_z"],
+                                   [f"w{i}_dq"]),
+                  helper.make_node("Conv", ["x_dq", f"w{i}_dq", f"b{i}"], [f"conv{i}"],
+                                   strides=[stride, stride])]
+        q_nodes, q_inits = _qdq(f"c{i}", f"conv{i}", 0.05 + 0.02 * i, 128)
+        nodes += q_nodes
+        inits += q_inits
+    inits += [init("scales", np.array([1, 1, 2, 2], np.float32))]
+    nodes.append(helper.make_node("Resize", ["c0_dq", "", "scales"], ["up"], mode="nearest",
+                                  coordinate_transformation_mode="asymmetric",
+                                  nearest_mode="floor"))
+    up = "up"
+    if requantize:
+        q_nodes, q_inits = _qdq("u", "up", 0.09, 120)
+        nodes += q_nodes
+        inits += q_inits
+        up = "u_dq"
+    nodes.append(helper.make_node("Concat", [up, "c1_dq"], ["cat"], axis=1))
+    w = rng.integers(-60, 60, size=(8, 48, 1, 1)).astype(np.int8)
+    inits += [init("wy", w), init("wy_s", np.float32(0.01)), init("wy_z", np.int8(0))]
+    nodes += [helper.make_node("DequantizeLinear", ["wy", "wy_s", "wy_z"], ["wy_dq"]),
+              helper.make_node("Conv", ["cat", "wy_dq"], ["y"])]
+    return model(nodes, {"x": ([1, 8, 48, 40], TensorProto.FLOAT)}, ["y"], inits)
+
+
+@pytest.mark.parametrize("requantize", [False, True])
+def test_nearest_resize_writes_into_the_concat(requantize: bool) -> None:
+    """The Resize moves bytes only (its requantize, if any, moved before it by
+    quantize_before_reshape and absorbed by the conv's kernel): one s32 reorder repeating its
+    source writes its region of the concat's output; no resampling kernel, no copy of it."""
+    on, off = _both(fpn_concat(requantize))
+    [placed] = _concats(on)
+    assert placed["resampled"] == [0] and placed["copied"] == [1] and placed["removed"]
+    [resize] = [k for k in on.plan.kernels if k.info.op == "Resize"]
+    assert resize.kind == "reorder" and "ref" not in resize.impl
+    assert on.plan.slots[resize.reads[0]].md.strides[3] == 0  # a stride-0 (repeating) view
+    assert "resampling" in _kinds(off) and "concat" in _kinds(off)
+    assert len(on.plan.kernels) == len(off.plan.kernels)  # the copy replaces the concat
+    [report] = on.inspect()["concats"]
+    assert "nearest Resize" in report["inputs"][0]["bytes"]
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        feeds["x"] *= 40
+        assert _same(on.run(feeds), off.run(feeds))
+        everything, reference = on.run_all(feeds), off.run_all(feeds)
+        shared = everything.keys() & reference.keys()
+        assert len(shared) >= 6  # the Resize's output, read through its region, too
+        assert all(np.array_equal(everything[k], reference[k]) for k in shared)

@@ -14,6 +14,7 @@ from onnx import numpy_helper as nh
 from qfuse.compiler.api import compile_model, import_graph
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
 from qfuse.compiler.pipeline import run_pipeline
+from qfuse.ir import Op
 from qfuse.passes.base import PassContext
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import effective_cpu_isa
@@ -98,3 +99,22 @@ def test_a_per_channel_quantize_stays_after_the_reshape() -> None:
                                                 until="quantize_before_reshape")}
     assert results["quantize_before_reshape"].changed == 0
     assert any("per channel" in d.reason for d in results["quantize_before_reshape"].declined)
+
+
+def test_quantize_moves_before_an_enlarging_nearest_resize_exactly() -> None:
+    """An FPN's upsampled map quantized again into its Concat's scale: the quantize moves
+    before the nearest Resize (each output element is a copy of one input element), where it
+    meets the dequantize before the Resize; the reference's outputs are bit-identical."""
+    from tests.compiler.test_in_place_concat import fpn_concat
+
+    graph = import_graph(fpn_concat(requantize=True))
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 8, 48, 40))
+              .astype(np.float32) * 10} for s in range(3)]
+    before = [evaluate(graph, f)["y"] for f in feeds]
+    results = {r.name: r for r in run_pipeline(graph, PassContext(),
+                                                until="quantize_before_reshape")}
+    assert results["quantize_before_reshape"].changed == 1
+    [resize] = [n for n in graph.topo_order() if n.op is Op.RESIZE]
+    assert graph.producer(resize.inputs[0]).op is Op.FAKE_QUANTIZE
+    for f, want in zip(feeds, before, strict=True):
+        np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
