@@ -36,7 +36,9 @@ copies such a concat one input run per pixel at a time; four s8 inputs of 24 cha
 run (a pixel of one input), a reorder about 3-5 us to start: with fewer than ``WORD_COPY_RUNS``
 runs per input the concat kernel is as fast or faster (eight inputs of 28 channels at 28x28:
 22 against 42 us; two of 64 at 28x28: 7.9 against 8.4 us; two of 16 at 40x40: 11.1 against
-7.9 us), so it stays there when no input is placed. Plans are per model and
+7.9 us), so it stays there when no input is placed. An input whose producer only moves bytes
+and that nothing else reads is not copied at all: the producer writes its region
+(``_producer_move``); then the concat kernel goes whenever one input at most is left to copy. Plans are per model and
 immutable; buffers stay per execution context (runtime/execution.py), so concurrent runs never
 share a view.
 """
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from qfuse.compiler.lower.layouts import same_bytes
@@ -69,8 +72,8 @@ class Placed:
     reasons: dict[int, str]
     removed: bool
     words: bool = False  # the copied inputs were moved as 4-byte words
-    # inputs whose nearest Resize became a reorder repeating its source into their region
-    resampled: list[int] = dataclasses.field(default_factory=list)
+    # inputs whose producer (a copying reorder, a nearest Resize) writes their region itself
+    moved: list[int] = dataclasses.field(default_factory=list)
 
 
 def _axis(graph: Graph, kernel: Kernel) -> int | None:
@@ -184,10 +187,14 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
         else:
             result.reasons[i] = reason
     rest = [i for i in range(len(srcs)) if i not in result.in_place]
-    words = _word_views(slots, srcs, out_md, axis)
-    if words is None and (not result.in_place or len(rest) > 1):
-        return result
-    if not result.in_place and out_md.nelems < WORD_COPY_RUNS * out_md.dims[axis]:
+    moves = {i: move for i in rest
+             if (move := _producer_move(graph, slots, kernels, index, srcs[i], axis))}
+    left = [i for i in rest if i not in moves]
+    words = _word_views(slots, [srcs[i] for i in left], out_md, axis)
+    many_runs = out_md.nelems >= WORD_COPY_RUNS * out_md.dims[axis]
+    # no more kernels than before (one copy at most), or big inputs copied faster as words
+    if not ((len(left) <= 1 and (result.in_place or moves)) or (words is not None
+                                                                  and many_runs)):
         return result
     for i in result.in_place:
         root, offset = root_slot(slots, srcs[i])
@@ -199,16 +206,15 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
                 writer.info.add_note(note)
         slots[root] = dataclasses.replace(slots[root], alias=dst,
                                           offset=views[i][1] - offset)
+    for i, move in moves.items():  # their producers write into their regions
+        move(views[i][0], dst, views[i][1])
+        result.moved.append(i)
     replacement: list[Kernel] = []
-    for i in rest:  # the inputs left: a reorder each into its view of the output
+    for n, i in enumerate(left):  # the inputs left: a reorder each into its view of the output
         view, byte = views[i]
-        if words is not None and _repeat_in_place(graph, slots, kernels, index, srcs[i],
-                                                  axis, words[i][1], view, dst, byte):
-            result.resampled.append(i)
-            continue
         src, what = srcs[i], f"input {i}"
         if words is not None:
-            src_words, view = words[i]
+            src_words, view = words[n]
             src = _fresh(slots, f"{srcs[i]}@words")
             slots[src] = Slot(src, src_words, alias=srcs[i])
             what += " as 4-byte words"
@@ -224,62 +230,90 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
         result.copied.append(i)
     kernels[index:index + 1] = replacement
     result.removed = True
-    result.words = words is not None
+    result.words = bool(words) and bool(left)
     log.info("concat %s replaced: inputs %s in place, %s copied%s", kernel.name,
              result.in_place, result.copied, " as words" if result.words else "")
     return result
 
 
-def _repeat_in_place(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], index: int,
-                     src: str, axis: int, region: MemoryDesc, view: MemoryDesc, dst: str,
-                     byte: int) -> bool:
-    """Input ``src`` of concat kernel ``index`` is the output of a nearest Resize by whole
-    factors that nothing else reads: its resampling kernel becomes one s32 reorder that reads
-    the Resize's source through a view repeating each element along the spatial dims
-    (stride 0; output index ``o`` of a dim enlarged k times reads ``o // k``, which is the
-    index lower_resize checked oneDNN's nearest reads) and writes the concat's region
-    ``region`` (words, at ``byte`` of ``dst``) directly; ``src`` becomes ``view``, its
-    region in its own type, so the value can still be read there. True when done."""
+def _producer_move(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], index: int,
+                   src: str, axis: int) -> Callable[[MemoryDesc, str, int], None] | None:
+    """How input ``src`` of concat kernel ``index`` can be written straight into its region
+    of the output by the kernel that produces it, or None. Only when nothing else reads or
+    writes ``src`` (and no view shares its bytes) and that kernel moves bytes only:
+    - a reorder without scales, zero points or post-ops (a Split part, a transposing copy):
+      the same reorder with the region as its dst;
+    - the resampling of a nearest Resize by whole factors, without post-ops: a reorder that
+      reads the Resize's source through a view repeating each element along the spatial
+      dims (stride 0; output index ``o`` of a dim enlarged k times reads ``o // k``, which
+      is the index lower_resize checked oneDNN's nearest reads).
+    Both copy 4-byte words where the source and the region allow (``_as_words``). The
+    returned function takes ``src``'s region in its own type, the output slot and the
+    region's byte offset; ``src`` then becomes that region, so its value can still be read
+    there."""
     root = root_slot(slots, src)[0]
     group = [name for name, slot in slots.items()
              if slot.const is None and root_slot(slots, name)[0] == root]
     users = [k for k, kernel in enumerate(kernels) if src in kernel.reads + kernel.writes]
-    if group != [src] or len(users) != 2 or users[1] != index or axis != 1:
-        return False
+    if group != [src] or len(users) != 2 or users[1] != index:
+        return None
     writer = kernels[users[0]]
+    source = writer.args.get(int(Arg.SRC))
+    if (writer.fixed or writer.info.post_ops or writer.writes != [src] or source is None
+            or writer.reads != [source] or slots[source].host is not None
+            or slots[source].md.dtype != slots[src].md.dtype):
+        return None
     node = graph.node(writer.info.node) if writer.info.node and graph.has_node(
         writer.info.node) else None
-    if (writer.kind != "resampling" or node is None or node.op is not Op.RESIZE
-            or node.attrs.mode is not ResizeMode.NEAREST or writer.info.post_ops
-            or writer.fixed or writer.writes != [src]):
-        return False
-    source = writer.args[int(Arg.SRC)]
-    words = _as_words(slots[source].md, axis) if slots[source].host is None else None
-    if words is None or words.dims[:2] != region.dims[:2] or any(
-            out % size for out, size in zip(region.dims[2:], words.dims[2:])):
-        return False
-    dims, src_strides, dst_strides = list(region.dims[:2]), list(words.strides[:2]), \
-        list(region.strides[:2])
-    for size, out, src_stride, dst_stride in zip(words.dims[2:], region.dims[2:],
-                                                 words.strides[2:], region.strides[2:]):
+    resize = (writer.kind == "resampling" and node is not None and node.op is Op.RESIZE
+              and node.attrs.mode is ResizeMode.NEAREST)
+    if not resize and writer.kind != "reorder":
+        return None
+    if resize and (axis != 1 or not slots[source].md.is_plain or any(
+            out % size for out, size in zip(slots[src].md.dims[2:],
+                                            slots[source].md.dims[2:]))):
+        return None
+
+    def move(view: MemoryDesc, dst: str, byte: int) -> None:
+        source_md, region = slots[source].md, view
+        words = _as_words(source_md, axis), _as_words(view, axis)
+        if words[0] is not None and words[1] is not None:
+            source_md, region = words
+        if resize:
+            source_md, region = _repeating(source_md, region)
+        reads = source
+        if source_md is not slots[source].md:
+            reads = _fresh(slots, f"{source}@{'repeated' if resize else 'words'}")
+            slots[reads] = Slot(reads, source_md, alias=source)
+        into = _fresh(slots, f"{dst}@{src}")
+        slots[into] = Slot(into, region, alias=dst, offset=byte)
+        what = "a reorder repeating its source" if resize else "its reorder"
+        note = (f"{writer.info.note}; {what} writes straight into its region of concat "
+                f"'{kernels[index].info.node}'").lstrip("; ")
+        kernels[users[0]] = Kernel(writer.name, "reorder", [reads], [into],
+                                   reorder(source_md, region).create(),
+                                   {int(Arg.SRC): reads, int(Arg.DST): into},
+                                   info=dataclasses.replace(writer.info, note=note))
+        slots[src] = Slot(src, view, alias=dst, offset=byte)
+
+    return move
+
+
+def _repeating(source: MemoryDesc, region: MemoryDesc) -> tuple[MemoryDesc, MemoryDesc]:
+    """(source, region) of a nearest enlargement by whole factors as equal-dims views: each
+    spatial dim of size ``n`` enlarged ``k`` times is split into (n, k), the source's k-dim
+    with stride 0."""
+    dims, src_strides = list(region.dims[:2]), list((source.strides or ())[:2])
+    dst_strides = list((region.strides or ())[:2])
+    for size, out, src_stride, dst_stride in zip(source.dims[2:], region.dims[2:],
+                                                 (source.strides or ())[2:],
+                                                 (region.strides or ())[2:]):
         factor = out // size
         dims += [size, factor]
         src_strides += [src_stride, 0]
         dst_strides += [dst_stride * factor, dst_stride]
-    repeated = _fresh(slots, f"{source}@repeated")
-    slots[repeated] = Slot(repeated, MemoryDesc.from_strides(dims, DataType.s32, src_strides),
-                           alias=source)
-    into = _fresh(slots, f"{dst}@{src}")
-    slots[into] = Slot(into, MemoryDesc.from_strides(dims, DataType.s32, dst_strides),
-                       alias=dst, offset=byte)
-    pd = reorder(slots[repeated].md, slots[into].md)
-    info = dataclasses.replace(writer.info, note=(
-        f"{writer.info.note}; as a reorder repeating its source's 4-byte words straight into "
-        f"its region of concat '{kernels[index].info.node}'").lstrip("; "))
-    kernels[users[0]] = Kernel(writer.name, "reorder", [repeated], [into], pd.create(),
-                               {int(Arg.SRC): repeated, int(Arg.DST): into}, info=info)
-    slots[src] = Slot(src, view, alias=dst, offset=byte)
-    return True
+    return (MemoryDesc.from_strides(dims, source.dtype, src_strides),
+            MemoryDesc.from_strides(dims, region.dtype, dst_strides))
 
 
 def _word_views(slots: dict[str, Slot], srcs: list[str], out_md: MemoryDesc, axis: int

@@ -292,7 +292,7 @@ def test_nearest_resize_writes_into_the_concat(requantize: bool) -> None:
     source writes its region of the concat's output; no resampling kernel, no copy of it."""
     on, off = _both(fpn_concat(requantize))
     [placed] = _concats(on)
-    assert placed["resampled"] == [0] and placed["copied"] == [1] and placed["removed"]
+    assert placed["moved"] == [0] and placed["copied"] == [1] and placed["removed"]
     [resize] = [k for k in on.plan.kernels if k.info.op == "Resize"]
     assert resize.kind == "reorder" and "ref" not in resize.impl
     assert on.plan.slots[resize.reads[0]].md.strides[3] == 0  # a stride-0 (repeating) view
@@ -307,4 +307,49 @@ def test_nearest_resize_writes_into_the_concat(requantize: bool) -> None:
         everything, reference = on.run_all(feeds), off.run_all(feeds)
         shared = everything.keys() & reference.keys()
         assert len(shared) >= 6  # the Resize's output, read through its region, too
+        assert all(np.array_equal(everything[k], reference[k]) for k in shared)
+
+
+def _split_concat() -> onnx.ModelProto:
+    """YOLOv8's C2f block in small (NNCF: one scale): an int8 conv's output split in two
+    halves of 24 channels, the second read by another conv, and the halves and that conv's
+    output concatenated along channels."""
+    rng = np.random.default_rng(13)
+    nodes, inits = _qdq("x", "x", 0.02, 128)
+    for name, (cin, cout) in {"w0": (8, 48), "w1": (24, 24), "wy": (72, 8)}.items():
+        inits += [init(name, rng.integers(-60, 60, size=(cout, cin, 1, 1)).astype(np.int8)),
+                  init(f"{name}_s", np.float32(0.01)), init(f"{name}_z", np.int8(0))]
+        nodes.append(helper.make_node("DequantizeLinear", [name, f"{name}_s", f"{name}_z"],
+                                      [f"{name}_dq"]))
+    inits.append(init("split", np.array([24, 24], np.int64)))
+    nodes.append(helper.make_node("Conv", ["x_dq", "w0_dq"], ["conv0"]))
+    q_nodes, q_inits = _qdq("c0", "conv0", 0.05, 128)
+    nodes += q_nodes + [helper.make_node("Split", ["c0_dq", "split"], ["a", "b"], axis=1),
+                        helper.make_node("Conv", ["b", "w1_dq"], ["conv1"])]
+    inits += q_inits
+    q_nodes, q_inits = _qdq("c1", "conv1", 0.05, 128)
+    nodes += q_nodes + [helper.make_node("Concat", ["a", "b", "c1_dq"], ["cat"], axis=1),
+                        helper.make_node("Conv", ["cat", "wy_dq"], ["y"])]
+    inits += q_inits
+    return model(nodes, {"x": ([1, 8, 48, 40], TensorProto.FLOAT)}, ["y"], inits)
+
+
+def test_split_part_is_copied_straight_into_the_concat() -> None:
+    """The first half is read by the concat only: its Split reorder writes the concat's
+    region itself (as words); the second half, also read by the conv, and the conv's output
+    are copied by reorders. Bit-exact, one kernel fewer than the concat kernel's plan."""
+    on, off = _both(_split_concat())
+    [placed] = _concats(on)
+    assert placed["moved"] == [0] and placed["copied"] == [1, 2] and placed["words"]
+    [part] = [k for k in on.plan.kernels if "straight into its region" in k.info.note]
+    assert part.info.op == "Split" and part.kind == "reorder"
+    assert on.plan.slots[part.reads[0]].md.dtype.name == "s32"  # as 4-byte words
+    assert len(on.plan.kernels) == len(off.plan.kernels) + 1  # 1 concat -> 2 copies
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        feeds["x"] *= 40
+        assert _same(on.run(feeds), off.run(feeds))
+        everything, reference = on.run_all(feeds), off.run_all(feeds)
+        shared = everything.keys() & reference.keys()
+        assert len(shared) >= 6
         assert all(np.array_equal(everything[k], reference[k]) for k in shared)
