@@ -343,14 +343,17 @@ class LowerContext:
 
     def add_primitive(self, name: str, pd: PrimitiveDesc, args: dict[int, str],
                       fixed: dict[int, Memory] | None = None, *, info: KernelInfo,
-                      reads: Sequence[str] | None = None) -> Kernel:
-        """A kernel; ``reads`` defaults to every slot argument except DST."""
+                      reads: Sequence[str] | None = None,
+                      writes: Sequence[str] | None = None) -> Kernel:
+        """A kernel; ``reads`` defaults to every slot argument except DST, ``writes`` to
+        DST (a training-mode normalization also writes its MEAN / VARIANCE)."""
         primitive = pd.create()
-        writes = [args[int(Arg.DST)]] if int(Arg.DST) in args else []
+        if writes is None:
+            writes = [args[int(Arg.DST)]] if int(Arg.DST) in args else []
         if reads is None:
             reads = [s for a, s in args.items() if a != int(Arg.DST)]
-        kernel = Kernel(self.fresh_kernel(name), pd.kind.name, list(reads), writes, primitive,
-                        dict(args), dict(fixed or {}), info=info)
+        kernel = Kernel(self.fresh_kernel(name), pd.kind.name, list(reads), list(writes),
+                        primitive, dict(args), dict(fixed or {}), info=info)
         if kernel.kind in ("convolution", "deconvolution", "matmul") and \
                 kernel.impl.startswith("ref"):
             log.warning("kernel %s runs on the slow %s", kernel.name, kernel.impl)

@@ -42,7 +42,8 @@ def _instance_norm(shape: tuple[int, ...], affine: bool) -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize(("shape", "affine"), [((1, 4, 5, 6), True), ((2, 3, 7), False),
-                                               ((1, 1, 300), False), ((2, 2, 3, 4, 5), True)])
+                                               ((1, 1, 300), False), ((2, 2, 3, 4, 5), True),
+                                               ((1, 1, 128, 128), False)])
 def test_instance_norm_is_native(shape: tuple[int, ...], affine: bool) -> None:
     model = _instance_norm(shape, affine)
     ops = {n.op for n in import_graph(model).topo_order()}
@@ -91,3 +92,34 @@ def test_quantized_group_norm_within_one_step() -> None:
         steps = np.abs(compiled.run({"x": x})["y"] - want) / np.float32(0.02)
         assert steps.max() <= 1.0 + 1e-4 and np.mean(steps > 0.5) <= 0.01, mode
         assert not [k for k in compiled.inspect()["kernels"] if k["impl"] == "numpy"]
+
+
+def test_group_norm_of_one_wide_row_is_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GroupNorm(1) (PoolFormer): one row of C·H·W = 16384. It runs as 16 rows of 1024 whose
+    training-mode statistics a numpy kernel pools (lower_norm.WIDE_ROW), then a layer
+    normalization with those statistics; within 1 LSB of onnxruntime as before, and of the
+    unsplit row's result (one pass, summed in another order: a near-tie may round apart)."""
+    from qfuse.compiler.lower import lower_norm
+
+    model = _group_norm_qdq(groups=1, channels=16, side=32)
+    compiled = qfuse.compile_model(model)
+    kernels = compiled.inspect()["kernels"]
+    [norm] = [k for k in kernels if k["primitive"] == "layer_normalization"
+              and "statistics_over_16_parts_per_row" in k["optimizations"]]
+    assert norm["impl"].startswith("jit") and norm["src_dtype"] == "u8"
+    assert [k["name"].rsplit("/", 1)[-1] for k in kernels if "/" in k["name"]] == [
+        "statistics", "pool_statistics"]
+    monkeypatch.setattr(lower_norm, "FEW_ROWS", 0)  # the unsplit row, as before
+    assert not [k for k in qfuse.compile_model(model).inspect()["kernels"]
+                if "statistics" in k["name"]]
+    differ = 0
+    for seed in range(4):
+        x = (np.random.default_rng(seed).standard_normal((1, 16, 32, 32)) * 2
+             ).astype(np.float32)
+        got = compiled.run({"x": x})["y"]
+        for want in (_ort(model, {"x": x}), qfuse.compile_model(model).run({"x": x})["y"]):
+            steps = np.abs(got - want) / np.float32(0.02)
+            assert steps.max() <= 1.0 + 1e-4 and np.mean(steps > 0.5) <= 0.01
+        differ += int(np.sum(steps > 0.5))
+    assert differ <= 8, differ  # of 65536 values, against the unsplit row
+

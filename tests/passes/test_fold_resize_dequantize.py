@@ -131,8 +131,10 @@ def test_a_requantization_after_the_resize_runs_in_the_conv_before_it() -> None:
     resize = next(k for k in kernels if k["op"] == "Resize")
     assert resize["primitive"] == "resampling" and not resize["impl"].startswith("ref")
     assert resize["src_dtype"] == resize["dst_dtype"] == "u8" and not resize["post_ops"]
-    conv = next(k for k in kernels if k["node"] == "Conv_3" or k["op"] == "Conv")
-    assert sum(a.startswith("QuantizeLinear") for a in conv["absorbed"]) == 2, conv
+    # the first conv's kernel (its last one without VNNI, which sums two halves) quantizes
+    # twice: its own output, then into the Resize's consumer's scale
+    assert any(sum(a.startswith("QuantizeLinear") for a in k["absorbed"]) == 2
+               for k in kernels if k["op"] == "Conv"), kernels
     assert [k["op"] for k in kernels].count("QuantizeLinear") <= 1  # the input's only
     feeds = _feeds(m)
     got = on.run(feeds)["out"]
