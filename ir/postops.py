@@ -44,6 +44,7 @@ OPTIMIZATIONS = (
     "onnx_divide",
     "clip_shift",
     "in_place_concat",
+    "merge_copies",
     "fold_output_dequantize",
     "fold_float_dequantize",
     "fold_resize_dequantize",

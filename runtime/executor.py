@@ -180,13 +180,21 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
             name = alias
         return out
 
+    def covers(name: str, slot: str) -> bool:
+        """``name``'s bytes include all of ``slot``'s (an in-place concat input's view covers
+        only its part of the output: reading it does not read the whole output)."""
+        (root, start), (other, at) = plan.root(name), plan.root(slot)
+        return root == other and start <= at and (
+            start + plan.slots[name].md.size >= at + plan.slots[slot].md.size)
+
     homes = set(plan.homes.values())
     writes: dict[str, list[int]] = {}
     first_read: dict[str, int] = {}
     for index, kernel in enumerate(plan.kernels):
         for name in kernel.reads:  # a slot, or a view of it no kernel writes (a Reshape)
             for slot in (name, *(chain(name) if name not in writer else ())):
-                first_read.setdefault(slot, index)
+                if covers(name, slot):
+                    first_read.setdefault(slot, index)
         for name in kernel.writes:
             if name in homes and _covers(plan, name):
                 # another value written over all of these bytes (an in-place residual sum's

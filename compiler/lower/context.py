@@ -40,6 +40,7 @@ from qfuse.compiler.lower.layouts import (
     strided,
 )
 from qfuse.compiler.lower.in_place_concat import place_concats
+from qfuse.compiler.lower.merge_copies import merge_copies
 from qfuse.compiler.lower.plan import DynamicOutput, Kernel, KernelInfo, NumpyFn, Plan, Slot
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.mode import Mode
@@ -70,6 +71,9 @@ class Options:
     # Concat inputs written straight into the output where the layout allows
     # (in_place_concat.py); False keeps every concat kernel (the composer option of that name).
     in_place_concat: bool = True
+    # A reorder reading what a plain copy wrote reads the copy's source (merge_copies.py); False
+    # keeps both (the composer option of that name).
+    merge_copies: bool = True
     # A linear Resize no quantization follows runs on oneDNN's resampling_linear where its taps
     # are ONNX's (lower_resize.py; within a few float32 ulps, not bit-exact); False keeps the
     # bit-exact numpy kernel (the composer option linear_resampling).
@@ -416,11 +420,15 @@ class LowerContext:
             self.graph, self.slots, self.kernels, {*inputs.values(), *outputs.values()},
             enabled=self.options.in_place_concat and self.options.mode is not Mode.UNFUSED)
         concats = [dataclasses.asdict(p) for p in placed]
+        merged = 0
+        if self.options.merge_copies and self.options.mode is not Mode.UNFUSED:
+            self.slots, self.kernels, merged = merge_copies(
+                self.slots, self.kernels, {*inputs.values(), *outputs.values()})
         plan = Plan(self.graph.name, self.slots, self.kernels, inputs, outputs,
                     self.reorders, self.io_reorders,
                     notes={"in_place_sums": self.in_place_sums,
                            "in_place_concats": sum(c["removed"] for c in concats),
-                           "concats": concats},
+                           "concats": concats, "merged_copies": merged},
                     homes={v: s for v, s in self.home.items() if v in self.graph.values},
                     dynamic=dict(self.dynamic))
         return plan

@@ -353,3 +353,22 @@ def test_split_part_is_copied_straight_into_the_concat() -> None:
         shared = everything.keys() & reference.keys()
         assert len(shared) >= 6
         assert all(np.array_equal(everything[k], reference[k]) for k in shared)
+
+
+def test_the_output_is_read_back_once_every_input_is_in() -> None:
+    """``run_all`` reads a concat's output after its last input is written: a reader of one
+    input's region in between, through a view of it (here a Softmax of the first input
+    Reshape'd, EfficientViT-M's heads), does not read the output."""
+    nodes = [helper.make_node("Relu", ["x"], ["a"]),
+             helper.make_node("Reshape", ["a", "flat"], ["af"]),
+             helper.make_node("Softmax", ["af"], ["z"], axis=-1),
+             helper.make_node("Sigmoid", ["x"], ["b"]),
+             helper.make_node("Concat", ["a", "b"], ["c"], axis=1),
+             helper.make_node("Exp", ["c"], ["y"])]
+    on, off = _both(model(nodes, {"x": ([1, 4, 5, 6], TensorProto.FLOAT)}, ["y", "z"],
+                          [init("flat", np.array([1, 4, 30], np.int64))]))
+    [placed] = _concats(on)
+    assert placed["in_place"] == [0, 1]
+    feeds = random_inputs(on, seed=3)
+    everything, reference = on.run_all(feeds), off.run_all(feeds)
+    np.testing.assert_array_equal(everything["c"], reference["c"])

@@ -9,8 +9,12 @@ from onnx import TensorProto, helper
 from onnx_builders import init, model, qdq_pair, run_ort
 
 from qfuse.compiler.api import compile_model
+from qfuse.ir.postops import ComposerOptions
 
 F = np.float32
+# these tests look at the Transpose's own kernel; merge_copies (tests/compiler/
+# test_merge_copies.py) then lets the dequantize after it read the source directly
+NO_MERGE = ComposerOptions().without("merge_copies")
 
 
 def _conv_then_transpose(perm: list[int]):
@@ -39,10 +43,13 @@ def test_a_channels_last_tensor_permuted_to_nhwc_is_not_copied() -> None:
 
 def test_another_permutation_is_copied() -> None:
     m = _conv_then_transpose([0, 3, 2, 1])
-    compiled = compile_model(m)
+    compiled = compile_model(m, composer=NO_MERGE)
     assert [k for k in compiled.inspect()["kernels"] if k["node"] == "transpose"]
+    merged = compile_model(m)  # the copy read through a view by the dequantize after it
+    assert len(merged.inspect()["kernels"]) == len(compiled.inspect()["kernels"]) - 1
     x = {"x": np.random.default_rng(1).uniform(-2, 2, (1, 8, 6, 7)).astype(F)}
-    np.testing.assert_array_equal(compiled.run(x)["y"], run_ort(m, x)[0])
+    for each in (compiled, merged):
+        np.testing.assert_array_equal(each.run(x)["y"], run_ort(m, x)[0])
 
 
 def _split_then_transpose(consumer_of_k: str = "Transpose"):
@@ -67,7 +74,7 @@ def test_split_parts_read_only_by_transposes_are_not_copied_first() -> None:
     """Each part of the Split is a strided view its Transpose copies from: three reorders,
     not six; the values are onnxruntime's (data movement: exact)."""
     m = _split_then_transpose()
-    compiled = compile_model(m)
+    compiled = compile_model(m, composer=NO_MERGE)
     kernels = compiled.inspect()["kernels"]
     assert not [k for k in kernels if k["node"] == "split"], [k["name"] for k in kernels]
     assert len([k for k in kernels if k["node"] in ("tq", "tk", "tv")]) == 3
@@ -79,7 +86,7 @@ def test_split_parts_read_only_by_transposes_are_not_copied_first() -> None:
 
 def test_a_split_part_read_by_another_op_is_copied() -> None:
     m = _split_then_transpose("Relu")
-    compiled = compile_model(m)
+    compiled = compile_model(m, composer=NO_MERGE)
     assert [k for k in compiled.inspect()["kernels"] if k["node"] == "split"]
     x = {"x": np.random.default_rng(3).uniform(-2, 2, (1, 20, 96)).astype(F)}
     for got, want in zip((compiled.run(x)[n] for n in ("qt", "kt", "vt")), run_ort(m, x),

@@ -1,0 +1,162 @@
+"""Two reorders in a row become one: a copy's reader reads the copy's source through a view.
+
+A reorder R1 without attributes copies a value A into a slot D (a layout change, a Transpose
+written into its output's buffer, a Split part); when the only kernel reading those bytes is
+another reorder R2 (a u8 → s8 shift for a MatMul's weights, a dequantize, a layout change for
+the next kernel), R2 can read A itself: R1 moved every element unchanged, so the value R2
+reads at index ``i`` of its source slot S sits in A at the index R1 took it from. When S and D
+cover the same bytes and every dim of S that is not 1 has a dim of D of the same size and
+stride (a permutation of D's dims, as a Transpose written into its output's row-major buffer
+gives), S becomes a view of A with A's strides of the matching dims; R2 is recreated on it with
+its own scales and zero points, and R1 goes. Exact: no arithmetic moves, R2 computes the same
+thing from the same numbers.
+
+Where it matters: attention heads whose probabilities are a MatMul's weights (EfficientViT-M,
+LeViT): a Transpose of the Softmax output, then the u8 → s8 shift oneDNN's int8 matmul needs
+for its weights — two kernels per head, one after this. Preconditions (each checked): R1 has no
+scales, zero points or post-ops and keeps the data type; R2 has no post-ops; nothing else reads
+or writes the bytes of S, and they are no graph input or output (``ends``); S and D are plain.
+Runs on the lowered plan, after in-place concats and before buffers are planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import numpy as np
+
+from qfuse.compiler.lower.plan import Kernel, Slot, root_slot
+from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, PrimitiveAttr, PrimitiveDesc, reorder
+
+log = logging.getLogger(__name__)
+
+
+def merge_copies(slots: dict[str, Slot], kernels: list[Kernel], ends: set[str]
+                 ) -> tuple[dict[str, Slot], list[Kernel], int]:
+    """The plan with each mergeable pair of reorders as one (module docstring); returns the
+    new slots and kernels and how many copies went."""
+    slots, kernels = dict(slots), list(kernels)
+    merged = 0
+    index = 0
+    while index < len(kernels):
+        found = _mergeable(slots, kernels, index, ends)
+        if found is None:
+            index += 1
+            continue
+        first, view = found
+        reader = kernels[index]
+        source = reader.args[int(Arg.SRC)]
+        copy = kernels[first]
+        for name in _group(slots, source):
+            if name != source:
+                del slots[name]
+        slots[source] = Slot(source, view, alias=copy.args[int(Arg.SRC)])
+        attr = _attr(reader)
+        pd = reorder(view, slots[reader.args[int(Arg.DST)]].md, attr=attr)
+        note = f"reads '{copy.info.node or copy.name}''s source, not its copy"
+        kernels[index] = dataclasses.replace(
+            reader, primitive=pd.create(), info=dataclasses.replace(
+                reader.info, note=f"{reader.info.note}; {note}".lstrip("; ")))
+        del kernels[first]
+        merged += 1
+        log.info("reorder %s reads %s's source: one copy less", reader.name, copy.name)
+    return slots, kernels, merged
+
+
+def _group(slots: dict[str, Slot], name: str) -> list[str]:
+    root = root_slot(slots, name)[0]
+    return [other for other, slot in slots.items()
+            if slot.const is None and root_slot(slots, other)[0] == root]
+
+
+def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: set[str]
+               ) -> tuple[int, MemoryDesc] | None:
+    """(the copy's index, the view of its source ``kernels[index]`` reads instead) or None."""
+    reader = kernels[index]
+    if reader.kind != "reorder" or reader.primitive is None or \
+            reader.primitive.pd.attr.post_ops:
+        return None
+    source = reader.args.get(int(Arg.SRC))
+    if source is None or slots[source].const is not None or slots[source].host is not None:
+        return None
+    group = set(_group(slots, source))
+    users = [k for k, kernel in enumerate(kernels) if group & {*kernel.reads, *kernel.writes}]
+    if len(users) != 2 or users[1] != index or group & ends:
+        return None
+    copy = kernels[users[0]]
+    attr = copy.primitive.pd.attr if copy.primitive is not None else None
+    if (copy.kind != "reorder" or attr is None or attr.scales_masks or attr.zero_points_masks
+            or attr.post_ops or copy.fixed or len(copy.writes) != 1 or reader.reads != [source]):
+        return None
+    origin, written = copy.args[int(Arg.SRC)], copy.args[int(Arg.DST)]
+    a, d, s = slots[origin].md, slots[written].md, slots[source].md
+    if (slots[origin].host is not None or a.dtype != d.dtype or d.dtype != s.dtype
+            or not (a.is_plain and d.is_plain and s.is_plain) or d.size != s.size
+            or root_slot(slots, written)[1] != root_slot(slots, source)[1]):
+        return None
+    view = _through(s, d, a)
+    if view is None or not _agrees(copy, reader, slots, view):
+        return None
+    return users[0], view
+
+
+def _through(s: MemoryDesc, d: MemoryDesc, a: MemoryDesc) -> MemoryDesc | None:
+    """The view of A (the copy's source, D's dims) with S's dims when S and D describe the
+    same bytes with permuted dims: S dim k takes A's stride of the D dim of equal size and
+    stride; None when the dims do not match one to one."""
+    free = [m for m, size in enumerate(d.dims) if size > 1]
+    strides: list[int] = []
+    for size, stride in zip(s.dims, s.strides or (), strict=True):
+        if size == 1:
+            strides.append(0)
+            continue
+        match = [m for m in free if d.dims[m] == size and (d.strides or ())[m] == stride]
+        if not match:
+            return None
+        free.remove(match[0])
+        strides.append((a.strides or ())[match[0]])
+    return None if free else MemoryDesc.from_strides(s.dims, a.dtype, strides)
+
+
+def _agrees(copy: Kernel, reader: Kernel, slots: dict[str, Slot], view: MemoryDesc) -> bool:
+    """Whether the merged reorder writes what the two did, on random bytes: oneDNN 3.2's jit
+    reorder with a zero point reads some permuted sources wrong (u8 → s8 with a source zero
+    point from a (1, 6, 16, 49) view with strides (18816, 64, 1, 384): wrong values; the same
+    strides without the zero point, or the zero point on a plainly transposed source, are
+    right), so each merge is checked once at compile time."""
+    a = slots[copy.args[int(Arg.SRC)]].md
+    d, s = slots[copy.args[int(Arg.DST)]].md, slots[reader.args[int(Arg.SRC)]].md
+    out_md = slots[reader.args[int(Arg.DST)]].md
+    if view.size > a.size:
+        return False
+    source = np.random.default_rng(0).integers(0, 256, a.size, dtype=np.uint8)
+    middle = np.zeros(s.size, np.uint8)
+    want, got = np.zeros(out_md.size, np.uint8), np.zeros(out_md.size, np.uint8)
+    _execute(reorder(a, d), {int(Arg.SRC): Memory(a, source), int(Arg.DST): Memory(d, middle)})
+    _execute(reorder(s, out_md, attr=_attr(reader)),
+             {int(Arg.SRC): Memory(s, middle), int(Arg.DST): Memory(out_md, want),
+              **reader.fixed})
+    _execute(reorder(view, out_md, attr=_attr(reader)),
+             {int(Arg.SRC): Memory(view, source[:view.size]), int(Arg.DST): Memory(out_md, got),
+              **reader.fixed})
+    return bool(np.array_equal(want, got))
+
+
+def _execute(pd: PrimitiveDesc, args: dict[int, Memory]) -> None:
+    primitive = pd.create()
+    scratchpad = primitive.scratchpad()
+    if scratchpad is not None:
+        args[int(Arg.SCRATCHPAD)] = scratchpad
+    primitive.execute(args)
+
+
+def _attr(kernel: Kernel) -> PrimitiveAttr:
+    """A reorder's attribute rebuilt from its snapshot (scales and zero points only)."""
+    info = kernel.primitive.pd.attr if kernel.primitive is not None else None
+    attr = PrimitiveAttr()
+    for arg, mask in info.scales_masks if info is not None else ():
+        attr.set_scales_mask(arg, mask)
+    for arg, mask in info.zero_points_masks if info is not None else ():
+        attr.set_zero_points_mask(arg, mask)
+    return attr

@@ -1,0 +1,118 @@
+"""merge_copies (compiler/lower/merge_copies.py): a reorder reading what a plain copy wrote
+reads the copy's source through a view, and the copy goes. Exact (no arithmetic moves):
+bit-identical to the plan without it (composer option ``merge_copies``), every value."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+from qfuse.compiler.api import compile_model, random_inputs
+from qfuse.ir.postops import ComposerOptions
+from tests.compiler.onnx_builders import init, model
+
+OFF = ComposerOptions().without("merge_copies")
+
+
+def _qdq(name: str, value: str, scale: float, zp: int) -> tuple[list[onnx.NodeProto], list]:
+    inits = [init(f"{name}_s", np.float32(scale)), init(f"{name}_z", np.uint8(zp))]
+    nodes = [helper.make_node("QuantizeLinear", [value, f"{name}_s", f"{name}_z"],
+                              [f"{name}_q"]),
+             helper.make_node("DequantizeLinear", [f"{name}_q", f"{name}_s", f"{name}_z"],
+                              [f"{name}_dq"])]
+    return nodes, inits
+
+
+def _attention_head() -> onnx.ModelProto:
+    """q·kᵀ → Softmax → Q/DQ (u8) → Transpose → Q/DQ → v·P: the probabilities are the second
+    MatMul's weights (EfficientViT-M's and LeViT's heads), which oneDNN's int8 matmul takes
+    as s8: the Transpose's copy, then a u8 → s8 shift."""
+    nodes = [helper.make_node("MatMul", ["q", "kt"], ["s"]),
+             helper.make_node("Softmax", ["s"], ["p"], axis=-1)]
+    inits: list = []
+    for name, value, scale, zp in (("p", "p", 1 / 255, 0), ("pt", "pt", 1 / 255, 0),
+                                   ("v", "v", 0.05, 128)):
+        if name == "pt":
+            nodes.append(helper.make_node("Transpose", ["p_dq"], ["pt"], perm=[0, 1, 3, 2]))
+        more, more_inits = _qdq(name, value, scale, zp)
+        nodes += more
+        inits += more_inits
+    nodes.append(helper.make_node("MatMul", ["v_dq", "pt_dq"], ["o"]))
+    f = TensorProto.FLOAT
+    return model(nodes, {"q": ([1, 4, 49, 16], f), "kt": ([1, 4, 16, 49], f),
+                         "v": ([1, 4, 16, 49], f)}, ["o"], inits)
+
+
+def test_transpose_and_shift_are_one_reorder() -> None:
+    on, off = compile_model(_attention_head()), compile_model(_attention_head(), composer=OFF)
+    assert on.plan.notes["merged_copies"] == 1 and off.plan.notes["merged_copies"] == 0
+    assert len(on.plan.kernels) == len(off.plan.kernels) - 1
+    assert "Transpose" in [k.info.op for k in off.plan.kernels]
+    assert "Transpose" not in [k.info.op for k in on.plan.kernels]
+    [merged] = [k for k in on.plan.kernels if "not its copy" in k.info.note]
+    assert merged.kind == "reorder" and "ref" not in merged.impl
+    assert on.plan.slots[merged.reads[0]].md.strides[2:] == (1, 49)  # the Softmax's, permuted
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        assert all(np.array_equal(a, b) for a, b in zip(on.run(feeds).values(),
+                                                        off.run(feeds).values(), strict=True))
+        everything, reference = on.run_all(feeds), off.run_all(feeds)
+        shared = everything.keys() & reference.keys()
+        assert {"pt_q_0", "p_q"} <= shared  # the transposed value, read through its view
+        assert all(np.array_equal(everything[k], reference[k]) for k in shared)
+
+
+def test_a_copy_read_twice_stays() -> None:
+    """The transposed probabilities also a graph output: their copy is kept."""
+    m = _attention_head()
+    m.graph.output.append(helper.make_tensor_value_info("pt_dq", TensorProto.FLOAT,
+                                                        [1, 4, 49, 49]))
+    on = compile_model(m)
+    assert on.plan.notes["merged_copies"] == 0
+    assert "Transpose" in [k.info.op for k in on.plan.kernels]
+
+
+def _split_head(zero_point: bool) -> tuple[dict, list, set]:
+    """LeViT's k in small, as a lowered plan: a (1, 49, 6, 16) part of a (1, 49, 384) u8
+    buffer (a Split view at byte 16) transposed by a copy into a (1, 6, 16, 49) slot, then
+    shifted to s8 (source zero point 128) for a MatMul's weights."""
+    from qfuse.compiler.lower.plan import Kernel, KernelInfo, Slot
+    from qfuse.runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr, reorder
+
+    u8, s8 = DataType.u8, DataType.s8
+    slots = {"x": Slot("x", MemoryDesc.from_strides((1, 49, 384), u8, (18816, 384, 1))),
+             "p": Slot("p", MemoryDesc.from_strides((1, 49, 384), u8, (18816, 384, 1))),
+             "s": Slot("s", MemoryDesc.from_strides((1, 6, 16, 49), u8, (4704, 784, 49, 1))),
+             "o": Slot("o", MemoryDesc.from_strides((1, 6, 16, 49), s8, (4704, 784, 49, 1)))}
+    slots["a"] = Slot("a", MemoryDesc.from_strides((1, 49, 6, 16), u8, (18816, 384, 64, 1)),
+                      alias="p", offset=16)
+    slots["d"] = Slot("d", MemoryDesc.from_strides((1, 49, 6, 16), u8, (4704, 1, 784, 49)),
+                      alias="s")
+
+    def copy(name: str, src: str, dst: str, attr: PrimitiveAttr | None = None,
+             fixed: dict | None = None) -> Kernel:
+        pd = reorder(slots[src].md, slots[dst].md, attr=attr)
+        return Kernel(name, "reorder", [src], [dst], pd.create(),
+                      {int(Arg.SRC): src, int(Arg.DST): dst}, fixed or {},
+                      info=KernelInfo(node=name))
+
+    attr, fixed = PrimitiveAttr(), {}
+    if zero_point:
+        attr.set_zero_points_mask(Arg.SRC, 0)
+        fixed = {Arg.zero_points(Arg.SRC): Memory.zero_points(128)}
+    kernels = [copy("load", "x", "p"), copy("transpose", "a", "d"),
+               copy("shift", "s", "o", attr, fixed)]
+    return slots, kernels, {"x", "o"}
+
+
+def test_a_merge_onednn_gets_wrong_is_not_made() -> None:
+    """oneDNN 3.2's jit reorder with a source zero point reads the permuted view of the
+    Split part wrongly; the compile-time check (merge_copies._agrees) finds it and keeps the
+    two reorders. Without the zero point the same view is read right and they merge."""
+    from qfuse.compiler.lower.merge_copies import merge_copies
+
+    for zero_point, merged in ((True, 0), (False, 1)):
+        slots, kernels, ends = _split_head(zero_point)
+        _, after, count = merge_copies(slots, kernels, ends)
+        assert count == merged and len(after) == 3 - merged, zero_point
