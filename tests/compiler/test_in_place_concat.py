@@ -215,6 +215,19 @@ def _channels_last_concat(channels: int, size: tuple[int, int]) -> onnx.ModelPro
     return model(nodes, {"x": ([1, 8, *size], TensorProto.FLOAT)}, ["y"], inits)
 
 
+def _agree_saturated(on: CompiledModel, off: CompiledModel, value: str) -> None:
+    """``on`` and ``off`` give the same outputs and the same values of everything both
+    materialize, ``value`` among them, on inputs that saturate (every byte value occurs)."""
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        feeds["x"] *= 40
+        assert _same(on.run(feeds), off.run(feeds))
+        everything, reference = on.run_all(feeds), off.run_all(feeds)
+        shared = everything.keys() & reference.keys()
+        assert value in shared and len(shared) >= 6
+        assert all(np.array_equal(everything[k], reference[k]) for k in shared)
+
+
 def test_channels_last_concat_is_copied_as_words() -> None:
     """Inputs of 24 s8 channels (6 words a pixel) over 48x40 pixels: four s32 reorders into
     the output's regions replace oneDNN's concat kernel, every value bit-exact."""
@@ -228,12 +241,7 @@ def test_channels_last_concat_is_copied_as_words() -> None:
     assert not [k.name for k in copies if "ref" in k.impl]
     [report] = on.inspect()["concats"]
     assert all("4-byte words" in i["bytes"] for i in report["inputs"])
-    for seed in range(3):
-        feeds = random_inputs(on, seed=seed)
-        feeds["x"] *= 40  # saturating: every byte value crosses the concat
-        everything, reference = on.run_all(feeds), off.run_all(feeds)
-        assert np.array_equal(everything["cat_q"], reference["cat_q"])
-        assert _same(on.run(feeds), off.run(feeds))
+    _agree_saturated(on, off, "cat_q")  # every byte value crosses the concat
 
 
 @pytest.mark.parametrize("channels, size, why", [
@@ -300,14 +308,7 @@ def test_nearest_resize_writes_into_the_concat(requantize: bool) -> None:
     assert len(on.plan.kernels) == len(off.plan.kernels)  # the copy replaces the concat
     [report] = on.inspect()["concats"]
     assert "nearest Resize" in report["inputs"][0]["bytes"]
-    for seed in range(3):
-        feeds = random_inputs(on, seed=seed)
-        feeds["x"] *= 40
-        assert _same(on.run(feeds), off.run(feeds))
-        everything, reference = on.run_all(feeds), off.run_all(feeds)
-        shared = everything.keys() & reference.keys()
-        assert len(shared) >= 6  # the Resize's output, read through its region, too
-        assert all(np.array_equal(everything[k], reference[k]) for k in shared)
+    _agree_saturated(on, off, "up_q" if not requantize else "u_q")  # the Resize's output
 
 
 def _split_concat() -> onnx.ModelProto:
@@ -345,14 +346,7 @@ def test_split_part_is_copied_straight_into_the_concat() -> None:
     assert part.info.op == "Split" and part.kind == "reorder"
     assert on.plan.slots[part.reads[0]].md.dtype.name == "s32"  # as 4-byte words
     assert len(on.plan.kernels) == len(off.plan.kernels) + 1  # 1 concat -> 2 copies
-    for seed in range(3):
-        feeds = random_inputs(on, seed=seed)
-        feeds["x"] *= 40
-        assert _same(on.run(feeds), off.run(feeds))
-        everything, reference = on.run_all(feeds), off.run_all(feeds)
-        shared = everything.keys() & reference.keys()
-        assert len(shared) >= 6
-        assert all(np.array_equal(everything[k], reference[k]) for k in shared)
+    _agree_saturated(on, off, "a_q")
 
 
 def test_the_output_is_read_back_once_every_input_is_in() -> None:
