@@ -189,8 +189,9 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
         else:
             result.reasons[i] = reason
     rest = [i for i in range(len(srcs)) if i not in result.in_place]
-    moves = {i: move for i in rest
-             if (move := _producer_move(graph, slots, kernels, index, srcs[i], axis))}
+    roots = [root_slot(slots, src)[0] for src in srcs]
+    moves = {i: move for i in rest if roots.count(roots[i]) == 1  # not concat(x, x)
+             and (move := _producer_move(graph, slots, kernels, index, srcs[i], axis))}
     left = [i for i in rest if i not in moves]
     words = _word_views(slots, [srcs[i] for i in left], out_md, axis)
     many_runs = out_md.nelems >= WORD_COPY_RUNS * out_md.dims[axis]
