@@ -325,12 +325,16 @@ def _wide_row_statistics(ctx: LowerContext, node: Node, src: str, src_md: Memory
              int(Arg.VARIANCE): ctx.temp(f"{node.name}@variance", stat_md)}
 
     def pool(ins: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        # few numpy calls: this runs once per normalization (5 us, where np.mean and
+        # np.repeat took 9)
         means = ins[0].astype(np.float64).reshape(-1, parts)
         variances = ins[1].astype(np.float64).reshape(-1, parts)
-        mean = means.mean(axis=1, keepdims=True)
-        variance = (variances + (means - mean) ** 2).mean(axis=1, keepdims=True)
-        outs[0][...] = np.repeat(mean, parts, axis=1).reshape(-1)
-        outs[1][...] = np.repeat(variance, parts, axis=1).reshape(-1)
+        mean = np.add.reduce(means, axis=1, keepdims=True) / parts
+        deviations = means - mean
+        variance = np.add.reduce(variances + deviations * deviations, axis=1,
+                                 keepdims=True) / parts
+        outs[0].reshape(-1, parts)[...] = mean
+        outs[1].reshape(-1, parts)[...] = variance
 
     ctx.add_numpy(f"{node.name}/pool_statistics", pool,
                   [part_stats[int(Arg.MEAN)], part_stats[int(Arg.VARIANCE)]],
