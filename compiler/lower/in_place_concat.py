@@ -262,7 +262,9 @@ def _producer_move(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], 
         return None
     writer = kernels[users[0]]
     source = writer.args.get(int(Arg.SRC))
-    if (writer.fixed or writer.info.post_ops or writer.writes != [src] or source is None
+    attr = writer.primitive.pd.attr if writer.primitive is not None else None
+    if (attr is None or attr.scales_masks or attr.zero_points_masks or attr.post_ops
+            or writer.fixed or writer.writes != [src] or source is None
             or writer.reads != [source] or slots[source].host is not None
             or slots[source].md.dtype != slots[src].md.dtype):
         return None

@@ -44,14 +44,15 @@ def merge_copies(slots: dict[str, Slot], kernels: list[Kernel], ends: set[str]
         if found is None:
             index += 1
             continue
-        first, view = found
+        first, views = found
         reader = kernels[index]
         source = reader.args[int(Arg.SRC)]
         copy = kernels[first]
-        for name in _group(slots, source):
-            if name != source:
-                del slots[name]
-        slots[source] = Slot(source, view, alias=copy.args[int(Arg.SRC)])
+        view = views[source]
+        if copy.args[int(Arg.DST)] not in views:
+            del slots[copy.args[int(Arg.DST)]]
+        for name, member in views.items():  # S and the other views of its bytes: over A
+            slots[name] = Slot(name, member, alias=copy.args[int(Arg.SRC)])
         attr = _attr(reader)
         pd = reorder(view, slots[reader.args[int(Arg.DST)]].md, attr=attr)
         note = f"reads '{copy.info.node or copy.name}''s source, not its copy"
@@ -71,8 +72,9 @@ def _group(slots: dict[str, Slot], name: str) -> list[str]:
 
 
 def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: set[str]
-               ) -> tuple[int, MemoryDesc] | None:
-    """(the copy's index, the view of its source ``kernels[index]`` reads instead) or None."""
+               ) -> tuple[int, dict[str, MemoryDesc]] | None:
+    """(the copy's index, {slot: its view of the copy's source} for the source S of
+    ``kernels[index]`` and every other slot over S's bytes but the copy's dst) or None."""
     reader = kernels[index]
     if reader.kind != "reorder" or reader.primitive is None or \
             reader.primitive.pd.attr.post_ops:
@@ -91,14 +93,23 @@ def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: 
         return None
     origin, written = copy.args[int(Arg.SRC)], copy.args[int(Arg.DST)]
     a, d, s = slots[origin].md, slots[written].md, slots[source].md
-    if (slots[origin].host is not None or a.dtype != d.dtype or d.dtype != s.dtype
-            or not (a.is_plain and d.is_plain and s.is_plain) or d.size != s.size
-            or root_slot(slots, written)[1] != root_slot(slots, source)[1]):
+    if (written not in group or slots[origin].host is not None or a.dtype != d.dtype
+            or d.dtype != s.dtype or not (a.is_plain and d.is_plain)):
         return None
-    view = _through(s, d, a)
-    if view is None or not _agrees(copy, reader, slots, view):
+    # S, and any other slot over the same bytes (the home of a value S is a Reshape of, which
+    # run_all reads), become views of A: each must cover D's bytes with D's dims permuted
+    views: dict[str, MemoryDesc] = {}
+    at = root_slot(slots, written)[1]
+    for name in (group - {written}) | {source}:  # S may be the copy's dst itself
+        md = slots[name].md
+        view = _through(md, d, a) if (md.is_plain and md.dtype == d.dtype and md.size == d.size
+                                      and root_slot(slots, name)[1] == at) else None
+        if view is None:
+            return None
+        views[name] = view
+    if not _agrees(copy, reader, slots, views[source]):
         return None
-    return users[0], view
+    return users[0], views
 
 
 def _through(s: MemoryDesc, d: MemoryDesc, a: MemoryDesc) -> MemoryDesc | None:

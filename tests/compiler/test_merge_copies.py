@@ -116,3 +116,31 @@ def test_a_merge_onednn_gets_wrong_is_not_made() -> None:
         slots, kernels, ends = _split_head(zero_point)
         _, after, count = merge_copies(slots, kernels, ends)
         assert count == merged and len(after) == 3 - merged, zero_point
+
+
+def _values_head() -> onnx.ModelProto:
+    """ViT's v in small: a quantized [1, 49, 4, 16] tensor transposed to [1, 4, 49, 16] and
+    Reshape'd to [4, 49, 16] (a view), the weights of the probabilities' MatMul."""
+    f = TensorProto.FLOAT
+    nodes, inits = _qdq("v", "v", 0.05, 128)
+    nodes += [helper.make_node("Transpose", ["v_dq"], ["vt"], perm=[0, 2, 1, 3])]
+    more, more_inits = _qdq("vt", "vt", 0.05, 128)
+    nodes += more + [helper.make_node("Reshape", ["vt_dq", "shape"], ["vr"])]
+    inits += more_inits + [init("shape", np.array([4, 49, 16], np.int64))]
+    more, more_inits = _qdq("p", "p", 1 / 255, 0)
+    nodes += more + [helper.make_node("MatMul", ["p_dq", "vr"], ["o"])]
+    inits += more_inits
+    return model(nodes, {"v": ([1, 49, 4, 16], f), "p": ([4, 49, 49], f)}, ["o"], inits)
+
+
+def test_other_views_of_the_copy_follow_it() -> None:
+    """The Transpose's output and its Reshape view (whose value run_all reads) both become
+    views of the Transpose's source."""
+    on, off = compile_model(_values_head()), compile_model(_values_head(), composer=OFF)
+    assert on.plan.notes["merged_copies"] == 1
+    assert len(on.plan.kernels) == len(off.plan.kernels) - 1
+    feeds = random_inputs(on, seed=4)
+    everything, reference = on.run_all(feeds), off.run_all(feeds)
+    assert {"vt_q_0", "vr_q", "o"} <= everything.keys() & reference.keys()
+    assert all(np.array_equal(everything[k], reference[k])
+               for k in everything.keys() & reference.keys())
