@@ -311,24 +311,10 @@ def _views(ctx: LowerContext, node: Node, source: str,
                                        offset=offset * itemsize)
             continue
         view = ctx.temp(f"{value}@view", view_md, alias=source, offset=offset * itemsize)
-        if _transposed_only(ctx, value):
-            # every reader is a Transpose, itself one reorder: it reads the strided view
-            # (LeViT's attention splits q, k and v from the qkv projection, then transposes
-            # each: one copy each instead of two)
-            ctx.home[value] = view
-            continue
         wanted = ctx.preferred(value, md.dtype)
         out = ctx.define(value, wanted if wanted is not None and wanted.is_plain
                          else dense_in_order(md, dims))
         ctx.add_reorder(view, out, role="op", node=node)
-
-
-def _transposed_only(ctx: LowerContext, value: str) -> bool:
-    """Is ``value`` read only by Transposes that copy (not the graph's output, no view of its
-    bytes as the permuted layout: a Transpose of a strided view copies)?"""
-    readers = ctx.graph.consumers(value)
-    return (ctx.options.mode == "fused" and not ctx.is_output(value) and bool(readers)
-            and all(r.op is Op.TRANSPOSE and r.fused is None for r, _ in readers))
 
 
 PAD_TYPES = {DataType.f32: np.float32, DataType.u8: np.uint8, DataType.s8: np.int8}
