@@ -56,11 +56,11 @@ def concat_report(graph: Graph, plan_concats: list[dict[str, Any]],
                 bytes_ = "not a oneDNN concat kernel"
             elif i in placed["in_place"] and placed["removed"]:
                 bytes_ = "written in place by its producer"
-            elif i in placed.get("moved", ()):
+            elif i in placed["moved"]:
                 bytes_ = ("written into its region by the copy that produces it (a reorder, "
                           "or a nearest Resize as a reorder repeating its source)")
             elif i in placed["copied"]:
-                words = " as 4-byte words" if placed.get("words") else ""
+                words = " as 4-byte words" if placed["words"] else ""
                 bytes_ = f"copied by a reorder{words} into its region of the output"
             else:
                 reason = placed["reasons"].get(i) or placed["reasons"].get(str(i))

@@ -180,23 +180,18 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
             name = alias
         return out
 
-    def covers(name: str, slot: str) -> bool:
-        """``name``'s bytes include all of ``slot``'s (an in-place concat input's view covers
-        only its part of the output: reading it does not read the whole output)."""
-        (root, start), (other, at) = plan.root(name), plan.root(slot)
-        return root == other and start <= at and (
-            start + plan.slots[name].md.size >= at + plan.slots[slot].md.size)
-
     homes = set(plan.homes.values())
     writes: dict[str, list[int]] = {}
     first_read: dict[str, int] = {}
     for index, kernel in enumerate(plan.kernels):
         for name in kernel.reads:  # a slot, or a view of it no kernel writes (a Reshape)
             for slot in (name, *(chain(name) if name not in writer else ())):
-                if covers(name, slot):
+                # a view of an in-place concat input's part does not read the whole output
+                if _covers(plan, name, slot):
                     first_read.setdefault(slot, index)
         for name in kernel.writes:
-            if name in homes and _covers(plan, name):
+            root = plan.root(name)[0]
+            if name in homes and name != root and _covers(plan, name, root):
                 # another value written over all of these bytes (an in-place residual sum's
                 # dst over its residual, which it reads first): the value there is complete
                 for slot in chain(name):
@@ -213,7 +208,8 @@ def _written_through_aliases(plan: Plan, writer: dict[str, int]) -> dict[str, in
     return found
 
 
-def _covers(plan: Plan, name: str) -> bool:
-    """Slot ``name`` aliases the start of its root and spans all of its bytes."""
-    root, offset = plan.root(name)
-    return root != name and offset == 0 and plan.slots[name].md.size >= plan.slots[root].md.size
+def _covers(plan: Plan, name: str, slot: str) -> bool:
+    """Slot ``name``'s bytes include all of slot ``slot``'s (the same buffer)."""
+    (root, start), (other, at) = plan.root(name), plan.root(slot)
+    return root == other and start <= at and (
+        start + plan.slots[name].md.size >= at + plan.slots[slot].md.size)

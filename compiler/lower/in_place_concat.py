@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qfuse.compiler.lower.layouts import same_bytes
-from qfuse.compiler.lower.plan import Kernel, Slot, root_slot
+from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, root_slot
 from qfuse.ir import Graph
 from qfuse.ir.ops import Op, ResizeMode
 from qfuse.runtime.onednn import Arg, DataType, MemoryDesc, reorder
@@ -254,11 +254,8 @@ def _producer_move(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], 
     returned function takes ``src``'s region in its own type, the output slot and the
     region's byte offset; ``src`` then becomes that region, so its value can still be read
     there."""
-    root = root_slot(slots, src)[0]
-    group = [name for name, slot in slots.items()
-             if slot.const is None and root_slot(slots, name)[0] == root]
     users = [k for k, kernel in enumerate(kernels) if src in kernel.reads + kernel.writes]
-    if group != [src] or len(users) != 2 or users[1] != index:
+    if alias_group(slots, src) != [src] or len(users) != 2 or users[1] != index:
         return None
     writer = kernels[users[0]]
     source = writer.args.get(int(Arg.SRC))

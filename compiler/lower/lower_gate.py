@@ -41,7 +41,7 @@ The unfused mode runs the chain one primitive per basic operation on a copy of x
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -347,7 +347,8 @@ RUNTIME_ROW = 256
 
 
 def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
-                 operands: list[tuple[int, ...]], runtime: list[tuple[int, ...]] = ()) -> int:
+                 operands: list[tuple[int, ...]], runtime: Sequence[tuple[int, ...]] = ()
+                 ) -> int:
     """k > 1 when the last two groups, (outer, inner) elements, run faster as
     (outer/k, k·inner) with the operands broadcast along ``outer`` tiled k times along
     ``inner``: oneDNN 3.2's jit binary walks a broadcast operand row by row at a cost a row.

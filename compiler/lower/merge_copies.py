@@ -26,7 +26,7 @@ import logging
 
 import numpy as np
 
-from qfuse.compiler.lower.plan import Kernel, Slot, root_slot
+from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, root_slot
 from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, PrimitiveAttr, PrimitiveDesc, reorder
 
 log = logging.getLogger(__name__)
@@ -65,12 +65,6 @@ def merge_copies(slots: dict[str, Slot], kernels: list[Kernel], ends: set[str]
     return slots, kernels, merged
 
 
-def _group(slots: dict[str, Slot], name: str) -> list[str]:
-    root = root_slot(slots, name)[0]
-    return [other for other, slot in slots.items()
-            if slot.const is None and root_slot(slots, other)[0] == root]
-
-
 def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: set[str]
                ) -> tuple[int, dict[str, MemoryDesc]] | None:
     """(the copy's index, {slot: its view of the copy's source} for the source S of
@@ -82,7 +76,7 @@ def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: 
     source = reader.args.get(int(Arg.SRC))
     if source is None or slots[source].const is not None or slots[source].host is not None:
         return None
-    group = set(_group(slots, source))
+    group = set(alias_group(slots, source))
     users = [k for k, kernel in enumerate(kernels) if group & {*kernel.reads, *kernel.writes}]
     if len(users) != 2 or users[1] != index or group & ends:
         return None
@@ -132,10 +126,9 @@ def _through(s: MemoryDesc, d: MemoryDesc, a: MemoryDesc) -> MemoryDesc | None:
 
 def _agrees(copy: Kernel, reader: Kernel, slots: dict[str, Slot], view: MemoryDesc) -> bool:
     """Whether the merged reorder writes what the two did, on random bytes: oneDNN 3.2's jit
-    reorder with a zero point reads some permuted sources wrong (u8 → s8 with a source zero
-    point from a (1, 6, 16, 49) view with strides (18816, 64, 1, 384): wrong values; the same
-    strides without the zero point, or the zero point on a plainly transposed source, are
-    right), so each merge is checked once at compile time."""
+    reorder misapplies a zero point on some layout changes (docs/onednn.md: u8 → s8 with a
+    source zero point from a (1, 6, 16, 49) view with strides (18816, 64, 1, 384) gives wrong
+    values), so each merge is checked once at compile time."""
     a = slots[copy.args[int(Arg.SRC)]].md
     d, s = slots[copy.args[int(Arg.DST)]].md, slots[reader.args[int(Arg.SRC)]].md
     out_md = slots[reader.args[int(Arg.DST)]].md
@@ -164,10 +157,10 @@ def _execute(pd: PrimitiveDesc, args: dict[int, Memory]) -> None:
 
 def _attr(kernel: Kernel) -> PrimitiveAttr:
     """A reorder's attribute rebuilt from its snapshot (scales and zero points only)."""
-    info = kernel.primitive.pd.attr if kernel.primitive is not None else None
-    attr = PrimitiveAttr()
-    for arg, mask in info.scales_masks if info is not None else ():
+    assert kernel.primitive is not None
+    info, attr = kernel.primitive.pd.attr, PrimitiveAttr()
+    for arg, mask in info.scales_masks:
         attr.set_scales_mask(arg, mask)
-    for arg, mask in info.zero_points_masks if info is not None else ():
+    for arg, mask in info.zero_points_masks:
         attr.set_zero_points_mask(arg, mask)
     return attr

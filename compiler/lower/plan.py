@@ -131,6 +131,13 @@ def root_slot(slots: dict[str, Slot], name: str) -> tuple[str, int]:
     return name, offset
 
 
+def alias_group(slots: dict[str, Slot], name: str) -> list[str]:
+    """Every non-constant slot sharing ``name``'s root (its alias group, ``name`` included)."""
+    root = root_slot(slots, name)[0]
+    return [other for other, slot in slots.items()
+            if slot.const is None and root_slot(slots, other)[0] == root]
+
+
 def plan_buffers(slots: dict[str, Slot], kernels: list[Kernel], inputs: list[str],
                  outputs: list[str]) -> BufferPlan:
     """Assign every non-constant slot's alias group a reusable buffer (module docstring)."""
