@@ -15,6 +15,7 @@ returned for `inspect`'s not_fused list.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from qfuse.compiler.pipeline import PIPELINE, run_pipeline
@@ -34,8 +35,8 @@ FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "deconv_as_dept
 def run_passes(graph: Graph, mode: Mode | str, ctx: PassContext | None = None) -> list[PassResult]:
     """Rewrite ``graph`` in place for ``mode``; the results of the passes that ran."""
     ctx = ctx or PassContext()
-    if mode == Mode.UNFUSED:
-        ctx.disabled_passes = ctx.disabled_passes | {"table_lookup"}
+    if mode == Mode.UNFUSED:  # on a copy: the caller's context keeps its own settings
+        ctx = dataclasses.replace(ctx, disabled_passes=ctx.disabled_passes | {"table_lookup"})
     if mode in (Mode.FUSED, Mode.UNFUSED):
         return run_pipeline(graph, ctx)
     if mode != Mode.FP32:

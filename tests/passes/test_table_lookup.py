@@ -122,6 +122,14 @@ def test_unfused_mode_keeps_the_ops() -> None:
     kernels = qfuse.compile_model(gelu(), mode="unfused").inspect()["kernels"]
     assert [k for k in kernels if k["primitive"] == "island"]
     assert not [k for k in kernels if "a table" in k.get("note", "")]
+    # the mode disables the pass on a copy of the caller's context
+    from qfuse.compiler.api import import_graph
+    from qfuse.compiler.modes import run_passes
+    from qfuse.passes.base import PassContext
+
+    ctx = PassContext()
+    run_passes(import_graph(gelu()), "unfused", ctx)
+    assert ctx.disabled_passes == frozenset()
 
 
 @pytest.mark.parametrize(("variant", "nodes"), [({"per_channel_half": True}, 10),
