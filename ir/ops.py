@@ -340,17 +340,21 @@ class PadAttrs:
 class ResizeMode(enum.Enum):
     NEAREST = "nearest"
     LINEAR = "linear"
+    CUBIC = "cubic"
 
 
 @dataclass(frozen=True)
 class ResizeAttrs:
-    """Output size is resolved by the importer; ``scales`` kept for the coordinate transform."""
+    """Output size is resolved by the importer; ``scales`` kept for the coordinate transform.
+    ``cubic_coeff_a`` and ``exclude_outside`` are ONNX's, read by the cubic mode only."""
 
     mode: ResizeMode
     sizes: tuple[int, ...]
     scales: tuple[float, ...]
     coordinate_transformation_mode: str = "half_pixel"
     nearest_mode: str = "round_prefer_floor"
+    cubic_coeff_a: float = -0.75
+    exclude_outside: bool = False
 
 
 @dataclass(frozen=True)

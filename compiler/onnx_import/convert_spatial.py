@@ -21,7 +21,7 @@ from qfuse.ir.ops import (
     ResizeAttrs,
     ResizeMode,
 )
-from qfuse.ir.types import TensorInfo
+from qfuse.ir.types import DType, TensorInfo
 
 AUTO_PADS = ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID")
 TRANSFORMS = ("half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners",
@@ -156,9 +156,7 @@ def global_max_pool(ctx: Context, node: NodeView) -> None:
 def resize(ctx: Context, node: NodeView) -> None:
     x = ctx.input_info(node, 0)
     mode = str(node.attr("mode", "nearest"))
-    if mode == "cubic":
-        raise ctx.unsupported(node, "mode 'cubic' is not supported (nearest and linear are)")
-    if mode not in ("nearest", "linear"):
+    if mode not in ("nearest", "linear", "cubic"):
         raise ctx.malformed(node, f"unknown mode '{mode}'")
     transform = str(node.attr("coordinate_transformation_mode", "half_pixel"))
     if transform == "tf_crop_and_resize":
@@ -172,8 +170,23 @@ def resize(ctx: Context, node: NodeView) -> None:
     if node.attr("antialias", 0):
         raise ctx.unsupported(node, "antialias=1 is not supported")
     sizes, scales = _resize_sizes(ctx, node, x)
-    attrs = ResizeAttrs(ResizeMode(mode), sizes, scales, transform, nearest_mode)
+    if mode == "cubic":
+        _check_bicubic(ctx, node, x, scales)
+    attrs = ResizeAttrs(ResizeMode(mode), sizes, scales, transform, nearest_mode,
+                        float(node.attr("cubic_coeff_a", -0.75)),
+                        bool(node.attr("exclude_outside", 0)))
     ctx.emit(node, Op.RESIZE, node.inputs[:1], attrs)
+
+
+def _check_bicubic(ctx: Context, node: NodeView, x: TensorInfo,
+                   scales: tuple[float, ...]) -> None:
+    """cubic as ONNX Runtime computes it (its only kernel, ``ResizeBiCubic``): float32, 2-D or
+    4-D with N and C not scaled; anything else stays ONNX (an island, run by onnxruntime)."""
+    if x.dtype is not DType.F32:
+        raise ctx.unsupported(node, f"cubic on {x.dtype.name}: qfuse's cubic reads float32")
+    if x.rank not in (2, 4) or (x.rank == 4 and (scales[0] != 1.0 or scales[1] != 1.0)):
+        raise ctx.unsupported(node, f"cubic of rank {x.rank} with scales {list(scales)}: "
+                                    "2-D, or 4-D with N and C not scaled, is supported")
 
 
 def _resize_sizes(ctx: Context, node: NodeView, x: TensorInfo,

@@ -35,6 +35,17 @@ of a rank-4 input whose first two scales are 1 (dims 1-2 if the first and last a
 of a rank-5 input; an axis of scale 1 among them still contributes its (0/1 or 0.5/0.5)
 weights. Other layouts, which ONNX Runtime rejects, interpolate every axis that changes, by the
 same formula.
+
+cubic is bit-exact with ONNX Runtime's ``ResizeBiCubic`` (the importer admits what that kernel
+takes: float32, 2-D or 4-D with N and C not scaled; checked by
+tests/runtime/test_reference_ort_kernels.py). Per axis (H, W), in float32: ``c`` = the
+coordinate (``o`` itself when the scale is exactly 1), ``s = c - floor(c)``, and Keys' kernel
+with ``a = cubic_coeff_a`` at distances ``s + 1, s, 1 - s, 2 - s`` gives the weights of input
+rows (columns) ``floor(c) - 1 .. floor(c) + 2``, each index clamped to [0, in - 1]. With
+``exclude_outside`` the weights of indices outside are 0 and each weight is divided by their
+sum. Each input row is interpolated along W first, ``((0 + (w0/Σ)·x0) + (w1/Σ)·x1) + ...``,
+then those four results along H, ``((0 + (r0·v0)/Σ) + (r1·v1)/Σ) + ...`` (Σ = 1 without
+exclude_outside, so the divisions are exact).
 """
 
 from __future__ import annotations
@@ -286,18 +297,81 @@ def _resize_linear(x: np.ndarray, attrs: ResizeAttrs) -> np.ndarray:
     return x.copy() if y is None else y
 
 
+def _keys_weights(s: np.ndarray, a: np.float32) -> np.ndarray:
+    """Keys' cubic convolution weights (ONNX Runtime's ``GetCubicCoeffs``, float32) of the
+    four taps at distances ``s + 1, s, 1 - s, 2 - s``: shape (len(s), 4)."""
+    one, two, three, five, eight, four = (F32(v) for v in (1, 2, 3, 5, 8, 4))
+    far = [s + one, two - s]  # the outer taps: a|x|³ - 5a|x|² + 8a|x| - 4a
+    near = [s, one - s]  # the inner taps: (a + 2)|x|³ - (a + 3)|x|² + 1
+    outer = [((a * d - five * a) * d + eight * a) * d - four * a for d in far]
+    inner = [((a + two) * d - (a + three)) * d * d + one for d in near]
+    return np.stack([outer[0], inner[0], inner[1], outer[1]], axis=1).astype(F32)
+
+
+def cubic_taps(attrs: ResizeAttrs, size: int, out: int, scale: np.float32
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One axis of bicubic Resize: the four input indices of each output index (clamped),
+    their float32 weights, and the weights' sum per output index (1 unless exclude_outside)."""
+    coords = np.arange(out, dtype=F32)
+    if scale != F32(1):
+        coords = _source_coords(attrs.coordinate_transformation_mode, out, size, scale)
+    floor = np.floor(coords)
+    weights = _keys_weights((coords - floor).astype(F32), F32(attrs.cubic_coeff_a))
+    index = floor.astype(np.int64)[:, None] + np.arange(-1, 3)
+    total = np.ones(out, F32)
+    if attrs.exclude_outside:
+        weights = np.where((index < 0) | (index >= size), F32(0), weights).astype(F32)
+        total = np.zeros(out, F32)
+        for k in range(4):
+            total += weights[:, k]  # summed left to right
+    return np.clip(index, 0, size - 1), weights, total
+
+
+def resize_cubic(x: np.ndarray, attrs: ResizeAttrs) -> np.ndarray:
+    """Bicubic Resize of the last two dims of a float32 array (module docstring), as one
+    4-tap pass per axis over row-major copies (each gather picks whole rows)."""
+    h, w = x.shape[-2:]
+    out_h, out_w = attrs.sizes[-2:]
+    scales = resize_scales(attrs, x.shape)
+    rows, row_w, row_sum = cubic_taps(attrs, h, out_h, scales[-2])
+    cols, col_w, col_sum = cubic_taps(attrs, w, out_w, scales[-1])
+    col_w = (col_w / col_sum[:, None]).astype(F32)
+    across = np.ascontiguousarray(np.swapaxes(x, -1, -2))  # (..., W, H): columns as rows
+    t = None
+    for k in range(4):
+        term = np.take(across, cols[:, k], axis=-2)
+        term *= col_w[:, k, None]
+        t = term + F32(0) if t is None else np.add(t, term, out=t)  # ORT starts from +0  # ORT starts from +0
+    assert t is not None
+    along = np.ascontiguousarray(np.swapaxes(t, -1, -2))  # (..., H, out W)
+    y = None
+    for k in range(4):
+        term = np.take(along, rows[:, k], axis=-2)
+        term *= row_w[:, k, None]
+        if attrs.exclude_outside:
+            term /= row_sum[:, None]
+        y = term + F32(0) if y is None else np.add(y, term, out=y)
+    assert y is not None
+    return y
+
+
 @impl(Op.RESIZE)
 def resize(node: Node, args: Arrays) -> list[np.ndarray]:
     attrs: ResizeAttrs = node.attrs
     x = need(args, 0)
     if len(attrs.sizes) != x.ndim:
         raise ValueError(f"{len(attrs.sizes)} output sizes for a rank-{x.ndim} input")
-    if attrs.mode is ResizeMode.LINEAR and x.dtype != F32:
-        raise ValueError(f"linear Resize reads float32, got {x.dtype}")
+    if attrs.mode is not ResizeMode.NEAREST and x.dtype != F32:
+        raise ValueError(f"{attrs.mode.value} Resize reads float32, got {x.dtype}")
     if tuple(attrs.sizes) == x.shape:
         return [x.copy()]  # ONNX Runtime copies when no dim changes size, whatever the scales
     if attrs.mode is ResizeMode.LINEAR:
         return [np.ascontiguousarray(_resize_linear(x, attrs), dtype=F32)]
+    if attrs.mode is ResizeMode.CUBIC:
+        if x.ndim not in (2, 4) or tuple(attrs.sizes[:-2]) != x.shape[:-2]:
+            raise ValueError(f"cubic Resize of {x.shape} to {attrs.sizes}: 2-D, or 4-D with "
+                             "N and C unchanged")
+        return [resize_cubic(x, attrs)]
     y = x
     for axis in range(x.ndim):
         index = nearest_indices(attrs, x.shape, axis)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
+from onnx_builders import init, model, run_ort
 
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower import Plan
@@ -192,6 +194,31 @@ def test_linear_with_scales_given_is_bit_exact(ctm: str) -> None:
                       scales=(1.0, 1.0, 2.5, 2.5))
     _assert_exact_linear_kernel(_resize_kernel(_check_exact(g, linear_resampling=False)),
                                 (1, 3, 7, 6), ctm)
+
+
+@pytest.mark.parametrize("shape,out", [((1, 3, 24, 24), (1, 3, 20, 22)),
+                                       ((2, 2, 5, 6), (2, 2, 11, 6))])
+def test_cubic_runs_in_numpy_bit_exact(shape: tuple[int, ...], out: tuple[int, ...]) -> None:
+    plan = _check_exact(_resize_graph(shape, out, DType.F32, ResizeMode.CUBIC, "half_pixel"))
+    kernel = _resize_kernel(plan)
+    assert kernel["primitive"] == "numpy" and kernel["note"].startswith("cubic:")
+
+
+def test_quantized_cubic_equals_onnxruntime() -> None:
+    """DequantizeLinear → cubic Resize → QuantizeLinear (CrossViT's input resize, as
+    quantize_static writes it) compiled fused: the u8 output equals ONNX Runtime's, byte for
+    byte, and no kernel is an island."""
+    s, zp = init("s", np.float32(0.02)), init("zp", np.uint8(128))
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"]),
+             helper.make_node("Resize", ["d", "", "", "sizes"], ["r"], mode="cubic"),
+             helper.make_node("QuantizeLinear", ["r", "s", "zp"], ["y"])]
+    m = model(nodes, {"x": ([1, 3, 30, 30], TensorProto.FLOAT)}, ["y"],
+              [s, zp, init("sizes", np.array([1, 3, 28, 28], np.int64))])
+    x = {"x": RNG.standard_normal((1, 3, 30, 30)).astype(F32)}
+    compiled = compile_model(m)
+    assert all(k["primitive"] != "island" for k in compiled.plan.inspect()["kernels"])
+    np.testing.assert_array_equal(compiled.run(x)["y"], run_ort(m, x, optimized=False)[0])
 
 
 def test_onnxruntime_linear_is_refused_when_its_bytes_differ() -> None:

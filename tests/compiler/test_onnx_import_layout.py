@@ -297,7 +297,20 @@ def test_resize_opset11_empty_scales_with_sizes() -> None:
     assert only(g).attrs.sizes == (1, 2, 10, 12) and only(g).attrs.scales == (1, 1, 2, 2)
 
 
-def test_resize_cubic_is_unsupported() -> None:
-    m = single("Resize", [1, 1, 4, 4], [init("scales", np.array([1, 1, 2, 2], F))],
+@pytest.mark.parametrize("kw", [{}, {"cubic_coeff_a": -0.5, "exclude_outside": 1,
+                                      "coordinate_transformation_mode": "align_corners"}])
+def test_resize_cubic(kw: dict) -> None:
+    m = single("Resize", [1, 2, 5, 6], [init("scales", np.array([1, 1, 2, 1.5], F))],
+               inputs=["x", "", "scales"], opset=13, mode="cubic", **kw)
+    attrs = only(check_against_ort(m, (1, 2, 5, 6))).attrs
+    assert attrs.mode is ResizeMode.CUBIC and attrs.sizes == (1, 2, 10, 9)
+    assert attrs.cubic_coeff_a == kw.get("cubic_coeff_a", -0.75)
+    assert attrs.exclude_outside is bool(kw.get("exclude_outside", 0))
+
+
+def test_resize_cubic_of_channels_is_unsupported() -> None:
+    """qfuse's cubic is ONNX Runtime's bicubic kernel over the last two dims; ORT's other
+    one (N, H, W, C: dims 1-2) stays ONNX, an island ORT runs."""
+    m = single("Resize", [1, 4, 4, 2], [init("scales", np.array([1, 2, 2, 1], F))],
                inputs=["x", "", "scales"], opset=13, mode="cubic")
-    assert_island(m, {"Resize"}, r"^mode 'cubic'")
+    assert_island(m, {"Resize"}, r"^cubic of rank 4 with scales")

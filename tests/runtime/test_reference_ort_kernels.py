@@ -1,6 +1,6 @@
 """The ops the reference computes in ONNX Runtime's float32 order equal it bit for bit.
 
-AveragePool / GlobalAveragePool (ops_pool.py), linear Resize (ops_shape.py), Gelu, Softmax and
+AveragePool / GlobalAveragePool (ops_pool.py), linear and cubic Resize (ops_shape.py), Gelu, Softmax and
 LayerNormalization (ops_mlas.py): every output element equal, no tolerance. MLAS picks some
 kernels by CPU: LayerNorm's needs AVX2 and FMA, Gelu's AVX-512F; those checks are skipped on a
 host without them. Softmax follows the host's MLAS kernel (AVX-512F or AVX2 + FMA), and both are
@@ -136,6 +136,45 @@ def test_resize_linear(shape: tuple[int, ...], sizes: tuple[int, ...], transform
     assert_bit_exact(Case("Resize", onnx_attrs, Op.RESIZE, attrs, {"x": x},
                           {"sizes": np.array(sizes, np.int64)}, order=["x"],
                           onnx_order=["x", "", "", "sizes"]))
+
+
+CUBICS = [
+    # input shape, output sizes, coordinate_transformation_mode, cubic_coeff_a, exclude_outside
+    ((1, 3, 240, 240), (1, 3, 224, 224), "half_pixel", -0.75, 0),  # CrossViT's second branch
+    ((2, 3, 7, 9), (2, 3, 20, 13), "align_corners", -0.75, 0),
+    ((2, 3, 7, 9), (2, 3, 5, 4), "pytorch_half_pixel", -0.5, 0),
+    ((2, 3, 7, 9), (2, 3, 7, 17), "asymmetric", -0.75, 1),  # one axis of scale 1
+    ((1, 2, 10, 10), (1, 2, 23, 5), "half_pixel", -0.75, 1),
+    ((6, 5), (13, 4), "half_pixel", -0.6, 0),  # 2-D
+]
+
+
+@pytest.mark.parametrize("shape, sizes, transform, a, exclude", CUBICS)
+def test_resize_cubic(shape: tuple[int, ...], sizes: tuple[int, ...], transform: str, a: float,
+                      exclude: int) -> None:
+    x = randn(np.random.default_rng(len(shape)), *shape, scale=3.0)
+    x[..., 0, :] = -0.0  # ORT's sums start from +0: -0 terms alone sum to +0
+    attrs = ResizeAttrs(ResizeMode.CUBIC, sizes, (), transform, "round_prefer_floor", a,
+                        bool(exclude))
+    onnx_attrs = {"mode": "cubic", "coordinate_transformation_mode": transform,
+                  "cubic_coeff_a": a, "exclude_outside": exclude}
+    case = Case("Resize", onnx_attrs, Op.RESIZE, attrs, {"x": x},
+                {"sizes": np.array(sizes, np.int64)}, order=["x"],
+                onnx_order=["x", "", "", "sizes"])
+    ours, ref = run_ours(case)[0], run_ort(case)[0]
+    assert ours.shape == ref.shape
+    np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
+
+
+def test_resize_cubic_scales() -> None:
+    """Scales given (not sizes): the coordinates use the scale itself, not out / in."""
+    x = randn(np.random.default_rng(3), 1, 2, 9, 11, scale=3.0)
+    scales = (1.0, 1.0, 1.7, 0.6)
+    sizes = (1, 2, 15, 6)
+    attrs = ResizeAttrs(ResizeMode.CUBIC, sizes, scales, "half_pixel")
+    assert_bit_exact(Case("Resize", {"mode": "cubic"}, Op.RESIZE, attrs, {"x": x},
+                          {"scales": np.array(scales, F32)}, order=["x"],
+                          onnx_order=["x", "", "scales"]))
 
 
 @needs_avx512
