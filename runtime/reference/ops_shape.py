@@ -341,7 +341,7 @@ def resize_cubic(x: np.ndarray, attrs: ResizeAttrs) -> np.ndarray:
     for k in range(4):
         term = np.take(across, cols[:, k], axis=-2)
         term *= col_w[:, k, None]
-        t = term + F32(0) if t is None else np.add(t, term, out=t)  # ORT starts from +0  # ORT starts from +0
+        t = term + F32(0) if t is None else np.add(t, term, out=t)  # ORT starts from +0
     assert t is not None
     along = np.ascontiguousarray(np.swapaxes(t, -1, -2))  # (..., H, out W)
     y = None
