@@ -1,11 +1,11 @@
 """The ops the reference computes in ONNX Runtime's float32 order equal it bit for bit.
 
 AveragePool / GlobalAveragePool (ops_pool.py), linear and cubic Resize (ops_shape.py), Gelu,
-Softmax and LayerNormalization (ops_mlas.py): every output element equal, no tolerance. MLAS picks some
-kernels by CPU: LayerNorm's needs AVX2 and FMA, Gelu's AVX-512F; those checks are skipped on a
-host without them. Softmax follows the host's MLAS kernel (AVX-512F or AVX2 + FMA), and both are
-checked wherever they run. ``fma32`` is checked against exact
-rational arithmetic.
+Softmax and LayerNormalization (ops_mlas.py): every output element equal, no tolerance. MLAS
+picks some kernels by CPU: LayerNorm's needs AVX2 and FMA, Gelu's AVX-512F; those checks are
+skipped on a host without them. Softmax follows the host's MLAS kernel (AVX-512F or AVX2 +
+FMA), and both are checked wherever they run. ``fma32`` is checked against exact rational
+arithmetic.
 """
 
 from __future__ import annotations
