@@ -15,6 +15,14 @@ round(...) + qmin = q. Rather than rely on that argument for every F (a decompos
 FakeQuantize has other ranges), the check evaluates F(DQ(q)) for all q of the type, per
 channel, with the reference formulas, and requires F(DQ(q)) = q: a proof by exhaustion.
 
+The same holds for a QuantizeLinear left as it is (its output read by something other than
+a DequantizeLinear, so qdq_to_fake_quantize kept it: a table of GELU reads it, made by
+passes/table_lookup.py before the pairs are converted): ``Q(DQ(q))`` with the same type,
+scales, zero points and axis is ``saturate(rint(((q - zp)·s) / s) + zp)`` = q, again checked
+for every integer of the type with the reference's own formulas (``quantize_onnx``).
+quantize_static quantizes a Gemm's output and again, with the same parameters, the Reshape
+after it: in every GELU MLP of DeiT, CaiT or BERT that second quantize was a kernel.
+
 Rewrite: F's readers read q; F goes; the DQ goes too when nothing else reads it.
 Otherwise (other scale, zero point or type) the pair is a requantization, lowered later as one
 kernel per quantize (compiler/lower/lower_quant.py: a reorder with both scales, or in ONNX's
@@ -35,7 +43,7 @@ from qfuse.ir.types import DType, OnnxQuantize, QuantParams
 from qfuse.passes.base import PassContext
 from qfuse.passes.decompose_fake_quantize import channel_vector
 from qfuse.passes.quant_utils import dq_params, fq_ranges, is_op, quantize_only, remove_if_unused
-from qfuse.runtime.reference.ops_quant import fake_quantize_f32, onnx_pair
+from qfuse.runtime.reference.ops_quant import fake_quantize_f32, onnx_pair, quantize_onnx
 
 log = logging.getLogger(__name__)
 
@@ -99,18 +107,57 @@ def _show(quant: QuantParams) -> str:
     return f"per-channel axis {quant.axis}"
 
 
+def check_quantize(graph: Graph, dq: Node, q: Node) -> str | None:
+    """None when the QuantizeLinear ``q`` maps DQ(x) back to x for every integer x."""
+    source, target = dq_params(graph, dq), dq_params(graph, q)
+    if source is None or target is None:
+        return "dequantize or quantize parameters are not constants"
+    if not source.same_as(target):
+        return (f"requantize {source.describe()} → {target.describe()}: kept as one "
+                f"requantize kernel{_why_kernel(graph, dq, q)}")
+    if not _quantize_round_trip(source.dtype, tuple(source.scale.tolist()),
+                                tuple(source.zero_point.tolist())):
+        return "same parameters, but QuantizeLinear does not map DQ(q) back to q"
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _quantize_round_trip(dtype: DType, scale: tuple[float, ...], zp: tuple[int, ...]) -> bool:
+    """QuantizeLinear(DequantizeLinear(q)) == q for every q of ``dtype`` in every channel
+    (the reference's float32 formulas)."""
+    lo, hi = dtype.range
+    q = np.arange(lo, hi + 1, dtype=np.int64)[:, None]
+    s, z = np.asarray(scale, F32)[None, :], np.asarray(zp, np.int64)[None, :]
+    x = (q - z).astype(F32) * s
+    back = quantize_onnx(x, s.ravel(), z.ravel(), dtype, 1)
+    return bool(np.array_equal(back, np.broadcast_to(q, back.shape).astype(F32)))
+
+
+def _requantized(graph: Graph, node: Node) -> tuple[Node, str | None] | None:
+    """(DQ, why the pair stays or None) for a quantize-only FakeQuantize or a QuantizeLinear
+    reading a DequantizeLinear; None for any other node."""
+    fake = quantize_only(graph, node) is not None
+    if not fake and node.op is not Op.QUANTIZE_LINEAR:
+        return None
+    dq = graph.producer(node.inputs[0])
+    if not is_op(dq, Op.DEQUANTIZE_LINEAR):
+        return None
+    assert dq is not None
+    return dq, check(graph, dq, node) if fake else check_quantize(graph, dq, node)
+
+
 def run(graph: Graph, ctx: PassContext) -> int:
     changed = 0
     for fq in graph.topo_order():
-        if quantize_only(graph, fq) is None or not graph.has_node(fq.name):
+        if not graph.has_node(fq.name):
             continue
-        dq = graph.producer(fq.inputs[0])
-        if not is_op(dq, Op.DEQUANTIZE_LINEAR):
+        found = _requantized(graph, fq)
+        if found is None:
             continue
         ctx.visit(fq)
-        reason = check(graph, dq, fq)
+        dq, reason = found
         if reason is None and fq.outputs[0] in graph.outputs:
-            reason = "the FakeQuantize output is a graph output"
+            reason = f"the {fq.op.value} output is a graph output"
         if reason is not None:
             ctx.decline(fq, reason)
             continue

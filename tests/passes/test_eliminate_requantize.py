@@ -21,6 +21,7 @@ from quant_helpers import (
     finish,
     int_input,
     ops,
+    quantize,
     quantize_only,
     reasons,
     reference,
@@ -78,6 +79,44 @@ def test_requantize_is_kept(scale, zp, dtype):
     result = apply(E, g)
     assert result.changed == 0 and ops(g) == ["DequantizeLinear", "FakeQuantize", "Flatten"]
     assert "requantize" in reasons(result)[0] and "one requantize kernel" in reasons(result)[0]
+
+
+def _plain_quantize(scale: float, zp: int, dtype: DType = DType.U8):
+    """DQ → QuantizeLinear left unconverted (a non-DQ reader: here a Flatten)."""
+    g, xd = int_input((1, 4, 3), S, ZP)
+    quantize(g, xd, "q2", scale, zp, dtype)
+    add(g, Op.FLATTEN, ["q2"], "y", AxisAttrs(1))
+    return finish(g, "y")
+
+
+def test_identical_plain_quantize_is_removed():
+    """quantize_static's second quantize of a Gemm's output (after its Reshape) that a GELU
+    table reads: a QuantizeLinear, not a FakeQuantize, with the DQ's parameters."""
+    g = _plain_quantize(S, ZP)
+    before = g.copy()
+    result = apply(E, g)
+    assert result.changed == 1 and not result.declined
+    assert ops(g) == ["Flatten"] and g.node("y").inputs == ["x"]
+    _bit_exact(before, g)
+
+
+@pytest.mark.parametrize("scale,zp,dtype", [(0.06, ZP, DType.U8), (S, 8, DType.U8),
+                                            (S, ZP, DType.S8)])
+def test_plain_requantize_is_kept(scale, zp, dtype):
+    g = _plain_quantize(scale, zp, dtype)
+    result = apply(E, g)
+    assert result.changed == 0 and ops(g) == ["DequantizeLinear", "QuantizeLinear", "Flatten"]
+    assert "one requantize kernel" in reasons(result)[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(scale=st.floats(2.0 ** -13, 8.0, width=32), zp=st.integers(-128, 255),
+       signed=st.booleans())
+def test_quantize_round_trip_for_any_parameters(scale, zp, signed):
+    """ONNX's QuantizeLinear maps DequantizeLinear(q) back to q for any scale in range."""
+    dtype = DType.S8 if signed else DType.U8
+    zp = min(max(zp, dtype.range[0]), dtype.range[1])
+    assert E._quantize_round_trip(dtype, (float(np.float32(scale)),), (zp,))
 
 
 def test_same_parameters_but_other_ranges_declined():
