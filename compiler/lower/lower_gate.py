@@ -168,6 +168,9 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         if ((slow or _may_regroup(ctx, node, ports, f32))
                 and _in_memory_order(ctx, node, finish, mine, ports, zp, composed, slow=slow)):
             return
+        if slow and not int_source and _split_at_operand(ctx, node, finish, mine, f32,
+                                                         composed, tensor_slot):
+            return
     src = ctx.source(x, md_like(f32, home.dtype) if int_source else f32)
     built = build_attr(finish, ndims=len(yinfo.shape), channel_axis=1, wei_mask=0,
                        dst_type=DataType.f32, tensor_slot=tensor_slot)
@@ -408,7 +411,8 @@ def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
 
 def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
                      first: TensorBinary | None, ports: list[int], zp: int | None,
-                     composed: Composed, *, slow: bool) -> bool:
+                     composed: Composed, *, slow: bool,
+                     source: tuple[MemoryDesc, Callable[[], str]] | None = None) -> bool:
     """The chain over x's own bytes with its dims in memory order, neighbours merged
     (layouts.memory_order_groups): the same operations element for element, so
     bit-identical; operands read in x's dim order (a reorder of a small broadcast one, else as
@@ -429,9 +433,12 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     - an operand broadcast along the outer dims with rows shorter than ``ROW``: the
       last two groups seen as (outer/k, k·inner) and the operand tiled k times
       (``_tile_factor``): a constant at compile time, a run-time one (a squeeze-excitation
-      gate) by a small kernel of its own, ``1·g`` (exact)."""
+      gate) by a small kernel of its own, ``1·g`` (exact).
+
+    ``source``: the chain reads, instead of x, a slot of that descriptor which the callback
+    makes (and names) only once the kernel is certain (``_split_at_operand``)."""
     x, y = node.inputs[0], node.outputs[0]
-    home = ctx.md_of(x)
+    home = ctx.md_of(x) if source is None else source[0]
     yinfo = ctx.info(y)
     if home.dtype != DataType.f32 and zp is None:
         return False
@@ -503,7 +510,8 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
         wide = _tiled_operand(ctx, node, value, ctx.temp(f"{value}@order", row, alias=laid),
                               row, tile)
         slots[port] = (ctx.temp(f"{value}@rows", md, alias=wide), md)
-    src = ctx.temp(f"{x}@order", view(out, home.dtype), alias=ctx.home_slot(x))
+    src = ctx.temp(f"{x}@order", view(out, home.dtype),
+                   alias=ctx.home_slot(x) if source is None else source[1]())
     dst = ctx.temp(f"{y}@order", view(out, dst_type),
                    alias=ctx.define(y, dense_in_order(home, out, dst_type)))
     pd, built, operand = kernel(lead, slots.__getitem__, ctx.slots[src].md, ctx.slots[dst].md)
@@ -522,6 +530,60 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
                         rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
     return True
+
+
+def _split_at_operand(ctx: LowerContext, node: Node, finish: Composed,
+                      first: TensorBinary | None, f32: MemoryDesc, composed: Composed,
+                      tensor_slot: Callable[[int], tuple[str, MemoryDesc]]) -> bool:
+    """A chain whose post-op reading a tensor broadcasts in a way oneDNN 3.2's jit binary
+    takes as the primitive's own operation but not as a post-op, in one kernel or regrouped:
+    MobileViTv2's separable attention, ``relu(v)·c`` quantized on both sides with the context
+    vector c [1, C, P, 1] broadcast along the patches of a channels-last v: ``ref:any``, 2-5 ms
+    a kernel, the regrouped (P, N, C) view too. Two kernels then: the chain up to that post-op
+    writes float32 (the values it would have held; exact), and that post-op is the second
+    kernel's own operation with the rest as its post-ops, regrouped in memory order (P, N, C
+    with c as (P, 1, C): jit). False, emitting nothing, when either kernel would still be
+    slow."""
+    index = next((i for i, op in enumerate(finish.post_ops) if isinstance(op, TensorBinary)),
+                 None)
+    if index is None or (index == 0 and first is None):
+        return False
+    middle = finish.post_ops[index]
+    assert isinstance(middle, TensorBinary)
+    head = replace(finish, post_ops=finish.post_ops[:index])
+    tail = replace(finish, post_ops=finish.post_ops[index + 1:])
+    ports = _operand_ports(tail, middle)
+    x, y = node.inputs[0], node.outputs[0]
+    rank = len(ctx.info(y).shape)
+    if ports is None or ctx.md_of(x).dtype != DataType.f32:
+        return False
+    try:
+        head_pd, built, operand = _chain_kernel(head, first, f32, f32, rank, tensor_slot, None)
+    except DnnlError:
+        return False
+    if is_slow(head_pd.impl_name, "binary"):
+        return False
+
+    def emit_head() -> str:
+        src = ctx.source(x, f32)
+        out = ctx.temp(f"{y}@before_{middle.alg}", f32)
+        args = {int(Arg.SRC_0): src, int(Arg.DST): out, **built.slot_args}
+        fixed = dict(built.fixed)
+        if first is not None:
+            args[int(Arg.SRC_1)] = tensor_slot(first.port)[0]
+        else:
+            assert operand is not None
+            fixed[int(Arg.SRC_1)] = const_memory(operand)
+        ctx.add_primitive(f"{node.name}:before_{middle.alg}", head_pd, args, fixed,
+                          info=ctx.info_for(node, post_ops=built.names,
+                                            post_op_details=built.details,
+                                            note=f"the chain up to its binary_{middle.alg} "
+                                                 f"(input {middle.port}), float32: as one "
+                                                 "kernel it runs on a reference kernel"))
+        return out
+
+    return _in_memory_order(ctx, node, tail, middle, ports, None, composed, slow=True,
+                            source=(f32, emit_head))
 
 
 def _repeated(row: MemoryDesc, tile: int) -> bool:

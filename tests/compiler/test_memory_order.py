@@ -201,6 +201,37 @@ def norm_after_concat(channels: int = 24, side: int = 40) -> onnx.ModelProto:
                   [1, channels, side, side])
 
 
+def separable_attention(channels: int = 8, patch: int = 4, patches: int = 64
+                        ) -> onnx.ModelProto:
+    """MobileViTv2's separable self-attention as NNCF quantizes it: v, split from an int8
+    1x1 convolution's float32 output (channels-last), goes through ReLU and a quantizer,
+    then is multiplied by the context vector [1, C, P, 1], broadcast along the N patches,
+    and quantized (s8). As one kernel that broadcast is a post-op oneDNN 3.2 runs on
+    ``ref:any`` only (2-5 ms a kernel in MobileViTv2-0.5), also regrouped in memory order."""
+    rng = np.random.default_rng(7)
+    nodes, inits = _qdq("x", "x", "xd", 0.03, 128)
+    w = rng.integers(-60, 61, (2 * channels, 3, 1, 1)).astype(np.int8)
+    inits += [numpy_helper.from_array(w, "w"), _init("ws", 0.01, np.float32),
+              _init("wz", 0, np.int8)]
+    nodes += [helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+              helper.make_node("Conv", ["xd", "wd"], ["c"]),
+              helper.make_node("Split", ["c"], ["v", "k"], axis=1),
+              helper.make_node("Relu", ["v"], ["r"])]
+    _add(nodes, inits, _qdq("r", "r", "rd", 0.02, 0))
+    _add(nodes, inits, _qdq("a", "a", "ad", 0.01, 0))
+    nodes.append(helper.make_node("Mul", ["rd", "ad"], ["m"]))
+    _add(nodes, inits, _qdq("m", "m", "y", 0.03, 0, np.int8))
+    nodes.append(helper.make_node("Sigmoid", ["k"], ["y2"]))
+    graph = helper.make_graph(
+        nodes, "separable_attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, patch, patches]),
+         helper.make_tensor_value_info("a", TensorProto.FLOAT, [1, channels, patch, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, channels, patch, patches]),
+         helper.make_tensor_value_info("y2", TensorProto.FLOAT,
+                                       [1, channels, patch, patches])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
 # onnxruntime optimized (its Softmax kernel) or node by node (QDQ Adds as written, not fused
 # into QLinearAdd, which rounds its own way)
 @pytest.mark.parametrize(("build", "optimized"), [(split_attention, True),
@@ -223,6 +254,24 @@ def test_no_reference_kernel_and_bit_exact(build, optimized: bool) -> None:
     kernels = qfuse.compile_model(model).inspect()["kernels"]
     assert not [k["name"] for k in kernels if k["impl"].startswith("ref")]
     assert any("memory_order" in k["optimizations"] for k in kernels)
+
+
+def test_broadcast_post_op_splits_the_chain() -> None:
+    """The chain up to the multiply writes float32, and the multiply is the second kernel's
+    own operation over (P, N, C) with the context vector as (P, 1, C): no reference kernel,
+    and bit-identical to the unfused mode (the same float32 values either way)."""
+    model = separable_attention()
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((1, 3, 4, 64)).astype(np.float32),
+             "a": rng.standard_normal((1, 8, 4, 1)).astype(np.float32)}
+    compiled = qfuse.compile_model(model)
+    kernels = compiled.inspect()["kernels"]
+    assert not [k["name"] for k in kernels if k["impl"].startswith("ref")]
+    assert [k for k in kernels if k["name"].endswith(":before_mul")]
+    got = compiled.run(feeds)
+    want = qfuse.compile_model(model, mode="unfused").run(feeds)
+    for name in ("y", "y2"):
+        assert np.array_equal(got[name], want[name]), name
 
 
 def _fused_checked(model: onnx.ModelProto, seed: int, steps: float) -> qfuse.CompiledModel:
