@@ -34,19 +34,20 @@ from qfuse.compiler.lower import no_vnni, unfused
 from qfuse.compiler.lower.attrs import BuiltAttr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
-from qfuse.compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md
+from qfuse.compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md, same_bytes
 from qfuse.compiler.lower.lower_compute import (
     composed_for,
     emit,
     scale_weights,
     src_zero_point,
 )
-from qfuse.ir import DType, Node
+from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import GemmAttrs
 from qfuse.ir.postops import Composed
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
+    DnnlError,
     Memory,
     MemoryDesc,
     PrimitiveAttr,
@@ -119,6 +120,14 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
             return matmul(c[0], c[2], c[1], bias=bias_md, attr=built.attr)
 
         pd = ctx.try_layouts("matmul", make, candidates)
+        permuted = None if dst_md is not None else _transposed_dst(ctx, y, pd)
+        if permuted is not None:
+            try:
+                strided = make((pd.src_md, permuted, pd.weights_md))
+            except DnnlError:
+                strided = None
+            if strided is not None and strided.impl_name == pd.impl_name:
+                pd = strided
         wmem = None if wei_arr is None else ctx.weights(wei_arr, pd.weights_md)
         return pd, wmem
 
@@ -149,6 +158,30 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
             wei_zp=0, wei_mask=wei_mask, weights_slot=wslot,
             note=f"f32 matmul, then its chain op by op: oneDNN 3.2 has no f32 matmul "
                  f"writing {yinfo.dtype.name.lower()} with these attributes")
+
+
+def _transposed_dst(ctx: LowerContext, y: str, pd: PrimitiveDesc) -> MemoryDesc | None:
+    """A dst layout in which the one Transpose reading ``y`` is a view (lower_transpose): its
+    output then lies row-major (or as its readers want) without a copy. Attention's P·V
+    [B, h, N, d] transposed to [B, N, h, d] before the output projection: the matmul writes
+    [B, N, h, d] itself (strides of ``acbd``; brgemm takes them). None when y has other
+    readers, is a graph output, or the matmul already writes that layout."""
+    readers = ctx.graph.consumers(y)
+    if len(readers) != 1 or readers[0][0].op is not Op.TRANSPOSE or ctx.is_output(y):
+        return None
+    transpose = readers[0][0]
+    out = transpose.outputs[0]
+    if ctx.is_output(out) or pd.dst_md is None:
+        return None
+    dtype = pd.dst_md.dtype
+    wanted = ctx.preferred(out, dtype)
+    if wanted is None or not wanted.is_plain:
+        wanted = plain_md(ctx.info(out).shape, dtype)
+    strides = [0] * len(transpose.attrs.perm)
+    for i, axis in enumerate(transpose.attrs.perm):
+        strides[axis] = (wanted.strides or ())[i]
+    md = MemoryDesc.from_strides(ctx.info(y).shape, dtype, strides)
+    return None if same_bytes(md, pd.dst_md) else md
 
 
 def _weights_source(ctx: LowerContext, value: str) -> Callable[[PrimitiveDesc], str]:

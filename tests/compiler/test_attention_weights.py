@@ -42,3 +42,36 @@ def test_scaled_keys_are_written_as_s8() -> None:
     steps = np.abs(got - want) / 0.05
     assert steps.max() <= 1 + 1e-4 and np.mean(steps < 1e-4) > 0.99
     np.testing.assert_array_equal(got, compile_model(m, mode="unfused").run(feeds)["y"])
+
+
+def _heads_merged():
+    """P·V [1, 2, 16, 8] quantized, transposed to [1, 16, 2, 8] and reshaped to [1, 16, 16]
+    for the output projection: the heads merged as every ViT does."""
+    nodes = [*qdq_pair("p", "p", "pd"), *qdq_pair("v", "v", "vd"),
+             helper.make_node("MatMul", ["pd", "vd"], ["o"]), *qdq_pair("o", "o", "od"),
+             helper.make_node("Transpose", ["od"], ["ot"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["ot", "shape"], ["y"])]
+    inits = [init("ps", np.array(1 / 255, F)), init("pz", np.array(0, np.uint8)),
+             init("vs", np.array(0.02, F)), init("vz", np.array(120, np.uint8)),
+             init("os", np.array(0.03, F)), init("oz", np.array(128, np.uint8)),
+             init("shape", np.array([1, 16, 16], np.int64))]
+    return model(nodes, {"p": ((1, 2, 16, 16), TensorProto.FLOAT),
+                         "v": ((1, 2, 16, 8), TensorProto.FLOAT)}, ["y"], inits, opset=13)
+
+
+def test_heads_are_merged_by_the_matmul_store() -> None:
+    """The matmul writes [B, h, N, d] in the strides of [B, N, h, d] (lower_matmul
+    ``_transposed_dst``): the Transpose is a view, no reorder copies it; same values."""
+    m = _heads_merged()
+    compiled = compile_model(m)
+    kernels = compiled.inspect()["kernels"]
+    assert [k["primitive"] for k in kernels if k["op"] in ("MatMul", "Transpose")] == ["matmul"]
+    (mm,) = [k for k in kernels if k["op"] == "MatMul"]
+    assert mm["dst_layouts"] == ["u8 (1, 2, 16, 8) strides=(256, 8, 16, 1)"]
+    rng = np.random.default_rng(6)
+    feeds = {"p": rng.uniform(0, 1, (1, 2, 16, 16)).astype(F),
+             "v": rng.uniform(-2, 2, (1, 2, 16, 8)).astype(F)}
+    got = compiled.run(feeds)["y"]
+    np.testing.assert_array_equal(got, compile_model(m, mode="unfused").run(feeds)["y"])
+    steps = np.abs(got - run_ort(m, feeds, optimized=False)[0]) / 0.03
+    assert steps.max() <= 1 + 1e-4
