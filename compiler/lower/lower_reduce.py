@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
@@ -67,6 +68,7 @@ from qfuse.runtime.onednn import (
     binary,
     eltwise,
     lrn,
+    pooling,
     reduction,
 )
 
@@ -124,6 +126,8 @@ def lower_reduce(ctx: LowerContext, node: Node) -> None:
     pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, dtype)])
     if is_slow(pd.impl_name, "reduction"):
         if node.op in NORM_BY_SUM and _norm_by_sum(ctx, node, kept):
+            return
+        if node.op is Op.REDUCE_MAX and _as_max_pooling(ctx, node, dtype):
             return
         if _reduced_innermost(ctx, node, alg, p, eps, dtype, kept):
             return
@@ -260,6 +264,53 @@ def _reduce_moved(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
     dst = ctx.temp(f"{y}@reduce_order", plain_md(moved_kept, dtype), alias=out)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): view, int(Arg.DST): dst},
                       info=ctx.info_for(node, optimizations=[optimization]))
+
+
+def _merged(dims: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
+    """(elements, stride) of neighbouring dims seen as one, (1, 1) for none; None when their
+    strides do not nest (one dim cannot step through them)."""
+    size, stride = 1, 1
+    for d, st in reversed([(d, st) for d, st in zip(dims, strides, strict=True) if d != 1]):
+        if size > 1 and st != stride * size:
+            return None
+        if size == 1:
+            stride = st
+        size *= d
+    return size, stride
+
+
+def _as_max_pooling(ctx: LowerContext, node: Node, dtype: DataType) -> bool:
+    """ReduceMax over one axis R with the dims after it unit-stride in x's layout: a max
+    pooling of window R over x seen as (outer, inner, R) channels-last, inner the channels.
+    Hiera's mask-unit attention takes the max over 4 query strides of an s8 [1, h, 49, 4, 16,
+    d] tensor: oneDNN's reduction has no jit kernel for a middle axis (``ref:any``, 2 kernels
+    near 20 ms each), its int8 max pooling has. The max picks an element: exact. False when
+    the dims do not merge so or the pooling is not jit either."""
+    attrs: ReduceAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    src = ctx.home_slot(x)
+    md = ctx.slots[src].md
+    if len(attrs.axes) != 1 or not md.is_plain or md.dtype != dtype:
+        return False
+    axis, dims, strides = attrs.axes[0], md.dims, md.strides or ()
+    outer = _merged(dims[:axis], strides[:axis])
+    inner = _merged(dims[axis + 1:], strides[axis + 1:])
+    if outer is None or inner is None or inner[1] != 1:
+        return False
+    (n, sn), (c, _), r = outer, inner, dims[axis]
+    view = MemoryDesc.from_strides((n, c, r), dtype, (sn, 1, strides[axis]))
+    kept = MemoryDesc.from_strides((n, c, 1), dtype, (c, 1, c))
+    try:
+        pd = pooling(Alg.pooling_max, view, kept, kernel=(r,), strides=(r,))
+    except DnnlError:
+        return False
+    if is_slow(pd.impl_name, "pooling"):
+        return False
+    out = ctx.define(y, plain_md(ctx.info(y).shape, dtype))
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): ctx.temp(f"{x}@windows", view, alias=src),
+                                      int(Arg.DST): ctx.temp(f"{y}@windows", kept, alias=out)},
+                      info=ctx.info_for(node, optimizations=["max_pooling"]))
+    return True
 
 
 def _innermost_order(node: Node, dims: tuple[int, ...]) -> tuple[list[int], list[int]]:

@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort, run_reference, single
 
 from qfuse.compiler.api import compile_model
+from qfuse.compiler.lower import lower_reduce
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Op
 
@@ -249,3 +250,39 @@ def test_quantized_max_and_min_reduce_the_integers_bit_exact(op: str, zp: int,
     name = "u8" if dtype is np.uint8 else "s8"
     assert reduce_kernel["src_dtype"] == reduce_kernel["dst_dtype"] == name
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
+
+
+@pytest.mark.parametrize(("dtype", "shape", "axis"), [(np.int8, (1, 2, 49, 4, 16, 24), 3),
+                                                      (np.uint8, (2, 5, 3, 7, 24), 2)])
+def test_max_over_a_middle_axis_is_a_max_pooling(dtype: type, shape: tuple[int, ...],
+                                                 axis: int, monkeypatch) -> None:
+    """ReduceMax over a middle axis of a matmul's quantized output seen through a Reshape (its
+    layout fixed): oneDNN's reduction runs that on ``ref:any`` only; a max pooling of window R
+    over (outer, inner, R) is jit, and the max picks an element: the output equals the
+    reduction's own. Hiera's mask-unit attention on s8 queries [1, h, 49, 4, 16, d] first (2
+    kernels near 20 ms each before)."""
+    rows, width = int(np.prod(shape[:-1])), shape[-1]
+    zp = np.array(3, dtype)
+    w = RNG.integers(-50, 50, (width, width)).astype(np.int8)
+    qp = [init("s", np.array(0.05, F32)), init("zp", zp), init("w", w),
+          init("ws", np.array(0.01, F32)), init("wz", np.array(0, np.int8)),
+          init("shape", np.array(shape, np.int64))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
+             helper.make_node("MatMul", ["d", "wd"], ["mm"]),
+             helper.make_node("QuantizeLinear", ["mm", "s", "zp"], ["mq"]),
+             helper.make_node("DequantizeLinear", ["mq", "s", "zp"], ["md"]),
+             helper.make_node("Reshape", ["md", "shape"], ["r6"]),
+             helper.make_node("ReduceMax", ["r6"], ["r"], axes=[axis], keepdims=1),
+             helper.make_node("QuantizeLinear", ["r", "s", "zp"], ["y"])]
+    m = model(nodes, {"x": ([rows, width], FLOAT)}, ["y"], qp, opset=13)
+    x = (RNG.standard_normal((rows, width)) * 2).astype(F32)
+    compiled = compile_model(m)
+    kernels = compiled.inspect()["kernels"]
+    (pool,) = [k for k in kernels if k["op"] == "ReduceMax"]
+    assert pool["primitive"] == "pooling" and "max_pooling" in pool["optimizations"]
+    assert not [k for k in kernels if k["impl"].startswith("ref")]
+    monkeypatch.setattr(lower_reduce, "_as_max_pooling", lambda *args: False)
+    plain = compile_model(m)  # oneDNN's reduction itself, on the same integers
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], plain.run({"x": x})["y"])
