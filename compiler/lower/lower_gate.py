@@ -70,6 +70,7 @@ from qfuse.compiler.lower.layouts import (
     same_bytes,
 )
 from qfuse.ir import Node, Op
+from qfuse.runtime.onednn.attr import MAX_POST_OPS
 from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
 from qfuse.runtime.onednn import (
     Alg,
@@ -123,14 +124,16 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         f32 = plain
     fused = node.fused
     int_source = fused is not None and fused.src_scale is not None
-    if ctx.options.mode == "unfused":
+    too_long = _too_long(node)
+    if ctx.options.mode == "unfused" or too_long:
         if int_source:
             assert fused is not None and fused.src_scale is not None
             src, _ = unfused.dequantized(ctx, x, fused.src_scale, fused.src_zero_point, f32)
         else:
             src = ctx.source(x, f32)
         work = ctx.temp(f"{y}@chain", f32)
-        ctx.add_reorder(src, work, role="op", note=f"unfused copy of the input of {node}")
+        ctx.add_reorder(src, work, role="op", note=too_long or f"unfused copy of the input of "
+                                                             f"{node}")
         unfused.finish_chain(ctx, node, work, channel_axis=1)
         return
     composed = node.meta.get("composed")
@@ -200,6 +203,22 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
                         post_op_details=details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
+
+
+def _too_long(node: Node) -> str:
+    """Why the fused chain runs op by op (the unfused mode's kernels, the same operations):
+    its post-ops, with a dequantized source's multiply, pass oneDNN's limit of MAX_POST_OPS a
+    primitive. "" when they fit, or in the unfused mode (no composed attributes). GELU's tanh
+    form written out, ``x·0.5·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` with a Q/DQ pair after
+    each of its nine operations (EfficientViT-L1 QDQ), composes to 45."""
+    composed = node.meta.get("composed")
+    if not isinstance(composed, Composed):
+        return ""
+    count = len(as_float_post_ops(composed).post_ops) + 1
+    if count <= MAX_POST_OPS:
+        return ""
+    return (f"the chain of {node} composes to {count} post-ops, more than oneDNN's "
+            f"{MAX_POST_OPS}: it runs op by op, on this float32 copy of its input")
 
 
 def int8_operand(ctx: LowerContext, node: Node) -> tuple[int, str, float, str] | None:
@@ -411,8 +430,26 @@ def _slow_as_laid_out(ctx: LowerContext, node: Node, finish: Composed,
 
 def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
                      first: TensorBinary | None, ports: list[int], zp: int | None,
-                     composed: Composed, *, slow: bool,
-                     source: tuple[MemoryDesc, Callable[[], str]] | None = None) -> bool:
+                     composed: Composed, *, slow: bool) -> bool:
+    """``_memory_order_kernel`` emitted at once: False, emitting nothing, when it declines."""
+    emit = _memory_order_kernel(ctx, node, finish, first, ports, zp, composed, slow=slow)
+    if emit is None:
+        return False
+    emit()
+    return True
+
+
+# Where a regrouped chain reads (its descriptor, and a callback naming the slot, called when
+# the kernel is emitted) and writes (the dtype, a callback naming a slot for a descriptor,
+# and the kernel's name): x and y, and the node's name, unless given.
+Source = tuple[MemoryDesc, Callable[[], str]]
+Target = tuple[DataType, Callable[[MemoryDesc], str], str]
+
+
+def _memory_order_kernel(ctx: LowerContext, node: Node, finish: Composed,
+                         first: TensorBinary | None, ports: list[int], zp: int | None,
+                         composed: Composed, *, slow: bool, source: Source | None = None,
+                         target: Target | None = None) -> Callable[[], None] | None:
     """The chain over x's own bytes with its dims in memory order, neighbours merged
     (layouts.memory_order_groups): the same operations element for element, so
     bit-identical; operands read in x's dim order (a reorder of a small broadcast one, else as
@@ -435,13 +472,14 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
       (``_tile_factor``): a constant at compile time, a run-time one (a squeeze-excitation
       gate) by a small kernel of its own, ``1·g`` (exact).
 
-    ``source``: the chain reads, instead of x, a slot of that descriptor which the callback
-    makes (and names) only once the kernel is certain (``_split_at_operand``)."""
+    Returns the function that emits the kernel, or None (nothing emitted) when it declines.
+    ``source`` / ``target``: the chain reads / writes, instead of x / y, slots the callbacks
+    make and name when the kernel is emitted (``_split_at_operand``)."""
     x, y = node.inputs[0], node.outputs[0]
     home = ctx.md_of(x) if source is None else source[0]
     yinfo = ctx.info(y)
     if home.dtype != DataType.f32 and zp is None:
-        return False
+        return None
     ndims = len(yinfo.shape)
     dims = {p: (1,) * (ndims - len(ctx.info(node.inputs[p]).shape))
             + tuple(ctx.info(node.inputs[p]).shape) for p in ports}
@@ -450,22 +488,22 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
                    if isinstance(op, Binary) and not one_value(op.values)]
     if per_channel and (ndims < 2 or any(np.asarray(op.values).size != channels
                                          for op in per_channel)):
-        return False
+        return None
     operands = [*dims.values(), *([per_channel_dims(ndims, 1, channels)] if per_channel else [])]
     groups = memory_order_groups(home, operands)
     if groups is None or (per_channel and groups[-1] != (1,)):
-        return False
+        return None
     out = tuple(home.dims)
     tile = _tile_factor(groups, out, operands,
                         [dims[p] for p in ports if ctx.const(node.inputs[p]) is None])
     if not slow and tile == 1 and (len(groups) > 1 or is_row_major(home)):
-        return False
+        return None
     if per_channel:  # the channels are the last dim of the view, tiled with it
         finish = replace(finish, channels=channels * tile, post_ops=[
             Binary(op.alg, np.tile(np.asarray(op.values, np.float32).ravel(), tile))
             if isinstance(op, Binary) and not one_value(op.values) else op
             for op in finish.post_ops])
-    dst_type = dnnl_type(yinfo.dtype)
+    dst_type = dnnl_type(yinfo.dtype) if target is None else target[0]
 
     def kernel(lead: int, slot_of: Callable[[int], tuple[str, MemoryDesc]],
                src: MemoryDesc, dst: MemoryDesc
@@ -480,8 +518,20 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
 
     found = first_fast("binary", (0, 1), probe)
     if found is None:
-        return False
+        return None
     lead = found[0]
+    return lambda: _emit_in_order(ctx, node, finish, first, ports, composed, groups, dims,
+                                  out, home, dst_type, lead, tile, kernel, source, target)
+
+
+def _emit_in_order(ctx: LowerContext, node: Node, finish: Composed, first: TensorBinary | None,
+                   ports: list[int], composed: Composed, groups: tuple[tuple[int, ...], ...],
+                   dims: dict[int, tuple[int, ...]], out: tuple[int, ...], home: MemoryDesc,
+                   dst_type: DataType, lead: int, tile: int,
+                   kernel: Callable[..., tuple[PrimitiveDesc, BuiltAttr, np.ndarray | None]],
+                   source: Source | None, target: Target | None) -> None:
+    """The kernel ``_memory_order_kernel`` planned, with its operands laid out."""
+    x, y = node.inputs[0], node.outputs[0]
 
     def view(d: tuple[int, ...], t: DataType, k: int = tile) -> MemoryDesc:
         return grouped_md(groups, d, t, lead, k)
@@ -512,8 +562,9 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
         slots[port] = (ctx.temp(f"{value}@rows", md, alias=wide), md)
     src = ctx.temp(f"{x}@order", view(out, home.dtype),
                    alias=ctx.home_slot(x) if source is None else source[1]())
-    dst = ctx.temp(f"{y}@order", view(out, dst_type),
-                   alias=ctx.define(y, dense_in_order(home, out, dst_type)))
+    laid_out = dense_in_order(home, out, dst_type)
+    whole = ctx.define(y, laid_out) if target is None else target[1](laid_out)
+    dst = ctx.temp(f"{whole}@order", view(out, dst_type), alias=whole)
     pd, built, operand = kernel(lead, slots.__getitem__, ctx.slots[src].md, ctx.slots[dst].md)
     args = {int(Arg.SRC_0): src, int(Arg.DST): dst, **built.slot_args}
     fixed = dict(built.fixed)
@@ -528,22 +579,26 @@ def _in_memory_order(ctx: LowerContext, node: Node, finish: Composed,
     fired = [*composed.fired, "memory_order", *(["tiled_rows"] if tile > 1 else [])]
     info = ctx.info_for(node, optimizations=fired, post_ops=names, post_op_details=details,
                         rounding=composed.rounding())
-    ctx.add_primitive(node.name, pd, args, fixed, info=info)
-    return True
+    ctx.add_primitive(node.name if target is None else target[2], pd, args, fixed, info=info)
 
 
 def _split_at_operand(ctx: LowerContext, node: Node, finish: Composed,
                       first: TensorBinary | None, f32: MemoryDesc, composed: Composed,
                       tensor_slot: Callable[[int], tuple[str, MemoryDesc]]) -> bool:
-    """A chain whose post-op reading a tensor broadcasts in a way oneDNN 3.2's jit binary
-    takes as the primitive's own operation but not as a post-op, in one kernel or regrouped:
-    MobileViTv2's separable attention, ``relu(v)·c`` quantized on both sides with the context
-    vector c [1, C, P, 1] broadcast along the patches of a channels-last v: ``ref:any``, 2-5 ms
-    a kernel, the regrouped (P, N, C) view too. Two kernels then: the chain up to that post-op
-    writes float32 (the values it would have held; exact), and that post-op is the second
-    kernel's own operation with the rest as its post-ops, regrouped in memory order (P, N, C
-    with c as (P, 1, C): jit). False, emitting nothing, when either kernel would still be
-    slow."""
+    """A chain reading a tensor through a post-op that broadcasts in a way oneDNN 3.2's jit
+    binary takes as the primitive's own operation but not as a post-op, in one kernel or
+    regrouped. Two kernels then: the chain up to that post-op writes float32 (the values it
+    would have held: exact), and that post-op is the second kernel's own operation with the
+    rest as its post-ops, regrouped in memory order; the first kernel is regrouped too where
+    it must be. False, emitting nothing, when either would still be slow.
+
+    - MobileViTv2's separable attention, ``relu(v)·c`` quantized on both sides with the
+      context vector c [1, C, P, 1] broadcast along the N patches of a channels-last v:
+      ``ref:any``, 2-5 ms a kernel; then (P, N, C) with c as (P, 1, C).
+    - MViTv2's decomposed relative positions, ``a + r_w`` quantized, ``+ r_h``, quantized,
+      with r_w [.., kH, 1]... broadcast along kW and r_h along kH of the scores a [B, h, qH,
+      qW, kH, kW] (up to 68 ms a kernel): each sum is a kernel's own operation over two or
+      three merged dims."""
     index = next((i for i, op in enumerate(finish.post_ops) if isinstance(op, TensorBinary)),
                  None)
     if index is None or (index == 0 and first is None):
@@ -552,38 +607,69 @@ def _split_at_operand(ctx: LowerContext, node: Node, finish: Composed,
     assert isinstance(middle, TensorBinary)
     head = replace(finish, post_ops=finish.post_ops[:index])
     tail = replace(finish, post_ops=finish.post_ops[index + 1:])
-    ports = _operand_ports(tail, middle)
+    ports, head_ports = _operand_ports(tail, middle), _operand_ports(head, first)
     x, y = node.inputs[0], node.outputs[0]
-    rank = len(ctx.info(y).shape)
-    if ports is None or ctx.md_of(x).dtype != DataType.f32:
+    shape = ctx.info(y).shape
+    if ports is None or head_ports is None or ctx.md_of(x).dtype != DataType.f32:
         return False
-    try:
-        head_pd, built, operand = _chain_kernel(head, first, f32, f32, rank, tensor_slot, None)
-    except DnnlError:
-        return False
-    if is_slow(head_pd.impl_name, "binary"):
-        return False
+    name, note = f"{node.name}:before_{middle.alg}", (
+        f"the chain up to its binary_{middle.alg} (input {middle.port}), float32: as one "
+        "kernel it runs on a reference kernel")
+    made: list[str] = []
 
-    def emit_head() -> str:
-        src = ctx.source(x, f32)
-        out = ctx.temp(f"{y}@before_{middle.alg}", f32)
-        args = {int(Arg.SRC_0): src, int(Arg.DST): out, **built.slot_args}
+    def temp(md: MemoryDesc) -> str:
+        made.append(ctx.temp(f"{y}@before_{middle.alg}", md))
+        return made[0]
+
+    emit_head = _plain_head(ctx, node, head, first, f32, tensor_slot, name, note, temp)
+    head_md = f32
+    if emit_head is None:
+        emit_head = _memory_order_kernel(ctx, node, head, first, head_ports, None, composed,
+                                         slow=True, target=(DataType.f32, temp, name))
+        head_md = dense_in_order(ctx.md_of(x), shape, DataType.f32)
+    if emit_head is None:
+        return False
+    head_emitter = emit_head
+
+    def source() -> str:
+        head_emitter()
+        return made[0]
+
+    emit_tail = _memory_order_kernel(ctx, node, tail, middle, ports, None, composed, slow=True,
+                                     source=(head_md, source))
+    if emit_tail is None:
+        return False
+    emit_tail()
+    return True
+
+
+def _plain_head(ctx: LowerContext, node: Node, head: Composed, first: TensorBinary | None,
+                f32: MemoryDesc, tensor_slot: Callable[[int], tuple[str, MemoryDesc]],
+                name: str, note: str, temp: Callable[[MemoryDesc], str]
+                ) -> Callable[[], None] | None:
+    """The first part of a split chain as one kernel in the layout ``f32`` (x's), writing a
+    float32 slot ``temp`` makes; None when oneDNN runs that on a slow kernel."""
+    rank = len(ctx.info(node.outputs[0]).shape)
+    try:
+        pd, built, operand = _chain_kernel(head, first, f32, f32, rank, tensor_slot, None)
+    except DnnlError:
+        return None
+    if is_slow(pd.impl_name, "binary"):
+        return None
+
+    def emit() -> None:
+        args = {int(Arg.SRC_0): ctx.source(node.inputs[0], f32), int(Arg.DST): temp(f32),
+                **built.slot_args}
         fixed = dict(built.fixed)
         if first is not None:
             args[int(Arg.SRC_1)] = tensor_slot(first.port)[0]
         else:
             assert operand is not None
             fixed[int(Arg.SRC_1)] = const_memory(operand)
-        ctx.add_primitive(f"{node.name}:before_{middle.alg}", head_pd, args, fixed,
-                          info=ctx.info_for(node, post_ops=built.names,
-                                            post_op_details=built.details,
-                                            note=f"the chain up to its binary_{middle.alg} "
-                                                 f"(input {middle.port}), float32: as one "
-                                                 "kernel it runs on a reference kernel"))
-        return out
+        ctx.add_primitive(name, pd, args, fixed, info=ctx.info_for(
+            node, post_ops=built.names, post_op_details=built.details, note=note))
 
-    return _in_memory_order(ctx, node, tail, middle, ports, None, composed, slow=True,
-                            source=(f32, emit_head))
+    return emit
 
 
 def _repeated(row: MemoryDesc, tile: int) -> bool:
