@@ -25,11 +25,9 @@ Which chains: from a DequantizeLinear of a run-time 8-bit tensor q (per tensor),
 elementwise ops (``ELEMENTWISE``; an island of unary elementwise ONNX ops) whose every input
 is q's dequantized value, a value of the chain, or a one-element constant, all of q's shape;
 up to the last QuantizeLinear to 8 bits whose chain's values nothing else reads. Only a chain
-with an island, or one too long for a oneDNN primitive's post-ops: the jit binary kernels of
-lower_gate run a chain of oneDNN operations at 0.2-0.3 ns an element, faster than the table,
-but only up to 32 post-ops, beyond which the chain would run op by op (GELU's tanh form with
-a Q/DQ pair after each of its nine operations, EfficientViT-L1 QDQ: 45 post-ops). Any size:
-an island's call costs more than a look-up of a small tensor (Whisper's encoder, tiny: 0.24 → 0.16 ms). Not in the unfused mode
+with an island: the jit binary kernels of lower_gate run a chain of oneDNN operations at
+0.2-0.3 ns an element, faster than the table. Any size: an island's call costs more than a
+look-up of a small tensor (Whisper's encoder, tiny: 0.24 → 0.16 ms). Not in the unfused mode
 (compiler/modes.py), which runs each op by itself.
 """
 
@@ -42,7 +40,6 @@ from qfuse.ir.ops import UNARY_ELEMENTWISE, IslandAttrs, TableAttrs
 from qfuse.passes.base import PassContext
 from qfuse.passes.canonicalize_arith import constant_value
 from qfuse.passes.replace import replace_nodes
-from qfuse.runtime.onednn.attr import MAX_POST_OPS
 from qfuse.runtime.reference.interpreter import run_node
 
 ELEMENTWISE = frozenset({
@@ -117,14 +114,14 @@ def _region(graph: Graph, dq: Node) -> tuple[str, list[Node], Node, bool] | None
             inside[reader.name] = reader
             produced.update(reader.outputs)
             pending.extend(reader.outputs)
-    if not _worth_a_table(list(inside.values())):
+    if not any(n.op is Op.ISLAND for n in inside.values()):
         return None
     order = [n for n in graph.topo_order() if n.name in inside]
     for end in reversed(order):
         if end.op is not Op.QUANTIZE_LINEAR:
             continue
         chain = _ancestors(graph, end, inside)
-        if not _worth_a_table(chain):
+        if not any(n.op is Op.ISLAND for n in chain):
             continue
         names = {n.name for n in chain}
         keep = False
@@ -142,16 +139,6 @@ def _region(graph: Graph, dq: Node) -> tuple[str, list[Node], Node, bool] | None
         if closed:
             return q, [n for n in order if n.name in names], end, keep
     return None
-
-
-def _worth_a_table(chain: list[Node]) -> bool:
-    """A chain with an island, or one whose oneDNN post-ops would pass the MAX_POST_OPS of a
-    primitive (a quantize composes to three: divide, round, clip; the rest to about one
-    each): op by op it would be a kernel per operation (module docstring)."""
-    if any(n.op is Op.ISLAND for n in chain):
-        return True
-    post_ops = sum(3 if n.op is Op.QUANTIZE_LINEAR else 1 for n in chain)
-    return post_ops > MAX_POST_OPS
 
 
 def _ancestors(graph: Graph, end: Node, inside: dict[str, Node]) -> list[Node]:

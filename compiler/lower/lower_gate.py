@@ -124,7 +124,7 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         f32 = plain
     fused = node.fused
     int_source = fused is not None and fused.src_scale is not None
-    too_long = _too_long(node)
+    too_long = _too_long(node) if int_source else ""
     if ctx.options.mode == "unfused" or too_long:
         if int_source:
             assert fused is not None and fused.src_scale is not None
@@ -164,6 +164,9 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
         finish = replace(finish, post_ops=finish.post_ops[1:])
     mine = first if own else None
     assert mine is None or isinstance(mine, TensorBinary)
+    if len(finish.post_ops) > MAX_POST_OPS:  # a float32 source's (``_too_long``)
+        _in_parts(ctx, node, finish, mine, f32, composed, tensor_slot)
+        return
     ports = _operand_ports(finish, mine)
     zp = fused.src_zero_point if int_source and fused is not None else None
     if ports is not None:
@@ -206,11 +209,10 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
 
 
 def _too_long(node: Node) -> str:
-    """Why the fused chain runs op by op (the unfused mode's kernels, the same operations):
-    its post-ops, with a dequantized source's multiply, pass oneDNN's limit of MAX_POST_OPS a
-    primitive. "" when they fit, or in the unfused mode (no composed attributes). GELU's tanh
-    form written out, ``x·0.5·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` with a Q/DQ pair after
-    each of its nine operations (EfficientViT-L1 QDQ), composes to 45."""
+    """Why a chain on a dequantized 8-bit source runs op by op (the unfused mode's kernels,
+    the same operations): its post-ops, with the dequantize's multiply, pass oneDNN's limit of
+    MAX_POST_OPS a primitive (a float32 source's chain is split instead, ``_in_parts``). ""
+    when they fit, or in the unfused mode (no composed attributes)."""
     composed = node.meta.get("composed")
     if not isinstance(composed, Composed):
         return ""
@@ -219,6 +221,45 @@ def _too_long(node: Node) -> str:
         return ""
     return (f"the chain of {node} composes to {count} post-ops, more than oneDNN's "
             f"{MAX_POST_OPS}: it runs op by op, on this float32 copy of its input")
+
+
+def _in_parts(ctx: LowerContext, node: Node, finish: Composed, first: TensorBinary | None,
+              f32: MemoryDesc, composed: Composed,
+              tensor_slot: Callable[[int], tuple[str, MemoryDesc]]) -> None:
+    """A float32 chain with more post-ops than a oneDNN primitive holds (MAX_POST_OPS) as
+    several binary kernels of at most that many, each but the last writing the float32 value
+    the chain holds where it stops (exact: the next reads it back as it was). GELU's tanh
+    form written out, ``x·0.5·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`` with a Q/DQ pair after
+    each of its nine operations (EfficientViT-L1 QDQ), composes to 45: two kernels."""
+    x, y = node.inputs[0], node.outputs[0]
+    yinfo = ctx.info(y)
+    ops = finish.post_ops
+    pieces = [ops[i:i + MAX_POST_OPS] for i in range(0, len(ops), MAX_POST_OPS)]
+    src = ctx.source(x, f32)
+    why = (f"{len(ops)} post-ops, more than oneDNN's {MAX_POST_OPS} a primitive: the chain "
+           f"in {len(pieces)} kernels")
+    for i, piece in enumerate(pieces):
+        last = i == len(pieces) - 1
+        dst_md = md_like(f32, dnnl_type(yinfo.dtype)) if last else f32
+        assert dst_md is not None
+        pd, built, operand = _chain_kernel(replace(finish, post_ops=piece), first,
+                                           ctx.slots[src].md, dst_md, len(yinfo.shape),
+                                           tensor_slot, None)
+        dst = ctx.define(y, dst_md) if last else ctx.temp(f"{y}@part{i}", f32)
+        args = {int(Arg.SRC_0): src, int(Arg.DST): dst, **built.slot_args}
+        fixed = dict(built.fixed)
+        if first is not None:
+            args[int(Arg.SRC_1)] = tensor_slot(first.port)[0]
+        else:
+            assert operand is not None
+            fixed[int(Arg.SRC_1)] = const_memory(operand)
+        names = built.names if first is None else [f"binary_{first.alg}", *built.names]
+        info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
+                            post_op_details=built.details, note=why,
+                            rounding=composed.rounding() if last else "")
+        ctx.add_primitive(node.name if last else f"{node.name}:part{i}", pd, args, fixed,
+                          info=info)
+        src, first = dst, None
 
 
 def int8_operand(ctx: LowerContext, node: Node) -> tuple[int, str, float, str] | None:

@@ -94,6 +94,7 @@ from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import any_md, channels_last, dense_in_order, dnnl_type, plain_md
 from qfuse.ir import DType, Graph, Node, Op
+from qfuse.runtime.reference.interpreter import run_node
 from qfuse.ir.postops import Composed
 from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
@@ -254,8 +255,43 @@ def lower_resize(ctx: LowerContext, node: Node) -> None:
         _lower_nearest(ctx, node, decision.note, Alg.resampling_linear)
     elif decision.how == "numpy_cl":
         _lower_linear(ctx, node, decision.note)
+    elif node.attrs.mode is ResizeMode.NEAREST:
+        _nearest_gather(ctx, node, decision.note)
     else:
         lower_numpy(ctx, node, note=decision.note)
+
+
+def _nearest_gather(ctx: LowerContext, node: Node, note: str) -> None:
+    """A nearest Resize oneDNN's indices do not match, as one numpy gather: every output
+    element's input index (ONNX's, per axis, ``nearest_indices``) flattened at compile time,
+    ``np.take`` at run time. A fused chain (the dequantize fold_resize_dequantize gave it) is
+    elementwise, so it runs first on the small input (the reference's own evaluation of the
+    node without resizing) and the gather picks its results: the same values. GhostNetV2's
+    gates, [1, 960, 3, 3] to 7 x 7 (asymmetric / floor: output 2 reads input 0, oneDNN's 1),
+    took 0.12 ms each in the reference's generic Resize."""
+    attrs: ResizeAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    shape = ctx.info(x).shape
+    picks = [nearest_indices(attrs, shape, axis) for axis in range(len(shape))]
+    index = np.ravel_multi_index(np.ix_(*(np.arange(d) if p is None else p
+                                          for d, p in zip(shape, picks, strict=True))),
+                                 shape).astype(np.intp).ravel()
+    same = replace(node.attrs, sizes=tuple(shape), scales=(1.0,) * len(shape))
+    small = Node(node.name, node.op, same, list(node.inputs), list(node.outputs),
+                 list(node.origin), node.meta, node.fused)
+    graph, composed = ctx.graph, "composed" in node.meta
+    dtype = ctx.info(y).dtype.np
+
+    def gather(arrays: list[np.ndarray], outs: list[np.ndarray]) -> None:
+        values = arrays[0]
+        if node.fused:
+            values = run_node(small, [values], graph, composed=composed)[0]
+        np.take(np.asarray(values, dtype).reshape(-1), index, out=outs[0].reshape(-1))
+
+    ctx.add_numpy(node.name, gather,  # type: ignore[arg-type]  (fn(inputs, outputs), into=True)
+                  [ctx.plain_source(x)], [ctx.define_plain(y)],
+                  ctx.info_for(node, note=note + "; one numpy gather of precomputed indices"),
+                  into=True)
 
 
 def _lower_nearest(ctx: LowerContext, node: Node, note: str,

@@ -122,7 +122,34 @@ def test_declined_nearest_runs_in_numpy_and_says_why(ctm: str, nearest: str,
     kernel = _resize_kernel(plan)
     assert kernel["primitive"] == "numpy"
     assert "oneDNN's nearest would read" in kernel["note"], kernel["note"]
+    assert "one numpy gather" in kernel["note"]
     assert plan.inspect()["numpy_kernels"] == 1
+
+
+def test_declined_nearest_with_its_dequantize_gathers_the_dequantized_values() -> None:
+    """GhostNetV2's gate: a sigmoid's u8 output dequantized after a nearest Resize to an odd
+    size (3 → 7, asymmetric / floor: oneDNN's indices differ), read in float32 by a Mul. The
+    Resize carries the dequantize (fold_resize_dequantize); the gather picks the dequantized
+    values of the small input: the same float32 bits as the reference."""
+    s, zp = init("s", np.float32(1 / 255)), init("zp", np.uint8(0))
+    nodes = [helper.make_node("QuantizeLinear", ["g", "s", "zp"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"]),
+             helper.make_node("Resize", ["q", "", "", "sizes"], ["r"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+             helper.make_node("DequantizeLinear", ["r", "s", "zp"], ["rd"]),
+             helper.make_node("Mul", ["rd", "v"], ["y"])]
+    m = model(nodes, {"g": ([1, 16, 3, 3], TensorProto.FLOAT),
+                      "v": ([1, 16, 7, 7], TensorProto.FLOAT)}, ["y", "d"],
+              [s, zp, init("sizes", np.array([1, 16, 7, 7], np.int64))])
+    feeds = {"g": RNG.uniform(0, 1, (1, 16, 3, 3)).astype(F32),
+             "v": RNG.standard_normal((1, 16, 7, 7)).astype(F32)}
+    compiled = compile_model(m)
+    (kernel,) = [k for k in compiled.inspect()["kernels"] if k["op"] == "Resize"]
+    assert kernel["primitive"] == "numpy" and "one numpy gather" in kernel["note"]
+    assert any("DequantizeLinear" in a for a in kernel["absorbed"][1:]), kernel["absorbed"]
+    got = compiled.run(feeds)["y"]
+    np.testing.assert_array_equal(got, run_ort(m, feeds, optimized=False)[0])
+    np.testing.assert_array_equal(got, compile_model(m, mode="reference").run(feeds)["y"])
 
 
 @pytest.mark.parametrize("shape,out,why", [
