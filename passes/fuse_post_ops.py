@@ -96,6 +96,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -712,6 +713,10 @@ def _absorb(graph: Graph, node: Node, state: _State, reader: Node, out_info: Ten
             raise _Stop(reader, f"post-op: {reader}: operand '{other}' is not a constant")
         values, why = channel_values(data, state.info.shape,
                                      channel_axis(node, state.info.rank))
+        if values is None and op in (Op.MUL, Op.ADD):
+            whole = _whole_constant(graph, node, data, state.info.shape, other)
+            if whole is not None:
+                return _tensor_operand(graph, node, state, reader, whole, out_info)
         if values is None:
             raise _Stop(reader, f"post-op: {reader}: operand '{other}' {why}")
         item: ChainOp = (Shift.of(values) if op is Op.ADD else Scale.of(values)
@@ -801,6 +806,28 @@ def _tensor_operand(graph: Graph, node: Node, state: _State, mul: Node, other: s
     new.chain.append(TensorOperand(new.inputs.index(other),
                                    "add" if mul.op is Op.ADD else "mul"))
     return new
+
+
+# Largest constant operand stored at the chain's full size (``_whole_constant``).
+WHOLE_CONSTANT_BYTES = 16 << 20
+
+
+def _whole_constant(graph: Graph, node: Node, data: np.ndarray, shape: tuple[int, ...],
+                    value: str) -> str | None:
+    """A constant Mul / Add operand of a matmul's chain that varies along other dims than
+    the channels (attention's position bias, [h, N, N] on the scores [B, h, N, N]: LeViT,
+    Swin): a float32 constant of the chain's full shape, read by a binary post-op without
+    broadcast (oneDNN's jit kernels take that; a broadcast along the batch would not be).
+    None for another node, or when the stored copy would pass WHOLE_CONSTANT_BYTES."""
+    if node.op is not Op.MATMUL or np.ndim(data) > len(shape):
+        return None
+    dims = _aligned(tuple(np.shape(data)), len(shape))
+    if any(d not in (1, s) for d, s in zip(dims, shape, strict=True)) or \
+            math.prod(shape) * 4 > WHOLE_CONSTANT_BYTES:
+        return None
+    whole = np.ascontiguousarray(np.broadcast_to(
+        np.asarray(data, np.float32).reshape(dims), shape))
+    return graph.add_constant(graph.unique_name(f"{value}@whole"), whole).name
 
 
 def _broadcast_f32(info: TensorInfo, shape: tuple[int, ...], *, lower_rank: bool = False

@@ -438,7 +438,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         info = ctx.info(value)
         if ctx.const(value) is None and len(info.shape) < ndims:
             return unfused.dequantized(ctx, ctx.ranked(value, ndims), 1.0, 0)
-        if ctx.const(value) is not None and info.shape == yinfo.shape and len(info.shape) > 2:
+        if (ctx.const(value) is not None and info.shape == yinfo.shape and len(info.shape) > 2
+                and channel_axis == 1):
             # a full-size constant (move_dequantize's zero-point correction): channels-last,
             # as the int8 kernels write their dst; a plain src1 sends them to ref:any
             return unfused.dequantized(ctx, value, 1.0, 0,

@@ -5,10 +5,12 @@ TinyViT, MobileViT QDQ): the Mul's kernel writes s8 with zero point − 128
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from onnx import TensorProto, helper
 from onnx_builders import init, model, qdq_pair, run_ort
 
 from qfuse.compiler.api import compile_model
+from qfuse.passes import fuse_post_ops
 
 F = np.float32
 
@@ -75,3 +77,45 @@ def test_heads_are_merged_by_the_matmul_store() -> None:
     np.testing.assert_array_equal(got, compile_model(m, mode="unfused").run(feeds)["y"])
     steps = np.abs(got - run_ort(m, feeds, optimized=False)[0]) / 0.03
     assert steps.max() <= 1 + 1e-4
+
+
+def _biased_scores(batch: int):
+    """q·kᵀ quantized, dequantized, plus a position bias [2, 16, 16] (a DequantizeLinear of
+    int8 constants, as LeViT's gathered table), quantized, then Softmax: LeViT, and Swin's
+    windows (``batch`` > 1: the bias broadcasts along them)."""
+    rng = np.random.default_rng(7)
+    nodes = [*qdq_pair("q", "q", "qd"), *qdq_pair("k", "k", "kd"),
+             helper.make_node("Transpose", ["kd"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["qd", "kt"], ["s"]), *qdq_pair("s", "s", "sd"),
+             helper.make_node("DequantizeLinear", ["bq", "bs"], ["b"]),
+             helper.make_node("Add", ["sd", "b"], ["a"]), *qdq_pair("a", "a", "ad"),
+             helper.make_node("Softmax", ["ad"], ["p"], axis=-1), *qdq_pair("p", "p", "y")]
+    inits = [init("qs", np.array(0.03, F)), init("qz", np.array(128, np.uint8)),
+             init("ks", np.array(0.02, F)), init("kz", np.array(120, np.uint8)),
+             init("ss", np.array(0.05, F)), init("sz", np.array(125, np.uint8)),
+             init("bq", rng.integers(-127, 128, (2, 16, 16)).astype(np.int8)),
+             init("bs", np.array(0.02, F)),
+             init("as", np.array(0.06, F)), init("az", np.array(120, np.uint8)),
+             init("ps", np.array(1 / 255, F)), init("pz", np.array(0, np.uint8))]
+    shape = (batch, 2, 16, 8)
+    return model(nodes, {"q": (shape, TensorProto.FLOAT), "k": (shape, TensorProto.FLOAT)},
+                 ["y"], inits, opset=13)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_position_bias_is_a_post_op_of_the_scores(batch: int, monkeypatch) -> None:
+    """The constant bias varies along the heads and both token dims, not along the channels:
+    the scores' matmul adds it as a binary post-op of the chain's full shape
+    (fuse_post_ops ``_whole_constant``), so no dequantize reorder and no binary kernel stand
+    between the matmul and the Softmax; the same values as without."""
+    m = _biased_scores(batch)
+    rng = np.random.default_rng(8)
+    feeds = {n: rng.uniform(-2, 2, (batch, 2, 16, 8)).astype(F) for n in ("q", "k")}
+    compiled = compile_model(m)
+    kinds = [k["primitive"] for k in compiled.inspect()["kernels"]]
+    assert "binary" not in kinds[kinds.index("matmul"):], kinds
+    assert not [k for k in compiled.inspect()["kernels"] if k["impl"].startswith("ref")]
+    monkeypatch.setattr(fuse_post_ops, "_whole_constant", lambda *args: None)
+    before = compile_model(m)
+    assert len(before.inspect()["kernels"]) == len(kinds) + 2
+    np.testing.assert_array_equal(compiled.run(feeds)["y"], before.run(feeds)["y"])
