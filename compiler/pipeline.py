@@ -74,6 +74,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("fuse_post_ops", fuse_post_ops.run),
     # x·Q(act(x)) with the gate's quantizer kept: one binary primitive with post-ops
     ("fuse_gate_chain", fuse_post_ops.run_gates),
+    # a dequantize after views of a compute node's 8-bit output, read only in float32
+    ("fold_view_dequantize", fuse_post_ops.run_view_dequantize),
     # Softmax / LayerNorm reading and writing int8; u8 matmul weights written as s8
     ("fuse_quantized_norm", fuse_quantized_norm.run),
     ("signed_matmul_weights", signed_matmul_weights.run),

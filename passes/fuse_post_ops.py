@@ -209,6 +209,88 @@ def run_gates(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
+# ops that move values without changing any
+_VIEW_OPS = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE})
+
+
+def run_view_dequantize(graph: Graph, ctx: PassContext) -> int:
+    """The fold_view_dequantize pass (after the gates): a per-tensor DequantizeLinear reading,
+    through ops that only move values (Reshapes; a Transpose right after a MatMul, which
+    writes its dst so that the Transpose is a view), the 8-bit output of a fused Conv /
+    MatMul whose chain ends in the quantize it undoes, where every reader of the
+    dequantized value computes in float32 (an activation, a gate chain: nothing that reads
+    8 bits): the node's chain ends in that dequantize's exact multiply and writes float32, the
+    views move float32, and the dequantize is no kernel. LeViT's attention output, P·V
+    transposed and reshaped, then dequantized for its Hardswish: one reorder a block less
+    (the P·V matmul writes the merged heads' float32 itself)."""
+    changed = 0
+    for dq in [n for n in graph.topo_order() if n.op is Op.DEQUANTIZE_LINEAR]:
+        if not graph.has_node(dq.name):
+            continue
+        found = _view_dequantize(graph, dq, ctx)
+        if found is None:
+            continue
+        node, views, chain = found
+        ctx.visit(dq)
+        node.fused = dataclasses.replace(node.fused, chain=chain,
+                                         absorbed=[*node.fused.absorbed, *dq.origin])
+        for value in [node.outputs[0], *(v.outputs[0] for v in views)]:
+            graph.set_info(value, TensorInfo(graph.info(value).shape, DType.F32))
+        graph.replace_all_uses(dq.outputs[0], dq.inputs[0])
+        graph.remove_node(dq)
+        changed += 1
+    return changed
+
+
+def _view_dequantize(graph: Graph, dq: Node, ctx: PassContext
+                     ) -> tuple[Node, list[Node], list[ChainOp]] | None:
+    """(the fused node, the views between it and ``dq``, its chain ending in the dequantize)
+    when ``run_view_dequantize`` applies to ``dq``, else None."""
+    views: list[Node] = []
+    value = dq.inputs[0]
+    while (producer := graph.producer(value)) is not None and producer.op in _VIEW_OPS:
+        if len(graph.consumers(value)) != 1 or value in graph.outputs:
+            return None
+        views.append(producer)
+        value = producer.inputs[0]
+    node = producer
+    # only a MatMul's first view may permute: lower_matmul writes its dst in the strides
+    # that make that Transpose a view; a Transpose copying float32 would cost more than the
+    # 8-bit copy merge_copies merges with the dequantize (a convolution's, or a later one)
+    if any(v.op is Op.TRANSPOSE for v in views[:-1]) or (
+            views and views[-1].op is Op.TRANSPOSE and (node is None or node.op is not Op.MATMUL)):
+        return None
+    if (not views or node is None or node.fused is None or node.op not in COMPUTE_OPS
+            or len(graph.consumers(value)) != 1 or value in graph.outputs
+            or not node.fused.chain or not isinstance(node.fused.chain[-1], Quantize)):
+        return None
+    params = dq_params(graph, dq)
+    quant = graph.info(value).quant
+    if (params is None or not params.per_tensor or quant is None or not quant.per_tensor
+            or params.dtype is not graph.info(value).dtype
+            or float(params.scale[0]) != float(np.float32(quant.scale[0]))
+            or int(params.zero_point[0]) != int(quant.zero_point[0])):
+        return None
+    for reader, _ in graph.consumers(dq.outputs[0]):
+        # elementwise float ops only: a LayerNorm or Softmax reads 8 bits itself later
+        # (fuse_quantized_norm), a compute node or a quantize reads the integers
+        elementwise = activation(reader) is not None or reader.op in (
+            Op.MUL, Op.ADD, Op.SUB, Op.DIV)
+        if not elementwise or (reader.fused is not None and reader.fused.src_scale is not None):
+            return None
+    if dq.outputs[0] in graph.outputs:
+        return None
+    chain = [*node.fused.chain,
+             *_dequantize(params.scale.tolist(), params.zero_point.tolist(), exact=True)]
+    info = graph.info(value)
+    try:
+        compose(chain, channels=info.shape[channel_axis(node, info.rank)], dst_dtype=DType.F32,
+                options=ctx.composer)
+    except ComposeError:
+        return None
+    return node, views, chain
+
+
 #: readers that, left unfused after the other fusion passes, compute in float32 from a value
 _FLOAT_READERS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.LAYER_NORM, Op.SOFTMAX})
 

@@ -119,3 +119,42 @@ def test_position_bias_is_a_post_op_of_the_scores(batch: int, monkeypatch) -> No
     before = compile_model(m)
     assert len(before.inspect()["kernels"]) == len(kinds) + 2
     np.testing.assert_array_equal(compiled.run(feeds)["y"], before.run(feeds)["y"])
+
+
+def _heads_then_silu():
+    """P·V quantized, the heads merged (Transpose, Reshape) and dequantized for a SiLU
+    x·sigmoid(x) (LeViT's attention output before its Hardswish): every reader of the
+    dequantized value computes in float32."""
+    nodes = [*qdq_pair("p", "p", "pd"), *qdq_pair("v", "v", "vd"),
+             helper.make_node("MatMul", ["pd", "vd"], ["o"]), *qdq_pair("o", "o", "od"),
+             helper.make_node("Transpose", ["od"], ["ot"], perm=[0, 2, 1, 3]),
+             helper.make_node("Reshape", ["ot", "shape"], ["m"]),
+             helper.make_node("Sigmoid", ["m"], ["g"]),
+             helper.make_node("Mul", ["m", "g"], ["s"]), *qdq_pair("s", "s", "y")]
+    inits = [init("ps", np.array(1 / 255, F)), init("pz", np.array(0, np.uint8)),
+             init("vs", np.array(0.02, F)), init("vz", np.array(120, np.uint8)),
+             init("os", np.array(0.03, F)), init("oz", np.array(128, np.uint8)),
+             init("ss", np.array(0.02, F)), init("sz", np.array(20, np.uint8)),
+             init("shape", np.array([1, 16, 16], np.int64))]
+    return model(nodes, {"p": ((1, 2, 16, 16), TensorProto.FLOAT),
+                         "v": ((1, 2, 16, 8), TensorProto.FLOAT)}, ["y"], inits, opset=13)
+
+
+def test_dequantize_after_merged_heads_is_written_by_the_matmul(monkeypatch) -> None:
+    """The matmul's chain ends in the dequantize (fuse_post_ops ``run_view_dequantize``):
+    it writes the float32 values, in the merged heads' order, and no reorder dequantizes
+    them; the same values as the plan with the dequantize kernel."""
+    m = _heads_then_silu()
+    rng = np.random.default_rng(9)
+    feeds = {"p": rng.uniform(0, 1, (1, 2, 16, 16)).astype(F),
+             "v": rng.uniform(-2, 2, (1, 2, 16, 8)).astype(F)}
+    compiled = compile_model(m)
+    kernels = compiled.inspect()["kernels"]
+    (mm,) = [k for k in kernels if k["op"] == "MatMul"]
+    assert mm["dst_dtype"] == "f32" and mm["dst_layouts"] == [
+        "f32 (1, 2, 16, 8) strides=(256, 8, 16, 1)"]
+    assert [k["primitive"] for k in kernels[kernels.index(mm):]] == ["matmul", "binary"]
+    monkeypatch.setattr(fuse_post_ops, "_view_dequantize", lambda *args: None)
+    before = compile_model(m)
+    assert len(before.inspect()["kernels"]) == len(kernels) + 1
+    np.testing.assert_array_equal(compiled.run(feeds)["y"], before.run(feeds)["y"])
