@@ -12,9 +12,12 @@ runs; `inspect` shows it with primitive "island", its engine and why the nodes a
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import numpy as np
+import onnx
+from onnx import numpy_helper
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import dnnl_type, is_row_major, md_like, plain_md
@@ -65,8 +68,44 @@ def _flat_views(ctx: LowerContext, x: str, y: str, md: MemoryDesc, y_type: DataT
     return src, dst
 
 
+def _scatter_replaces_all(ctx: LowerContext, node: Node) -> str | None:
+    """A ScatterND island (reduction none) whose constant indices name every element of the
+    data once, in row-major order, with updates of the data's shape: its output is the
+    updates (torch's in-place ``attn[:, :, 0:, 0:] = attn + rel`` exported over the whole
+    tensor: MViTv2's decomposed relative positions, 1.6 ms a kernel in onnxruntime). The
+    updates' value, or None."""
+    attrs: IslandAttrs = node.attrs
+    if attrs.ops != ("ScatterND",) or any(attrs.dynamic):
+        return None
+    model = onnx.load_from_string(attrs.model)
+    (onnx_node,) = model.graph.node
+    reduction = next((a.s.decode() for a in onnx_node.attribute if a.name == "reduction"),
+                     "none")
+    ports = {i.name: port for port, i in enumerate(model.graph.input)}  # the node's inputs
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    data_name, index_name, updates_name = onnx_node.input
+    if data_name not in ports or updates_name not in ports:
+        return None
+    data, updates = node.inputs[ports[data_name]], node.inputs[ports[updates_name]]
+    index = inits.get(index_name)
+    if index is None and index_name in ports:
+        index = ctx.const(node.inputs[ports[index_name]])
+    shape = ctx.info(data).shape
+    if (reduction != "none" or index is None or ctx.info(updates).shape != shape
+            or ctx.info(updates).dtype is not ctx.info(data).dtype
+            or index.shape[-1] != len(shape) or index.size // len(shape) != math.prod(shape)):
+        return None
+    flat = np.ravel_multi_index(tuple(np.moveaxis(index.reshape(-1, len(shape)), -1, 0)),
+                                shape, mode="wrap")
+    return updates if np.array_equal(flat, np.arange(math.prod(shape))) else None
+
+
 def lower_island(ctx: LowerContext, node: Node) -> None:
     attrs: IslandAttrs = node.attrs
+    updates = _scatter_replaces_all(ctx, node)
+    if updates is not None:  # the updates themselves, as an Identity is
+        ctx.home[node.outputs[0]] = ctx.home_slot(updates)
+        return
     md = _any_order(ctx, node)
     if md is not None:
         _lower_in_any_order(ctx, node, md)

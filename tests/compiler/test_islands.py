@@ -7,9 +7,11 @@ import json
 import threading
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
 from island_helpers import islands
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 from onnx_builders import init, model, run_ort
 
 from qfuse.compiler.api import compile_model
@@ -257,3 +259,46 @@ def test_an_island_reading_only_constants_is_computed_at_import() -> None:
     want = run_ort(m, {"x": x})[0]
     for mode in ("fused", "reference"):
         np.testing.assert_array_equal(compile_model(m, mode=mode).run({"x": x})["y"], want)
+
+
+def _scatter_all(cover: str) -> onnx.ModelProto:
+    """x + 1 written over x by a ScatterND whose constant indices name ``cover`` elements:
+    "all" of them in row-major order (torch's in-place ``a[:, :, 0:, 0:] = b`` exported over
+    the whole tensor, MViTv2), or all but the first."""
+    shape = (1, 2, 3, 4)
+    index = np.stack(np.meshgrid(*[np.arange(d) for d in shape], indexing="ij"), -1)
+    if cover != "all":
+        index = index.reshape(-1, 4)[1:].reshape(1, 23, 4)
+    updates_shape = list(index.shape[:-1])
+    nodes = [helper.make_node("Add", ["x", "one"], ["u0"]),
+             helper.make_node("Reshape", ["u0", "ushape"], ["u"]),
+             helper.make_node("ScatterND", ["x", "idx", "u"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+             numpy_helper.from_array(index.astype(np.int64), "idx"),
+             numpy_helper.from_array(np.array(updates_shape, np.int64), "ushape")]
+    if cover != "all":  # the updates are the x + 1 of every element but the first
+        nodes[0:2] = [helper.make_node("Add", ["x", "one"], ["u1"]),
+                      helper.make_node("Reshape", ["u1", "flat"], ["u2"]),
+                      helper.make_node("Slice", ["u2", "start", "end"], ["u3"]),
+                      helper.make_node("Reshape", ["u3", "ushape"], ["u"])]
+        inits += [numpy_helper.from_array(np.array([24], np.int64), "flat"),
+                  numpy_helper.from_array(np.array([1], np.int64), "start"),
+                  numpy_helper.from_array(np.array([24], np.int64), "end")]
+    graph = helper.make_graph(nodes, "scatter", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(shape))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+
+
+@pytest.mark.parametrize("cover", ["all", "partial"])
+def test_scatter_nd_over_every_element_is_its_updates(cover: str) -> None:
+    """A ScatterND island whose constant indices name every element once in row-major order
+    is its updates (no kernel); any other stays an island onnxruntime runs. Both equal
+    onnxruntime's output."""
+    m = _scatter_all(cover)
+    x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    compiled = compile_model(m)
+    islands = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "island"]
+    assert len(islands) == (0 if cover == "all" else 1), islands
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], session.run(None, {"x": x})[0])
