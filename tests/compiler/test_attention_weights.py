@@ -11,6 +11,7 @@ from onnx_builders import init, model, qdq_pair, run_ort
 
 from qfuse.compiler.api import compile_model
 from qfuse.passes import fuse_post_ops
+from tests.compiler.lower_helpers import one_primitive_per_int8_node
 
 F = np.float32
 
@@ -61,6 +62,7 @@ def _heads_merged():
                          "v": ((1, 2, 16, 8), TensorProto.FLOAT)}, ["y"], inits, opset=13)
 
 
+@one_primitive_per_int8_node
 def test_heads_are_merged_by_the_matmul_store() -> None:
     """The matmul writes [B, h, N, d] in the strides of [B, N, h, d] (lower_matmul
     ``_transposed_dst``): the Transpose is a view, no reorder copies it; same values."""
@@ -140,6 +142,7 @@ def _heads_then_silu():
                          "v": ((1, 2, 16, 8), TensorProto.FLOAT)}, ["y"], inits, opset=13)
 
 
+@one_primitive_per_int8_node
 def test_dequantize_after_merged_heads_is_written_by_the_matmul(monkeypatch) -> None:
     """The matmul's chain ends in the dequantize (fuse_post_ops ``run_view_dequantize``):
     it writes the float32 values, in the merged heads' order, and no reorder dequantizes
