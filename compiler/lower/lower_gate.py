@@ -223,6 +223,22 @@ def _too_long(node: Node) -> str:
             f"{MAX_POST_OPS}: it runs op by op, on this float32 copy of its input")
 
 
+def _chain_args(src: str, dst: str, built: BuiltAttr, first: TensorBinary | None,
+                operand: np.ndarray | None,
+                tensor_slot: Callable[[int], tuple[str, MemoryDesc]]
+                ) -> tuple[dict[int, str], dict[int, Memory]]:
+    """The slots and constants of a ``_chain_kernel`` primitive reading ``src`` and writing
+    ``dst``: its SRC_1 is ``first``'s operand, or the constant ``operand`` (x·1, q − zp)."""
+    args = {int(Arg.SRC_0): src, int(Arg.DST): dst, **built.slot_args}
+    fixed = dict(built.fixed)
+    if first is not None:
+        args[int(Arg.SRC_1)] = tensor_slot(first.port)[0]
+    else:
+        assert operand is not None
+        fixed[int(Arg.SRC_1)] = const_memory(operand)
+    return args, fixed
+
+
 def _in_parts(ctx: LowerContext, node: Node, finish: Composed, first: TensorBinary | None,
               f32: MemoryDesc, composed: Composed,
               tensor_slot: Callable[[int], tuple[str, MemoryDesc]]) -> None:
@@ -246,13 +262,7 @@ def _in_parts(ctx: LowerContext, node: Node, finish: Composed, first: TensorBina
                                            ctx.slots[src].md, dst_md, len(yinfo.shape),
                                            tensor_slot, None)
         dst = ctx.define(y, dst_md) if last else ctx.temp(f"{y}@part{i}", f32)
-        args = {int(Arg.SRC_0): src, int(Arg.DST): dst, **built.slot_args}
-        fixed = dict(built.fixed)
-        if first is not None:
-            args[int(Arg.SRC_1)] = tensor_slot(first.port)[0]
-        else:
-            assert operand is not None
-            fixed[int(Arg.SRC_1)] = const_memory(operand)
+        args, fixed = _chain_args(src, dst, built, first, operand, tensor_slot)
         names = built.names if first is None else [f"binary_{first.alg}", *built.names]
         info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
                             post_op_details=built.details, note=why,
@@ -699,14 +709,8 @@ def _plain_head(ctx: LowerContext, node: Node, head: Composed, first: TensorBina
         return None
 
     def emit() -> None:
-        args = {int(Arg.SRC_0): ctx.source(node.inputs[0], f32), int(Arg.DST): temp(f32),
-                **built.slot_args}
-        fixed = dict(built.fixed)
-        if first is not None:
-            args[int(Arg.SRC_1)] = tensor_slot(first.port)[0]
-        else:
-            assert operand is not None
-            fixed[int(Arg.SRC_1)] = const_memory(operand)
+        args, fixed = _chain_args(ctx.source(node.inputs[0], f32), temp(f32), built, first,
+                                  operand, tensor_slot)
         ctx.add_primitive(name, pd, args, fixed, info=ctx.info_for(
             node, post_ops=built.names, post_op_details=built.details, note=note))
 
