@@ -70,7 +70,6 @@ from qfuse.compiler.lower.layouts import (
     same_bytes,
 )
 from qfuse.ir import Node, Op
-from qfuse.runtime.onednn.attr import MAX_POST_OPS
 from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
 from qfuse.runtime.onednn import (
     Alg,
@@ -84,6 +83,7 @@ from qfuse.runtime.onednn import (
     binary,
     reorder,
 )
+from qfuse.runtime.onednn.attr import MAX_POST_OPS
 
 
 def lower_activation(ctx: LowerContext, node: Node) -> None:
