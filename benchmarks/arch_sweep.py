@@ -159,6 +159,8 @@ def _session(path: Path, optimize: bool, threads: int) -> Any:
     options.intra_op_num_threads = threads
     options.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize
                                         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    # no pool thread left spinning while other engines are timed (compiler/bench_engines.py)
+    options.add_session_config_entry("session.force_spinning_stop", "1")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 

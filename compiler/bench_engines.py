@@ -11,7 +11,12 @@ returns the outputs as a list in the model's output order (for the agreement che
   oneDNN's int8 kernels as they are (int16-saturating pair sums, as ONNX Runtime's and
   OpenVINO's there) instead of the exact split weights; the same as ``fused`` elsewhere.
 - ONNX Runtime: CPU provider, ``intra_op_num_threads=N``, ``inter_op_num_threads=1``, sequential
-  execution, default graph optimizations (ORT_ENABLE_ALL, which runs its QDQ fusions).
+  execution, default graph optimizations (ORT_ENABLE_ALL, which runs its QDQ fusions). Its
+  pool threads spin while it runs, as by default, but stop when ``run`` returns
+  (``session.force_spinning_stop``): left spinning, they kept taking a core from the engine
+  timed after ONNX Runtime's block (GhostNetV2 QDQ at two threads: qfuse 7.1 ms right after
+  ONNX Runtime's runs, 2.9 ms with the spinning stopped, 2.6 ms alone; ONNX Runtime's own
+  time 4.7 and 4.5 ms; LeViT-128S: 3.6 and 3.9 ms).
 - OpenVINO: ``Core().read_model`` of the QDQ ONNX file (its LPT turns Q/DQ into int8), compiled
   on "CPU" with ``INFERENCE_NUM_THREADS=N`` and ``PERFORMANCE_HINT=LATENCY``, one infer request.
   The runtime model (the executed graph) is read back to count the layers that ran in I8/U8,
@@ -128,6 +133,7 @@ def _onnxruntime(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Eng
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.add_session_config_entry("session.force_spinning_stop", "1")  # module docstring
     start = time.perf_counter()
     try:
         session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
@@ -139,7 +145,8 @@ def _onnxruntime(model: Path, threads: int, feeds: dict[str, np.ndarray]) -> Eng
         return session.run(None, feeds)
 
     info = {"version": ort.__version__, "intra_op_num_threads": threads,
-            "inter_op_num_threads": 1, "execution_mode": "sequential"}
+            "inter_op_num_threads": 1, "execution_mode": "sequential",
+            "force_spinning_stop": True}
     return Engine("onnxruntime", run, run, seconds, info)
 
 
