@@ -32,7 +32,7 @@ tf_half_pixel_for_nearest/floor (``floor(i + (j + 0.5)/k)``) give i too, while
 asymmetric/round_prefer_floor gives i only if every ``j/k <= 0.5`` (k = 2).
 
 **cubic** (bicubic: float32, 2-D or N and C not scaled) has no oneDNN primitive: the reference
-kernel runs in numpy (runtime/reference/ops_shape.py ``resize_cubic``: one 4-tap pass per axis,
+kernel runs in numpy (runtime/reference/ops_shape.py ``CubicResize``: one 4-tap pass per axis,
 bit-exact with ONNX Runtime's ``ResizeBiCubic`` and about 15x faster than it; CrossViT's
 240x240 → 224x224 input resize takes ~1 ms, ONNX Runtime 16 ms).
 
@@ -100,7 +100,7 @@ from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
 from qfuse.runtime.onednn.reference import resampling_linear_taps, resampling_nearest_index
 from qfuse.runtime.reference.ops_island import runner_into
-from qfuse.runtime.reference.ops_shape import linear_taps, nearest_indices
+from qfuse.runtime.reference.ops_shape import CubicResize, linear_taps, nearest_indices
 
 log = logging.getLogger(__name__)
 F32 = np.float32
@@ -257,8 +257,18 @@ def lower_resize(ctx: LowerContext, node: Node) -> None:
         _lower_linear(ctx, node, decision.note)
     elif node.attrs.mode is ResizeMode.NEAREST:
         _nearest_gather(ctx, node, decision.note)
+    elif node.attrs.mode is ResizeMode.CUBIC:
+        _lower_cubic(ctx, node, decision.note)
     else:
         lower_numpy(ctx, node, note=decision.note)
+
+
+def _lower_cubic(ctx: LowerContext, node: Node, note: str) -> None:
+    """The reference's bicubic kernel on row-major slots, its taps computed here, once."""
+    x, y = node.inputs[0], node.outputs[0]
+    kernel = CubicResize(node.attrs, ctx.info(x).shape)
+    ctx.add_numpy(node.name, lambda arrays: [kernel(arrays[0])], [ctx.plain_source(x)],
+                  [ctx.define_plain(y)], ctx.info_for(node, note=note))
 
 
 def _nearest_gather(ctx: LowerContext, node: Node, note: str) -> None:

@@ -327,32 +327,39 @@ def cubic_taps(attrs: ResizeAttrs, size: int, out: int, scale: np.float32
     return np.clip(index, 0, size - 1), weights, total
 
 
-def resize_cubic(x: np.ndarray, attrs: ResizeAttrs) -> np.ndarray:
-    """Bicubic Resize of the last two dims of a float32 array (module docstring), as one
-    4-tap pass per axis over row-major copies (each gather picks whole rows)."""
-    h, w = x.shape[-2:]
-    out_h, out_w = attrs.sizes[-2:]
-    scales = resize_scales(attrs, x.shape)
-    rows, row_w, row_sum = cubic_taps(attrs, h, out_h, scales[-2])
-    cols, col_w, col_sum = cubic_taps(attrs, w, out_w, scales[-1])
-    col_w = (col_w / col_sum[:, None]).astype(F32)
-    across = np.ascontiguousarray(np.swapaxes(x, -1, -2))  # (..., W, H): columns as rows
-    t = None
-    for k in range(4):
-        term = np.take(across, cols[:, k], axis=-2)
-        term *= col_w[:, k, None]
-        t = term + F32(0) if t is None else np.add(t, term, out=t)  # ORT starts from +0
-    assert t is not None
-    along = np.ascontiguousarray(np.swapaxes(t, -1, -2))  # (..., H, out W)
-    y = None
-    for k in range(4):
-        term = np.take(along, rows[:, k], axis=-2)
-        term *= row_w[:, k, None]
-        if attrs.exclude_outside:
-            term /= row_sum[:, None]
-        y = term + F32(0) if y is None else np.add(y, term, out=y)
-    assert y is not None
-    return y
+class CubicResize:
+    """Bicubic Resize of the last two dims of a float32 array of ``shape`` (module
+    docstring), its taps computed once: one 4-tap pass per axis over row-major copies (each
+    gather picks whole rows). The lowering keeps one per node (compile time); ``resize``
+    makes one per call."""
+
+    def __init__(self, attrs: ResizeAttrs, shape: tuple[int, ...]) -> None:
+        h, w = shape[-2:]
+        out_h, out_w = attrs.sizes[-2:]
+        scales = resize_scales(attrs, shape)
+        self.rows, self.row_w, row_sum = cubic_taps(attrs, h, out_h, scales[-2])
+        cols, col_w, col_sum = cubic_taps(attrs, w, out_w, scales[-1])
+        self.cols, self.col_w = cols, (col_w / col_sum[:, None]).astype(F32)
+        self.row_sum = row_sum[:, None] if attrs.exclude_outside else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        across = np.ascontiguousarray(np.swapaxes(x, -1, -2))  # (..., W, H): columns as rows
+        t = None
+        for k in range(4):
+            term = np.take(across, self.cols[:, k], axis=-2)
+            term *= self.col_w[:, k, None]
+            t = term + F32(0) if t is None else np.add(t, term, out=t)  # ORT starts from +0
+        assert t is not None
+        along = np.ascontiguousarray(np.swapaxes(t, -1, -2))  # (..., H, out W)
+        y = None
+        for k in range(4):
+            term = np.take(along, self.rows[:, k], axis=-2)
+            term *= self.row_w[:, k, None]
+            if self.row_sum is not None:
+                term /= self.row_sum
+            y = term + F32(0) if y is None else np.add(y, term, out=y)
+        assert y is not None
+        return y
 
 
 @impl(Op.RESIZE)
@@ -371,7 +378,7 @@ def resize(node: Node, args: Arrays) -> list[np.ndarray]:
         if x.ndim not in (2, 4) or tuple(attrs.sizes[:-2]) != x.shape[:-2]:
             raise ValueError(f"cubic Resize of {x.shape} to {attrs.sizes}: 2-D, or 4-D with "
                              "N and C unchanged")
-        return [resize_cubic(x, attrs)]
+        return [CubicResize(attrs, x.shape)(x)]
     y = x
     for axis in range(x.ndim):
         index = nearest_indices(attrs, x.shape, axis)
