@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
@@ -51,6 +50,7 @@ from qfuse.compiler.lower.layouts import (
     first_fast,
     is_slow,
     memory_order_groups,
+    nocopy_strides,
     ordered_strides,
     plain_md,
 )
@@ -266,19 +266,6 @@ def _reduce_moved(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
                       info=ctx.info_for(node, optimizations=[optimization]))
 
 
-def _merged(dims: Sequence[int], strides: Sequence[int]) -> tuple[int, int] | None:
-    """(elements, stride) of neighbouring dims seen as one, (1, 1) for none; None when their
-    strides do not nest (one dim cannot step through them)."""
-    size, stride = 1, 1
-    for d, st in reversed([(d, st) for d, st in zip(dims, strides, strict=True) if d != 1]):
-        if size > 1 and st != stride * size:
-            return None
-        if size == 1:
-            stride = st
-        size *= d
-    return size, stride
-
-
 def _as_max_pooling(ctx: LowerContext, node: Node, dtype: DataType) -> bool:
     """ReduceMax over one axis R with the dims after it unit-stride in x's layout: a max
     pooling of window R over x seen as (outer, inner, R) channels-last, inner the channels.
@@ -293,12 +280,12 @@ def _as_max_pooling(ctx: LowerContext, node: Node, dtype: DataType) -> bool:
     if len(attrs.axes) != 1 or not md.is_plain or md.dtype != dtype:
         return False
     axis, dims, strides = attrs.axes[0], md.dims, md.strides or ()
-    outer = _merged(dims[:axis], strides[:axis])
-    inner = _merged(dims[axis + 1:], strides[axis + 1:])
-    if outer is None or inner is None or inner[1] != 1:
+    n, c, r = math.prod(dims[:axis]), math.prod(dims[axis + 1:]), dims[axis]
+    outer = nocopy_strides(dims[:axis], strides[:axis], (n,))  # the dims seen as one
+    inner = nocopy_strides(dims[axis + 1:], strides[axis + 1:], (c,))
+    if outer is None or inner is None or inner[0] != 1:
         return False
-    (n, sn), (c, _), r = outer, inner, dims[axis]
-    view = MemoryDesc.from_strides((n, c, r), dtype, (sn, 1, strides[axis]))
+    view = MemoryDesc.from_strides((n, c, r), dtype, (outer[0], 1, strides[axis]))
     kept = MemoryDesc.from_strides((n, c, 1), dtype, (c, 1, c))
     try:
         pd = pooling(Alg.pooling_max, view, kept, kernel=(r,), strides=(r,))
