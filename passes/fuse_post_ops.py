@@ -131,6 +131,7 @@ from qfuse.passes.post_op_match import (
     sole_reader,
 )
 from qfuse.passes.quant_utils import dq_params
+from qfuse.passes.signed_matmul_weights import MOVES
 
 log = logging.getLogger(__name__)
 
@@ -209,10 +210,6 @@ def run_gates(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
-# ops that move values without changing any
-_VIEW_OPS = frozenset({Op.TRANSPOSE, Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE})
-
-
 def run_view_dequantize(graph: Graph, ctx: PassContext) -> int:
     """The fold_view_dequantize pass (after the gates): a per-tensor DequantizeLinear reading,
     through ops that only move values (Reshapes; a Transpose right after a MatMul, which
@@ -248,7 +245,7 @@ def _view_dequantize(graph: Graph, dq: Node, ctx: PassContext
     when ``run_view_dequantize`` applies to ``dq``, else None."""
     views: list[Node] = []
     value = dq.inputs[0]
-    while (producer := graph.producer(value)) is not None and producer.op in _VIEW_OPS:
+    while (producer := graph.producer(value)) is not None and producer.op in MOVES:
         if len(graph.consumers(value)) != 1 or value in graph.outputs:
             return None
         views.append(producer)
@@ -265,11 +262,9 @@ def _view_dequantize(graph: Graph, dq: Node, ctx: PassContext
             or not node.fused.chain or not isinstance(node.fused.chain[-1], Quantize)):
         return None
     params = dq_params(graph, dq)
-    quant = graph.info(value).quant
-    if (params is None or not params.per_tensor or quant is None or not quant.per_tensor
-            or params.dtype is not graph.info(value).dtype
-            or float(params.scale[0]) != float(np.float32(quant.scale[0]))
-            or int(params.zero_point[0]) != int(quant.zero_point[0])):
+    info = graph.info(value)
+    if (params is None or not params.per_tensor or params.dtype is not info.dtype
+            or params.quant() != info.quant):
         return None
     for reader, _ in graph.consumers(dq.outputs[0]):
         # elementwise float ops only: a LayerNorm or Softmax reads 8 bits itself later
@@ -282,7 +277,6 @@ def _view_dequantize(graph: Graph, dq: Node, ctx: PassContext
         return None
     chain = [*node.fused.chain,
              *_dequantize(params.scale.tolist(), params.zero_point.tolist(), exact=True)]
-    info = graph.info(value)
     try:
         compose(chain, channels=info.shape[channel_axis(node, info.rank)], dst_dtype=DType.F32,
                 options=ctx.composer)
