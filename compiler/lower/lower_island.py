@@ -95,8 +95,11 @@ def _scatter_replaces_all(ctx: LowerContext, node: Node) -> str | None:
             or ctx.info(updates).dtype is not ctx.info(data).dtype
             or index.shape[-1] != len(shape) or index.size // len(shape) != math.prod(shape)):
         return None
-    flat = np.ravel_multi_index(tuple(np.moveaxis(index.reshape(-1, len(shape)), -1, 0)),
-                                shape, mode="wrap")
+    index = index.reshape(-1, len(shape))
+    index = np.where(index < 0, index + np.asarray(shape), index)  # ONNX: -d .. d-1
+    if np.any(index < 0) or np.any(index >= np.asarray(shape)):
+        return None  # out of range: onnxruntime's error, not a quiet alias
+    flat = np.ravel_multi_index(tuple(index.T), shape)
     return updates if np.array_equal(flat, np.arange(math.prod(shape))) else None
 
 

@@ -264,11 +264,14 @@ def test_an_island_reading_only_constants_is_computed_at_import() -> None:
 def _scatter_all(cover: str) -> onnx.ModelProto:
     """x + 1 written over x by a ScatterND whose constant indices name ``cover`` elements:
     "all" of them in row-major order (torch's in-place ``a[:, :, 0:, 0:] = b`` exported over
-    the whole tensor, MViTv2), or all but the first."""
+    the whole tensor, MViTv2), all but the first ("partial"), or all with the first named by
+    an index past the end of its dim ("wrapped": invalid, onnxruntime refuses it at run)."""
     shape = (1, 2, 3, 4)
     index = np.stack(np.meshgrid(*[np.arange(d) for d in shape], indexing="ij"), -1)
-    if cover != "all":
+    if cover == "partial":
         index = index.reshape(-1, 4)[1:].reshape(1, 23, 4)
+    if cover == "wrapped":  # element (0, 0, 0, 0) named (0, 0, 0, 4): out of range
+        index[0, 0, 0, 0, 3] = 4
     updates_shape = list(index.shape[:-1])
     nodes = [helper.make_node("Add", ["x", "one"], ["u0"]),
              helper.make_node("Reshape", ["u0", "ushape"], ["u"]),
@@ -276,7 +279,7 @@ def _scatter_all(cover: str) -> onnx.ModelProto:
     inits = [numpy_helper.from_array(np.array(1.0, np.float32), "one"),
              numpy_helper.from_array(index.astype(np.int64), "idx"),
              numpy_helper.from_array(np.array(updates_shape, np.int64), "ushape")]
-    if cover != "all":  # the updates are the x + 1 of every element but the first
+    if cover == "partial":  # the updates are the x + 1 of every element but the first
         nodes[0:2] = [helper.make_node("Add", ["x", "one"], ["u1"]),
                       helper.make_node("Reshape", ["u1", "flat"], ["u2"]),
                       helper.make_node("Slice", ["u2", "start", "end"], ["u3"]),
@@ -290,7 +293,7 @@ def _scatter_all(cover: str) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
 
 
-@pytest.mark.parametrize("cover", ["all", "partial"])
+@pytest.mark.parametrize("cover", ["all", "partial", "wrapped"])
 def test_scatter_nd_over_every_element_is_its_updates(cover: str) -> None:
     """A ScatterND island whose constant indices name every element once in row-major order
     is its updates (no kernel); any other stays an island onnxruntime runs. Both equal
@@ -298,6 +301,11 @@ def test_scatter_nd_over_every_element_is_its_updates(cover: str) -> None:
     m = _scatter_all(cover)
     x = np.random.default_rng(0).standard_normal((1, 2, 3, 4)).astype(np.float32)
     compiled = compile_model(m)
+    if cover == "wrapped":  # no alias made of it: the island runs, and fails as onnxruntime
+        assert [k for k in compiled.inspect()["kernels"] if k["primitive"] == "island"]
+        with pytest.raises(Exception, match="ScatterND|out of bounds|index"):
+            compiled.run({"x": x})
+        return
     islands = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "island"]
     assert len(islands) == (0 if cover == "all" else 1), islands
     session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
