@@ -1,6 +1,5 @@
 """passes/table_lookup.py: an 8-bit tensor's elementwise chain with an island, up to a
-quantize, as a table of its 256 values (compiler/lower/lower_island.py ``lower_table``); and a
-chain without one too long for a oneDNN primitive's post-ops (lower_gate splits it).
+quantize, as a table of its 256 values (compiler/lower/lower_island.py ``lower_table``).
 
 The chains are quantize_static's GELU, x·(1 + erf(x/√2))·0.5 with a Q/DQ pair after each op
 (timm EfficientFormer, FastViT, CaiT, PoolFormer). Every check is bit-exact: against
@@ -203,69 +202,3 @@ def test_mish_is_one_table() -> None:
     tables = [k for k in _kernels(model) if "a table" in k.get("note", "")]
     assert len(tables) == 1 and "9 ONNX nodes" in tables[0]["note"], tables
     _check_exact(model)
-
-
-def _long_chain(steps: list[tuple[str, str]], two_inputs: bool,
-                shape: tuple[int, ...] = (1, 8, 12, 12)) -> onnx.ModelProto:
-    """x (and w) quantized, then one op per step, ``(op, operand)`` with the operand "x",
-    "w", "prev" (the running value) or a constant name, each followed by a Q/DQ pair."""
-    nodes: list[onnx.NodeProto] = []
-    inits = [_init("c0.5", 0.5, np.float32), _init("c1", 1.0, np.float32),
-             _init("c0.044715", 0.044715, np.float32), _init("c0.79788", 0.7978846, np.float32)]
-
-    def qdq(src: str, dst: str, scale: float, zp: int) -> None:
-        nodes.extend([
-            helper.make_node("QuantizeLinear", [src, f"s_{dst}", f"z_{dst}"], [f"{dst}_q"]),
-            helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{dst}", f"z_{dst}"], [dst])])
-        inits.extend([_init(f"s_{dst}", scale, np.float32), _init(f"z_{dst}", zp, np.uint8)])
-
-    qdq("x", "xd", 0.04, 128)
-    if two_inputs:
-        qdq("w", "wd", 0.03, 120)
-    prev = "xd"
-    for i, (op, operand) in enumerate(steps):
-        other = {"x": "xd", "w": "wd", "prev": prev}.get(operand, operand)
-        nodes.append(helper.make_node(op, [prev] if op == "Tanh" else [prev, other], [f"o{i}"]))
-        prev = f"o{i}d" if i < len(steps) - 1 else "y"
-        qdq(f"o{i}", prev, 0.05 if op != "Tanh" else 1 / 127, 128 if op != "Tanh" else 127)
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))]
-    if two_inputs:
-        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, list(shape)))
-    graph = helper.make_graph(nodes, "long_chain", inputs,
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT,
-                                                             list(shape))], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-
-
-# GELU's tanh form, x·0.5·(1 + tanh(√(2/π)·(x + 0.044715·x³))), one Q/DQ pair after each op
-GELU_TANH = [("Mul", "x"), ("Mul", "x"), ("Mul", "c0.044715"), ("Add", "x"),
-             ("Mul", "c0.79788"), ("Tanh", ""), ("Add", "c1"), ("Mul", "x"), ("Mul", "c0.5")]
-
-
-def test_chain_too_long_for_post_ops_runs_in_two_kernels() -> None:
-    """Nine oneDNN operations, no island, but with their quantizers more post-ops than a
-    oneDNN primitive holds (EfficientViT-L1 QDQ: 45): no table; two jit kernels, the first
-    writing the chain's float32 value where it splits (exact), bit-identical to the unfused
-    mode."""
-    model = _long_chain(GELU_TANH, two_inputs=False)
-    compiled = qfuse.compile_model(model)
-    kernels = compiled.inspect()["kernels"]
-    assert not [k for k in kernels if "a table" in k.get("note", "")]
-    parts = [k for k in kernels if "more than oneDNN's 32" in k.get("note", "")]
-    assert [k["impl"] for k in parts] == ["jit:uni", "jit:uni"], parts
-    feeds = _feeds(model)
-    assert np.array_equal(compiled.run(feeds)["y"],
-                          qfuse.compile_model(model, mode="unfused").run(feeds)["y"])
-
-
-def test_chain_too_long_with_two_inputs_splits_too() -> None:
-    """The same length reading a second run-time tensor: split alike, and says why."""
-    steps = [("Mul", "w"), ("Mul", "x"), ("Add", "w"), ("Mul", "x"), ("Add", "w"),
-             ("Mul", "x"), ("Add", "w"), ("Mul", "x"), ("Add", "w")]
-    model = _long_chain(steps, two_inputs=True)
-    compiled = qfuse.compile_model(model)
-    notes = [k.get("note", "") for k in compiled.inspect()["kernels"]]
-    assert any("more than oneDNN's 32" in n for n in notes), notes
-    feeds = _feeds(model)
-    assert np.array_equal(compiled.run(feeds)["y"],
-                          qfuse.compile_model(model, mode="unfused").run(feeds)["y"])
