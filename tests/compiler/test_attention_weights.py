@@ -47,17 +47,24 @@ def test_scaled_keys_are_written_as_s8() -> None:
     np.testing.assert_array_equal(got, compile_model(m, mode="unfused").run(feeds)["y"])
 
 
-def _heads_merged():
+def _heads_merged(silu: bool = False):
     """P·V [1, 2, 16, 8] quantized, transposed to [1, 16, 2, 8] and reshaped to [1, 16, 16]
-    for the output projection: the heads merged as every ViT does."""
+    for the output projection: the heads merged as every ViT does. ``silu``: then
+    dequantized for a SiLU x·sigmoid(x), quantized (LeViT's attention output before its
+    Hardswish): every reader of the dequantized value computes in float32."""
+    merged = "m" if silu else "y"
     nodes = [*qdq_pair("p", "p", "pd"), *qdq_pair("v", "v", "vd"),
              helper.make_node("MatMul", ["pd", "vd"], ["o"]), *qdq_pair("o", "o", "od"),
              helper.make_node("Transpose", ["od"], ["ot"], perm=[0, 2, 1, 3]),
-             helper.make_node("Reshape", ["ot", "shape"], ["y"])]
+             helper.make_node("Reshape", ["ot", "shape"], [merged])]
     inits = [init("ps", np.array(1 / 255, F)), init("pz", np.array(0, np.uint8)),
              init("vs", np.array(0.02, F)), init("vz", np.array(120, np.uint8)),
              init("os", np.array(0.03, F)), init("oz", np.array(128, np.uint8)),
              init("shape", np.array([1, 16, 16], np.int64))]
+    if silu:
+        nodes += [helper.make_node("Sigmoid", ["m"], ["g"]),
+                  helper.make_node("Mul", ["m", "g"], ["s"]), *qdq_pair("s", "s", "y")]
+        inits += [init("ss", np.array(0.02, F)), init("sz", np.array(20, np.uint8))]
     return model(nodes, {"p": ((1, 2, 16, 16), TensorProto.FLOAT),
                          "v": ((1, 2, 16, 8), TensorProto.FLOAT)}, ["y"], inits, opset=13)
 
@@ -123,31 +130,12 @@ def test_position_bias_is_a_post_op_of_the_scores(batch: int, monkeypatch) -> No
     np.testing.assert_array_equal(compiled.run(feeds)["y"], before.run(feeds)["y"])
 
 
-def _heads_then_silu():
-    """P·V quantized, the heads merged (Transpose, Reshape) and dequantized for a SiLU
-    x·sigmoid(x) (LeViT's attention output before its Hardswish): every reader of the
-    dequantized value computes in float32."""
-    nodes = [*qdq_pair("p", "p", "pd"), *qdq_pair("v", "v", "vd"),
-             helper.make_node("MatMul", ["pd", "vd"], ["o"]), *qdq_pair("o", "o", "od"),
-             helper.make_node("Transpose", ["od"], ["ot"], perm=[0, 2, 1, 3]),
-             helper.make_node("Reshape", ["ot", "shape"], ["m"]),
-             helper.make_node("Sigmoid", ["m"], ["g"]),
-             helper.make_node("Mul", ["m", "g"], ["s"]), *qdq_pair("s", "s", "y")]
-    inits = [init("ps", np.array(1 / 255, F)), init("pz", np.array(0, np.uint8)),
-             init("vs", np.array(0.02, F)), init("vz", np.array(120, np.uint8)),
-             init("os", np.array(0.03, F)), init("oz", np.array(128, np.uint8)),
-             init("ss", np.array(0.02, F)), init("sz", np.array(20, np.uint8)),
-             init("shape", np.array([1, 16, 16], np.int64))]
-    return model(nodes, {"p": ((1, 2, 16, 16), TensorProto.FLOAT),
-                         "v": ((1, 2, 16, 8), TensorProto.FLOAT)}, ["y"], inits, opset=13)
-
-
 @one_primitive_per_int8_node
 def test_dequantize_after_merged_heads_is_written_by_the_matmul(monkeypatch) -> None:
     """The matmul's chain ends in the dequantize (fuse_post_ops ``run_view_dequantize``):
     it writes the float32 values, in the merged heads' order, and no reorder dequantizes
     them; the same values as the plan with the dequantize kernel."""
-    m = _heads_then_silu()
+    m = _heads_merged(silu=True)
     rng = np.random.default_rng(9)
     feeds = {"p": rng.uniform(0, 1, (1, 2, 16, 16)).astype(F),
              "v": rng.uniform(-2, 2, (1, 2, 16, 8)).astype(F)}

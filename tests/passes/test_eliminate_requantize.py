@@ -44,9 +44,13 @@ def _bit_exact(before, after) -> None:
             assert a[name].dtype == b[name].dtype and np.array_equal(a[name], b[name]), name
 
 
-def _pair(scale: float, zp: int, dtype: DType = DType.U8, extra_reader: bool = False):
+def _pair(scale: float, zp: int, dtype: DType = DType.U8, extra_reader: bool = False,
+          plain: bool = False):
+    """DQ → a quantize-only FakeQuantize, or (``plain``) a QuantizeLinear left unconverted
+    (quantize_static's second quantize of a Gemm output after its Reshape, which a GELU
+    table reads), then a Flatten."""
     g, xd = int_input((1, 4, 3), S, ZP)
-    quantize_only(g, xd, "q2", scale, zp, dtype)
+    (quantize if plain else quantize_only)(g, xd, "q2", scale, zp, dtype)
     add(g, Op.FLATTEN, ["q2"], "y", AxisAttrs(1))
     outs = ["y"]
     if extra_reader:
@@ -55,8 +59,9 @@ def _pair(scale: float, zp: int, dtype: DType = DType.U8, extra_reader: bool = F
     return finish(g, *outs)
 
 
-def test_identical_pair_is_removed():
-    g = _pair(S, ZP)
+@pytest.mark.parametrize("plain", [False, True], ids=["fake_quantize", "quantize_linear"])
+def test_identical_pair_is_removed(plain: bool):
+    g = _pair(S, ZP, plain=plain)
     before = g.copy()
     result = apply(E, g)
     assert result.changed == 1 and not result.declined
@@ -72,41 +77,15 @@ def test_dequantize_with_other_readers_stays():
     _bit_exact(before, g)
 
 
+@pytest.mark.parametrize("plain", [False, True], ids=["fake_quantize", "quantize_linear"])
 @pytest.mark.parametrize("scale,zp,dtype", [(0.06, ZP, DType.U8), (S, 8, DType.U8),
                                             (S, ZP, DType.S8)])
-def test_requantize_is_kept(scale, zp, dtype):
-    g = _pair(scale, zp, dtype)
+def test_requantize_is_kept(scale, zp, dtype, plain: bool):
+    g = _pair(scale, zp, dtype, plain=plain)
     result = apply(E, g)
-    assert result.changed == 0 and ops(g) == ["DequantizeLinear", "FakeQuantize", "Flatten"]
+    kept = "QuantizeLinear" if plain else "FakeQuantize"
+    assert result.changed == 0 and ops(g) == ["DequantizeLinear", kept, "Flatten"]
     assert "requantize" in reasons(result)[0] and "one requantize kernel" in reasons(result)[0]
-
-
-def _plain_quantize(scale: float, zp: int, dtype: DType = DType.U8):
-    """DQ → QuantizeLinear left unconverted (a non-DQ reader: here a Flatten)."""
-    g, xd = int_input((1, 4, 3), S, ZP)
-    quantize(g, xd, "q2", scale, zp, dtype)
-    add(g, Op.FLATTEN, ["q2"], "y", AxisAttrs(1))
-    return finish(g, "y")
-
-
-def test_identical_plain_quantize_is_removed():
-    """quantize_static's second quantize of a Gemm's output (after its Reshape) that a GELU
-    table reads: a QuantizeLinear, not a FakeQuantize, with the DQ's parameters."""
-    g = _plain_quantize(S, ZP)
-    before = g.copy()
-    result = apply(E, g)
-    assert result.changed == 1 and not result.declined
-    assert ops(g) == ["Flatten"] and g.node("y").inputs == ["x"]
-    _bit_exact(before, g)
-
-
-@pytest.mark.parametrize("scale,zp,dtype", [(0.06, ZP, DType.U8), (S, 8, DType.U8),
-                                            (S, ZP, DType.S8)])
-def test_plain_requantize_is_kept(scale, zp, dtype):
-    g = _plain_quantize(scale, zp, dtype)
-    result = apply(E, g)
-    assert result.changed == 0 and ops(g) == ["DequantizeLinear", "QuantizeLinear", "Flatten"]
-    assert "one requantize kernel" in reasons(result)[0]
 
 
 @settings(max_examples=200, deadline=None)
