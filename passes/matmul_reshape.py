@@ -13,8 +13,10 @@ or per last-dim channel, so they commute with R too. Exact (the integer accumula
 same sum), so the rewrite is bit-exact.
 
 Precondition checked here: the node is a MatMul with a constant 2-D weight, the reshape keeps
-the last dim, the chain has no residual yet (a residual input would have the old shape), and
-the source's quantization is per tensor (a per-axis one would not follow a reshape).
+the last dim, the chain has no residual or tensor operand yet (either input would keep the
+old shape: a GeGLU's gate product between ONNX Runtime's two Reshapes was read at [1, T, N]
+by a [T, N] matmul, on ref:any), and the source's quantization is per tensor (a per-axis one
+would not follow a reshape).
 At commit, the MatMul reads ``R'(src)``: a new Reshape of the tensor before the source's own
 Reshape when the source is one (a Reshape of a Reshape is one Reshape).
 """
@@ -22,7 +24,7 @@ Reshape when the source is one (a Reshape of a Reshape is one Reshape).
 from __future__ import annotations
 
 from qfuse.ir import Graph, Node, Op, TensorInfo
-from qfuse.ir.chain import ChainOp, Residual
+from qfuse.ir.chain import ChainOp, Residual, TensorOperand
 from qfuse.ir.ops import ReshapeAttrs
 
 SHAPE_OPS = frozenset({Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE})
@@ -40,6 +42,8 @@ def why_not(graph: Graph, node: Node, chain: list[ChainOp], before: TensorInfo,
         return f"changes the last dim {before.shape[-1]} of the MatMul output"
     if any(isinstance(item, Residual) for item in chain):
         return "changes the shape after the residual sum"
+    if any(isinstance(item, TensorOperand) for item in chain):
+        return "changes the shape after a tensor operand (read at the shape it joined)"
     src = graph.info(node.inputs[0])
     if src.quant is not None and not src.quant.per_tensor:
         return "changes the shape of a per-axis quantized MatMul source"

@@ -49,10 +49,12 @@ def merge_copies(slots: dict[str, Slot], kernels: list[Kernel], ends: set[str]
         source = reader.args[int(Arg.SRC)]
         copy = kernels[first]
         view = views[source]
-        if copy.args[int(Arg.DST)] not in views:
-            del slots[copy.args[int(Arg.DST)]]
+        origin, written = copy.args[int(Arg.SRC)], copy.args[int(Arg.DST)]
+        if written not in views:  # the home of the copied value (run_all reads it): over A
+            d = slots[written].md
+            views = {**views, written: _through(d, d, slots[origin].md)}
         for name, member in views.items():  # S and the other views of its bytes: over A
-            slots[name] = Slot(name, member, alias=copy.args[int(Arg.SRC)])
+            slots[name] = Slot(name, member, alias=origin)
         attr = _attr(reader)
         pd = reorder(view, slots[reader.args[int(Arg.DST)]].md, attr=attr)
         note = f"reads '{copy.info.node or copy.name}''s source, not its copy"

@@ -118,6 +118,21 @@ def test_a_merge_onednn_gets_wrong_is_not_made() -> None:
         assert count == merged and len(after) == 3 - merged, zero_point
 
 
+def test_the_copys_own_slot_stays_a_view_of_its_source() -> None:
+    """The copy's dst is the home of a graph value (a Split part, which run_all and qfuse
+    check read): it stays, as a view of the copy's source, when its reader reads another view
+    of it (ViTamin's q, k, v: a Split part Squeeze'd, then transposed)."""
+    from qfuse.compiler.lower.merge_copies import merge_copies
+    from qfuse.compiler.lower.plan import root_slot
+
+    slots, kernels, ends = _split_head(False)
+    after, _, count = merge_copies(slots, kernels, ends)
+    assert count == 1 and after["d"].alias == "a"
+    assert after["d"].md.dims == slots["d"].md.dims
+    assert after["d"].md.strides[1:] == slots["a"].md.strides[1:]  # a's dims, unpermuted
+    assert root_slot(after, "d") == root_slot(after, "s")  # both over the copy's source
+
+
 def _values_head() -> onnx.ModelProto:
     """ViT's v in small: a quantized [1, 49, 4, 16] tensor transposed to [1, 4, 49, 16] and
     Reshape'd to [4, 49, 16] (a view), the weights of the probabilities' MatMul."""

@@ -31,7 +31,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
-from qfuse.ir.chain import Act, Activation, PRelu, Quantize, Residual, Scale, Shift
+from qfuse.ir.chain import (
+    Act,
+    Activation,
+    PRelu,
+    Quantize,
+    Residual,
+    Scale,
+    Shift,
+    TensorOperand,
+)
 from qfuse.ir.ops import (
     AlphaAttrs,
     AxisAttrs,
@@ -328,6 +337,30 @@ def test_matmul_reshape_changing_the_last_dim_stops() -> None:
     result = run(fuse_post_ops, graph)
     assert result.changed == 1 and kinds(graph, "mm") == [Scale, Quantize]
     assert "changes the last dim" in result.declined[0].reason
+
+
+def test_matmul_reshape_after_a_tensor_operand_stops() -> None:
+    """A chain that took a tensor operand at one shape stops at a later Reshape: the operand
+    would be read at the old shape (ONNX Runtime's MatMulAddFusion before a GeGLU's gate
+    product: Gemm → Reshape → ·g → Q → Reshape for the next Gemm)."""
+    graph = new_graph(shape=(2, 3, 8))
+    graph.add_input("g", TensorInfo((2, 3, C), DType.F32))
+    add(graph, Op.RESHAPE, ["x"], "x2d", ReshapeAttrs((6, 8)))
+    int8_matmul(graph, "x2d")
+    fq(graph, "mm", "q1", 0.04, 100)
+    add(graph, Op.RESHAPE, ["q1"], "q3d", ReshapeAttrs((2, 3, C)))
+    dq(graph, "q3d", "d1")
+    add(graph, Op.MUL, ["d1", "g"], "m")
+    fq(graph, "m", "q2", 0.05, 0)
+    add(graph, Op.RESHAPE, ["q2"], "y", ReshapeAttrs((6, C)))
+    graph.outputs.append("y")
+    result = run(fuse_post_ops, graph)
+    assert result.changed == 1
+    assert kinds(graph, "mm")[-2:] == [TensorOperand, Quantize]
+    node = graph.producer("q2")
+    assert graph.info(node.inputs[2]).shape == graph.info("q2").shape == (2, 3, C)
+    assert graph.producer("y").op is Op.RESHAPE
+    assert any("after a tensor operand" in d.reason for d in result.declined)
 
 
 def test_second_run_changes_nothing() -> None:
