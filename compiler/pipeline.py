@@ -36,6 +36,7 @@ from qfuse.passes import (
     strip_quantization,
     table_lookup,
     vector_matmul_as_conv,
+    widen_gate,
 )
 from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
 
@@ -86,6 +87,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("fuse_fake_quantize", fuse_post_ops.run_fake_quantize),
     # 7. the composer's mapping, recorded on each fused node
     ("compose_post_ops", compose_post_ops.run),
+    # a squeeze-excitation gate's Conv writes the gate repeated, in the rows its multiply
+    # reads (a repeat kernel less, each multiply in long rows)
+    ("widen_gate", widen_gate.run),
     # a ConvTranspose with kernel = stride and few output channels as a 1x1 Conv writing
     # b²·O channels and a DepthToSpace (oneDNN's deconvolution blocks output channels by 16)
     ("deconv_as_depth_to_space", deconv_as_depth_to_space.run),

@@ -54,6 +54,7 @@ OPTIMIZATIONS = (
     "patch_conv",
     "deconv_as_depth_to_space",
     "linear_resampling",
+    "widen_gate",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

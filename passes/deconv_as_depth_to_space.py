@@ -37,11 +37,9 @@ import logging
 import numpy as np
 
 from qfuse.ir import Graph, Node, Op, TensorInfo
-from qfuse.ir.chain import PRelu, Quantize, Residual, Scale, Shift, TensorOperand
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DepthToSpaceAttrs
-from qfuse.ir.postops import Add, Binary, Clip, Div, Mul, Prelu
-from qfuse.ir.types import QuantParams
 from qfuse.passes.base import PassContext
+from qfuse.passes.repeat_channels import repeatable, tiled_chain_op, tiled_meta, tiled_quant
 from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
@@ -86,45 +84,9 @@ def _block(graph: Graph, node: Node) -> int:
         return 0
     # a chain reading a tensor (its Residual / TensorOperand items are the composed Sum /
     # TensorBinary post-ops) or quantizing per channel is not repeated
-    chain = node.fused.chain if node.fused is not None else []
-    if any(isinstance(op, (Residual, TensorOperand)) or (isinstance(op, Quantize) and (
-            len(op.input_low) > 1 or len(op.output_low) > 1
-            or (op.onnx is not None and not op.onnx.quant.per_tensor))) for op in chain):
+    if node.fused is not None and not repeatable(node.fused.chain):
         return 0
     return b
-
-
-def _tiled(values: tuple, reps: int) -> tuple:
-    """Per-channel values (more than one) repeated for each of the b² blocks; one value kept."""
-    return values * reps if len(values) > 1 else values
-
-
-def _tiled_array(values: np.ndarray, reps: int) -> np.ndarray:
-    """The composer's per-channel values (1-D, ``(C,)``) repeated; one value kept."""
-    return np.tile(values, reps) if values.size > 1 else values
-
-
-def _tile_chain_op(op: object, reps: int) -> object:
-    if isinstance(op, Scale):
-        return dataclasses.replace(op, values=_tiled(op.values, reps))
-    if isinstance(op, Shift):
-        return dataclasses.replace(op, values=_tiled(op.values, reps))
-    if isinstance(op, PRelu):
-        return dataclasses.replace(op, slopes=_tiled(op.slopes, reps))
-    return op  # activations, per-tensor quantizes
-
-
-def _tile_post_op(op: object, reps: int) -> object:
-    """A composed post-op or a basic operation (what the unfused mode runs) per b²·O
-    channels."""
-    if isinstance(op, (Binary, Mul, Div, Add)):
-        return dataclasses.replace(op, values=_tiled_array(op.values, reps))
-    if isinstance(op, Prelu):
-        return dataclasses.replace(op, slopes=_tiled_array(op.slopes, reps))
-    if isinstance(op, Clip):
-        return dataclasses.replace(op, lo=_tiled_array(op.lo, reps),
-                                   hi=_tiled_array(op.hi, reps))
-    return op  # eltwise, round
 
 
 def _rewrite(graph: Graph, node: Node, b: int) -> None:
@@ -136,9 +98,7 @@ def _rewrite(graph: Graph, node: Node, b: int) -> None:
     c, o = weights.shape[:2]
     # channel (i·b + j)·O + o of the 1x1 convolution: W[:, o, i, j]
     conv_w = np.ascontiguousarray(weights.transpose(2, 3, 1, 0).reshape(reps * o, c, 1, 1))
-    wquant = graph.info(w).quant
-    if wquant is not None and not wquant.per_tensor:  # ConvTranspose's output channels: axis 1
-        wquant = QuantParams(_tiled(wquant.scale, reps), _tiled(wquant.zero_point, reps), 0)
+    wquant = tiled_quant(graph.info(w).quant, reps, 0)  # ConvTranspose's output channels: axis 1
     w_conv = graph.add_constant(graph.unique_name(f"{w}@1x1"), conv_w,
                                 TensorInfo(conv_w.shape, graph.info(w).dtype, wquant)).name
     inputs = [x, w_conv]
@@ -152,17 +112,11 @@ def _rewrite(graph: Graph, node: Node, b: int) -> None:
     meta = dict(node.meta)
     if fused is not None:
         fused = dataclasses.replace(
-            fused, chain=[_tile_chain_op(op, reps) for op in fused.chain],  # type: ignore
+            fused, chain=[tiled_chain_op(op, reps) for op in fused.chain],
             notes=[*fused.notes, f"kernel {b}x{b} = stride: a 1x1 convolution to {reps}·{o} "
                    "channels and a DepthToSpace (oneDNN's deconvolution computes few output "
                    "channels in blocks of 16)"])
-        composed = meta["composed"]
-        meta["composed"] = dataclasses.replace(
-            composed, channels=reps * o, wei_scales=_tiled_array(composed.wei_scales, reps),
-            bias=None if composed.bias is None else np.tile(composed.bias, reps),
-            post_ops=[_tile_post_op(op, reps) for op in composed.post_ops])
-        if "basic" in meta:
-            meta["basic"] = [_tile_post_op(op, reps) for op in meta["basic"]]
+        meta = tiled_meta(meta, reps)
     name, origin = node.name, list(node.origin)
     n, _, h, width = xinfo.shape
     cells = graph.unique_name(f"{y}@cells")

@@ -71,6 +71,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import Node, Op
 from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
+from qfuse.ir.rows import repeats
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -408,12 +409,12 @@ def _may_regroup(ctx: LowerContext, node: Node, ports: list[int], f32: MemoryDes
     return True
 
 
-ROW = 2048  # elements of a broadcast operand's row worth tiling to (``_tile_factor``)
 # a run-time operand is repeated by a kernel of its own, 3.5-7 µs in a plan at two threads;
 # measured, the rows it saves take about 0.2 ns an element where they hold at most 256
 # elements (PP-OCRv4 det's gate on [1, 96, 120, 160]: 575 → 225 µs), less beyond: so only
 # for a chain of at least RUNTIME_ELEMENTS elements in RUNTIME_ROWS rows of at most RUNTIME_ROW
-# (PP-OCR cls's gates on [1, 200, 2, 96], 192 rows of 200: 6.2 µs before, 4.4 + 2.3 after)
+# (PP-OCR cls's gates on [1, 200, 2, 96], 192 rows of 200: 6.2 µs before, 4.4 + 2.3 after),
+# unless the operand's producer writes it repeated already (passes/widen_gate.py)
 RUNTIME_ELEMENTS = 32768
 RUNTIME_ROWS = 512
 RUNTIME_ROW = 256
@@ -429,23 +430,21 @@ def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
     [1, 8, 12, 96]: 11.6 µs in rows of 8, 1.9 µs in rows of 256; [1, 24, 24, 48]: 16.9 → 3.5
     (rows of 768); [1, 64, 12, 48]: 12.3 → 4.2; and longer rows still gain on large tensors
     at two threads (PP-OCRv4 det's gate on [1, 96, 120, 160]: 575 µs in rows of 96, 258 in
-    rows of 576, 225 in rows of 4608). The smallest such k with rows of at least ``ROW``
-    elements; 1 when rows are that long already, no k gets there within 4·ROW, an operand
-    is full along outer but broadcast along inner, or one of the ``runtime`` operands (their
-    dims) would be repeated by a kernel where the chain is too small for it (``RUNTIME_*``)."""
+    rows of 576, 225 in rows of 4608). k is ``ir.rows.repeats`` (rows of at least ``ROW``
+    elements); 1 when an operand is full along outer but broadcast along inner, or one of the
+    ``runtime`` operands (their dims) would be repeated by a kernel where the chain is too
+    small for it (``RUNTIME_*``)."""
     if len(groups) < 2:
         return 1
     outer_dim, inner_dim = groups[-2][0], groups[-1][0]
     outer = math.prod(out[i] for i in groups[-2])
     inner = math.prod(out[i] for i in groups[-1])
-    if inner >= ROW or any(d[inner_dim] == 1 and d[outer_dim] != 1 for d in operands):
+    if any(d[inner_dim] == 1 and d[outer_dim] != 1 for d in operands):
         return 1
-    k = next((k for k in range(2, outer + 1) if outer % k == 0 and k * inner >= ROW), 1)
-    if k * inner > 4 * ROW:
-        return 1
-    repeats = any(d[outer_dim] == 1 and d[inner_dim] != 1 for d in runtime)
-    if repeats and (inner > RUNTIME_ROW or outer < RUNTIME_ROWS
-                    or outer * inner < RUNTIME_ELEMENTS):
+    k = repeats(outer, inner)
+    repeated = any(d[outer_dim] == 1 and d[inner_dim] != 1 for d in runtime)
+    if k > 1 and repeated and (inner > RUNTIME_ROW or outer < RUNTIME_ROWS
+                               or outer * inner < RUNTIME_ELEMENTS):
         return 1  # a run-time operand's repeat is a kernel: worth it for many short rows
     return k
 
@@ -545,8 +544,12 @@ def _memory_order_kernel(ctx: LowerContext, node: Node, finish: Composed,
     if groups is None or (per_channel and groups[-1] != (1,)):
         return None
     out = tuple(home.dims)
-    tile = _tile_factor(groups, out, operands,
-                        [dims[p] for p in ports if ctx.const(node.inputs[p]) is None])
+    wanted = repeats(*(math.prod(out[i] for i in g) for g in groups[-2:])) \
+        if len(groups) > 1 else 1
+    ready = _repeated_operands(ctx, node)  # written repeated enough: no repeat kernel
+    tile = _tile_factor(groups, out, operands, [
+        dims[p] for p in ports
+        if ctx.const(node.inputs[p]) is None and ready.get(p, ("", 0))[1] < wanted])
     if not slow and tile == 1 and (len(groups) > 1 or is_row_major(home)):
         return None
     if per_channel:  # the channels are the last dim of the view, tiled with it
@@ -608,8 +611,8 @@ def _emit_in_order(ctx: LowerContext, node: Node, finish: Composed, first: Tenso
         if not _repeated(row, tile):
             slots[port] = (ctx.temp(f"{value}@order", md, alias=laid), md)
             continue
-        wide = _tiled_operand(ctx, node, value, ctx.temp(f"{value}@order", row, alias=laid),
-                              row, tile)
+        wide = _repeated_slot(ctx, node, port, md) or _tiled_operand(
+            ctx, node, value, ctx.temp(f"{value}@order", row, alias=laid), row, tile)
         slots[port] = (ctx.temp(f"{value}@rows", md, alias=wide), md)
     src = ctx.temp(f"{x}@order", view(out, home.dtype),
                    alias=ctx.home_slot(x) if source is None else source[1]())
@@ -721,6 +724,29 @@ def _repeated(row: MemoryDesc, tile: int) -> bool:
     """Is an operand, seen over the groups untiled (``row``), broadcast along the outer of
     the last two and full along the inner: its row repeated ``tile`` times in the tiled view."""
     return tile > 1 and row.dims[-2] == 1 and row.dims[-1] != 1
+
+
+def _repeated_operands(ctx: LowerContext, node: Node) -> dict[int, tuple[str, int]]:
+    """{port: (the value holding the operand repeated, how many times)} for the run-time
+    operands whose producer writes them repeated (passes/widen_gate.py), where that value's
+    slot is dense row-major: a view of it is the tiled operand, no kernel between."""
+    found = {}
+    for port, (value, times) in node.meta.get("repeated_operands", {}).items():
+        if value in ctx.home:
+            md = ctx.md_of(value)
+            if md.is_plain and same_bytes(md, plain_md(md.dims, md.dtype)):
+                found[port] = (value, times)
+    return found
+
+
+def _repeated_slot(ctx: LowerContext, node: Node, port: int, md: MemoryDesc) -> str | None:
+    """A slot viewing the first ``md.nelems`` values of port's operand written repeated by
+    its producer, or None when it is not (enough times)."""
+    value, times = _repeated_operands(ctx, node).get(port, ("", 0))
+    whole = ctx.md_of(value) if value else None
+    if whole is None or whole.dtype != md.dtype or md.nelems > whole.nelems:
+        return None
+    return ctx.temp(f"{value}@repeated", plain_md(md.dims, md.dtype), alias=ctx.home_slot(value))
 
 
 def _tiled_operand(ctx: LowerContext, node: Node, value: str, row_slot: str, row: MemoryDesc,

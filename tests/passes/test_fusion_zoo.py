@@ -50,7 +50,8 @@ MODELS = ("resnet", "mobilenetv2", "inception", "unet", "transformer", "vgg", "s
 FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_gate_chain", "fold_view_dequantize",
                  "fuse_quantized_norm", "signed_matmul_weights", "fold_resize_dequantize",
                  "fuse_fake_quantize",
-                 "compose_post_ops", "deconv_as_depth_to_space", "flatten_matmul_rows",
+                 "compose_post_ops", "widen_gate", "deconv_as_depth_to_space",
+                 "flatten_matmul_rows",
                  "vector_matmul_as_conv", "patch_conv", "strided_pointwise_conv")
 OTHER_PASSES_LSB = 3  # the measured worst (module docstring); not this file's passes
 

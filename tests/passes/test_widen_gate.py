@@ -1,0 +1,71 @@
+"""widen_gate (passes/widen_gate.py): a squeeze-excitation gate's convolution writes the gate
+repeated k times, and its multiply reads that in rows of k·C with no repeat kernel between.
+Exact: bit-identical to the plan without it (composer option ``widen_gate``), every value."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+import qfuse
+from qfuse.compiler.api import random_inputs
+from qfuse.ir.postops import ComposerOptions
+from qfuse.ir.rows import repeats
+from tests.compiler.test_memory_order import squeeze_excitation
+
+OFF = ComposerOptions().without("widen_gate")
+
+
+def _gate_convs(compiled: qfuse.CompiledModel, channels: int) -> list[str]:
+    """The dst layouts of the convolutions writing a [1, channels·k, 1, 1] gate, k > 1."""
+    found = []
+    for kernel in compiled.inspect()["kernels"]:
+        layout = kernel["dst_layouts"][0]
+        dims = re.search(r"\(1, (\d+), 1, 1\)", layout)
+        if kernel["op"] == "Conv" and dims and int(dims.group(1)) > channels \
+                and int(dims.group(1)) % channels == 0:
+            found.append(layout)
+    return found
+
+
+def test_the_gate_is_written_repeated_and_read_without_a_repeat_kernel() -> None:
+    model = squeeze_excitation(24, 48)
+    on, off = qfuse.compile_model(model), qfuse.compile_model(model, composer=OFF)
+    k = repeats(48 * 48, 24)
+    assert k == 96
+    assert _gate_convs(on, 24) == [f"f32 (1, {24 * k}, 1, 1) strides=({24 * k}, 1, {24 * k}, "
+                                   f"{24 * k})"] and _gate_convs(off, 24) == []
+    names_on = [k["name"] for k in on.inspect()["kernels"]]
+    names_off = [k["name"] for k in off.inspect()["kernels"]]
+    assert not [n for n in names_on if ":tile:" in n]
+    assert [n for n in names_off if ":tile:" in n]  # the repeat kernel this pass removes
+    assert len(names_on) == len(names_off) - 1
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        assert np.array_equal(on.run(feeds)["y"], off.run(feeds)["y"])
+        every_on, every_off = on.run_all(feeds), off.run_all(feeds)
+        shared = every_on.keys() & every_off.keys()
+        assert "gd" in shared or any(v.shape == (1, 24, 1, 1) for v in every_on.values())
+        assert all(np.array_equal(every_on[v], every_off[v]) for v in shared)
+    unfused = qfuse.compile_model(model, mode="unfused")
+    feeds = random_inputs(on, seed=5)
+    assert np.array_equal(on.run(feeds)["y"], unfused.run(feeds)["y"])
+
+
+def _plan_gates(model: onnx.ModelProto) -> list[str]:
+    return _gate_convs(qfuse.compile_model(model), 24)
+
+
+def test_not_applied() -> None:
+    # a 1x1 image: rows of C are all there is (no k)
+    assert _plan_gates(squeeze_excitation(24, 1)) == []
+    # the gate is a graph output: its producer keeps writing it alone
+    model = squeeze_excitation(24, 48)
+    model.graph.output.append(helper.make_tensor_value_info("gd", TensorProto.FLOAT,
+                                                            [1, 24, 1, 1]))
+    assert _plan_gates(model) == []
+    # channels enough for long rows already
+    assert repeats(48 * 48, 2048) == 1
