@@ -4,32 +4,36 @@ reads.
 A squeeze-excitation block ends ``y = x·g``: x is ``[1, C, H, W]`` (8-bit or float32,
 channels-last in the lowering) and g the ``[1, C, 1, 1]`` gate, computed from x's mean by a
 convolution (then HardSigmoid / Sigmoid and, in quantized models, a quantize). oneDNN 3.2's
-jit binary walks g along x's rows of C channels at a cost a row (ir/rows.py); the lowering
+jit binary walks g along x's rows of C channels at a cost a row (ir/rows.py). The lowering
 views x as rows of k·C elements with g repeated k times along them (compiler/lower/lower_gate.py
-``_tile_factor``), and a run-time g is repeated there by a kernel of its own, made only for
-chains large enough to pay for it.
+``_tile_factor``), but repeats a run-time g with a kernel of its own (3.5-5 µs), so only for
+chains large enough to pay for it (``ir.rows.repeat_kernel_pays``); smaller ones walk rows of
+C.
 
-Here the convolution computing g computes it k times instead: its weights and bias repeated
-k times along the output channels, every per-channel value of its chain and composed
-attributes likewise (passes/repeat_channels.py), so it writes ``[1, k·C, 1, 1]`` — channel
-``r·C + c`` is g's channel c — and g is the first C of them (a Slice, a view in the lowering).
-The multiply reads the k·C values as its repeated operand with no kernel between
-(``node.meta["repeated_operands"]``, lower_gate). The convolution's extra work is k times a
-1x1 image's (at most 4·ROW output channels).
+For those, the convolution computing g computes it k times instead: its weights and bias
+repeated k times along the output channels, every per-channel value of its chain and
+composed attributes likewise (passes/repeat_channels.py), so it writes ``[1, k·C, 1, 1]`` —
+channel ``r·C + c`` is g's channel c — and g is the first C of them (a Slice, a view in the
+lowering). The multiply reads the k·C values as its operand in rows of k·C
+(``node.meta["repeated_operands"]``, lower_gate), no kernel between; k makes rows of
+``GATE_ROW`` elements. The wider convolution costs 1.2-1.7 µs more (PP-OCR cls's int8 gates),
+about what rows longer than ``GATE_SHORT`` channels gain, so only gates of at most that many
+channels.
 
-Measured on PP-OCR cls NNCF (its nine gates on channels-last [1, C, H, W] with C = 8 … 200,
-2 threads, AMD EPYC with AVX-512 VNNI, each multiply alone in the plan): 115 µs in rows of C,
-59 µs in rows of k·C, plus 35 µs for the nine repeat kernels this pass removes.
+Measured on PP-OCR cls (its gates on channels-last [1, C, H, W], C = 8 … 104, 2 threads, AMD
+EPYC with AVX-512 VNNI): 0.96x the run NNCF, 0.96x QDQ (the plans with and without, in one
+process, alternating); the MobileNetV3 and EfficientNet-B0 plans are unchanged (their gates
+have more channels or pay for a repeat kernel).
 
 Bit-exact: every repeated channel is the same integer sums and the same float32 chain as
 the one it repeats, and the multiply reads the same values.
 
 Applies when the multiply is a fused Mul whose chain reads the gate as a ``TensorOperand``
 ("mul"); x has batch 1 and rank 4; the gate has x's channels and 1s elsewhere, is float32 and
-no graph output; k = ``ir.rows.repeats(H·W, C)`` > 1; the gate's producer is a Conv with one
-group, constant weights (and bias), a 1x1 output and a chain that reads no tensor and
-quantizes per tensor, with at most ``MAX_WEIGHTS`` weights once repeated. Composer option
-``widen_gate`` (on by default).
+no graph output; C <= GATE_SHORT, no repeat kernel pays and k = ``ir.rows.repeats(H·W, C,
+GATE_ROW)`` > 1; the gate's producer is a Conv with one group, constant weights (and bias), a
+1x1 output and a chain that reads no tensor and quantizes per tensor, with at most
+``MAX_WEIGHTS`` weights once repeated. Composer option ``widen_gate`` (on by default).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import numpy as np
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.chain import TensorOperand
 from qfuse.ir.ops import ConvAttrs, SliceAttrs
-from qfuse.ir.rows import repeats
+from qfuse.ir.rows import GATE_ROW, GATE_SHORT, repeat_kernel_pays, repeats
 from qfuse.passes.base import PassContext
 from qfuse.passes.repeat_channels import (
     repeatable,
@@ -89,7 +93,9 @@ def _gate(graph: Graph, node: Node) -> tuple[int, Node, int] | None:
             continue
         gate = node.inputs[item.port]
         info = graph.info(gate)
-        k = repeats(h * w, channels)
+        # where a repeat kernel pays, the lowering makes one; a wider Conv costs about as much
+        short = channels <= GATE_SHORT and not repeat_kernel_pays(h * w, channels)
+        k = repeats(h * w, channels, GATE_ROW) if short else 1
         conv = graph.producer(gate)
         if (info.shape != (1, channels, 1, 1) or info.dtype is not DType.F32 or k < 2
                 or gate in graph.outputs or conv is None or not _widens(graph, conv, k)):

@@ -71,7 +71,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import Node, Op
 from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
-from qfuse.ir.rows import repeats
+from qfuse.ir.rows import repeat_kernel_pays, repeats
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -409,17 +409,6 @@ def _may_regroup(ctx: LowerContext, node: Node, ports: list[int], f32: MemoryDes
     return True
 
 
-# a run-time operand is repeated by a kernel of its own, 3.5-7 µs in a plan at two threads;
-# measured, the rows it saves take about 0.2 ns an element where they hold at most 256
-# elements (PP-OCRv4 det's gate on [1, 96, 120, 160]: 575 → 225 µs), less beyond: so only
-# for a chain of at least RUNTIME_ELEMENTS elements in RUNTIME_ROWS rows of at most RUNTIME_ROW
-# (PP-OCR cls's gates on [1, 200, 2, 96], 192 rows of 200: 6.2 µs before, 4.4 + 2.3 after),
-# unless the operand's producer writes it repeated already (passes/widen_gate.py)
-RUNTIME_ELEMENTS = 32768
-RUNTIME_ROWS = 512
-RUNTIME_ROW = 256
-
-
 def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
                  operands: list[tuple[int, ...]], runtime: Sequence[tuple[int, ...]] = ()
                  ) -> int:
@@ -433,7 +422,7 @@ def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
     rows of 576, 225 in rows of 4608). k is ``ir.rows.repeats`` (rows of at least ``ROW``
     elements); 1 when an operand is full along outer but broadcast along inner, or one of the
     ``runtime`` operands (their dims) would be repeated by a kernel where the chain is too
-    small for it (``RUNTIME_*``)."""
+    small for it (``ir.rows.repeat_kernel_pays``)."""
     if len(groups) < 2:
         return 1
     outer_dim, inner_dim = groups[-2][0], groups[-1][0]
@@ -443,8 +432,7 @@ def _tile_factor(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
         return 1
     k = repeats(outer, inner)
     repeated = any(d[outer_dim] == 1 and d[inner_dim] != 1 for d in runtime)
-    if k > 1 and repeated and (inner > RUNTIME_ROW or outer < RUNTIME_ROWS
-                               or outer * inner < RUNTIME_ELEMENTS):
+    if k > 1 and repeated and not repeat_kernel_pays(outer, inner):
         return 1  # a run-time operand's repeat is a kernel: worth it for many short rows
     return k
 
@@ -544,12 +532,10 @@ def _memory_order_kernel(ctx: LowerContext, node: Node, finish: Composed,
     if groups is None or (per_channel and groups[-1] != (1,)):
         return None
     out = tuple(home.dims)
-    wanted = repeats(*(math.prod(out[i] for i in g) for g in groups[-2:])) \
-        if len(groups) > 1 else 1
-    ready = _repeated_operands(ctx, node)  # written repeated enough: no repeat kernel
-    tile = _tile_factor(groups, out, operands, [
-        dims[p] for p in ports
-        if ctx.const(node.inputs[p]) is None and ready.get(p, ("", 0))[1] < wanted])
+    tile = _tile_factor(groups, out, operands, [dims[p] for p in ports
+                                                if ctx.const(node.inputs[p]) is None])
+    written = _written_tile(groups, out, operands, _repeated_operands(ctx, node))
+    tile = written or tile
     if not slow and tile == 1 and (len(groups) > 1 or is_row_major(home)):
         return None
     if per_channel:  # the channels are the last dim of the view, tiled with it
@@ -724,6 +710,20 @@ def _repeated(row: MemoryDesc, tile: int) -> bool:
     """Is an operand, seen over the groups untiled (``row``), broadcast along the outer of
     the last two and full along the inner: its row repeated ``tile`` times in the tiled view."""
     return tile > 1 and row.dims[-2] == 1 and row.dims[-1] != 1
+
+
+def _written_tile(groups: tuple[tuple[int, ...], ...], out: tuple[int, ...],
+                  operands: list[tuple[int, ...]], ready: dict[int, tuple[str, int]]) -> int:
+    """The repeats the producers of the ``ready`` operands wrote (passes/widen_gate.py chose
+    them for these rows), when the view can take them; else 0."""
+    if not ready or len(groups) < 2:
+        return 0
+    outer_dim, inner_dim = groups[-2][0], groups[-1][0]
+    times = min(t for _, t in ready.values())
+    if (any(d[inner_dim] == 1 and d[outer_dim] != 1 for d in operands)
+            or math.prod(out[i] for i in groups[-2]) % times):
+        return 0
+    return times
 
 
 def _repeated_operands(ctx: LowerContext, node: Node) -> dict[int, tuple[str, int]]:

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 import qfuse
 from qfuse.compiler.api import random_inputs
 from qfuse.ir.postops import ComposerOptions
-from qfuse.ir.rows import repeats
+from qfuse.ir.rows import GATE_ROW, repeats
 from tests.compiler.test_memory_order import squeeze_excitation
 
 OFF = ComposerOptions().without("widen_gate")
@@ -31,24 +31,32 @@ def _gate_convs(compiled: qfuse.CompiledModel, channels: int) -> list[str]:
     return found
 
 
-def test_the_gate_is_written_repeated_and_read_without_a_repeat_kernel() -> None:
-    model = squeeze_excitation(24, 48)
+def _gate_multiply(compiled: qfuse.CompiledModel) -> dict:
+    [mul] = [k for k in compiled.inspect()["kernels"] if k["op"] == "Mul"]
+    return mul
+
+
+def test_the_gate_is_written_repeated_and_read_in_long_rows() -> None:
+    """[1, 24, 12, 12]: 144 rows of 24, too few for a repeat kernel (ir.rows), so without
+    the pass the multiply walks rows of 24; with it the gate's Conv writes 24·k values and
+    the multiply reads rows of 24·k, no kernel more."""
+    model = squeeze_excitation(24, 12)
     on, off = qfuse.compile_model(model), qfuse.compile_model(model, composer=OFF)
-    k = repeats(48 * 48, 24)
-    assert k == 96
+    k = repeats(12 * 12, 24, GATE_ROW)
+    assert k == 24
     assert _gate_convs(on, 24) == [f"f32 (1, {24 * k}, 1, 1) strides=({24 * k}, 1, {24 * k}, "
                                    f"{24 * k})"] and _gate_convs(off, 24) == []
-    names_on = [k["name"] for k in on.inspect()["kernels"]]
-    names_off = [k["name"] for k in off.inspect()["kernels"]]
-    assert not [n for n in names_on if ":tile:" in n]
-    assert [n for n in names_off if ":tile:" in n]  # the repeat kernel this pass removes
-    assert len(names_on) == len(names_off) - 1
+    assert "tiled_rows" in _gate_multiply(on)["optimizations"]
+    assert "tiled_rows" not in _gate_multiply(off)["optimizations"]
+    assert f"(6, {24 * k}) strides" in _gate_multiply(on)["src_layouts"][0]
+    assert len(on.plan.kernels) == len(off.plan.kernels)
+    assert not [k for k in on.inspect()["kernels"] if ":tile:" in k["name"]]
     for seed in range(3):
         feeds = random_inputs(on, seed=seed)
         assert np.array_equal(on.run(feeds)["y"], off.run(feeds)["y"])
         every_on, every_off = on.run_all(feeds), off.run_all(feeds)
         shared = every_on.keys() & every_off.keys()
-        assert "gd" in shared or any(v.shape == (1, 24, 1, 1) for v in every_on.values())
+        assert "gd" in shared and len(shared) == len(every_off)
         assert all(np.array_equal(every_on[v], every_off[v]) for v in shared)
     unfused = qfuse.compile_model(model, mode="unfused")
     feeds = random_inputs(on, seed=5)
@@ -60,12 +68,15 @@ def _plan_gates(model: onnx.ModelProto) -> list[str]:
 
 
 def test_not_applied() -> None:
+    assert _plan_gates(squeeze_excitation(24, 12))  # the case above applies
     # a 1x1 image: rows of C are all there is (no k)
     assert _plan_gates(squeeze_excitation(24, 1)) == []
     # the gate is a graph output: its producer keeps writing it alone
-    model = squeeze_excitation(24, 48)
+    model = squeeze_excitation(24, 12)
     model.graph.output.append(helper.make_tensor_value_info("gd", TensorProto.FLOAT,
                                                             [1, 24, 1, 1]))
     assert _plan_gates(model) == []
+    # a chain large enough for a repeat kernel (2304 rows): the lowering makes one
+    assert _plan_gates(squeeze_excitation(24, 48)) == []
     # channels enough for long rows already
-    assert repeats(48 * 48, 2048) == 1
+    assert repeats(12 * 12, 2048, GATE_ROW) == 1
