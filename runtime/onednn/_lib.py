@@ -7,7 +7,12 @@ Safety rules, enforced here:
 
 - Every C function the binding calls is declared in `_PROTOTYPES` with its `restype` and
   `argtypes`; `C` exposes *only* those, so a call to an undeclared function is an AttributeError,
-  never a call with guessed (int-truncated) arguments.
+  never a call with guessed (int-truncated) arguments. One twin: `execute_preconverted`, the
+  run loop's `dnnl_primitive_execute` without `argtypes`, which its one caller
+  (`BoundPrimitive.runner`) gives ctypes objects of exactly the declared types, built once per
+  bound primitive and checked against the declaration (`preconverted`): ctypes passes them
+  as they are instead of converting four arguments on every call, 0.28 µs less per kernel
+  (1.30 against 1.58 µs for a 1-element reorder at two threads, this 2-core AMD EPYC).
 - Enums are `c_int`; `dnnl_dims_t` is `Dims` (`c_int64 * 12`): ctypes refuses anything else in
   that position, so a short dims array can never be read past its end.
 - Every returned `dnnl_status_t` goes through `check`, which raises `DnnlError`.
@@ -315,3 +320,24 @@ def _declare(cdll: ctypes.CDLL) -> SimpleNamespace:
 #: The declared C functions, and only those.
 C = _declare(_CDLL)
 PROTOTYPE_NAMES = frozenset(_PROTOTYPES)
+
+#: dnnl_primitive_execute without argtypes (module docstring): call it only with `preconverted`
+execute_preconverted = _CDLL["dnnl_primitive_execute"]  # [] makes a new function object
+execute_preconverted.restype = _PROTOTYPES["dnnl_primitive_execute"][0]
+
+
+def preconverted(*values: Any) -> tuple[Any, ...]:
+    """``values`` for `execute_preconverted`, each checked to be an instance of its declared
+    argument type of dnnl_primitive_execute (a TypeError otherwise)."""
+    declared = _PROTOTYPES["dnnl_primitive_execute"][1]
+    if len(values) != len(declared):
+        raise TypeError(f"dnnl_primitive_execute takes {len(declared)} arguments, "
+                        f"got {len(values)}")
+    for index, (value, kind) in enumerate(zip(values, declared, strict=True)):
+        ok = isinstance(value, kind) or (issubclass(kind, ctypes._Pointer)  # an array of T
+                                         and isinstance(value, ctypes.Array)
+                                         and value._type_ is kind._type_)
+        if not ok:
+            raise TypeError(f"dnnl_primitive_execute argument {index}: {type(value).__name__}, "
+                            f"declared {kind.__name__}")
+    return values

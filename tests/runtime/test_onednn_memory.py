@@ -3,10 +3,12 @@ library settings (threads, version)."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import weakref
 
 import numpy as np
+import pytest
 
 from qfuse.runtime.onednn import (
     Alg,
@@ -26,6 +28,7 @@ from qfuse.runtime.onednn import (
     set_num_threads,
     version,
 )
+from qfuse.runtime.onednn import _lib
 
 
 def test_descriptor_queries() -> None:
@@ -141,6 +144,31 @@ def test_runner_keeps_the_binding_alive() -> None:
     src.array[...] = 3
     run()
     assert np.all(dst.array == 7)
+
+
+def test_the_runner_passes_arguments_of_the_declared_types() -> None:
+    """The run loop's execute has no argtypes (_lib.execute_preconverted): what it is given
+    must already be the declared ctypes types, or ``preconverted`` refuses it."""
+    md = MemoryDesc.from_tag((2, 3), DataType.f32)
+    primitive = eltwise(Alg.eltwise_linear, md, alpha=2.0, beta=1.0).create()
+    args = _lib.ExecArg * 2
+    good = (ctypes.c_void_p(1), ctypes.c_void_p(2), ctypes.c_int(2), args())
+    assert _lib.preconverted(*good) == good
+    for index, bad in ((0, 1), (1, None), (2, 2), (3, (ctypes.c_int * 2)()), (3, None)):
+        values = list(good)
+        values[index] = bad
+        with pytest.raises(TypeError, match=f"argument {index}"):
+            _lib.preconverted(*values)
+    with pytest.raises(TypeError, match="takes 4 arguments"):
+        _lib.preconverted(*good[:3])
+    assert _lib.execute_preconverted.argtypes is None
+    assert _lib.C.dnnl_primitive_execute.argtypes is not None  # the declared one is untouched
+    src, dst = Memory(md), Memory(md)
+    run = primitive.bind(primitive.with_scratchpad({Arg.SRC: src, Arg.DST: dst})).runner(
+        default_stream())
+    src.array[...] = np.arange(6, dtype=np.float32).reshape(2, 3)
+    run()
+    assert np.array_equal(dst.array, 2 * src.array + 1)
 
 
 def test_next_impl_walks_the_implementation_list() -> None:
