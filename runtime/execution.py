@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Stream
+from qfuse.runtime.onednn._lib import check
+from qfuse.runtime.onednn.primitive import BoundPrimitive
 
 if TYPE_CHECKING:
     from qfuse.compiler.lower.plan import Kernel, Plan
@@ -72,11 +74,24 @@ class ExecutionContext:
             self.memories[name] = Memory(slot.md, buffer[offset:offset + slot.md.size])
         scratch = plan.scratchpad_bytes
         self._scratchpad = aligned_bytes(scratch, fill) if scratch else None
-        self.runs: list[Callable[[], None]] = [self._bind(k) for k in plan.kernels]
+        # per kernel a closure that runs it (``runs``: profiling, run_all) and, for the run
+        # loop, ``(function, arguments)`` whose call returns 0 on success (``calls``): a
+        # primitive's pre-converted dnnl_primitive_execute, which holds its handles' values
+        # only, so ``runs`` (the bound primitives) must live as long as ``calls``
+        bound = [self._bind(k) for k in plan.kernels]
+        self.runs: list[Callable[[], None]] = [run for run, _ in bound]
+        self.calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = [c for _, c in bound]
         self.inputs = [(name, self.view(slot)) for name, slot in plan.inputs.items()]
         self.outputs = [(name, self.view(slot)) for name, slot in plan.outputs.items()]
 
-    def _bind(self, kernel: Kernel) -> Callable[[], None]:
+    def _bind(self, kernel: Kernel) -> tuple[Callable[[], None],
+                                             tuple[Callable[..., Any], tuple[Any, ...]]]:
+        run, bound = self._runner(kernel)
+        if bound is None:
+            return run, (run, ())  # a numpy kernel returns None
+        return run, bound.call(self.stream)
+
+    def _runner(self, kernel: Kernel) -> tuple[Callable[[], None], BoundPrimitive | None]:
         if kernel.primitive is None:
             assert kernel.numpy_fn is not None
             fn = kernel.numpy_fn
@@ -89,14 +104,14 @@ class ExecutionContext:
                     stream.wait()
                     fn(ins, outs)  # type: ignore[call-arg]
 
-                return run_into
+                return run_into, None
 
             def run_numpy() -> None:
                 stream.wait()
                 for out, value in zip(outs, fn(ins), strict=True):
                     np.copyto(out, value, casting="unsafe")
 
-            return run_numpy
+            return run_numpy, None
         args: dict[int, Memory] = dict(kernel.fixed)
         for arg, name in kernel.args.items():
             args[arg] = self.memories[name]
@@ -111,7 +126,7 @@ class ExecutionContext:
             raise RuntimeError(f"kernel '{kernel.name}': {exc}") from exc
         # No wait per primitive: the CPU engine's execute returns when the work is done (the
         # run waits once at the end); the wait and the Python wrapper cost ~1 us a kernel
-        return bound.runner(self.stream)
+        return bound.runner(self.stream), bound
 
     def view(self, slot: str) -> np.ndarray:
         """A numpy view of a plain slot's memory in this context (writes go to the buffer); a
@@ -126,9 +141,20 @@ class ExecutionContext:
 
     def run(self) -> None:
         """Execute every kernel in order on the inputs already written; wait for the end."""
-        for run in self.runs:
-            run()
+        self.execute_kernels()
         self.stream.wait()
+
+    def execute_kernels(self) -> None:
+        """Every kernel in order (no wait): the run loop. A primitive's nonzero status
+        raises DnnlError naming its kernel."""
+        for function, arguments in self.calls:
+            status = function(*arguments)
+            if status:
+                self._failed(status, arguments)
+
+    def _failed(self, status: int, arguments: tuple[Any, ...]) -> None:
+        index = next(i for i, (_, a) in enumerate(self.calls) if a is arguments)
+        check(status, "dnnl_primitive_execute", self.plan.kernels[index].name)
 
 
 def _reorder(src: Memory, dst: Memory, stream: Stream) -> None:

@@ -156,8 +156,7 @@ class Executor:
         try:
             for name, view in context.inputs:
                 np.copyto(view, feeds[name])
-            for run in context.runs:
-                run()
+            context.execute_kernels()
             context.stream.wait()
             results = {name: view.copy() for name, view in context.outputs}
             results.update((name, cell.take()) for name, cell in self.plan.dynamic.items())

@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable, Mapping
 from ctypes import Array, byref, c_char_p, c_int, c_uint, c_void_p
 from dataclasses import dataclass
+from typing import Any
 
 from qfuse.runtime.onednn._lib import C, ExecArg, Native, check, execute_preconverted, preconverted
 from qfuse.runtime.onednn.attr import AttrInfo
@@ -267,18 +268,23 @@ class BoundPrimitive:
     def execute(self, stream: Stream | None = None, *, wait: bool = True) -> None:
         _run(self.primitive, self._exec_args, stream or default_stream(), wait)
 
-    def runner(self, stream: Stream) -> Callable[[], None]:
-        """A closure that only calls ``dnnl_primitive_execute`` (no wait; a status other than
-        success raises): the run loop's fast path, ~1 us less per kernel than ``execute``, its
-        arguments converted to ctypes once (``_lib.execute_preconverted``). On the CPU engine
-        (OpenMP runtime) execute returns when the work is done."""
-        execute = execute_preconverted
-        handle, stream_handle, count, exec_args = preconverted(
+    def call(self, stream: Stream) -> tuple[Callable[..., int], tuple[Any, ...]]:
+        """``(function, arguments)``: ``function(*arguments)`` executes the primitive on
+        ``stream`` and returns its dnnl_status_t (0: success), the arguments converted to
+        ctypes once (``_lib.execute_preconverted``). They hold the handles' values, not the
+        objects: the caller keeps this BoundPrimitive (its memories) alive while it calls."""
+        return execute_preconverted, preconverted(
             c_void_p(self.primitive.handle.value), c_void_p(stream.handle.value),
             c_int(len(self._exec_args)), self._exec_args)
 
+    def runner(self, stream: Stream) -> Callable[[], None]:
+        """A closure that only calls ``dnnl_primitive_execute`` (no wait; a status other than
+        success raises), ~1 us less per kernel than ``execute`` (``call``). On the CPU engine
+        (OpenMP runtime) execute returns when the work is done."""
+        execute, arguments = self.call(stream)
+
         def run() -> None:
-            status = execute(handle, stream_handle, count, exec_args)
+            status = execute(*arguments)
             if status:  # naming self keeps the bound memories (their C handles) alive
                 check(status, "dnnl_primitive_execute", self.primitive.name)
 
