@@ -742,7 +742,7 @@ def _repeated_operands(ctx: LowerContext, node: Node) -> dict[int, tuple[str, in
 def _repeated_slot(ctx: LowerContext, node: Node, port: int, md: MemoryDesc) -> str | None:
     """A slot viewing the first ``md.nelems`` values of port's operand written repeated by
     its producer, or None when it is not (enough times)."""
-    value, times = _repeated_operands(ctx, node).get(port, ("", 0))
+    value = _repeated_operands(ctx, node).get(port, ("", 0))[0]
     whole = ctx.md_of(value) if value else None
     if whole is None or whole.dtype != md.dtype or md.nelems > whole.nelems:
         return None
