@@ -99,8 +99,10 @@ def not_fused(graph: Graph, results: list[PassResult]) -> list[dict[str, str]]:
                           "reason": "runs in float32, its post-ops fused (mark_float_compute): "
                                     + reasons[node.name]})
             continue
-        if node.fused is not None or node.op is Op.TABLE or is_trivial_int_op(graph, node):
-            continue  # a Table is a chain in one kernel (passes/table_lookup.py)
+        if (node.fused is not None or node.op is Op.TABLE or is_trivial_int_op(graph, node)
+                or node.meta.get("view_of")):
+            continue  # a Table is a chain in one kernel (passes/table_lookup.py); a view a
+            # pass made of a fused node's output is part of it (passes/widen_gate.py)
         reason = (_REQUANTIZED if _requantized(graph, node)
                   else reasons.get(node.name) or structural_reason(graph, node)
                   or "no pass matched")

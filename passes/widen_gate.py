@@ -150,8 +150,10 @@ def _widen(graph: Graph, conv: Node, k: int) -> str:
         new = graph.add_node(Op.CONV, inputs, [wide], attrs, name=name, infos=[TensorInfo(
             (out.shape[0], k * channels, *out.shape[2:]), out.dtype, out.quant)], origin=origin)
         new.fused, new.meta = fused, meta
-        graph.add_node(Op.SLICE, [wide], [y], SliceAttrs((0,), (channels,), (1,), (1,)),
-                       name=graph.unique_name(f"{name}/first"), infos=[out], origin=origin)
+        first = graph.add_node(Op.SLICE, [wide], [y], SliceAttrs((0,), (channels,), (1,), (1,)),
+                               name=graph.unique_name(f"{name}/first"), infos=[out],
+                               origin=origin)
+        first.meta["view_of"] = name  # part of the Conv's kernel (no kernel: fusion_report)
 
     replace_nodes(graph, [conv], build)
     log.debug("%s: writes its %d channels %d times", name, channels, k)
