@@ -86,32 +86,38 @@ class ExecutionContext:
 
     def _bind(self, kernel: Kernel) -> tuple[Callable[[], None],
                                              tuple[Callable[..., Any], tuple[Any, ...]]]:
-        run, bound = self._runner(kernel)
-        if bound is None:
-            return run, (run, ())  # a numpy kernel returns None
-        return run, bound.call(self.stream)
-
-    def _runner(self, kernel: Kernel) -> tuple[Callable[[], None], BoundPrimitive | None]:
+        """The kernel's closure and its ``(function, arguments)`` (``calls``)."""
         if kernel.primitive is None:
-            assert kernel.numpy_fn is not None
-            fn = kernel.numpy_fn
-            ins = [self.view(n) for n in kernel.reads]
-            outs = [self.view(n) for n in kernel.writes]
-            stream = self.stream
+            run = self._numpy_runner(kernel)
+            return run, (run, ())  # a numpy kernel returns None
+        bound = self._bound(kernel)
+        # No wait per primitive: the CPU engine's execute returns when the work is done (the
+        # run waits once at the end); the wait and the Python wrapper cost ~1 us a kernel
+        return bound.runner(self.stream), bound.call(self.stream)
 
-            if kernel.numpy_into:  # it fills its output views itself
-                def run_into() -> None:
-                    stream.wait()
-                    fn(ins, outs)  # type: ignore[call-arg]
+    def _numpy_runner(self, kernel: Kernel) -> Callable[[], None]:
+        assert kernel.numpy_fn is not None
+        fn = kernel.numpy_fn
+        ins = [self.view(n) for n in kernel.reads]
+        outs = [self.view(n) for n in kernel.writes]
+        stream = self.stream
 
-                return run_into, None
-
-            def run_numpy() -> None:
+        if kernel.numpy_into:  # it fills its output views itself
+            def run_into() -> None:
                 stream.wait()
-                for out, value in zip(outs, fn(ins), strict=True):
-                    np.copyto(out, value, casting="unsafe")
+                fn(ins, outs)  # type: ignore[call-arg]
 
-            return run_numpy, None
+            return run_into
+
+        def run_numpy() -> None:
+            stream.wait()
+            for out, value in zip(outs, fn(ins), strict=True):
+                np.copyto(out, value, casting="unsafe")
+
+        return run_numpy
+
+    def _bound(self, kernel: Kernel) -> BoundPrimitive:
+        assert kernel.primitive is not None
         args: dict[int, Memory] = dict(kernel.fixed)
         for arg, name in kernel.args.items():
             args[arg] = self.memories[name]
@@ -121,12 +127,9 @@ class ExecutionContext:
             args[int(Arg.SCRATCHPAD)] = Memory(expected.md,
                                                self._scratchpad[:expected.md.size])
         try:
-            bound = kernel.primitive.bind(args)
+            return kernel.primitive.bind(args)
         except ValueError as exc:
             raise RuntimeError(f"kernel '{kernel.name}': {exc}") from exc
-        # No wait per primitive: the CPU engine's execute returns when the work is done (the
-        # run waits once at the end); the wait and the Python wrapper cost ~1 us a kernel
-        return bound.runner(self.stream), bound
 
     def view(self, slot: str) -> np.ndarray:
         """A numpy view of a plain slot's memory in this context (writes go to the buffer); a
