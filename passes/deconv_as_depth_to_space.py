@@ -31,7 +31,6 @@ per-channel quantize in the chain or a per-channel quantized output. Composer op
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 import numpy as np
@@ -39,7 +38,12 @@ import numpy as np
 from qfuse.ir import Graph, Node, Op, TensorInfo
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs, DepthToSpaceAttrs
 from qfuse.passes.base import PassContext
-from qfuse.passes.repeat_channels import repeatable, tiled_chain_op, tiled_meta, tiled_quant
+from qfuse.passes.repeat_channels import (
+    repeatable,
+    repeated_bias,
+    repeated_state,
+    tiled_quant,
+)
 from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
@@ -101,22 +105,10 @@ def _rewrite(graph: Graph, node: Node, b: int) -> None:
     wquant = tiled_quant(graph.info(w).quant, reps, 0)  # ConvTranspose's output channels: axis 1
     w_conv = graph.add_constant(graph.unique_name(f"{w}@1x1"), conv_w,
                                 TensorInfo(conv_w.shape, graph.info(w).dtype, wquant)).name
-    inputs = [x, w_conv]
-    if len(node.inputs) > 2 and node.inputs[2]:
-        bias = graph.constant(node.inputs[2])
-        assert bias is not None
-        inputs.append(graph.add_constant(
-            graph.unique_name(f"{node.inputs[2]}@1x1"), np.tile(bias, reps),
-            TensorInfo((reps * o,), graph.info(node.inputs[2]).dtype)).name)
-    fused = node.fused
-    meta = dict(node.meta)
-    if fused is not None:
-        fused = dataclasses.replace(
-            fused, chain=[tiled_chain_op(op, reps) for op in fused.chain],
-            notes=[*fused.notes, f"kernel {b}x{b} = stride: a 1x1 convolution to {reps}·{o} "
-                   "channels and a DepthToSpace (oneDNN's deconvolution computes few output "
-                   "channels in blocks of 16)"])
-        meta = tiled_meta(meta, reps)
+    inputs = [x, w_conv, *repeated_bias(graph, node, reps, "@1x1")]
+    fused, meta = repeated_state(
+        node, reps, f"kernel {b}x{b} = stride: a 1x1 convolution to {reps}·{o} channels and a "
+        "DepthToSpace (oneDNN's deconvolution computes few output channels in blocks of 16)")
     name, origin = node.name, list(node.origin)
     n, _, h, width = xinfo.shape
     cells = graph.unique_name(f"{y}@cells")

@@ -17,7 +17,17 @@ from typing import Any
 
 import numpy as np
 
-from qfuse.ir.chain import ChainOp, PRelu, Quantize, Residual, Scale, Shift, TensorOperand
+from qfuse.ir import Graph, Node, TensorInfo
+from qfuse.ir.chain import (
+    ChainOp,
+    Fused,
+    PRelu,
+    Quantize,
+    Residual,
+    Scale,
+    Shift,
+    TensorOperand,
+)
 from qfuse.ir.postops import Add, Binary, Clip, Composed, Div, Mul, Prelu
 from qfuse.ir.types import QuantParams
 
@@ -84,3 +94,24 @@ def tiled_meta(meta: dict[str, Any], reps: int) -> dict[str, Any]:
     if "basic" in meta:
         meta["basic"] = [tiled_post_op(op, reps) for op in meta["basic"]]
     return meta
+
+
+def repeated_state(node: Node, reps: int, note: str) -> tuple[Fused | None, dict[str, Any]]:
+    """``node``'s fused chain (``note`` added to its notes) and composed attributes for its
+    output channels repeated ``reps`` times."""
+    fused = node.fused
+    if fused is not None:
+        fused = dataclasses.replace(fused, chain=[tiled_chain_op(op, reps) for op in fused.chain],
+                                    notes=[*fused.notes, note])
+    return fused, tiled_meta(node.meta, reps)
+
+
+def repeated_bias(graph: Graph, node: Node, reps: int, suffix: str) -> list[str]:
+    """``[a new constant: node's bias (input 2) repeated reps times]``, or [] without one."""
+    if len(node.inputs) < 3 or not node.inputs[2]:
+        return []
+    name = node.inputs[2]
+    bias = graph.constant(name)
+    assert bias is not None
+    return [graph.add_constant(graph.unique_name(f"{name}{suffix}"), np.tile(bias, reps),
+                               TensorInfo((reps * bias.size,), graph.info(name).dtype)).name]

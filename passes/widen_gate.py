@@ -38,7 +38,6 @@ GATE_ROW)`` > 1; the gate's producer is a Conv with one group, constant weights 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 
@@ -51,8 +50,8 @@ from qfuse.ir.rows import GATE_ROW, GATE_SHORT, repeat_kernel_pays, repeats
 from qfuse.passes.base import PassContext
 from qfuse.passes.repeat_channels import (
     repeatable,
-    tiled_chain_op,
-    tiled_meta,
+    repeated_bias,
+    repeated_state,
     tiled_quant,
 )
 from qfuse.passes.replace import replace_nodes
@@ -88,16 +87,18 @@ def _gate(graph: Graph, node: Node) -> tuple[int, Node, int] | None:
     if x.rank != 4 or x.shape[0] != 1:
         return None
     channels, h, w = x.shape[1:]
+    # where a repeat kernel pays, the lowering makes one; a wider Conv costs about as much
+    short = channels <= GATE_SHORT and not repeat_kernel_pays(h * w, channels)
+    k = repeats(h * w, channels, GATE_ROW) if short else 1
+    if k < 2:
+        return None
     for item in node.fused.chain:
         if not (isinstance(item, TensorOperand) and item.alg == "mul"):
             continue
         gate = node.inputs[item.port]
         info = graph.info(gate)
-        # where a repeat kernel pays, the lowering makes one; a wider Conv costs about as much
-        short = channels <= GATE_SHORT and not repeat_kernel_pays(h * w, channels)
-        k = repeats(h * w, channels, GATE_ROW) if short else 1
         conv = graph.producer(gate)
-        if (info.shape != (1, channels, 1, 1) or info.dtype is not DType.F32 or k < 2
+        if (info.shape != (1, channels, 1, 1) or info.dtype is not DType.F32
                 or gate in graph.outputs or conv is None or not _widens(graph, conv, k)):
             continue
         return item.port, conv, k
@@ -128,20 +129,11 @@ def _widen(graph: Graph, conv: Node, k: int) -> str:
     winfo = graph.info(w)
     wide_w = np.tile(weights, (k,) + (1,) * (weights.ndim - 1))
     inputs = [x, graph.add_constant(graph.unique_name(f"{w}@x{k}"), wide_w, TensorInfo(
-        wide_w.shape, winfo.dtype, tiled_quant(winfo.quant, k, 0))).name]
-    if len(conv.inputs) > 2 and conv.inputs[2]:
-        bias = graph.constant(conv.inputs[2])
-        assert bias is not None
-        inputs.append(graph.add_constant(
-            graph.unique_name(f"{conv.inputs[2]}@x{k}"), np.tile(bias, k),
-            TensorInfo((k * bias.size,), graph.info(conv.inputs[2]).dtype)).name)
-    fused = conv.fused
-    if fused is not None:
-        fused = dataclasses.replace(
-            fused, chain=[tiled_chain_op(op, k) for op in fused.chain],
-            notes=[*fused.notes, f"writes its {channels} channels {k} times: the gate's "
-                   f"multiply reads them in rows of {k * channels} (passes/widen_gate.py)"])
-    meta = tiled_meta(conv.meta, k)
+        wide_w.shape, winfo.dtype, tiled_quant(winfo.quant, k, 0))).name,
+        *repeated_bias(graph, conv, k, f"@x{k}")]
+    fused, meta = repeated_state(
+        conv, k, f"writes its {channels} channels {k} times: the gate's multiply reads them in "
+        f"rows of {k * channels} (passes/widen_gate.py)")
     attrs: ConvAttrs = conv.attrs
     name, origin = conv.name, list(conv.origin)
     wide = graph.unique_name(f"{y}@x{k}")
