@@ -66,8 +66,8 @@ def test_the_gate_is_written_repeated_and_read_in_long_rows() -> None:
     assert np.array_equal(on.run(feeds)["y"], unfused.run(feeds)["y"])
 
 
-def _plan_gates(model: onnx.ModelProto) -> list[str]:
-    return _gate_convs(qfuse.compile_model(model), 24)
+def _plan_gates(model: onnx.ModelProto, channels: int = 24) -> list[str]:
+    return _gate_convs(qfuse.compile_model(model), channels)
 
 
 def test_not_applied() -> None:
@@ -81,5 +81,7 @@ def test_not_applied() -> None:
     assert _plan_gates(model) == []
     # a chain large enough for a repeat kernel (2304 rows): the lowering makes one
     assert _plan_gates(squeeze_excitation(24, 48)) == []
-    # channels enough for long rows already
-    assert repeats(12 * 12, 2048, GATE_ROW) == 1
+    # more channels than GATE_SHORT (rows of 160 gain about what a wider Conv costs), though
+    # a k exists: 64 rows of 160, repeated 4 times
+    assert repeats(8 * 8, 160, GATE_ROW) == 4
+    assert _plan_gates(squeeze_excitation(160, 8), 160) == []
