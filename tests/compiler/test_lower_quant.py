@@ -9,7 +9,8 @@ from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr, reorder
-from tests.compiler.lower_helpers import random_int, ref_eval, run_plan
+from tests.compiler.lower_helpers import (add_int8_conv, int_input, random_int, ref_eval,
+                                          run_plan)
 
 F32 = np.float32
 U8, S8 = DType.U8, DType.S8
@@ -245,8 +246,41 @@ def test_quantize_read_only_by_a_dequantize_keeps_its_source_layout() -> None:
     got, plan = run_plan(g, {"x": x})
     np.testing.assert_array_equal(got["y"], ref_eval(g, {"x": x})["y"])
     kernels = {k["node"]: k for k in plan.inspect()["kernels"]}
-    assert "strides=(840, 1, 70, 5)" in kernels["q_q"]["dst_layouts"][0], kernels["q_q"]
-    assert kernels["dq_y"]["src_layouts"] == kernels["q_q"]["dst_layouts"]
+    # the quantize writes q's channels-last bytes as one dim (5 channels: short rows)
+    assert kernels["q_q"]["dst_layouts"] == ["u8 (840,) strides=(1,)"], kernels["q_q"]
+    assert kernels["dq_y"]["src_layouts"] == ["u8 (1, 5, 12, 14) strides=(840, 1, 70, 5)"]
     assert kernels["dq_y"]["dst_layouts"] == ["f32 (1, 5, 12, 14) strides=(840, 168, 14, 1)"]
     assert not any(k["primitive"] == "reorder" and k["src_dtype"] == k["dst_dtype"] == "u8"
                    for k in kernels.values()), kernels
+
+
+@pytest.mark.parametrize(("channels", "flat"), [(8, True), (24, True), (16, True), (1, False)])
+def test_requantize_of_channels_last_runs_over_one_dim(channels: int, flat: bool) -> None:
+    """A per-tensor requantize of a channels-last tensor (a Concat input GhostNet's ghost
+    modules requantize) runs over its bytes as one dim: oneDNN 3.2's jit binary walks each
+    pixel's channels in vector-length pieces, 8x slower on 8 channels. Bit-exact with ONNX's
+    formulas; the output keeps the conv's channels-last layout. One channel is row-major
+    already: nothing to merge."""
+    g = Graph("requant_cl")
+    x = int_input(g, "x", (1, 16, 12, 10), U8, 0.05, 128)
+    conv = add_int8_conv(g, x, channels, out_scale=0.05, out_zp=128)
+    q = conv.outputs[0]
+    _dq_node(g, q, "f", 0.05, 128)
+    g.add_node(Op.QUANTIZE_LINEAR, ["f", g.add_constant("r_s", F32(0.0731)).name,
+                                    g.add_constant("r_z", np.array(3, np.uint8)).name],
+               ["r"], QuantizeAttrs(U8, 1), name="q_r",
+               infos=[TensorInfo(g.info(q).shape, U8)])
+    g.outputs += [q, "r"]
+    feeds = {"x": random_int(np.random.default_rng(5), (1, 16, 12, 10), U8)}
+    got, plan = run_plan(g, feeds)
+    kernels = {k["node"]: k for k in plan.inspect()["kernels"]}
+    requant = kernels["q_r"]
+    assert requant["src_dtype"] == "u8" and requant["impl"] == "jit:uni", requant
+    assert ("memory_order" in requant["optimizations"]) == flat, requant
+    size = 12 * 10 * channels
+    if flat:
+        assert requant["src_layouts"] == [f"u8 ({size},) strides=(1,)"], requant
+    layout = kernels["conv"]["dst_layouts"][0]
+    assert channels == 1 or f"strides=({size}, 1, {10 * channels}, {channels})" in layout
+    np.testing.assert_array_equal(got["r"], _onnx_requantize(got[q], (0.05, 128), (0.0731, 3),
+                                                              U8))

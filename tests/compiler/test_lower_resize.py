@@ -187,6 +187,39 @@ def test_nearest_reads_the_convolutions_channels_last_output() -> None:
     assert plan.reorders == 0
 
 
+@requires_exact_int8
+@pytest.mark.parametrize("channels", [16, 1])
+def test_declined_nearest_gathers_rows_of_the_convolutions_channels_last_output(
+        channels: int) -> None:
+    """A nearest Resize oneDNN declines (3 → 7, asymmetric / floor), reading a convolution's
+    channels-last output: the gather copies whole rows of C channels in the conv's layout and
+    writes y in it, no reorder before or after; bit-exact with the reference. One channel:
+    rows of one element over the same bytes."""
+    g = Graph("conv_resize_declined")
+    x = int_input(g, "x", (1, 8, 3, 3), DType.U8)
+    conv = add_int8_conv(g, x, channels)
+    c = conv.outputs[0]
+    info = g.info(c)
+    out = (1, channels, 7, 7)
+    g.add_node(Op.RESIZE, [c], ["y"], ResizeAttrs(ResizeMode.NEAREST, out, (1, 1, 7 / 3, 7 / 3),
+                                                  "asymmetric", "floor"),
+               infos=[TensorInfo(out, info.dtype, info.quant)])
+    g.outputs.append("y")
+    feeds = {"x": random_int(RNG, (1, 8, 3, 3), DType.U8)}
+    _, plan = run_plan(g, feeds)
+    values = Executor(plan).run_all(feeds)
+    resize = g.producer("y")
+    assert resize is not None
+    np.testing.assert_array_equal(values["y"], IMPLS[Op.RESIZE](resize, [values[c]])[0])
+    kernel = _resize_kernel(plan)
+    assert kernel["primitive"] == "numpy"
+    rows = "rows of 16 elements" if channels == 16 else "rows of 1 element"
+    assert rows in kernel["note"], kernel["note"]
+    if channels > 1:
+        assert kernel["src_layouts"] == ["u8 (1, 3, 3, 16) strides=(144, 48, 16, 1)"], kernel
+    assert plan.reorders == 0, [k.name for k in plan.kernels]
+
+
 def _assert_exact_linear_kernel(kernel: dict, shape: tuple[int, ...],
                                 ctm: str = "half_pixel") -> None:
     """A 4-d linear Resize runs onnxruntime's channels-last bilinear kernel (its bytes probed
