@@ -189,6 +189,7 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
                                exact_int8=exact_int8,
                                in_place_concat=ctx.composer.on("in_place_concat"),
                                merge_copies=ctx.composer.on("merge_copies"),
+                               sum_in_place=ctx.composer.on("sum_in_place"),
                                linear_resampling=ctx.composer.on("linear_resampling")))
     executor = Executor(plan, threads)
     from qfuse.compiler.concat_report import concat_report

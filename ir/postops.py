@@ -45,6 +45,7 @@ OPTIMIZATIONS = (
     "clip_shift",
     "in_place_concat",
     "merge_copies",
+    "sum_in_place",
     "fold_output_dequantize",
     "fold_float_dequantize",
     "fold_resize_dequantize",

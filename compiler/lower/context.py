@@ -41,6 +41,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.in_place_concat import place_concats
 from qfuse.compiler.lower.merge_copies import merge_copies
+from qfuse.compiler.lower.sum_in_place import sum_in_place
 from qfuse.compiler.lower.plan import DynamicOutput, Kernel, KernelInfo, NumpyFn, Plan, Slot
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.mode import Mode
@@ -74,6 +75,10 @@ class Options:
     # A reorder reading what a plain copy wrote reads the copy's source (merge_copies.py); False
     # keeps both (the composer option of that name).
     merge_copies: bool = True
+    # A residual copied for a sum post-op is summed in place when its other readers can run
+    # before the summing kernel (sum_in_place.py); False keeps the copy (the composer option
+    # of that name).
+    sum_in_place: bool = True
     # A linear Resize no quantization follows runs on oneDNN's resampling_linear where its taps
     # are ONNX's (lower_resize.py; within a few float32 ulps, not bit-exact); False keeps the
     # bit-exact numpy kernel (the composer option linear_resampling).
@@ -424,9 +429,13 @@ class LowerContext:
         if self.options.merge_copies and self.options.mode is not Mode.UNFUSED:
             self.slots, self.kernels, merged = merge_copies(
                 self.slots, self.kernels, {*inputs.values(), *outputs.values()})
+        summed = 0
+        if self.options.sum_in_place and self.options.mode is not Mode.UNFUSED:
+            self.slots, self.kernels, summed = sum_in_place(
+                self.slots, self.kernels, {*inputs.values(), *outputs.values()})
         plan = Plan(self.graph.name, self.slots, self.kernels, inputs, outputs,
                     self.reorders, self.io_reorders,
-                    notes={"in_place_sums": self.in_place_sums,
+                    notes={"in_place_sums": self.in_place_sums + summed,
                            "in_place_concats": sum(c["removed"] for c in concats),
                            "concats": concats, "merged_copies": merged},
                     homes={v: s for v, s in self.home.items() if v in self.graph.values},
