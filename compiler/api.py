@@ -190,6 +190,7 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
                                in_place_concat=ctx.composer.on("in_place_concat"),
                                merge_copies=ctx.composer.on("merge_copies"),
                                sum_in_place=ctx.composer.on("sum_in_place"),
+                               direct_int8=ctx.composer.on("direct_int8"),
                                linear_resampling=ctx.composer.on("linear_resampling")))
     executor = Executor(plan, threads)
     from qfuse.compiler.concat_report import concat_report

@@ -46,6 +46,7 @@ OPTIMIZATIONS = (
     "in_place_concat",
     "merge_copies",
     "sum_in_place",
+    "direct_int8",
     "fold_output_dequantize",
     "fold_float_dequantize",
     "fold_resize_dequantize",

@@ -297,3 +297,37 @@ def test_deconv_with_a_float_residual_is_not_on_the_gemm_fallback() -> None:
         feeds = {"x": np.random.default_rng(seed).normal(0, 1, (1, 16, 8, 8)).astype(F32)}
         worst, _ = step_diff(fused.run(feeds)["y"], reference.run(feeds)["y"], 0.05)
         assert worst <= 1, worst
+
+
+@requires_exact_int8
+@pytest.mark.parametrize(("case", "direct"), [
+    ({"c": 32, "o": 24, "residual": True}, True),   # 3x3, 24 output channels, a sum post-op
+    ({"c": 16, "o": 40, "stride": 2}, True),
+    ({"c": 16, "o": 32}, False),                     # a multiple of 32: brgconv kept
+    ({"c": 32, "o": 24, "kernel": 1, "pads": (0, 0, 0, 0)}, False),  # 1x1: brgconv_1x1 kept
+])
+def test_spatial_conv_with_few_channels_runs_direct(case: dict, direct: bool) -> None:
+    """A k x k int8 conv with output channels not a multiple of 32 runs on jit_int8 where
+    oneDNN lists brgconv first on AVX-512 VNNI (lower_compute.prefer_direct_int8), with
+    the same results as on brgconv, bit for bit (option off)."""
+    from qfuse.compiler.lower.context import Options
+    case = dict(case)
+    g = Graph("conv")
+    x = int_input(g, "x", (1, case.pop("c"), 20, 18), U8, 0.03, 7)
+    residual = None
+    if case.pop("residual", False):
+        residual = int_input(g, "r", (1, case["o"], 20, 18), U8, 0.05, 3)
+    node = add_int8_conv(g, x, case.pop("o"), residual=residual, **case)
+    g.outputs.append(node.outputs[0])
+    rng = np.random.default_rng(4)
+    feeds = {name: random_int(rng, g.info(name).shape, U8) for name in g.inputs}
+    out, plan = run_plan(g, feeds)
+    off, off_plan = run_plan(g, feeds, direct_int8=False)
+    np.testing.assert_array_equal(out[node.outputs[0]], off[node.outputs[0]])
+    impl = next(k.impl for k in plan.kernels if k.name == "conv")
+    first = next(k.impl for k in off_plan.kernels if k.name == "conv")
+    assert Options().direct_int8
+    if first == "brgconv:avx512_core_vnni" and direct:
+        assert impl == "jit_int8:avx512_core_vnni", impl
+    else:
+        assert impl == first, (impl, first)
