@@ -28,10 +28,12 @@ of the node's unsplit primitive and builds them; ``emit`` takes its result.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -220,19 +222,32 @@ def avoid_amx_when_small(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
 BRGCONV_OC_BLOCK = 32  # output channels brgconv:avx512_core_vnni computes at once
 
 
+@functools.cache
+def cpu_vendor() -> str:
+    """The CPU's vendor id from /proc/cpuinfo ("AuthenticAMD", "GenuineIntel"; "" unknown)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        return ""
+    for line in cpuinfo.read_text().splitlines():
+        if line.startswith("vendor_id"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
 def prefer_direct_int8(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
                        kernel: Sequence[int], channels: int,
                        geometry: dict[str, Sequence[int]]) -> PrimitiveDesc:
     """For a spatial int8 convolution (a kernel dim above 1, one group) with output channels
-    not a multiple of BRGCONV_OC_BLOCK, oneDNN's direct ``jit_int8:avx512_core_vnni`` kernel
-    instead of the ``brgconv:avx512_core_vnni`` it lists first, for the same src/dst layouts
-    (both sum u8·s8 exactly in int32 and apply the same post-ops). Measured alone, 2 threads,
-    this AVX-512 VNNI EPYC, 26 shapes: jit_int8 never slower on k x k convolutions; with 8-120
-    output channels 5-22 % faster (PP-OCRv4 det's 96 → 24, 3x3 on 120 x 160: 571 against
-    508 µs; 24 → 24: 167 against 137), with multiples of 32 within 2 %. Not for 1x1 (24 → 96 on
-    120 x 160: jit_int8 481 against brgconv_1x1's 79 µs), nor where brgconv runs on AMX."""
+    not a multiple of BRGCONV_OC_BLOCK, on an AMD CPU, oneDNN's direct
+    ``jit_int8:avx512_core_vnni`` kernel instead of the ``brgconv:avx512_core_vnni`` it lists
+    first, for the same src/dst layouts (both sum u8·s8 exactly in int32 and apply the same
+    post-ops). Measured alone, 2 threads, a Zen 4 EPYC, 26 shapes: jit_int8 never slower on
+    k x k convolutions; with 8-120 output channels 5-22 % faster (PP-OCRv4 det's 96 → 24, 3x3
+    on 120 x 160: 571 against 508 µs; 24 → 24: 167 against 137), with multiples of 32 within
+    2 %. Not for 1x1 (24 → 96 on 120 x 160: jit_int8 481 against brgconv_1x1's 79 µs), nor
+    where brgconv runs on AMX; on Intel CPUs (not measured) oneDNN's order stays."""
     if (pd.impl_name != "brgconv:avx512_core_vnni" or channels % BRGCONV_OC_BLOCK == 0
-            or all(k == 1 for k in kernel)):
+            or all(k == 1 for k in kernel) or cpu_vendor() != "AuthenticAMD"):
         return pd
     try:
         alt = remake()
