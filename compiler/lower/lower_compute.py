@@ -203,20 +203,34 @@ def avoid_amx_when_small(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
     on brgconv_1x1:avx512_core_vnni inside the model; alone, at 3.2 M AMX was 1.3x faster."""
     if "amx" not in pd.impl_name or macs >= SMALL_MACS:
         return pd
+    def skip(name: str) -> bool:
+        return "amx" in name or (geometry is not None and wrong_for(
+            name, kind, geometry, depthwise_binary=depthwise_binary) is not None)
+
+    alt = _alternative(pd, remake, skip, lambda name: is_slow(name, kind))
+    if alt is None:
+        return pd
+    log.info("%s instead of %s (%d MACs)", alt.impl_name, pd.impl_name, macs)
+    return alt
+
+
+def _alternative(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
+                 skip: Callable[[str], bool], refuse: Callable[[str], bool]
+                 ) -> PrimitiveDesc | None:
+    """The first implementation after ``pd``'s own (on a fresh descriptor from ``remake``)
+    whose name ``skip`` passes over, for the same src/dst layouts, or None when there is none
+    or the first one not skipped has other layouts or is ``refuse``d."""
     try:
         alt = remake()
     except DnnlError:
-        return pd
+        return None
     while alt.next_impl():
-        name = alt.impl_name
-        if "amx" in name or (geometry is not None and wrong_for(
-                name, kind, geometry, depthwise_binary=depthwise_binary)):
+        if skip(alt.impl_name):
             continue
-        if is_slow(name, kind) or alt.src_md != pd.src_md or alt.dst_md != pd.dst_md:
-            break
-        log.info("%s instead of %s (%d MACs)", name, pd.impl_name, macs)
+        if alt.src_md != pd.src_md or alt.dst_md != pd.dst_md or refuse(alt.impl_name):
+            return None
         return alt
-    return pd
+    return None
 
 
 BRGCONV_OC_BLOCK = 32  # output channels brgconv:avx512_core_vnni computes at once
@@ -249,20 +263,12 @@ def prefer_direct_int8(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
     if (pd.impl_name != "brgconv:avx512_core_vnni" or channels % BRGCONV_OC_BLOCK == 0
             or all(k == 1 for k in kernel) or cpu_vendor() != "AuthenticAMD"):
         return pd
-    try:
-        alt = remake()
-    except DnnlError:
+    alt = _alternative(pd, remake, lambda name: name != "jit_int8:avx512_core_vnni",
+                       lambda name: wrong_for(name, "convolution", geometry) is not None)
+    if alt is None:
         return pd
-    while alt.next_impl():
-        if alt.impl_name != "jit_int8:avx512_core_vnni":
-            continue
-        if (alt.src_md != pd.src_md or alt.dst_md != pd.dst_md
-                or wrong_for(alt.impl_name, "convolution", geometry)):
-            break
-        log.info("%s instead of %s (%d output channels)", alt.impl_name, pd.impl_name,
-                 channels)
-        return alt
-    return pd
+    log.info("%s instead of %s (%d output channels)", alt.impl_name, pd.impl_name, channels)
+    return alt
 
 
 def probe_conv(ctx: LowerContext, node: Node, port: int, dtype: DataType) -> MemoryDesc | None:
