@@ -79,9 +79,9 @@ class Options:
     # before the summing kernel (sum_in_place.py); False keeps the copy (the composer option
     # of that name).
     sum_in_place: bool = True
-    # A spatial int8 convolution with output channels not a multiple of 32 runs on oneDNN's
-    # jit_int8 rather than brgconv (lower_compute.prefer_direct_int8); False keeps oneDNN's
-    # first choice (the composer option direct_int8).
+    # On an AMD CPU, a spatial int8 convolution with fewer than 32 output channels runs on
+    # oneDNN's jit_int8 rather than brgconv (lower_compute.prefer_direct_int8); False keeps
+    # oneDNN's first choice (the composer option direct_int8).
     direct_int8: bool = True
     # A linear Resize no quantization follows runs on oneDNN's resampling_linear where its taps
     # are ONNX's (lower_resize.py; within a few float32 ulps, not bit-exact); False keeps the

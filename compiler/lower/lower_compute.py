@@ -251,16 +251,18 @@ def cpu_vendor() -> str:
 def prefer_direct_int8(pd: PrimitiveDesc, remake: Callable[[], PrimitiveDesc],
                        kernel: Sequence[int], channels: int,
                        geometry: dict[str, Sequence[int]]) -> PrimitiveDesc:
-    """For a spatial int8 convolution (a kernel dim above 1, one group) with output channels
-    not a multiple of BRGCONV_OC_BLOCK, on an AMD CPU, oneDNN's direct
+    """For a spatial int8 convolution (a kernel dim above 1, one group) with fewer output
+    channels than BRGCONV_OC_BLOCK, on an AMD CPU, oneDNN's direct
     ``jit_int8:avx512_core_vnni`` kernel instead of the ``brgconv:avx512_core_vnni`` it lists
     first, for the same src/dst layouts (both sum u8·s8 exactly in int32 and apply the same
-    post-ops). Measured alone, 2 threads, a Zen 4 EPYC, 26 shapes: jit_int8 never slower on
-    k x k convolutions; with 8-120 output channels 5-22 % faster (PP-OCRv4 det's 96 → 24, 3x3
-    on 120 x 160: 571 against 508 µs; 24 → 24: 167 against 137), with multiples of 32 within
-    2 %. Not for 1x1 (24 → 96 on 120 x 160: jit_int8 481 against brgconv_1x1's 79 µs), nor
-    where brgconv runs on AMX; on Intel CPUs (not measured) oneDNN's order stays."""
-    if (pd.impl_name != "brgconv:avx512_core_vnni" or channels % BRGCONV_OC_BLOCK == 0
+    post-ops). Measured alone, 2 threads, a Zen 4 EPYC: with 8-24 output channels jit_int8 is
+    5-22 % faster (PP-OCRv4 det's 96 → 24, 3x3 on 120 x 160: 571 against 508 µs; 24 → 24: 167
+    against 137; 32 → 16: 150 against 127). Above that the two part ways: alone jit_int8 was
+    still 1-9 % faster at 40-120 channels, but inside SelecSLS-42B its 72-304-channel convs ran
+    4-18 % slower (the model 1.035x), so they keep brgconv. Not for 1x1 (24 → 96 on 120 x 160:
+    jit_int8 481 against brgconv_1x1's 79 µs), nor where brgconv runs on AMX; on Intel CPUs
+    (not measured) oneDNN's order stays."""
+    if (pd.impl_name != "brgconv:avx512_core_vnni" or channels >= BRGCONV_OC_BLOCK
             or all(k == 1 for k in kernel) or cpu_vendor() != "AuthenticAMD"):
         return pd
     alt = _alternative(pd, remake, lambda name: name != "jit_int8:avx512_core_vnni",

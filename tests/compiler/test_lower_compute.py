@@ -302,12 +302,13 @@ def test_deconv_with_a_float_residual_is_not_on_the_gemm_fallback() -> None:
 @requires_exact_int8
 @pytest.mark.parametrize(("case", "direct"), [
     ({"c": 32, "o": 24, "residual": True}, True),   # 3x3, 24 output channels, a sum post-op
-    ({"c": 16, "o": 40, "stride": 2}, True),
-    ({"c": 16, "o": 32}, False),                     # a multiple of 32: brgconv kept
+    ({"c": 16, "o": 16, "stride": 2}, True),
+    ({"c": 16, "o": 32}, False),                     # 32 or more: brgconv kept
+    ({"c": 16, "o": 72}, False),
     ({"c": 32, "o": 24, "kernel": 1, "pads": (0, 0, 0, 0)}, False),  # 1x1: brgconv_1x1 kept
 ])
 def test_spatial_conv_with_few_channels_runs_direct(case: dict, direct: bool) -> None:
-    """A k x k int8 conv with output channels not a multiple of 32 runs on jit_int8 where
+    """A k x k int8 conv with fewer than 32 output channels runs on jit_int8 where
     oneDNN lists brgconv first on an AVX-512 VNNI AMD CPU (lower_compute.prefer_direct_int8),
     with the same results as on brgconv, bit for bit (option off)."""
     from qfuse.compiler.lower.context import Options
