@@ -12,10 +12,10 @@ values and writes the same output. Exact: no kernel computes anything else, the 
 earlier.
 
 Preconditions, each checked:
-- R is a reorder without attributes copying B (all of its buffer) into a slot over all of D's
-  bytes, of the same layout, and the next kernel touching D's buffer is K, which writes D
+- R is a reorder without attributes copying B (all of its buffer) into a view of all of D's
+  buffer, of the same layout, and the next kernel touching D's buffer is K, which writes D
   and has a sum post-op; K does not read B's buffer;
-- neither buffer is a graph input, output or constant, and D's root is D;
+- neither buffer is a graph input, output or constant;
 - every kernel after K touching B's buffer is a reorder without attributes that only reads
   it, and nothing from K up to that reorder reads or writes what the reorder writes (it moves
   to just before K, in its order); nothing after R writes B's buffer.
