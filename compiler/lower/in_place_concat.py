@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from qfuse.compiler.lower.layouts import same_bytes
-from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, root_slot
+from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
 from qfuse.ir import Graph
 from qfuse.ir.ops import Op, ResizeMode
 from qfuse.runtime.onednn import Arg, DataType, MemoryDesc, reorder
@@ -259,9 +259,7 @@ def _producer_move(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], 
         return None
     writer = kernels[users[0]]
     source = writer.args.get(int(Arg.SRC))
-    attr = writer.primitive.pd.attr if writer.primitive is not None else None
-    if (attr is None or attr.scales_masks or attr.zero_points_masks or attr.post_ops
-            or writer.fixed or writer.writes != [src] or source is None
+    if (not moves_bytes_only(writer) or writer.writes != [src] or source is None
             or writer.reads != [source] or slots[source].host is not None
             or slots[source].md.dtype != slots[src].md.dtype):
         return None

@@ -26,7 +26,7 @@ import logging
 
 import numpy as np
 
-from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, root_slot
+from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
 from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, PrimitiveAttr, PrimitiveDesc, reorder
 
 log = logging.getLogger(__name__)
@@ -83,9 +83,8 @@ def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: 
     if len(users) != 2 or users[1] != index or group & ends:
         return None
     copy = kernels[users[0]]
-    attr = copy.primitive.pd.attr if copy.primitive is not None else None
-    if (copy.kind != "reorder" or attr is None or attr.scales_masks or attr.zero_points_masks
-            or attr.post_ops or copy.fixed or len(copy.writes) != 1 or reader.reads != [source]):
+    if (copy.kind != "reorder" or not moves_bytes_only(copy) or len(copy.writes) != 1
+            or reader.reads != [source]):
         return None
     origin, written = copy.args[int(Arg.SRC)], copy.args[int(Arg.DST)]
     a, d, s = slots[origin].md, slots[written].md, slots[source].md

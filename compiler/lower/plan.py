@@ -121,6 +121,14 @@ class DynamicOutput:
         return value
 
 
+def moves_bytes_only(kernel: Kernel) -> bool:
+    """A primitive without scales, zero points, post-ops or constant arguments: it moves its
+    source's elements unchanged (a reorder copies them; a nearest resampling picks them)."""
+    attr = kernel.primitive.pd.attr if kernel.primitive is not None else None
+    return (attr is not None and not attr.scales_masks and not attr.zero_points_masks
+            and not attr.post_ops and not kernel.fixed)
+
+
 def root_slot(slots: dict[str, Slot], name: str) -> tuple[str, int]:
     """The slot owning ``name``'s bytes (followed through aliases) and ``name``'s byte offset
     in it."""

@@ -29,7 +29,7 @@ import dataclasses
 import logging
 
 from qfuse.compiler.lower.layouts import same_bytes
-from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, root_slot
+from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
 from qfuse.runtime.onednn import Arg, MemoryDesc
 
 log = logging.getLogger(__name__)
@@ -80,9 +80,7 @@ def _touches(kernel: Kernel, group: set[str]) -> tuple[bool, bool]:
 
 
 def _plain_copy(kernel: Kernel) -> bool:
-    attr = kernel.primitive.pd.attr if kernel.primitive is not None else None
-    return (kernel.kind == "reorder" and attr is not None and not attr.scales_masks
-            and not attr.zero_points_masks and not attr.post_ops and not kernel.fixed)
+    return kernel.kind == "reorder" and moves_bytes_only(kernel)
 
 
 def _removable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: set[str]
