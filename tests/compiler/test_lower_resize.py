@@ -163,24 +163,32 @@ def test_nearest_outside_resampling_runs_in_numpy(shape: tuple[int, ...],
     assert why in _resize_kernel(plan)["note"]
 
 
-@requires_exact_int8
-def test_nearest_reads_the_convolutions_channels_last_output() -> None:
+def _conv_then_resize(size: int, channels: int, out: int) -> Plan:
+    """An int8 conv (8 → ``channels``, size x size, channels-last output) read by a nearest
+    Resize (asymmetric / floor) to out x out; checks y bit-exact with the reference Resize of
+    the conv's output as the plan computed it, and returns the plan."""
     g = Graph("conv_resize")
-    x = int_input(g, "x", (1, 8, 6, 6), DType.U8)
-    conv = add_int8_conv(g, x, 16)
-    c = conv.outputs[0]
+    x = int_input(g, "x", (1, 8, size, size), DType.U8)
+    c = add_int8_conv(g, x, channels).outputs[0]
     info = g.info(c)
-    out = (1, 16, 12, 12)
-    g.add_node(Op.RESIZE, [c], ["y"], ResizeAttrs(ResizeMode.NEAREST, out, (1, 1, 2, 2),
+    shape = (1, channels, out, out)
+    g.add_node(Op.RESIZE, [c], ["y"], ResizeAttrs(ResizeMode.NEAREST, shape,
+                                                  (1, 1, out / size, out / size),
                                                   "asymmetric", "floor"),
-               infos=[TensorInfo(out, info.dtype, info.quant)])
+               infos=[TensorInfo(shape, info.dtype, info.quant)])
     g.outputs.append("y")
-    feeds = {"x": random_int(RNG, (1, 8, 6, 6), DType.U8)}
+    feeds = {"x": random_int(RNG, (1, 8, size, size), DType.U8)}
     _, plan = run_plan(g, feeds)
     values = Executor(plan).run_all(feeds)
     resize = g.producer("y")
     assert resize is not None
     np.testing.assert_array_equal(values["y"], IMPLS[Op.RESIZE](resize, [values[c]])[0])
+    return plan
+
+
+@requires_exact_int8
+def test_nearest_reads_the_convolutions_channels_last_output() -> None:
+    plan = _conv_then_resize(6, 16, 12)
     kernel = _resize_kernel(plan)
     assert kernel["primitive"] == "resampling"
     assert "strides=(576, 1, 96, 16)" in kernel["src_layouts"][0]  # nhwc, as the conv wrote
@@ -195,22 +203,7 @@ def test_declined_nearest_gathers_rows_of_the_convolutions_channels_last_output(
     channels-last output: the gather copies whole rows of C channels in the conv's layout and
     writes y in it, no reorder before or after; bit-exact with the reference. One channel:
     rows of one element over the same bytes."""
-    g = Graph("conv_resize_declined")
-    x = int_input(g, "x", (1, 8, 3, 3), DType.U8)
-    conv = add_int8_conv(g, x, channels)
-    c = conv.outputs[0]
-    info = g.info(c)
-    out = (1, channels, 7, 7)
-    g.add_node(Op.RESIZE, [c], ["y"], ResizeAttrs(ResizeMode.NEAREST, out, (1, 1, 7 / 3, 7 / 3),
-                                                  "asymmetric", "floor"),
-               infos=[TensorInfo(out, info.dtype, info.quant)])
-    g.outputs.append("y")
-    feeds = {"x": random_int(RNG, (1, 8, 3, 3), DType.U8)}
-    _, plan = run_plan(g, feeds)
-    values = Executor(plan).run_all(feeds)
-    resize = g.producer("y")
-    assert resize is not None
-    np.testing.assert_array_equal(values["y"], IMPLS[Op.RESIZE](resize, [values[c]])[0])
+    plan = _conv_then_resize(3, channels, 7)
     kernel = _resize_kernel(plan)
     assert kernel["primitive"] == "numpy"
     rows = "rows of 16 elements" if channels == 16 else "rows of 1 element"
