@@ -203,12 +203,17 @@ def ordered_strides(dims: Sequence[int], order: Sequence[int]) -> list[int]:
     return out
 
 
+def dim_order(strides: Sequence[int]) -> list[int]:
+    """The dims in memory order: outermost (largest stride) first, equal strides (size-1
+    dims) by index."""
+    return sorted(range(len(strides)), key=lambda i: (-strides[i], i))
+
+
 def dense_in_order(md: MemoryDesc, dims: Sequence[int],
                    dtype: DataType | None = None) -> MemoryDesc:
     """``dims`` densely laid out in ``md``'s dimension order (outermost = largest stride), of
     ``md``'s element type unless ``dtype`` is given."""
-    strides = md.strides or ()
-    order = sorted(range(len(dims)), key=lambda i: (-strides[i], i))
+    order = dim_order(md.strides or (0,) * len(dims))
     return MemoryDesc.from_strides(tuple(dims), md.dtype if dtype is None else dtype,
                                    ordered_strides(dims, order))
 
@@ -224,7 +229,7 @@ def memory_order_groups(md: MemoryDesc, operands: Sequence[Sequence[int]]
     if not md.is_plain:
         return None
     dims, strides = md.dims, md.strides or ()
-    order = sorted((i for i in range(len(dims)) if dims[i] != 1), key=lambda i: (-strides[i], i))
+    order = [i for i in dim_order(strides) if dims[i] != 1]
     step = 1
     for i in reversed(order):
         if strides[i] != step:
@@ -267,7 +272,7 @@ def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:
     dims = md.dims
     axis = axis + len(dims) if axis < 0 else axis
     strides = row_major(dims)
-    order = sorted((i for i in range(len(dims)) if i != axis), key=lambda i: (-strides[i], i))
+    order = [i for i in dim_order(strides) if i != axis]
     return MemoryDesc.from_strides(tuple(dims), md.dtype,
                                    ordered_strides(dims, [*order, axis]))
 

@@ -96,6 +96,7 @@ from qfuse.compiler.lower.layouts import (
     any_md,
     channels_last,
     dense_in_order,
+    dim_order,
     dnnl_type,
     memory_order_groups,
     plain_md,
@@ -298,8 +299,7 @@ def _nearest_gather(ctx: LowerContext, node: Node, note: str) -> None:
     picks = [nearest_indices(attrs, shape, axis) for axis in range(len(shape))]
     home = ctx.md_of(x)
     dense = memory_order_groups(home, []) is not None
-    strides = home.strides if dense and home.strides else row_major(shape)
-    order = sorted(range(len(shape)), key=lambda i: (-strides[i], i))
+    order = dim_order(home.strides if dense and home.strides else row_major(shape))
     kept = 0  # innermost dims in memory order that are not resized: one row
     while kept < len(order) and picks[order[-1 - kept]] is None:
         kept += 1
