@@ -388,7 +388,8 @@ def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
         exact.shift = shift
 
     def create(built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
-               weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]:
+               weights: np.ndarray | None = None, src_md: MemoryDesc | None = None
+               ) -> tuple[PrimitiveDesc, Memory | None]:
         wei, bias_values = w if weights is None else weights, comp.bias
         wtype = DataType.s8 if integer else DataType.f32
         if integer and wei.dtype != np.int8:
@@ -404,6 +405,8 @@ def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
         candidates = [(home, wanted or dst_any), (src_any, wanted or dst_any),
                       (home, dst_any), (src_any, dst_any),
                       (channels_last(xinfo.shape, home.dtype), dst_any)]
+        if src_md is not None:  # another source (no_vnni: the even input channels)
+            candidates = [(src_md, wanted or dst_any), (src_md, dst_any)]
 
         dw_binary = channels if (g > 1 and g == xinfo.shape[1] == channels and any(
             n.startswith(("binary", "prelu")) for n in built.names)) else 0
@@ -580,6 +583,7 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         if src_scale is not None:  # the halves need the scale product as an operand (no_vnni)
             composed, src_scale = binary_form, None
             built, residual_md = attributes(composed, wei_zp)
+            made = None  # made with the run-time src scale: stale should nothing be split
 
         def unsplit() -> PrimitiveDesc:
             return create(built, residual_md, composed)[0]
@@ -595,14 +599,20 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
                                    src_zp=src_zp, unsplit=unsplit, main_is_slow=main_is_slow,
                                    tensor_slot=tensor_slot):
             return
+        def main_pd(main: Composed, weights: np.ndarray) -> PrimitiveDesc:
+            return create(attributes(main, wei_zp)[0], None, main, weights=weights)[0]
+
         composed, create, weights_slot, wei_zp = exact.apply(
             ctx, node, composed, create=create, weights_slot=weights_slot,
             channel_axis=channel_axis, wei_mask=wei_mask, src_zp=src_zp, wei_zp=wei_zp,
-            unsplit=unsplit)
+            unsplit=unsplit, main_pd=main_pd)
         if exact.splits:  # the low half's binary add now comes before a sum
             built, residual_md = attributes(composed, wei_zp)
             built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
     pd, wmem = made if made is not None else create(built, residual_md, composed)
+    if exact is not None and exact.paired is not None and not no_vnni.pairs_adjacent_channels(pd):
+        raise AssertionError(f"node {node}: pair-safe weights on {pd.impl_name}, which was "
+                             "not probed (no_vnni.pairs_adjacent_channels)")
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
     fixed = dict(built.fixed)
     if weights_slot is not None:

@@ -104,7 +104,9 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
         exact = no_vnni.for_matmul(ctx, node, wei, None if wei is not None else bvalue)
 
     def create(built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
-               weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]:
+               weights: np.ndarray | None = None, src_md: MemoryDesc | None = None
+               ) -> tuple[PrimitiveDesc, Memory | None]:
+        assert src_md is None  # a matmul's halves read its own source (no_vnni.Create)
         wei_arr, bias_values = wei if weights is None else weights, comp.bias
         bias_md = None
         if bias_values is not None:

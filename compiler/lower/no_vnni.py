@@ -44,6 +44,30 @@ near-tie (tests/compiler/test_lower_no_vnni.py drives |acc| to 5.8e7: no flip se
 the halves separately, ``acc_hi·2ws + b + acc_lo·ws``, would save the two per-channel
 post-ops but is not bit-exact: it flips near-ties.
 
+Pair-safe weights (convolutions with one group, on the kernels of ``PAIRED_IMPLS``). The
+halves double the MACs, yet in real layers only about 1 % of the pairs can leave int16: the
+weights' tails are rare, and a pair saturates only when both its weights have one sign and
+add up past 128 (``255·(w0 + w1) > 32767``; opposite signs never do). These kernels pair input
+channels 2k and 2k + 1 (their weights hold four consecutive input channels innermost and
+``vpmaddubsw`` adds neighbouring bytes; measured with weights whose other pairings saturate,
+tests/compiler/test_lower_no_vnni.py). So with, per pair and output channel and tap,
+
+    e_{2k} = w_{2k} + w_{2k+1} − 128   where both are positive and add past 128
+           = w_{2k} + w_{2k+1} + 128   where both are negative and add past −128
+           = 0 elsewhere (and e_{2k+1} = 0),          m = w − e
+
+every pair of ``m`` stays within int16 (its positive weights add to at most 128), and ``e``
+lives on the even input channels only. ``m`` runs as the node's primitive, ``e`` as the ``lo``
+kernel over a copy of the even input channels (one reorder of a strided view, shared by every
+reader of that source), so the extra kernel has half the MACs: acc = acc_m + acc_e, with the
+same main post-ops as above and weight scale 1 (``f32(acc_m) + T`` rounded once = f32(acc)).
+Taken when ``e``'s own pairs (channels 4j and 4j + 2) stay within int16, both accumulators
+within float32's integers (``255·Σ|m| < 2^24`` per output channel), the source has a strided
+layout and the extra kernel saves at least ``PAIR_MIN_MACS`` (a copy and a kernel call cost
+about what a million int8 MACs take on AVX2; less and the halves are as fast). With no such
+pair at all (``e = 0``) nothing is split. YOLOv8n QDQ 0.87x, PP-OCRv4 det NNCF 0.85x
+(2 threads, AVX2).
+
 Deconvolution: with a src zero point oneDNN's AVX2 int8 deconvolution takes neither the
 full-tensor binary post-op nor a sum (it falls back to a GEMM-based kernel, 25x slower), so
 its halves both run bare into f32 and a binary primitive adds them and applies the rest
@@ -135,7 +159,16 @@ EXACT_INT8_ISAS = frozenset({CpuIsa.avx2_vnni, CpuIsa.avx2_vnni_2, CpuIsa.avx512
 SATURATING_ISAS = frozenset({CpuIsa.sse41, CpuIsa.avx, CpuIsa.avx2, CpuIsa.avx512_core})
 #: Largest |w| for which no u8·s8 pair can saturate int16 (255·64·2 = 32640).
 SAFE_WEIGHT = 64
+#: Largest sum of the positive (or minus the negative) weights of an input-channel pair:
+#: 255·128 = 32640 ≤ 32767.
+PAIR_LIMIT = 128
+#: oneDNN 3.2 int8 convolution kernels measured to add input channels 2k and 2k + 1 in one
+#: int16 lane (tests/runtime/test_onednn_int8.py); other kernels keep the halves.
+PAIRED_IMPLS = frozenset({"jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2"})
+PAIR_MIN_MACS = 1_000_000
 SPLIT = "split weights (no VNNI)"
+PAIRED = "pair-safe weights and their excess on the even input channels"
+EXCESS = "excess of pair-safe weights (even input channels)"
 SHIFT = "s8 src shifted to u8 (no VNNI)"
 LOW_HALF = "low half of split weights"  # what the extra kernel of a split node is recorded as
 HIGH_HALF = "high half of split weights"  # deconvolution: its third kernel
@@ -147,7 +180,8 @@ class Create(Protocol):
     """lower_compute / lower_matmul ``create``, with the weights it fills replaceable."""
 
     def __call__(self, built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
-                 weights: np.ndarray | None = None) -> tuple[PrimitiveDesc, Memory | None]: ...
+                 weights: np.ndarray | None = None, src_md: MemoryDesc | None = None
+                 ) -> tuple[PrimitiveDesc, Memory | None]: ...
 
 
 def isa_is_exact() -> bool:
@@ -182,6 +216,55 @@ def split_weights(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return hi.astype(np.int8), (wide - 2 * hi).astype(np.int8)
 
 
+def _pairs(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Input channels 2k and 2k + 1 of int8 weights ``[O, I, k…]`` as int16 (a zero channel
+    after an odd count)."""
+    wide = w.astype(np.int16)
+    if wide.shape[1] % 2:
+        wide = np.concatenate([wide, np.zeros_like(wide[:, :1])], axis=1)
+    return wide[:, 0::2], wide[:, 1::2]
+
+
+def _pairs_safe(w: np.ndarray) -> bool:
+    """No pair of input channels (2k, 2k + 1) can leave int16 with u8 sources: the positive
+    weights of each pair add to at most 128 and the negative ones to at least −128."""
+    a, b = _pairs(w)
+    return bool((np.maximum(a, 0) + np.maximum(b, 0) <= PAIR_LIMIT).all()
+                and (np.minimum(a, 0) + np.minimum(b, 0) >= -PAIR_LIMIT).all())
+
+
+def pair_split(w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """``(m, e)`` with ``w = m + e`` (module docstring, "Pair-safe weights"): every pair of
+    ``m`` within int16, ``e`` zero on the odd input channels and returned as the even
+    channels of complete pairs (``[O, ⌊I/2⌋, k…]``: the last channel of an odd count pairs
+    with nothing, ``255·128`` fits); None when ``m = w``. None when ``e``'s own pairs could
+    leave int16 or an accumulator could leave float32's integers (2^24): the halves stay."""
+    a, b = _pairs(w)
+    half = w.shape[1] // 2
+    over = np.maximum(a, 0) + np.maximum(b, 0) - PAIR_LIMIT
+    under = np.minimum(a, 0) + np.minimum(b, 0) + PAIR_LIMIT
+    e = (np.maximum(over, 0) + np.minimum(under, 0))[:, :half].astype(np.int16)
+    if not e.any():
+        return w, None
+    m = w.astype(np.int16)
+    m[:, 0:2 * half:2] -= e
+    bound = 255 * max(int(np.abs(m).reshape(len(m), -1).sum(1).max()),
+                      int(np.abs(e).reshape(len(e), -1).sum(1).max()))
+    if not _pairs_safe(e) or bound >= 2 ** 24:
+        return None
+    return m.astype(np.int8), e.astype(np.int8)
+
+
+def pairs_adjacent_channels(pd: PrimitiveDesc) -> bool:
+    """Whether ``pd``'s int8 kernel adds the products of input channels 2k and 2k + 1 in one
+    int16 lane: one of ``PAIRED_IMPLS`` with its weights blocked by an even number of
+    consecutive input channels innermost (``vpmaddubsw`` pairs neighbouring bytes)."""
+    md = pd.weights_md
+    blocks = md.inner_blocks if md is not None else ()
+    return (pd.impl_name in PAIRED_IMPLS and bool(blocks) and blocks[-1][0] == 1
+            and blocks[-1][1] % 2 == 0)
+
+
 def split_zero_point(zp: int) -> tuple[int, int]:
     """``(zh, zl)`` with ``zp = 2·zh + zl``, ``zl ∈ {0, 1}``."""
     return zp // 2, zp % 2
@@ -204,6 +287,8 @@ class Exactness:
     how: str  # recorded per kernel in inspect()
     shift_src: bool = False
     halves: tuple[np.ndarray, np.ndarray] | None = None  # constant weights (hi, lo)
+    # a convolution's pair-safe weights and excess (m, e), tried before the halves
+    paired: tuple[np.ndarray, np.ndarray | None] | None = None
     runtime: str | None = None  # runtime s8 weights value, split at run time
     probed: bool = False  # the unsplit (shifted) primitive was checked (_on_exact_impl)
     deconv: bool = False  # a ConvTranspose (see needed)
@@ -212,7 +297,7 @@ class Exactness:
 
     @property
     def splits(self) -> bool:
-        return self.halves is not None or self.runtime is not None
+        return self.halves is not None or self.runtime is not None or self.paired is not None
 
     def needed(self, impl: str) -> bool:
         """Called with the implementation of the node's unsplit primitive: False when nothing
@@ -239,13 +324,23 @@ class Exactness:
 
     def apply(self, ctx: LowerContext, node: Node, composed: Composed, *, create: Create,
               weights_slot: WeightsSlot | None, channel_axis: int, wei_mask: int,
-              src_zp: SrcZeroPoint, wei_zp: int, unsplit: Callable[[], PrimitiveDesc]
+              src_zp: SrcZeroPoint, wei_zp: int, unsplit: Callable[[], PrimitiveDesc],
+              main_pd: Callable[[Composed, np.ndarray], PrimitiveDesc] | None = None
               ) -> tuple[Composed, Create, WeightsSlot | None, int]:
         """Add the ``lo`` primitive; return what the main primitive is created with.
         ``unsplit()`` creates the node's primitive as it would be without the split: when
-        that is on an exact implementation (``ref:any`` after the shift) nothing is split."""
+        that is on an exact implementation (``ref:any`` after the shift) nothing is split.
+        ``main_pd(composed, weights)`` creates the main primitive: when it pairs input
+        channels (``pairs_adjacent_channels``), pair-safe weights replace the halves."""
         if not self.splits or self._on_exact_impl(unsplit):
             return composed, create, weights_slot, wei_zp
+        if self.paired is not None and main_pd is not None:
+            paired = self._apply_paired(ctx, node, composed, create, main_pd,
+                                        channel_axis=channel_axis, wei_mask=wei_mask,
+                                        src_zp=src_zp)
+            if paired is not None:
+                return paired, create if self.paired is None else partial(
+                    create, weights=self.paired[0]), weights_slot, wei_zp
         zh, zl = split_zero_point(wei_zp)
         t_md = _lo_layout(ctx, node)
         runtime = None if self.runtime is None else _split_runtime(ctx, self.runtime)
@@ -261,6 +356,45 @@ class Exactness:
                 return ctx.source(hi, pd.weights_md)
 
         return main, create, weights_slot, zh
+
+    def _apply_paired(self, ctx: LowerContext, node: Node, composed: Composed,
+                      create: Create, main_pd: Callable[[Composed, np.ndarray], PrimitiveDesc],
+                      *, channel_axis: int, wei_mask: int,
+                      src_zp: SrcZeroPoint) -> Composed | None:
+        """The main primitive's attributes with pair-safe weights ``m`` (module docstring),
+        after the kernel of the excess ``e`` on the even input channels; None (the halves
+        stay) when oneDNN's kernel for it does not pair neighbouring input channels or the
+        source has no strided layout to take the even channels from. With no excess the
+        node's own weights are exact on such a kernel: nothing is split."""
+        assert self.paired is not None
+        m, e = self.paired
+        if e is None:
+            if not pairs_adjacent_channels(main_pd(composed, m)):
+                return None
+            self.halves = self.paired = None
+            self.how = self.how.replace(SPLIT, "no split needed (every pair of neighbouring "
+                                        "input channels within int16)")
+            return composed
+        t_md = _lo_layout(ctx, node)
+        main = replace(self.main_composed(ctx, node, composed, "probe"),
+                       wei_scales=np.ones(1, F32))
+        pd = main_pd(main, m)
+        src_md = pd.src_md
+        if not pairs_adjacent_channels(pd) or src_md is None:
+            return None
+        src = ctx.source(node.inputs[0], src_md)
+        saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[1] - e.shape[1]) \
+            * math.prod(m.shape[2:])
+        if saved < PAIR_MIN_MACS and f"{src}@even" not in ctx.home:
+            return None
+        even = even_channels(ctx, src)
+        if even is None:
+            return None
+        t = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
+                         wei_mask=wei_mask, src_zp=src_zp, wei_zp=0, excess=(e, *even))
+        self.halves = None
+        self.how = self.how.replace(SPLIT, PAIRED)
+        return replace(self.main_composed(ctx, node, composed, t), wei_scales=np.ones(1, F32))
 
     def main_composed(self, ctx: LowerContext, node: Node, composed: Composed,
                       t: str) -> Composed:
@@ -378,7 +512,7 @@ class Exactness:
         if self.splits and not self.probed:
             impl = unsplit().impl_name
             if impl_is_exact(impl) and not (self.deconv and "ref:" in impl):
-                self.halves = self.runtime = None
+                self.halves = self.runtime = self.paired = None
                 shifted = f"{SHIFT}; " if self.how.startswith(SHIFT) else ""
                 self.how = f"{shifted}no split needed ({impl} accumulates in int32)"
         self.probed = True
@@ -386,16 +520,24 @@ class Exactness:
 
     def _add_lo(self, ctx: LowerContext, node: Node, create: Create, t_md: MemoryDesc,
                 runtime: tuple[str, str] | None, *, channel_axis: int, wei_mask: int,
-                src_zp: SrcZeroPoint, wei_zp: int) -> str:
-        """The ``lo`` kernel (no scales, f32 dst T); returns T's slot."""
+                src_zp: SrcZeroPoint, wei_zp: int,
+                excess: tuple[np.ndarray, str, MemoryDesc] | None = None) -> str:
+        """The ``lo`` kernel (no scales, f32 dst T); returns T's slot. ``excess``: weights
+        ``e`` of pair-safe weights, read from a slot of the even input channels (its md)."""
         y = node.outputs[0]
         empty = Composed(ctx.info(y).shape[channel_axis], DType.F32)
         built = build_attr(empty, ndims=len(ctx.info(y).shape), channel_axis=channel_axis,
                            wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
                            wei_zp=wei_zp)
-        lo = None if self.halves is None else self.halves[1]
-        pd, wmem = create(built, t_md, empty, weights=lo)
-        args = {int(Arg.SRC): ctx.source(node.inputs[0], pd.src_md), **built.slot_args}
+        if excess is not None:
+            pd, wmem = create(built, t_md, empty, weights=excess[0], src_md=excess[2])
+            assert pd.src_md == excess[2], (pd.src_md, excess[2])
+            src = excess[1]
+        else:
+            lo = None if self.halves is None else self.halves[1]
+            pd, wmem = create(built, t_md, empty, weights=lo)
+            src = ctx.source(node.inputs[0], pd.src_md)
+        args = {int(Arg.SRC): src, **built.slot_args}
         fixed = dict(built.fixed)
         if runtime is not None:
             args[int(Arg.WEIGHTS)] = ctx.source(runtime[1], pd.weights_md)
@@ -412,10 +554,11 @@ class Exactness:
             t = ctx.temp(f"{y}@lo", t_md)
             args[int(Arg.DST)] = t if dst_md == t_md else ctx.temp(f"{y}@lo_acc", dst_md)
         # node named (its time is the node's), no absorbed list: the main kernel absorbs them
-        info = KernelInfo(node=node.name, op=node.op.value, note="exact_int8: low half of "
-                          f"the split weights of '{node.name}' (no VNNI)")
+        what = EXCESS if excess is not None else LOW_HALF
+        info = KernelInfo(node=node.name, op=node.op.value,
+                          note=f"exact_int8: {what} of '{node.name}' (no VNNI)")
         kernel = ctx.add_primitive(f"{node.name}:lo", pd, args, fixed, info=info)
-        ctx.exact_int8[kernel.name] = LOW_HALF
+        ctx.exact_int8[kernel.name] = what
         if args[int(Arg.DST)] != t and ctx.slots[t].alias != args[int(Arg.DST)]:
             ctx.add_reorder(args[int(Arg.DST)], t, note=f"low half of '{node.name}' laid out "
                             "like its dst")
@@ -439,6 +582,30 @@ def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
     return plain_md(shape, DataType.f32)
 
 
+def even_channels(ctx: LowerContext, slot: str) -> tuple[str, MemoryDesc] | None:
+    """A dense channels-last copy of the even channels 0, 2, …, 2·(⌊C/2⌋ − 1) of the tensor
+    in ``slot`` (one reorder over a strided view, shared by every reader), and its md; None
+    when the slot's layout is blocked."""
+    name = f"{slot}@even"
+    if name in ctx.home:
+        return ctx.home[name], ctx.slots[ctx.home[name]].md
+    md = ctx.slots[slot].md
+    strides = md.strides
+    dims = (md.dims[0], md.dims[1] // 2, *md.dims[2:])
+    if (strides is None or md.inner_blocks or len(dims) < 3
+            or any(st < 2 * strides[1] * dims[1]
+                   for d, st in zip(dims, strides) if st > strides[1] and d > 1)):
+        return None  # blocked, or oneDNN would call the strided view overlapping
+    view = MemoryDesc.from_strides(dims, md.dtype, (strides[0], 2 * strides[1], *strides[2:]))
+    dense = channels_last(dims, md.dtype)
+    copy = ctx.temp(name, dense)
+    ctx.add_reorder(ctx.temp(f"{slot}@even_view", view, alias=slot), copy, role="op",
+                    note="exact_int8: the even input channels, for the excess of pair-safe "
+                         "weights")
+    ctx.home[name] = copy
+    return copy, dense
+
+
 # ------------------------------------------------------------------------- decisions
 def for_conv(ctx: LowerContext, node: Node, w: np.ndarray, src: DType,
              group: int) -> Exactness | None:
@@ -455,8 +622,9 @@ def for_conv(ctx: LowerContext, node: Node, w: np.ndarray, src: DType,
         why = "depthwise: int32 products" if depthwise else "weights within [-64, 64]"
         return Exactness(f"{SHIFT}; {why}" if shift else f"no split needed ({why})",
                          shift_src=shift, deconv=deconv)
+    paired = pair_split(w) if node.op is Op.CONV and group == 1 and w.ndim >= 3 else None
     return Exactness(f"{SHIFT}, {SPLIT}" if shift else SPLIT, shift_src=shift,
-                     halves=split_weights(w), deconv=deconv)
+                     halves=split_weights(w), deconv=deconv, paired=paired)
 
 
 def for_matmul(ctx: LowerContext, node: Node, wei: np.ndarray | None,

@@ -27,9 +27,14 @@ import pytest
 from qfuse.compiler.api import compile_model
 from qfuse.compiler.lower import Options
 from qfuse.compiler.lower.no_vnni import (
+    EXCESS,
     LOW_HALF,
+    PAIR_LIMIT,
+    PAIRED,
+    PAIRED_IMPLS,
     SPLIT,
     impl_is_exact,
+    pair_split,
     split_weights,
     split_zero_point,
 )
@@ -72,6 +77,42 @@ def test_split_halves_are_small_and_exact() -> None:
     for zp in (-128, -5, 0, 1, 127, 255):
         zh, zl = split_zero_point(zp)
         assert 2 * zh + zl == zp and zl in (0, 1)
+
+
+def _tailed(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Weights as trained layers have them: most small, a few in the tails up to ±127."""
+    rng = np.random.default_rng(seed)
+    return np.clip(np.rint(rng.standard_normal(shape) * 30), -128, 127).astype(np.int8)
+
+
+def _pairs_within_int16(w: np.ndarray) -> bool:
+    a, b = w[:, 0:w.shape[1] - 1:2].astype(np.int32), w[:, 1::2].astype(np.int32)
+    return bool((np.maximum(a, 0) + np.maximum(b, 0) <= PAIR_LIMIT).all()
+                and (np.minimum(a, 0) + np.minimum(b, 0) >= -PAIR_LIMIT).all())
+
+
+@pytest.mark.parametrize("channels", [64, 37])
+def test_pair_split_keeps_every_pair_within_int16(channels: int) -> None:
+    w = _tailed((32, channels, 3, 3), 3)
+    assert not _pairs_within_int16(w)
+    split = pair_split(w)
+    assert split is not None and split[1] is not None
+    m, e = split
+    assert e.shape == (32, channels // 2, 3, 3)  # an odd count's last channel pairs with none
+    whole = m.astype(np.int16)
+    whole[:, 0:2 * (channels // 2):2] += e
+    assert np.array_equal(whole, w)
+    assert _pairs_within_int16(m) and _pairs_within_int16(e)
+    assert np.count_nonzero(e) < 0.02 * w.size  # the tails: few pairs need an excess
+
+
+def test_pair_split_declines_or_needs_none() -> None:
+    rng = np.random.default_rng(4)
+    uniform = rng.integers(-128, 128, (32, 64, 3, 3)).astype(np.int8)
+    assert pair_split(uniform) is None  # the excess itself would saturate: the halves stay
+    alternating = np.tile(np.array([100, -100, -100, 100], np.int8), (8, 16, 1, 1))
+    split = pair_split(alternating.reshape(8, 64, 1, 1))
+    assert split is not None and split[1] is None  # no pair to fix: nothing is split
 
 
 # oneDNN 3.2 implementation names (JIT_IMPL_NAME_HELPER, src/cpu/x64/cpu_isa_traits.hpp, and
@@ -198,6 +239,64 @@ def test_full_range_u8_conv_is_exact_only_with_the_split(case: str) -> None:
     # 17 % of the outputs off, 1x1_c96 187 LSB / 25 %, 3x3_stride2 202 LSB / 19 %)
     plain_lsb, plain_same, *_ = _agreement(graph, feeds, exact_int8=False)
     assert plain_lsb >= 20 and plain_same < 0.95, (plain_lsb, plain_same)
+
+
+@no_vnni
+@pytest.mark.parametrize("case", ["3x3", "1x1", "3x3_stride2", "s8_src", "odd_channels",
+                                  "rgb"])
+def test_pair_safe_weights_are_exact(case: str) -> None:
+    """Trained-like weights (a few pairs past int16): pair-safe weights ``m`` and their
+    excess on the even input channels, 0 LSB from the exact accumulator's model; oneDNN's
+    saturating kernel alone is off."""
+    conv = {"3x3": {"c": 64, "o": 32},
+            "1x1": {"c": 96, "o": 64, "kernel": 1, "pads": (0, 0, 0, 0)},
+            "3x3_stride2": {"c": 48, "o": 32, "stride": 2, "hw": 24},
+            "s8_src": {"c": 64, "o": 32, "src": S8},
+            "odd_channels": {"c": 37, "o": 32},
+            "rgb": {"c": 3, "o": 32, "hw": 64, "stride": 2}}[case]
+    conv = {"hw": 16, **conv}
+    c, o = int(conv["c"]), int(conv["o"])  # type: ignore[call-overload]
+    k = int(conv.get("kernel", 3))  # type: ignore[call-overload]
+    weights = _tailed((o, c, k, k), 7)
+    if case == "rgb":  # a stem's three channels: make the first pair saturate somewhere
+        weights[:4, :2] = 120
+    graph, feeds = _conv(weights=weights, **conv)  # type: ignore[arg-type]
+    plan = lower_built(graph, Options())
+    assert next(k for k in plan.kernels if k.name == "conv").impl in PAIRED_IMPLS
+    model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
+    assert PAIRED in how["conv"] and how["conv:lo"] == EXCESS, how
+    assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
+    if case != "rgb":  # (the stem's saturated sums are past the output's range anyway)
+        plain_lsb, plain_same, *_ = _agreement(graph, feeds, exact_int8=False)
+        assert plain_lsb >= 1 and plain_same < 1.0, (plain_lsb, plain_same)
+
+
+@no_vnni
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_kernels_pair_neighbouring_input_channels(kernel: int) -> None:
+    """What pair-safe weights rely on: the kernels of PAIRED_IMPLS add input channels 2k and
+    2k + 1 in one int16 lane. Along the input channels the weights go 100, −100, −100, 100:
+    pairs (2k, 2k + 1) cancel, any other pairing (2k + 1, 2k + 2), (k, k + 4), … adds two
+    100s or two −100s of inputs near 255 and saturates by thousands. Nothing is split, and
+    the accumulators are exact."""
+    c, o = 64, 16
+    signs = np.where(np.arange(o) % 2, 1, -1).astype(np.int8)
+    row = np.tile(np.array([100, -100, -100, 100], np.int8), c // 4)
+    weights = np.broadcast_to((signs[:, None] * row)[:, :, None, None], (o, c, kernel, kernel))
+    pads = (kernel // 2,) * 4
+    graph, feeds = _conv(c, o, weights=np.ascontiguousarray(weights), kernel=kernel, pads=pads,
+                         hw=16)
+    feeds["x"] = np.random.default_rng(9).integers(230, 256, feeds["x"].shape).astype(np.uint8)
+    plan = lower_built(graph, Options())
+    assert [k.impl for k in plan.kernels if k.kind == "convolution"][0] in PAIRED_IMPLS
+    model_lsb, _, _, _, how = _agreement(graph, feeds)
+    assert "no split needed (every pair of neighbouring input channels" in how["conv"], how
+    assert model_lsb == 0
+    # the control: shifted by one channel, pairs (2k, 2k + 1) add two 100s and saturate
+    shifted = np.ascontiguousarray(np.roll(weights, 1, axis=1))
+    graph, _ = _conv(c, o, weights=shifted, kernel=kernel, pads=pads, hw=16)
+    plain_lsb, plain_same, *_ = _agreement(graph, feeds, exact_int8=False)
+    assert plain_lsb >= 20 and plain_same < 0.5, (plain_lsb, plain_same)
 
 
 @no_vnni

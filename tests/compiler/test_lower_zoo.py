@@ -30,7 +30,15 @@ import onnxruntime as ort
 import pytest
 
 from qfuse.compiler.api import CompiledModel, compile_model
-from qfuse.compiler.lower.no_vnni import HIGH_HALF, LOW_HALF, SPLIT, impl_is_exact, isa_is_exact
+from qfuse.compiler.lower.no_vnni import (
+    EXCESS,
+    HIGH_HALF,
+    LOW_HALF,
+    PAIRED,
+    SPLIT,
+    impl_is_exact,
+    isa_is_exact,
+)
 from qfuse.examples import zoo
 from qfuse.ir import Op
 from qfuse.passes import strip_quantization
@@ -113,7 +121,8 @@ def test_int8_modes_agree_per_kernel_and_end_to_end(case: dict, mode: str) -> No
 def test_every_int8_kernel_is_exact_or_split(case: dict, mode: str) -> None:
     """Per primitive, from the implementation oneDNN picked (compiler/lower/no_vnni.py): an
     int8 conv / deconv / matmul runs on an exact implementation (VNNI, AMX, ref), or its
-    record says how it stays exact — split weights (and the halves), or weights / depthwise
+    record says how it stays exact — split weights (the halves, or pair-safe weights and their
+    excess), or weights / depthwise
     products that cannot saturate — and names the inexact implementation that required it."""
     info = case["compiled"][mode].inspect()
     int8 = [k for k in info["kernels"] if k["primitive"] in ("convolution", "deconvolution",
@@ -125,9 +134,10 @@ def test_every_int8_kernel_is_exact_or_split(case: dict, mode: str) -> None:
         if how is None:
             assert impl_is_exact(kernel["impl"]), kernel
             continue
-        assert how in (LOW_HALF, HIGH_HALF) or SPLIT in how or "no split needed" in how, how
+        extra = how in (LOW_HALF, HIGH_HALF, EXCESS)
+        assert extra or SPLIT in how or PAIRED in how or "no split needed" in how, how
         unsplit = re.search(r"unsplit primitive on (\S+)", how)
-        if how not in (LOW_HALF, HIGH_HALF) and "ref:any accumulates" not in how:
+        if not extra and "ref:any accumulates" not in how:
             assert unsplit is not None and not impl_is_exact(unsplit.group(1)), how
     if isa_is_exact() and case["name"] in ("resnet", "mobilenetv2", "vgg"):
         assert not any(k.get("exact_int8") for k in int8)  # every kernel on VNNI / AMX
