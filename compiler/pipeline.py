@@ -95,8 +95,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("deconv_as_depth_to_space", deconv_as_depth_to_space.run),
     # a MatMul over the rows of a rank > 2 tensor as one 2-D matmul (views, no copies)
     ("flatten_matmul_rows", flatten_matmul_rows.run),
-    # an int8 MatMul of one row (a classifier head at batch 1) as a 1x1 convolution: its
-    # weights reordered once, where oneDNN's GEMM matmul packs them on every call
+    # an int8 MatMul on oneDNN's GEMM (AVX2) as a 1x1 convolution over its rows: its weights
+    # reordered once, where the GEMM packs them on every call
     ("vector_matmul_as_conv", vector_matmul_as_conv.run),
     # an int8 conv whose kernel tiles an image of few channels (a patch embedding) as a 1x1
     # conv over the patches: oneDNN's kernels for 3 input channels are slow
