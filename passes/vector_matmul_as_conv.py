@@ -21,6 +21,7 @@ of x's bytes, and back on the other side. The AVX2 1x1 convolution took 0.53–0
 time (unsplit, 2 threads: ``[40, 120]·[120, 6625]`` 423 → 225 µs, ``[196, 384]·[384, 1536]``
 0.93 → 0.71 ms, ``[3136, 96]·[96, 384]`` 1.12 → 0.79 ms), and without VNNI its weights stay
 exact with pair-safe weights where the matmul needs both halves (compiler/lower/no_vnni.py).
+Many rows only on AVX2 (``rows_measured``): AVX-512 without VNNI also runs the GEMM, unmeasured.
 
 Only where oneDNN's int8 matmul for the shape is that GEMM (``gemm_packs_weights`` probes the
 implementation oneDNN picks on this machine); where it picks another (oneDNN 3.2's brgemm
@@ -48,7 +49,15 @@ from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.ops import ConvAttrs, ReshapeAttrs, TransposeAttrs
 from qfuse.passes.base import PassContext, rewrite_where
 from qfuse.passes.replace import replace_nodes
-from qfuse.runtime.onednn import DataType, DnnlError, FormatTag, MemoryDesc, matmul
+from qfuse.runtime.onednn import (
+    CpuIsa,
+    DataType,
+    DnnlError,
+    FormatTag,
+    MemoryDesc,
+    effective_cpu_isa,
+    matmul,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +85,12 @@ def gemm_packs_weights(k: int, n: int, rows: int = 1) -> bool:
     return pd.impl_name.startswith("gemm:")
 
 
+def rows_measured() -> bool:
+    """Many rows only where the convolution was measured faster than the GEMM: oneDNN's AVX2
+    kernels (an AVX-512 CPU without VNNI also runs the GEMM; its kernels were not measured)."""
+    return effective_cpu_isa() is CpuIsa.avx2
+
+
 def _applies(graph: Graph, node: Node) -> bool:
     fused = node.fused
     src, out = graph.info(node.inputs[0]), graph.info(node.outputs[0])
@@ -84,7 +99,7 @@ def _applies(graph: Graph, node: Node) -> bool:
     return (fused is not None and src.dtype.is_quantized and rows >= 1
             and src.shape[-1] * rows == math.prod(src.shape) and weights is not None
             and weights.ndim == 2 and weights.dtype == np.int8 and fused.wei_zero_point == 0
-            and (rows > 1 or weights.size >= MIN_WEIGHTS)
+            and (weights.size >= MIN_WEIGHTS if rows == 1 else rows_measured())
             and gemm_packs_weights(*weights.shape, rows=rows)
             and fused.src_zero_point_port is None and len(node.inputs) == 2
             and (out.quant is None or out.quant.axis is None))

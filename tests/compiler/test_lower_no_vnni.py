@@ -463,14 +463,17 @@ def test_accumulators_beyond_2_24() -> None:
 
 # ------------------------------------------------------------------ the subprocess
 def test_under_avx2(tmp_path: Path) -> None:
-    """This module and test_lower_zoo.py's int8 checks under ONEDNN_MAX_CPU_ISA=AVX2; then
-    every zoo value computed there equals this ISA's: integers bit for bit, floats (softmax,
-    layer norm, gelu run on other kernels) within 1e-5 relative."""
+    """This module, test_lower_zoo.py's int8 checks and vector_matmul_as_conv's tests under
+    ONEDNN_MAX_CPU_ISA=AVX2; then every zoo value computed there equals this ISA's: integers
+    bit for bit, floats (softmax, layer norm, gelu run on other kernels) within 1e-5
+    relative."""
     dump = tmp_path / "avx2.npz"
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2", "QFUSE_ONEDNN_ISA": "avx2"}
     zoo_tests = ["tests/compiler/test_lower_zoo.py::test_int8_modes_agree_per_kernel_and_end_to_end",
                  "tests/compiler/test_lower_zoo.py::test_fused_matches_onnxruntime",
-                 "tests/compiler/test_lower_zoo.py::test_every_int8_kernel_is_exact_or_split"]
+                 "tests/compiler/test_lower_zoo.py::test_every_int8_kernel_is_exact_or_split",
+                 # matmul rows as 1x1 convolutions, where the GEMM packs weights (AVX2)
+                 "tests/passes/test_vector_matmul_as_conv.py"]
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
          "-k", "not under_avx2 and not nothing_changes", str(Path(__file__)), *zoo_tests],
