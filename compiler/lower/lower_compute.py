@@ -610,7 +610,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             built, residual_md = attributes(composed, wei_zp)
             built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
     pd, wmem = made if made is not None else create(built, residual_md, composed)
-    if exact is not None and exact.paired is not None and not no_vnni.pairs_adjacent_channels(pd):
+    if (exact is not None and exact.paired is not None
+            and not no_vnni.pairs_adjacent_channels(pd, exact.pair_axis)):
         raise AssertionError(f"node {node}: pair-safe weights on {pd.impl_name}, which was "
                              "not probed (no_vnni.pairs_adjacent_channels)")
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}

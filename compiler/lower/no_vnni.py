@@ -44,7 +44,8 @@ near-tie (tests/compiler/test_lower_no_vnni.py drives |acc| to 5.8e7: no flip se
 the halves separately, ``acc_hi·2ws + b + acc_lo·ws``, would save the two per-channel
 post-ops but is not bit-exact: it flips near-ties.
 
-Pair-safe weights (convolutions with one group, on the kernels of ``PAIRED_IMPLS``). The
+Pair-safe weights (convolutions, grouped ones with an even count of at least
+``MIN_GROUP_CHANNELS`` input channels a group, on the kernels of ``PAIRED_IMPLS``). The
 halves double the MACs, yet in real layers only about 1 % of the pairs can leave int16: the
 weights' tails are rare, and a pair saturates only when both its weights have one sign and
 add up past 128 (``255·(w0 + w1) > 32767``; opposite signs never do). These kernels pair input
@@ -64,8 +65,9 @@ same main post-ops as above and weight scale 1 (``f32(acc_m) + T`` rounded once 
 Taken when ``e``'s own pairs (channels 4j and 4j + 2) stay within int16, both accumulators
 within float32's integers (``255·Σ|m| < 2^24`` per output channel), the source has a strided
 layout and the extra kernel saves at least ``PAIR_MIN_MACS`` (a copy and a kernel call cost
-about what a million int8 MACs take on AVX2; less and the halves are as fast). With no such
-pair at all (``e = 0``) nothing is split. YOLOv8n QDQ 0.87x, PP-OCRv4 det NNCF 0.85x
+about what a million int8 MACs take on AVX2; less and the halves are as fast) on a kernel
+that is not slow (with 2 input channels a group it is ``ref:any``). A group's even channels
+are the source's even channels. With no such pair at all (``e = 0``) nothing is split. YOLOv8n QDQ 0.87x, PP-OCRv4 det NNCF 0.85x
 (2 threads, AVX2).
 
 Deconvolution: with a src zero point oneDNN's AVX2 int8 deconvolution takes neither the
@@ -166,6 +168,7 @@ PAIR_LIMIT = 128
 #: int16 lane (tests/runtime/test_onednn_int8.py); other kernels keep the halves.
 PAIRED_IMPLS = frozenset({"jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2"})
 PAIR_MIN_MACS = 1_000_000
+MIN_GROUP_CHANNELS = 16  # input channels a group from which a grouped conv takes them
 SPLIT = "split weights (no VNNI)"
 PAIRED = "pair-safe weights and their excess on the even input channels"
 EXCESS = "excess of pair-safe weights (even input channels)"
@@ -233,12 +236,19 @@ def _pairs_safe(w: np.ndarray) -> bool:
                 and (np.minimum(a, 0) + np.minimum(b, 0) >= -PAIR_LIMIT).all())
 
 
-def pair_split(w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
+def pair_split(w: np.ndarray, axis: int = 1) -> tuple[np.ndarray, np.ndarray | None] | None:
     """``(m, e)`` with ``w = m + e`` (module docstring, "Pair-safe weights"): every pair of
     ``m`` within int16, ``e`` zero on the odd input channels and returned as the even
     channels of complete pairs (``[O, ⌊I/2⌋, k…]``: the last channel of an odd count pairs
     with nothing, ``255·128`` fits); None when ``m = w``. None when ``e``'s own pairs could
-    leave int16 or an accumulator could leave float32's integers (2^24): the halves stay."""
+    leave int16 or an accumulator could leave float32's integers (2^24): the halves stay.
+    ``axis``: the input channels' (2 for grouped weights ``[G, O/G, I/G, k…]``)."""
+    if axis != 1:  # every group's output channels as rows of their own
+        split = pair_split(w.reshape(-1, *w.shape[axis:]))
+        if split is None or split[1] is None:
+            return split if split is None else (w, None)
+        m, e = split
+        return m.reshape(w.shape), e.reshape(*w.shape[:axis], *e.shape[1:])
     a, b = _pairs(w)
     half = w.shape[1] // 2
     over = np.maximum(a, 0) + np.maximum(b, 0) - PAIR_LIMIT
@@ -255,13 +265,14 @@ def pair_split(w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None] | None:
     return m.astype(np.int8), e.astype(np.int8)
 
 
-def pairs_adjacent_channels(pd: PrimitiveDesc) -> bool:
+def pairs_adjacent_channels(pd: PrimitiveDesc, axis: int = 1) -> bool:
     """Whether ``pd``'s int8 kernel adds the products of input channels 2k and 2k + 1 in one
     int16 lane: one of ``PAIRED_IMPLS`` with its weights blocked by an even number of
-    consecutive input channels innermost (``vpmaddubsw`` pairs neighbouring bytes)."""
+    consecutive input channels (dim ``axis``) innermost (``vpmaddubsw`` pairs neighbouring
+    bytes)."""
     md = pd.weights_md
     blocks = md.inner_blocks if md is not None else ()
-    return (pd.impl_name in PAIRED_IMPLS and bool(blocks) and blocks[-1][0] == 1
+    return (pd.impl_name in PAIRED_IMPLS and bool(blocks) and blocks[-1][0] == axis
             and blocks[-1][1] % 2 == 0)
 
 
@@ -289,6 +300,7 @@ class Exactness:
     halves: tuple[np.ndarray, np.ndarray] | None = None  # constant weights (hi, lo)
     # a convolution's pair-safe weights and excess (m, e), tried before the halves
     paired: tuple[np.ndarray, np.ndarray | None] | None = None
+    pair_axis: int = 1  # the input channels' dim of the weights (2: grouped)
     runtime: str | None = None  # runtime s8 weights value, split at run time
     probed: bool = False  # the unsplit (shifted) primitive was checked (_on_exact_impl)
     deconv: bool = False  # a ConvTranspose (see needed)
@@ -369,7 +381,7 @@ class Exactness:
         assert self.paired is not None
         m, e = self.paired
         if e is None:
-            if not pairs_adjacent_channels(main_pd(composed, m)):
+            if not pairs_adjacent_channels(main_pd(composed, m), self.pair_axis):
                 return None
             self.halves = self.paired = None
             self.how = self.how.replace(SPLIT, "no split needed (every pair of neighbouring "
@@ -380,13 +392,21 @@ class Exactness:
                        wei_scales=np.ones(1, F32))
         pd = main_pd(main, m)
         src_md = pd.src_md
-        if not pairs_adjacent_channels(pd) or src_md is None:
+        if not pairs_adjacent_channels(pd, self.pair_axis) or src_md is None:
             return None
         src = ctx.source(node.inputs[0], src_md)
-        saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[1] - e.shape[1]) \
-            * math.prod(m.shape[2:])
+        axis = self.pair_axis
+        saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[axis] - e.shape[axis]) \
+            * math.prod(m.shape[axis + 1:])
         if saved < PAIR_MIN_MACS and f"{src}@even" not in ctx.home:
             return None
+        empty, built = self._lo_attr(ctx, node, channel_axis=channel_axis, wei_mask=wei_mask,
+                                     src_zp=src_zp, wei_zp=0)
+        dims = src_md.dims
+        dense = channels_last((dims[0], dims[1] // 2, *dims[2:]), src_md.dtype)
+        if is_slow(create(built, t_md, empty, weights=e, src_md=dense)[0].impl_name,
+                   "convolution"):
+            return None  # (measured: 2 channels per group on AVX2 run ref:any, 38x the halves)
         even = even_channels(ctx, src)
         if even is None:
             return None
@@ -525,10 +545,8 @@ class Exactness:
         """The ``lo`` kernel (no scales, f32 dst T); returns T's slot. ``excess``: weights
         ``e`` of pair-safe weights, read from a slot of the even input channels (its md)."""
         y = node.outputs[0]
-        empty = Composed(ctx.info(y).shape[channel_axis], DType.F32)
-        built = build_attr(empty, ndims=len(ctx.info(y).shape), channel_axis=channel_axis,
-                           wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
-                           wei_zp=wei_zp)
+        empty, built = self._lo_attr(ctx, node, channel_axis=channel_axis, wei_mask=wei_mask,
+                                     src_zp=src_zp, wei_zp=wei_zp)
         if excess is not None:
             pd, wmem = create(built, t_md, empty, weights=excess[0], src_md=excess[2])
             assert pd.src_md == excess[2], (pd.src_md, excess[2])
@@ -563,6 +581,16 @@ class Exactness:
             ctx.add_reorder(args[int(Arg.DST)], t, note=f"low half of '{node.name}' laid out "
                             "like its dst")
         return t
+
+    @staticmethod
+    def _lo_attr(ctx: LowerContext, node: Node, *, channel_axis: int, wei_mask: int,
+                 src_zp: SrcZeroPoint, wei_zp: int) -> tuple[Composed, BuiltAttr]:
+        """The ``lo`` kernel's (empty) chain and attributes: no scales, f32 dst."""
+        shape = ctx.info(node.outputs[0]).shape
+        empty = Composed(shape[channel_axis], DType.F32)
+        return empty, build_attr(empty, ndims=len(shape), channel_axis=channel_axis,
+                                 wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
+                                 wei_zp=wei_zp)
 
     def record(self, ctx: LowerContext, kernel: Kernel) -> None:
         ctx.exact_int8[kernel.name] = self.how
@@ -622,9 +650,14 @@ def for_conv(ctx: LowerContext, node: Node, w: np.ndarray, src: DType,
         why = "depthwise: int32 products" if depthwise else "weights within [-64, 64]"
         return Exactness(f"{SHIFT}; {why}" if shift else f"no split needed ({why})",
                          shift_src=shift, deconv=deconv)
-    paired = pair_split(w) if node.op is Op.CONV and group == 1 and w.ndim >= 3 else None
+    # grouped: each group's even channels are the source's when its channel count is even;
+    # measured faster than the halves from 16 channels a group (8: 1.02-1.09x slower)
+    axis = 1 if group == 1 else 2
+    paired = (pair_split(w, axis) if node.op is Op.CONV and w.ndim >= 3 + (axis - 1)
+              and (group == 1 or (w.shape[2] >= MIN_GROUP_CHANNELS and w.shape[2] % 2 == 0))
+              else None)
     return Exactness(f"{SHIFT}, {SPLIT}" if shift else SPLIT, shift_src=shift,
-                     halves=split_weights(w), deconv=deconv, paired=paired)
+                     halves=split_weights(w), deconv=deconv, paired=paired, pair_axis=axis)
 
 
 def for_matmul(ctx: LowerContext, node: Node, wei: np.ndarray | None,

@@ -243,7 +243,7 @@ def test_full_range_u8_conv_is_exact_only_with_the_split(case: str) -> None:
 
 @no_vnni
 @pytest.mark.parametrize("case", ["3x3", "1x1", "3x3_stride2", "s8_src", "odd_channels",
-                                  "rgb"])
+                                  "rgb", "grouped", "grouped_1x1"])
 def test_pair_safe_weights_are_exact(case: str) -> None:
     """Trained-like weights (a few pairs past int16): pair-safe weights ``m`` and their
     excess on the even input channels, 0 LSB from the exact accumulator's model; oneDNN's
@@ -253,11 +253,14 @@ def test_pair_safe_weights_are_exact(case: str) -> None:
             "3x3_stride2": {"c": 48, "o": 32, "stride": 2, "hw": 24},
             "s8_src": {"c": 64, "o": 32, "src": S8},
             "odd_channels": {"c": 37, "o": 32},
-            "rgb": {"c": 3, "o": 32, "hw": 64, "stride": 2}}[case]
+            "rgb": {"c": 3, "o": 32, "hw": 64, "stride": 2},
+            "grouped": {"c": 64, "o": 64, "group": 4},  # ResNeXt / RegNet
+            "grouped_1x1": {"c": 128, "o": 64, "group": 2, "kernel": 1, "pads": (0, 0, 0, 0),
+                            "hw": 24}}[case]
     conv = {"hw": 16, **conv}
     c, o = int(conv["c"]), int(conv["o"])  # type: ignore[call-overload]
-    k = int(conv.get("kernel", 3))  # type: ignore[call-overload]
-    weights = _tailed((o, c, k, k), 7)
+    k, g = int(conv.get("kernel", 3)), int(conv.get("group", 1))  # type: ignore[call-overload]
+    weights = _tailed((o, c // g, k, k), 7)
     if case == "rgb":  # a stem's three channels: make the first pair saturate somewhere
         weights[:4, :2] = 120
     graph, feeds = _conv(weights=weights, **conv)  # type: ignore[arg-type]
@@ -266,14 +269,15 @@ def test_pair_safe_weights_are_exact(case: str) -> None:
     model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
     assert PAIRED in how["conv"] and how["conv:lo"] == EXCESS, how
     assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
-    if case != "rgb":  # (the stem's saturated sums are past the output's range anyway)
+    # (the stem's and the grouped 1x1's saturated sums lie past the output's range anyway)
+    if case not in ("rgb", "grouped_1x1"):
         plain_lsb, plain_same, *_ = _agreement(graph, feeds, exact_int8=False)
         assert plain_lsb >= 1 and plain_same < 1.0, (plain_lsb, plain_same)
 
 
 @no_vnni
-@pytest.mark.parametrize("kernel", [1, 3])
-def test_kernels_pair_neighbouring_input_channels(kernel: int) -> None:
+@pytest.mark.parametrize("kernel, group", [(1, 1), (3, 1), (3, 4)])
+def test_kernels_pair_neighbouring_input_channels(kernel: int, group: int) -> None:
     """What pair-safe weights rely on: the kernels of PAIRED_IMPLS add input channels 2k and
     2k + 1 in one int16 lane. Along the input channels the weights go 100, −100, −100, 100:
     pairs (2k, 2k + 1) cancel, any other pairing (2k + 1, 2k + 2), (k, k + 4), … adds two
@@ -281,11 +285,12 @@ def test_kernels_pair_neighbouring_input_channels(kernel: int) -> None:
     the accumulators are exact."""
     c, o = 64, 16
     signs = np.where(np.arange(o) % 2, 1, -1).astype(np.int8)
-    row = np.tile(np.array([100, -100, -100, 100], np.int8), c // 4)
-    weights = np.broadcast_to((signs[:, None] * row)[:, :, None, None], (o, c, kernel, kernel))
+    row = np.tile(np.array([100, -100, -100, 100], np.int8), c // group // 4)
+    weights = np.broadcast_to((signs[:, None] * row)[:, :, None, None],
+                              (o, c // group, kernel, kernel))
     pads = (kernel // 2,) * 4
     graph, feeds = _conv(c, o, weights=np.ascontiguousarray(weights), kernel=kernel, pads=pads,
-                         hw=16)
+                         hw=16, group=group)
     feeds["x"] = np.random.default_rng(9).integers(230, 256, feeds["x"].shape).astype(np.uint8)
     plan = lower_built(graph, Options())
     assert [k.impl for k in plan.kernels if k.kind == "convolution"][0] in PAIRED_IMPLS
@@ -294,7 +299,7 @@ def test_kernels_pair_neighbouring_input_channels(kernel: int) -> None:
     assert model_lsb == 0
     # the control: shifted by one channel, pairs (2k, 2k + 1) add two 100s and saturate
     shifted = np.ascontiguousarray(np.roll(weights, 1, axis=1))
-    graph, _ = _conv(c, o, weights=shifted, kernel=kernel, pads=pads, hw=16)
+    graph, _ = _conv(c, o, weights=shifted, kernel=kernel, pads=pads, hw=16, group=group)
     plain_lsb, plain_same, *_ = _agreement(graph, feeds, exact_int8=False)
     assert plain_lsb >= 20 and plain_same < 0.5, (plain_lsb, plain_same)
 
