@@ -67,8 +67,9 @@ within float32's integers (``255·Σ|m| < 2^24`` per output channel), the source
 layout and the extra kernel saves at least ``PAIR_MIN_MACS`` (a copy and a kernel call cost
 about what a million int8 MACs take on AVX2; less and the halves are as fast) on a kernel
 that is not slow (with 2 input channels a group it is ``ref:any``). A group's even channels
-are the source's even channels. With no such pair at all (``e = 0``) nothing is split. YOLOv8n QDQ 0.87x, PP-OCRv4 det NNCF 0.85x
-(2 threads, AVX2).
+are the source's even channels. With no such pair at all (``e = 0``) nothing is split.
+YOLOv8n QDQ 0.87x, PP-OCRv4 det NNCF 0.85x, a 224-channel conv in 2 groups 0.77x (2 threads,
+AVX2).
 
 Deconvolution: with a src zero point oneDNN's AVX2 int8 deconvolution takes neither the
 full-tensor binary post-op nor a sum (it falls back to a GEMM-based kernel, 25x slower), so
