@@ -166,7 +166,7 @@ SAFE_WEIGHT = 64
 #: 255·128 = 32640 ≤ 32767.
 PAIR_LIMIT = 128
 #: oneDNN 3.2 int8 convolution kernels measured to add input channels 2k and 2k + 1 in one
-#: int16 lane (tests/runtime/test_onednn_int8.py); other kernels keep the halves.
+#: int16 lane (tests/compiler/test_lower_no_vnni.py); other kernels keep the halves.
 PAIRED_IMPLS = frozenset({"jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2"})
 PAIR_MIN_MACS = 1_000_000
 MIN_GROUP_CHANNELS = 16  # input channels a group from which a grouped conv takes them
