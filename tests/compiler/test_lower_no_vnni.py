@@ -357,6 +357,23 @@ def test_other_convolutions(case: str) -> None:
 
 
 @no_vnni
+def test_deconv_finish_runs_in_rows_of_pixels() -> None:
+    """The binary finish of a split deconvolution (per-channel post-ops over a channels-last
+    map) runs over rows of several pixels, its per-channel operands tiled (no_vnni
+    ``_finish_rows``; PP-OCRv4 det QDQ's 4.6 → 1.85 ms); 0 LSB from the exact model."""
+    graph, feeds = _conv(32, 16, stride=2, deconv=True, hw=24, n=1, output_padding=1)
+    kernels = lower_built(graph, Options()).inspect()["kernels"]
+    finish = next(k for k in kernels if k["name"] == "conv")
+    dims = re.search(r"\(([\d, ]+)\)", finish["src_layouts"][0])
+    assert finish["primitive"] == "binary" and dims is not None, finish
+    rows, width = (int(d) for d in dims.group(1).split(","))
+    assert width % 16 == 0 and width > 16 and rows * width == 16 * 48 * 48, finish
+    model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
+    assert "halves added by a binary primitive" in how["conv"], how
+    assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
+
+
+@no_vnni
 @pytest.mark.parametrize("name", list(MATMUL_CASES))
 def test_matmul(name: str) -> None:
     """Constant s8 and u8 (zero point 120) weights, activation × activation (runtime weights
