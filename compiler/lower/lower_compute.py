@@ -600,7 +600,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
                                    tensor_slot=tensor_slot):
             return
         def main_pd(main: Composed, weights: np.ndarray) -> PrimitiveDesc:
-            return create(attributes(main, wei_zp)[0], None, main, weights=weights)[0]
+            # as made below: a residual sum's dst is the residual's layout
+            return create(*attributes(main, wei_zp), main, weights=weights)[0]
 
         composed, create, weights_slot, wei_zp = exact.apply(
             ctx, node, composed, create=create, weights_slot=weights_slot,
@@ -610,8 +611,9 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             built, residual_md = attributes(composed, wei_zp)
             built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
     pd, wmem = made if made is not None else create(built, residual_md, composed)
-    if (exact is not None and exact.paired is not None
-            and not no_vnni.pairs_adjacent_channels(pd, exact.pair_axis)):
+    if (exact is not None and exact.pair_safe
+            and not no_vnni.pairs_adjacent_channels(pd, exact.pair_axis)
+            and not no_vnni.impl_is_exact(pd.impl_name)):
         raise AssertionError(f"node {node}: pair-safe weights on {pd.impl_name}, which was "
                              "not probed (no_vnni.pairs_adjacent_channels)")
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}

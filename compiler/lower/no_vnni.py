@@ -311,6 +311,11 @@ class Exactness:
     shift: Callable[[], tuple[Node, int]] | None = None
 
     @property
+    def pair_safe(self) -> bool:
+        """The main primitive takes pair-safe weights (``_apply_paired`` was taken)."""
+        return self.paired is not None and self.halves is None
+
+    @property
     def splits(self) -> bool:
         return self.halves is not None or self.runtime is not None or self.paired is not None
 
