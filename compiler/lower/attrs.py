@@ -28,7 +28,7 @@ TensorOperand) reads the node's input ``port``: ``tensor_slot(port)`` gives its 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -102,6 +102,17 @@ def one_value(values: np.ndarray) -> bool:
     """Per-channel values that are all the same float32, bit for bit (or just one)."""
     v = np.asarray(values, F32).ravel()
     return v.size == 1 or bool(v.size and np.all(v.view(np.uint32) == v.view(np.uint32)[0]))
+
+
+def tiled_channels(composed: Composed, channels: int, tile: int) -> Composed:
+    """``composed`` over rows of ``tile`` pixels of a channels-last map (``[pixels/tile,
+    tile·channels]``): its per-channel binary operands repeated ``tile`` times, one-value
+    ones kept. oneDNN 3.2's jit binary walks a per-channel operand pixel by pixel
+    (lower_gate ``_tile_factor``, no_vnni ``_finish_rows``)."""
+    return replace(composed, channels=channels * tile, post_ops=[
+        Binary(op.alg, np.tile(np.asarray(op.values, F32).ravel(), tile))
+        if isinstance(op, Binary) and not one_value(op.values) else op
+        for op in composed.post_ops])
 
 
 def build_attr(

@@ -588,21 +588,20 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         def unsplit() -> PrimitiveDesc:
             return create(built, residual_md, composed)[0]
 
+        def main_pd(main: Composed, weights: np.ndarray, zp: int = wei_zp) -> PrimitiveDesc:
+            # as made below: a residual sum's dst is the residual's layout
+            return create(*attributes(main, zp), main, weights=weights)[0]
+
         def main_is_slow(main: Composed) -> bool:
             assert exact is not None and exact.halves is not None
             zh = no_vnni.split_zero_point(wei_zp)[0]
-            pd = create(attributes(main, zh)[0], None, main, weights=exact.halves[0])[0]
-            return is_slow(pd.impl_name, kind)
+            return is_slow(main_pd(main, exact.halves[0], zh).impl_name, kind)
 
         if exact.lower_with_binary(ctx, node, composed, create=create,
                                    channel_axis=channel_axis, wei_mask=wei_mask,
                                    src_zp=src_zp, unsplit=unsplit, main_is_slow=main_is_slow,
                                    tensor_slot=tensor_slot):
             return
-        def main_pd(main: Composed, weights: np.ndarray) -> PrimitiveDesc:
-            # as made below: a residual sum's dst is the residual's layout
-            return create(*attributes(main, wei_zp), main, weights=weights)[0]
-
         composed, create, weights_slot, wei_zp = exact.apply(
             ctx, node, composed, create=create, weights_slot=weights_slot,
             channel_axis=channel_axis, wei_mask=wei_mask, src_zp=src_zp, wei_zp=wei_zp,
@@ -611,11 +610,8 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
             built, residual_md = attributes(composed, wei_zp)
             built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
     pd, wmem = made if made is not None else create(built, residual_md, composed)
-    if (exact is not None and exact.pair_safe
-            and not no_vnni.pairs_adjacent_channels(pd, exact.pair_axis)
-            and not no_vnni.impl_is_exact(pd.impl_name)):
-        raise AssertionError(f"node {node}: pair-safe weights on {pd.impl_name}, which was "
-                             "not probed (no_vnni.pairs_adjacent_channels)")
+    if exact is not None:
+        exact.check_main(node, pd)
     args = {int(Arg.SRC): ctx.source(x, pd.src_md)}
     fixed = dict(built.fixed)
     if weights_slot is not None:

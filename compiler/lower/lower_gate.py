@@ -54,6 +54,7 @@ from qfuse.compiler.lower.attrs import (
     build_attr,
     one_value,
     per_channel_dims,
+    tiled_channels,
 )
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
@@ -539,10 +540,7 @@ def _memory_order_kernel(ctx: LowerContext, node: Node, finish: Composed,
     if not slow and tile == 1 and (len(groups) > 1 or is_row_major(home)):
         return None
     if per_channel:  # the channels are the last dim of the view, tiled with it
-        finish = replace(finish, channels=channels * tile, post_ops=[
-            Binary(op.alg, np.tile(np.asarray(op.values, np.float32).ravel(), tile))
-            if isinstance(op, Binary) and not one_value(op.values) else op
-            for op in finish.post_ops])
+        finish = tiled_channels(finish, channels, tile)
     dst_type = dnnl_type(yinfo.dtype) if target is None else target[0]
 
     def kernel(lead: int, slot_of: Callable[[int], tuple[str, MemoryDesc]],

@@ -124,8 +124,8 @@ from qfuse.compiler.lower.attrs import (
     TensorAdd,
     as_float_post_ops,
     build_attr,
-    one_value,
     scale_bias_post_ops,
+    tiled_channels,
 )
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
@@ -138,7 +138,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Node, Op
-from qfuse.ir.postops import Binary, Composed, Sum, TensorBinary, single_pixel_batch
+from qfuse.ir.postops import Composed, Sum, TensorBinary, single_pixel_batch
 from qfuse.ir.rows import repeats
 from qfuse.runtime.onednn import (
     Alg,
@@ -301,23 +301,27 @@ class Exactness:
     how: str  # recorded per kernel in inspect()
     shift_src: bool = False
     halves: tuple[np.ndarray, np.ndarray] | None = None  # constant weights (hi, lo)
-    # a convolution's pair-safe weights and excess (m, e), tried before the halves
-    paired: tuple[np.ndarray, np.ndarray | None] | None = None
-    pair_axis: int = 1  # the input channels' dim of the weights (2: grouped)
+    # a convolution's constant weights and their input channels' dim (2: grouped): pair-safe
+    # weights are tried on them before the halves (``_apply_paired``)
+    pairing: tuple[np.ndarray, int] | None = None
     runtime: str | None = None  # runtime s8 weights value, split at run time
     probed: bool = False  # the unsplit (shifted) primitive was checked (_on_exact_impl)
     deconv: bool = False  # a ConvTranspose (see needed)
     # lower_conv's s8 → u8 shift of the src, applied only when needed: -> (node, src zp)
     shift: Callable[[], tuple[Node, int]] | None = None
 
-    @property
-    def pair_safe(self) -> bool:
-        """The main primitive takes pair-safe weights (``_apply_paired`` was taken)."""
-        return self.paired is not None and self.halves is None
+    def check_main(self, node: Node, pd: PrimitiveDesc) -> None:
+        """Pair-safe weights are exact only on a kernel that pairs neighbouring input channels
+        (or an exact one): the main primitive as made must be one, as its probe was."""
+        if (self.pairing is not None and self.halves is None
+                and not pairs_adjacent_channels(pd, self.pairing[1])
+                and not impl_is_exact(pd.impl_name)):
+            raise AssertionError(f"node {node}: pair-safe weights on {pd.impl_name}, which "
+                                 "was not probed (pairs_adjacent_channels)")
 
     @property
     def splits(self) -> bool:
-        return self.halves is not None or self.runtime is not None or self.paired is not None
+        return self.halves is not None or self.runtime is not None or self.pairing is not None
 
     def needed(self, impl: str) -> bool:
         """Called with the implementation of the node's unsplit primitive: False when nothing
@@ -354,13 +358,13 @@ class Exactness:
         channels (``pairs_adjacent_channels``), pair-safe weights replace the halves."""
         if not self.splits or self._on_exact_impl(unsplit):
             return composed, create, weights_slot, wei_zp
-        if self.paired is not None and main_pd is not None:
+        if self.pairing is not None and main_pd is not None:
             paired = self._apply_paired(ctx, node, composed, create, main_pd,
                                         channel_axis=channel_axis, wei_mask=wei_mask,
                                         src_zp=src_zp)
             if paired is not None:
-                return paired, create if self.paired is None else partial(
-                    create, weights=self.paired[0]), weights_slot, wei_zp
+                main, weights = paired
+                return main, partial(create, weights=weights), weights_slot, wei_zp
         zh, zl = split_zero_point(wei_zp)
         t_md = _lo_layout(ctx, node)
         runtime = None if self.runtime is None else _split_runtime(ctx, self.runtime)
@@ -379,57 +383,57 @@ class Exactness:
 
     def _apply_paired(self, ctx: LowerContext, node: Node, composed: Composed,
                       create: Create, main_pd: Callable[[Composed, np.ndarray], PrimitiveDesc],
-                      *, channel_axis: int, wei_mask: int,
-                      src_zp: SrcZeroPoint) -> Composed | None:
-        """The main primitive's attributes with pair-safe weights ``m`` (module docstring),
-        after the kernel of the excess ``e`` on the even input channels; None (the halves
-        stay) when oneDNN's kernel for it does not pair neighbouring input channels or the
-        source has no strided layout to take the even channels from. With no excess the
-        node's own weights are exact on such a kernel: nothing is split."""
-        assert self.paired is not None
-        m, e = self.paired
+                      *, channel_axis: int, wei_mask: int, src_zp: SrcZeroPoint
+                      ) -> tuple[Composed, np.ndarray] | None:
+        """The main primitive's attributes and weights with pair-safe weights ``m`` (module
+        docstring), after the kernel of the excess ``e`` on the even input channels; None (the
+        halves stay) when there are no such weights, oneDNN's kernel for them does not pair
+        neighbouring input channels, or the source has no strided layout to take the even
+        channels from. With no excess the node's own weights are exact on such a kernel:
+        nothing is split."""
+        assert self.pairing is not None
+        weights, axis = self.pairing
+        split = pair_split(weights, axis)
+        if split is None:
+            return None
+        m, e = split
         if e is None:
-            if not pairs_adjacent_channels(main_pd(composed, m), self.pair_axis):
+            if not pairs_adjacent_channels(main_pd(composed, m), axis):
                 return None
-            self.halves = self.paired = None
+            self.halves = self.pairing = None
             self.how = self.how.replace(SPLIT, "no split needed (every pair of neighbouring "
                                         "input channels within int16)")
-            return composed
-        t_md = _lo_layout(ctx, node)
-        main = replace(self.main_composed(ctx, node, composed, "probe"),
-                       wei_scales=np.ones(1, F32))
-        pd = main_pd(main, m)
+            return composed, m
+        pd = main_pd(self.main_composed(ctx, node, composed, "probe", scale=1.0), m)
         src_md = pd.src_md
-        if not pairs_adjacent_channels(pd, self.pair_axis) or src_md is None:
+        if not pairs_adjacent_channels(pd, axis) or src_md is None:
             return None
         src = ctx.source(node.inputs[0], src_md)
-        axis = self.pair_axis
         saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[axis] - e.shape[axis]) \
             * math.prod(m.shape[axis + 1:])
-        if saved < PAIR_MIN_MACS and f"{src}@even" not in ctx.home:
+        views = _even_views(ctx.slots[src].md)
+        if views is None or (saved < PAIR_MIN_MACS and _even_name(src) not in ctx.home):
             return None
+        t_md = _lo_layout(ctx, node)
         empty, built = self._lo_attr(ctx, node, channel_axis=channel_axis, wei_mask=wei_mask,
                                      src_zp=src_zp, wei_zp=0)
-        dims = src_md.dims
-        dense = channels_last((dims[0], dims[1] // 2, *dims[2:]), src_md.dtype)
-        if is_slow(create(built, t_md, empty, weights=e, src_md=dense)[0].impl_name,
+        if is_slow(create(built, t_md, empty, weights=e, src_md=views[1])[0].impl_name,
                    "convolution"):
             return None  # (measured: 2 channels per group on AVX2 run ref:any, 38x the halves)
-        even = even_channels(ctx, src)
-        if even is None:
-            return None
         t = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
-                         wei_mask=wei_mask, src_zp=src_zp, wei_zp=0, excess=(e, *even))
+                         wei_mask=wei_mask, src_zp=src_zp, wei_zp=0,
+                         excess=(e, even_channels(ctx, src, views), views[1]))
         self.halves = None
         self.how = self.how.replace(SPLIT, PAIRED)
-        return replace(self.main_composed(ctx, node, composed, t), wei_scales=np.ones(1, F32))
+        return self.main_composed(ctx, node, composed, t, scale=1.0), m
 
     def main_composed(self, ctx: LowerContext, node: Node, composed: Composed,
-                      t: str) -> Composed:
-        """The main primitive's attributes: weight scale 2, the low half T (slot ``t``) added
-        first, then the node's scales, bias and post-ops (module docstring)."""
+                      t: str, scale: float = 2.0) -> Composed:
+        """The main primitive's attributes: weight scale 2 (1 for pair-safe weights), the low
+        half or excess T (slot ``t``) added first, then the node's scales, bias and post-ops
+        (module docstring)."""
         t_md = _lo_layout(ctx, node)
-        return replace(composed, wei_scales=np.full(1, 2, F32), bias=None,
+        return replace(composed, wei_scales=np.full(1, scale, F32), bias=None,
                        post_ops=[TensorAdd(t, t_md, f"low half '{t}'"),  # type: ignore[list-item]
                                  *scale_bias_post_ops(composed), *composed.post_ops])
 
@@ -490,10 +494,7 @@ class Exactness:
             channels = int(yinfo.shape[1])
             b_md = plain_md((math.prod(yinfo.shape) // (tile * channels), tile * channels),
                             DataType.f32)
-            finish = replace(finish, channels=tile * channels, post_ops=[
-                Binary(op.alg, np.tile(np.asarray(op.values, F32).ravel(), tile))
-                if isinstance(op, Binary) and not one_value(op.values) else op
-                for op in finish.post_ops])
+            finish = tiled_channels(finish, channels, tile)
         view = flat or tile > 1
         def operand(port: int) -> tuple[str, MemoryDesc]:  # as the (N, C) view when flat
             assert tensor_slot is not None
@@ -550,7 +551,7 @@ class Exactness:
         if self.splits and not self.probed:
             impl = unsplit().impl_name
             if impl_is_exact(impl) and not (self.deconv and "ref:" in impl):
-                self.halves = self.runtime = self.paired = None
+                self.halves = self.runtime = self.pairing = None
                 shifted = f"{SHIFT}; " if self.how.startswith(SHIFT) else ""
                 self.how = f"{shifted}no split needed ({impl} accumulates in int32)"
         self.probed = True
@@ -643,28 +644,35 @@ def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
     return plain_md(shape, DataType.f32)
 
 
-def even_channels(ctx: LowerContext, slot: str) -> tuple[str, MemoryDesc] | None:
-    """A dense channels-last copy of the even channels 0, 2, …, 2·(⌊C/2⌋ − 1) of the tensor
-    in ``slot`` (one reorder over a strided view, shared by every reader), and its md; None
-    when the slot's layout is blocked."""
-    name = f"{slot}@even"
-    if name in ctx.home:
-        return ctx.home[name], ctx.slots[ctx.home[name]].md
-    md = ctx.slots[slot].md
+def _even_name(slot: str) -> str:
+    return f"{slot}@even"
+
+
+def _even_views(md: MemoryDesc) -> tuple[MemoryDesc, MemoryDesc] | None:
+    """The even channels 0, 2, …, 2·(⌊C/2⌋ − 1) of a tensor laid out as ``md``: a strided
+    view of them and a dense channels-last md of their copy; None when ``md`` is blocked or
+    oneDNN would call the view overlapping."""
     strides = md.strides
     dims = (md.dims[0], md.dims[1] // 2, *md.dims[2:])
     if (strides is None or md.inner_blocks or len(dims) < 3
             or any(st < 2 * strides[1] * dims[1]
                    for d, st in zip(dims, strides) if st > strides[1] and d > 1)):
-        return None  # blocked, or oneDNN would call the strided view overlapping
+        return None
     view = MemoryDesc.from_strides(dims, md.dtype, (strides[0], 2 * strides[1], *strides[2:]))
-    dense = channels_last(dims, md.dtype)
-    copy = ctx.temp(name, dense)
-    ctx.add_reorder(ctx.temp(f"{slot}@even_view", view, alias=slot), copy, role="op",
-                    note="exact_int8: the even input channels, for the excess of pair-safe "
-                         "weights")
-    ctx.home[name] = copy
-    return copy, dense
+    return view, channels_last(dims, md.dtype)
+
+
+def even_channels(ctx: LowerContext, slot: str, views: tuple[MemoryDesc, MemoryDesc]) -> str:
+    """The slot of a dense copy of the even channels of the tensor in ``slot``
+    (``_even_views``): one reorder of the strided view, shared by every reader."""
+    name = _even_name(slot)
+    if name not in ctx.home:
+        copy = ctx.temp(name, views[1])
+        ctx.add_reorder(ctx.temp(f"{slot}@even_view", views[0], alias=slot), copy, role="op",
+                        note="exact_int8: the even input channels, for the excess of pair-safe "
+                             "weights")
+        ctx.home[name] = copy
+    return ctx.home[name]
 
 
 # ------------------------------------------------------------------------- decisions
@@ -686,11 +694,11 @@ def for_conv(ctx: LowerContext, node: Node, w: np.ndarray, src: DType,
     # grouped: each group's even channels are the source's when its channel count is even;
     # measured faster than the halves from 16 channels a group (8: 1.02-1.09x slower)
     axis = 1 if group == 1 else 2
-    paired = (pair_split(w, axis) if node.op is Op.CONV and w.ndim >= 3 + (axis - 1)
-              and (group == 1 or (w.shape[2] >= MIN_GROUP_CHANNELS and w.shape[2] % 2 == 0))
-              else None)
+    pairing = ((w, axis) if node.op is Op.CONV and w.ndim >= 3 + (axis - 1)
+               and (group == 1 or (w.shape[2] >= MIN_GROUP_CHANNELS and w.shape[2] % 2 == 0))
+               else None)
     return Exactness(f"{SHIFT}, {SPLIT}" if shift else SPLIT, shift_src=shift,
-                     halves=split_weights(w), deconv=deconv, paired=paired, pair_axis=axis)
+                     halves=split_weights(w), deconv=deconv, pairing=pairing)
 
 
 def for_matmul(ctx: LowerContext, node: Node, wei: np.ndarray | None,
