@@ -110,20 +110,26 @@ def _rewrite(graph: Graph, node: Node) -> None:
     xinfo, out = graph.info(x), graph.info(y)
     k, n = graph.constant(w).shape  # type: ignore[union-attr]
     rows = math.prod(out.shape[:-1])
+    name, origin = node.name, list(node.origin)
 
-    def view(op: Op, value: str, shape: tuple[int, ...], attrs: object, info: TensorInfo,
-             what: str) -> str:
-        return graph.add_node(op, [value], [graph.unique_name(f"{value}@{what}")], attrs,
-                              name=graph.unique_name(f"{node.name}/{what}"),
+    def view(value: str, info: TensorInfo, attrs: ReshapeAttrs | TransposeAttrs,
+             result: str | None = None) -> str:
+        """A Reshape or Transpose of ``value`` (bytes unchanged); every new value's name has
+        ``@image`` (test_lower_no_vnni's ISA comparison expects only these to differ)."""
+        shape = (attrs.shape if isinstance(attrs, ReshapeAttrs)
+                 else tuple(graph.info(value).shape[p] for p in attrs.perm))
+        op = Op.RESHAPE if isinstance(attrs, ReshapeAttrs) else Op.TRANSPOSE
+        outputs = [result or graph.unique_name(f"{value}@image")]
+        return graph.add_node(op, [value], outputs, attrs,
+                              name=graph.unique_name(f"{name}/{op.value.lower()}"),
                               infos=[TensorInfo(shape, info.dtype, info.quant)],
-                              origin=node.origin).outputs[0]
+                              origin=origin).outputs[0]
 
     if rows == 1:
-        image = view(Op.RESHAPE, x, (1, k, 1, 1), ReshapeAttrs((1, k, 1, 1)), xinfo, "image")
+        image = view(x, xinfo, ReshapeAttrs((1, k, 1, 1)))
     else:  # the rows as the pixels of a 1 x rows image, channels-last: the same bytes
-        image = view(Op.TRANSPOSE, view(Op.RESHAPE, x, (1, 1, rows, k),
-                                        ReshapeAttrs((1, 1, rows, k)), xinfo, "rows"),
-                     (1, k, 1, rows), TransposeAttrs((0, 3, 1, 2)), xinfo, "image")
+        image = view(view(x, xinfo, ReshapeAttrs((1, 1, rows, k))), xinfo,
+                     TransposeAttrs((0, 3, 1, 2)))
     weights = np.ascontiguousarray(graph.constant(w).T.reshape(n, k, 1, 1))  # type: ignore
     w_conv = graph.add_constant(graph.unique_name(f"{w}@conv"), weights,
                                 TensorInfo((n, k, 1, 1), DType.S8, graph.info(w).quant)).name
@@ -132,7 +138,6 @@ def _rewrite(graph: Graph, node: Node) -> None:
         f"{rows} row(s): a 1x1 convolution on [1, {k}, 1, {rows}] (weights reordered once; "
         "oneDNN's GEMM matmul packs them on every call)"])
     meta = dict(node.meta)
-    name, origin = node.name, list(node.origin)
     conv_out = graph.unique_name(f"{y}@image")
 
     def build() -> None:
@@ -141,15 +146,8 @@ def _rewrite(graph: Graph, node: Node) -> None:
                               infos=[TensorInfo((1, n, 1, rows), out.dtype, out.quant)],
                               origin=origin)
         conv.fused, conv.meta = fused, meta
-        pixels = conv_out
-        if rows > 1:
-            pixels = graph.add_node(
-                Op.TRANSPOSE, [conv_out], [graph.unique_name(f"{y}@rows")],
-                TransposeAttrs((0, 2, 3, 1)), name=graph.unique_name(f"{name}/rows"),
-                infos=[TensorInfo((1, 1, rows, n), out.dtype, out.quant)],
-                origin=origin).outputs[0]
-        graph.add_node(Op.RESHAPE, [pixels], [y], ReshapeAttrs(tuple(out.shape)),
-                       name=graph.unique_name(f"{name}/row"), infos=[out], origin=origin)
+        pixels = conv_out if rows == 1 else view(conv_out, out, TransposeAttrs((0, 2, 3, 1)))
+        view(pixels, out, ReshapeAttrs(tuple(out.shape)), result=y)
 
     replace_nodes(graph, [node], build)
     log.debug("%s: [%d, %d]·[%d, %d] as a 1x1 convolution", name, rows, k, k, n)

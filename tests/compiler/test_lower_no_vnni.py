@@ -513,9 +513,9 @@ def test_under_avx2(tmp_path: Path) -> None:
     assert dumped.returncode == 0, dumped.stderr
     theirs = np.load(dump)
     ours = zoo_values()
-    # Only the names vector_matmul_as_conv gives its 4-D views ("@image") may differ: it
-    # rewrites a one-row MatMul where oneDNN's matmul is the weight-packing GEMM (AVX2), and
-    # keeps the matmul where it is brgemm (VNNI / AMX).
+    # Only the names vector_matmul_as_conv gives its views ("@image") may differ: it
+    # rewrites a MatMul where oneDNN's matmul is the weight-packing GEMM (AVX2), and keeps
+    # the matmul where it is brgemm (VNNI / AMX).
     assert all("@image" in key for key in set(theirs.files) ^ set(ours)), (
         set(theirs.files) ^ set(ours))
     for key in set(theirs.files) & set(ours):
