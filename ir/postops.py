@@ -57,6 +57,7 @@ OPTIMIZATIONS = (
     "deconv_as_depth_to_space",
     "linear_resampling",
     "widen_gate",
+    "integer_requantize",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})
@@ -232,11 +233,16 @@ class Composed:
     dst_scale: float | None = None  # dequantization-style: dst_q = x / dst_scale + dst_zp
     dst_zero_point: int = 0
     fired: list[str] = field(default_factory=list)
+    # the rounding form before passes/integer_requantize.py shortened the post-ops (it keeps
+    # every result, so the kernel still rounds as this says)
+    form: str | None = None
 
     def rounding(self) -> str:
         """How the integer store rounds (docs/numerics.md, "Rounding forms"): the ONNX form
         when an eltwise_round post-op rounds before the dst zero point is added, the level form
         when the store adds it before its rint; "" for a float dst."""
+        if self.form is not None:
+            return self.form
         if not self.dst_dtype.is_integer:
             return ""
         last = self.post_ops[-1] if self.post_ops else None

@@ -78,6 +78,10 @@ quantization step, and rarely):
   + zp and clip, (q - zp) is an integer, linear(1, -zp) keeps it exactly and linear(s, 0)
   rounds (q - zp)·s once — what the standalone DequantizeLinear computes — where a folded
   linear(s, -zp·s) would round s·q - f32(zp·s) instead.
+- integer_requantize (passes/integer_requantize.py, applied by compose_post_ops to the
+  final mapping, not while fuse_post_ops tries chains): after round and an integral clip the
+  value is one of a few hundred integers, so the post-ops up to the next one reading a
+  tensor are shortened where every one of those integers gives the same float32 bits.
 - drop_inner_round (off by default; OpenVINO fake_quantize.md's "existing implementation" shortcut): a round
   that is not the last one and is followed by a residual sum is dropped — this changes results
   (it removes one quantization of the residual branch) and is measured, not assumed.

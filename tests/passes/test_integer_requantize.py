@@ -1,0 +1,214 @@
+"""passes/integer_requantize.py: post-ops after an integer point shortened only where every
+integer they can see gives the same result.
+
+A chain of quantize_static's requantizations (PP-OCRv4 rec QDQ's convolution, its learnable
+affine ``·w + b``, each step with a Q/DQ pair) loses its repeated requantization and its
+divisions after the first, with results bit-identical to the unshortened chain in oneDNN's
+model (apply_composed) and on oneDNN itself, NaN and infinities included; a merge that would
+move one value is refused; a whole QDQ model compiles to the same outputs with shorter
+post-ops.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import qfuse
+from qfuse.ir.postops import Binary, Composed, ComposerOptions, Eltwise, PostOp
+from qfuse.ir.types import DType
+from qfuse.passes import integer_requantize
+from qfuse.runtime.onednn import (
+    Alg,
+    Arg,
+    DataType,
+    FormatTag,
+    Memory,
+    MemoryDesc,
+    PostOps,
+    PrimitiveAttr,
+    binary,
+)
+from qfuse.runtime.reference.chain import apply_composed
+
+F32 = np.float32
+S1, S2, BETA = 0.0401896, 0.0383186, -0.450772
+
+
+def _div(s: float) -> Binary:
+    return Binary("div", np.array([s], F32))
+
+
+def _requantizations() -> list[PostOp]:
+    """q₁ = Q(x; s₁) ·s₁, again Q(·; s₁), then ·s₁ + β, Q(·; s₂) ·s₂ (zero points shifted
+    into the clips, as clip_shift leaves them)."""
+    return [_div(S1), Eltwise("round"), Eltwise("clip", -155, 100), Eltwise("linear", S1, 0),
+            _div(S1), Eltwise("round"), Eltwise("clip", -155, 100), Eltwise("linear", S1, BETA),
+            _div(S2), Eltwise("round"), Eltwise("clip", -167, 88), Eltwise("linear", S2, 0)]
+
+
+def _accumulators() -> np.ndarray:
+    """Every level of the first quantization, either side of each tie, and far outside."""
+    k = np.arange(-160, 106, dtype=np.float64)
+    centre = np.rint((k + 0.5) * S1 / 0.001)
+    acc = (centre[:, None] + np.arange(-3, 4)[None, :]).ravel()
+    wide = np.random.default_rng(0).integers(-2**23, 2**23, 4000)
+    return np.concatenate([acc, wide]).astype(np.int32).reshape(1, 1, -1, 1)
+
+
+def _composed(post_ops: list[PostOp], dst: DType) -> Composed:
+    return Composed(1, dst, wei_scales=np.array([0.001], F32), post_ops=post_ops)
+
+
+def test_requantizations_shorten_to_the_same_bits() -> None:
+    for dst in (DType.F32, DType.U8):
+        post_ops = _requantizations()
+        if dst is DType.U8:  # a store in ONNX form: the last dequantize becomes the zero point
+            post_ops = post_ops[:-1]
+        before = _composed(list(post_ops), dst)
+        after = dataclasses.replace(before, post_ops=list(post_ops))
+        assert integer_requantize.simplify(after)
+        divides = [p for p in after.post_ops if isinstance(p, Binary) and p.alg == "div"]
+        assert len(divides) == 1 and len(after.post_ops) <= len(post_ops) - 5, after.post_ops
+        acc = _accumulators()
+        want = apply_composed(acc, before, {}, channel_axis=1)
+        got = apply_composed(acc, after, {}, channel_axis=1)
+        assert np.array_equal(got.view(np.uint8), want.view(np.uint8))
+        assert after.rounding() == before.rounding()
+
+
+def _merge_changes_a_value() -> tuple[float, float]:
+    """A dequantize scale a and a next scale s whose ·a then ÷s rounds differently from
+    ·(a/s) for some integer in −128…127, within the next clip (found by search; most pairs
+    agree)."""
+    rng = np.random.default_rng(1)
+    k = np.arange(-128, 128, dtype=F32)
+    for _ in range(20000):
+        a, s = F32(rng.uniform(0.001, 0.1)), F32(rng.uniform(0.001, 0.1))
+        two = np.clip(np.rint(((k * a).astype(F32) / s).astype(F32)), -128, 127)
+        one = np.clip(np.rint((k.astype(np.float64) * np.float64(F32(np.float64(a) / s)))
+                              .astype(F32)), -128, 127)
+        if not np.array_equal(two, one):
+            return float(a), float(s)
+    raise AssertionError("no scale pair found whose merge changes a value")
+
+
+def test_a_merge_that_moves_a_value_is_refused() -> None:
+    a, s = _merge_changes_a_value()
+    post_ops = [_div(a), Eltwise("round"), Eltwise("clip", -128, 127), Eltwise("linear", a, 0),
+                _div(s), Eltwise("round"), Eltwise("clip", -128, 127), Eltwise("linear", s, 0)]
+    composed = _composed(list(post_ops), DType.F32)
+    integer_requantize.simplify(composed)
+    assert any(isinstance(p, Binary) and p.alg == "div" and np.float32(p.values[0]) == F32(s)
+               for p in composed.post_ops), composed.post_ops
+    acc = _accumulators()
+    want = apply_composed(acc, _composed(post_ops, DType.F32), {}, channel_axis=1)
+    assert np.array_equal(apply_composed(acc, composed, {}, channel_axis=1).view(np.uint32),
+                          want.view(np.uint32))
+
+
+def test_a_stretch_reading_a_tensor_is_not_checked_past_it() -> None:
+    """After a post-op reading a run-time tensor (the gate's second read of x) nothing is an
+    integer until the next round and clip: the division there stays."""
+    post_ops = [Eltwise("round"), Eltwise("clip", 0, 255), Eltwise("linear", S1, 0),
+                Binary("mul", np.array([1.0, 2.0], F32)), _div(S2), Eltwise("round")]
+    composed = Composed(2, DType.U8, post_ops=list(post_ops))
+    assert not integer_requantize.simplify(composed)
+    assert composed.post_ops == post_ops
+
+
+def _onednn(post_ops: list[PostOp], x: np.ndarray) -> np.ndarray:
+    """A jit binary ``x·1`` with ``post_ops`` on oneDNN, float32 out."""
+    md = MemoryDesc.from_tag((x.size,), DataType.f32, FormatTag.a)
+    one = MemoryDesc.from_tag((1,), DataType.f32, FormatTag.a)
+    ops, args = PostOps(), {}
+    for i, op in enumerate(post_ops):
+        if isinstance(op, Eltwise):
+            ops.append_eltwise(getattr(Alg, f"eltwise_{op.alg}"), op.alpha, op.beta)
+        else:
+            ops.append_binary(getattr(Alg, f"binary_{op.alg}"), one)
+            operand = Memory(one)
+            operand._buffer.view(np.float32)[:] = op.values
+            args[Arg.post_op(i, Arg.SRC_1)] = operand
+    pd = binary(Alg.binary_mul, md, one, md, attr=PrimitiveAttr().set_post_ops(ops))
+    src, unit, dst = Memory(md), Memory(one), Memory(md)
+    src._buffer.view(np.float32)[:] = x
+    unit._buffer.view(np.float32)[:] = 1.0
+    pd.create().bind({Arg.SRC_0: src, Arg.SRC_1: unit, Arg.DST: dst, **args}).execute()
+    assert pd.impl_name.startswith("jit"), pd.impl_name
+    return dst._buffer.view(np.float32)[:x.size].copy()
+
+
+def test_onednn_computes_the_shortened_post_ops_bit_for_bit() -> None:
+    """On oneDNN itself, over values reaching every level, ties, −0, NaN and ±inf (its clip
+    takes NaN to the low bound, so the stretch after it sees integers only)."""
+    post_ops = _requantizations()
+    composed = _composed(list(post_ops), DType.F32)
+    assert integer_requantize.simplify(composed)
+    k = np.arange(-160, 106, dtype=F32)
+    x = np.concatenate([(k + F32(0.5)) * F32(S1), k * F32(S1), np.linspace(-9, 9, 5001, dtype=F32),
+                        np.array([np.nan, -np.nan, np.inf, -np.inf, -0.0, 1e30, -1e30], F32)])
+    want = _onednn(post_ops, x)
+    got = _onednn(composed.post_ops, x)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def _init(name: str, value: object, dtype: type) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def _affine_hardswish_model() -> onnx.ModelProto:
+    """PP-OCRv4 rec's block as quantize_static writes it: an int8 conv, its learnable affine
+    ``·w + b`` and HardSwish written out ``x·clip(x + 3, 0, 6)/6``, a Q/DQ pair after each op."""
+    nodes: list[onnx.NodeProto] = []
+    inits = [_init("w_q", np.random.default_rng(2).integers(-127, 128, (16, 8, 3, 3)), np.int8),
+             _init("w_s", 0.01, np.float32), _init("w_z", 0, np.int8),
+             _init("aff_w", 0.8763, np.float32), _init("aff_b", -0.2231, np.float32),
+             _init("three", 3.0, np.float32), _init("six", 6.0, np.float32)]
+
+    def qdq(src: str, dst: str, scale: float, zp: int) -> None:
+        nodes.extend([
+            helper.make_node("QuantizeLinear", [src, f"s_{dst}", f"z_{dst}"], [f"{dst}_q"]),
+            helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{dst}", f"z_{dst}"], [dst])])
+        inits.extend([_init(f"s_{dst}", scale, np.float32), _init(f"z_{dst}", zp, np.uint8)])
+
+    qdq("x", "xd", 0.02, 128)
+    nodes.append(helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"]))
+    nodes.append(helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]))
+    qdq("c", "cd", S1, 155)
+    nodes.append(helper.make_node("Mul", ["cd", "aff_w"], ["m"]))
+    qdq("m", "md", S1, 155)
+    nodes.append(helper.make_node("Add", ["md", "aff_b"], ["a"]))
+    qdq("a", "ad", S2, 167)
+    nodes.append(helper.make_node("Add", ["ad", "three"], ["t"]))
+    qdq("t", "td", 6 / 255, 0)
+    nodes.append(helper.make_node("Mul", ["ad", "td"], ["p"]))
+    qdq("p", "pd", 0.0166, 23)
+    nodes.append(helper.make_node("Div", ["pd", "six"], ["h"]))
+    qdq("h", "y", 0.0087, 23)
+    graph = helper.make_graph(
+        nodes, "affine_hardswish",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 12])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_quantize_static_block_compiles_to_the_same_outputs_with_fewer_post_ops() -> None:
+    model = _affine_hardswish_model()
+    on = qfuse.compile_model(model)
+    off = qfuse.compile_model(model, composer=ComposerOptions().without("integer_requantize"))
+    rng = np.random.default_rng(3)
+    for spread in (1.0, 3.0):
+        x = (rng.standard_normal((1, 8, 10, 12)) * spread).astype(F32)
+        assert np.array_equal(on.run({"x": x})["y"], off.run({"x": x})["y"])
+
+    def post_ops(compiled: qfuse.CompiledModel) -> int:
+        return sum(len(k.get("post_ops", [])) for k in compiled.inspect()["kernels"])
+
+    shortened = [k for k in on.inspect()["kernels"]
+                 if "integer_requantize" in k.get("optimizations", [])]
+    assert shortened, on.inspect()["kernels"]
+    assert post_ops(on) < post_ops(off)
