@@ -5,9 +5,9 @@ with the node's output channels (axis 1 for conv / deconv / pools, the last dim 
 and its output element type. The result goes to ``node.meta["composed"]`` (a
 ``passes.composer.Composed``: weight scales, bias, post-ops, dst scale / zero point) and the
 names of the optimizations that fired, in order and without repeats, to
-``node.meta["optimizations"]``, for lowering and ``inspect``; where a stretch of the post-ops
-runs on a few hundred integers, the shorter post-ops passes/integer_requantize.py finds for it
-(the same results, checked on every one of them); where the ONNX quantizations
+``node.meta["optimizations"]``, for lowering and ``inspect``. Where a stretch of the post-ops
+runs on a few hundred integers, passes/integer_requantize.py shortens it first (the same
+results, checked on every one of them). Where the ONNX quantizations
 divide (``onnx_divide``), the same chain composed with ·(1/s) instead goes to
 ``node.meta["composed_multiply"]``, for the kernels on which oneDNN has no fast
 implementation taking a binary_div post-op (compiler/lower/lower_compute.emit); the chain's basic operations
