@@ -5,8 +5,8 @@ A chain of quantize_static's requantizations (PP-OCRv4 rec QDQ's convolution, it
 affine ``·w + b``, each step with a Q/DQ pair) loses its repeated requantization and its
 divisions after the first, with results bit-identical to the unshortened chain in oneDNN's
 model (apply_composed) and on oneDNN itself, NaN and infinities included; a merge that would
-move one value is refused; a whole QDQ model compiles to the same outputs with shorter
-post-ops.
+move one value is refused; random rows of requantizations (hypothesis) keep every bit; a
+whole QDQ model compiles to the same outputs with shorter post-ops.
 """
 
 from __future__ import annotations
@@ -15,12 +15,16 @@ import dataclasses
 
 import numpy as np
 import onnx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import qfuse
+from qfuse.ir.chain import ChainOp, Quantize, Scale, Shift
 from qfuse.ir.postops import Binary, Composed, ComposerOptions, Eltwise, PostOp
-from qfuse.ir.types import DType
+from qfuse.ir.types import DType, OnnxQuantize, QuantParams
 from qfuse.passes import integer_requantize
+from qfuse.passes.composer import compose
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -118,6 +122,53 @@ def test_a_stretch_reading_a_tensor_is_not_checked_past_it() -> None:
     composed = Composed(2, DType.U8, post_ops=list(post_ops))
     assert not integer_requantize.simplify(composed)
     assert composed.post_ops == post_ops
+
+
+def _onnx_q(scale: float, zp: int) -> Quantize:
+    return Quantize((scale * (0 - zp),), (scale * (255 - zp),), (0.0,), (255.0,), 256, DType.U8,
+                    scale=scale, onnx=OnnxQuantize(DType.U8, QuantParams.make(scale, zp)))
+
+
+@st.composite
+def requantizing_chains(draw: st.DrawFn) -> tuple[list[ChainOp], DType]:
+    """A convolution's dequantize and bias, then one to four Q/DQ pairs with an affine step
+    (or a repeat of the same pair) between them, ending dequantized (f32) or quantized (u8)."""
+    scales = st.floats(0.004, 0.1)
+    chain: list[ChainOp] = [Scale.of(np.float32(draw(st.floats(2e-4, 2e-3)))),
+                            Shift.of(np.float32(draw(st.floats(-2, 2))))]
+    for _ in range(draw(st.integers(1, 4))):
+        s, zp = float(np.float32(draw(scales))), draw(st.integers(0, 255))
+        chain += [_onnx_q(s, zp), Shift.of(-zp), Scale.of(s)]
+        step = draw(st.sampled_from(["none", "mul", "add", "affine", "again"]))
+        if step in ("mul", "affine"):
+            chain.append(Scale.of(np.float32(draw(st.floats(0.25, 4)))))
+        if step in ("add", "affine"):
+            chain.append(Shift.of(np.float32(draw(st.floats(-3, 3)))))
+        if step == "again":
+            chain += [_onnx_q(s, zp), Shift.of(-zp), Scale.of(s)]
+    if draw(st.booleans()):
+        s_out = float(np.float32(draw(scales)))
+        return chain + [_onnx_q(s_out, draw(st.integers(0, 255)))], DType.U8
+    return chain, DType.F32
+
+
+@settings(max_examples=150, deadline=None)
+@given(requantizing_chains())
+def test_random_requantizing_chains_keep_every_bit(case: tuple[list[ChainOp], DType]) -> None:
+    """Whatever the composer makes of a row of requantizations, the shortened post-ops give the
+    same bits on accumulators over the first level's ties and far outside."""
+    chain, dtype = case
+    before = compose(chain, channels=1, dst_dtype=dtype)
+    after = dataclasses.replace(before, post_ops=list(before.post_ops))
+    integer_requantize.simplify(after)
+    acc = np.concatenate([np.arange(-2**16, 2**16, 7),
+                          np.random.default_rng(0).integers(-2**23, 2**23, 20000)])
+    acc = acc.astype(np.int32).reshape(1, 1, -1, 1)
+    want = apply_composed(acc, before, {}, channel_axis=1)
+    got = apply_composed(acc, after, {}, channel_axis=1)
+    view = np.uint8 if dtype is DType.U8 else np.uint32
+    assert np.array_equal(got.view(view), want.view(view)), (before.post_ops, after.post_ops)
+    assert after.rounding() == before.rounding()
 
 
 def _onednn(post_ops: list[PostOp], x: np.ndarray) -> np.ndarray:
