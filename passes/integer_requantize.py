@@ -145,16 +145,13 @@ def _divide(op: PostOp) -> bool:
 def _merge(first: Eltwise, second: PostOp) -> Eltwise | None:
     """linear(a, b) followed by ``second`` as one linear, constants rounded once, or None."""
     a, b = np.float64(F32(first.alpha)), np.float64(F32(first.beta))
-    if _divide(second):
-        s = np.float64(second.values.reshape(-1)[0])  # type: ignore[union-attr]
-        if s == 0 or not np.isfinite(s):
-            return None
-        alpha, beta = a / s, b / s
-    elif isinstance(second, Binary) and second.alg == "mul":
+    if isinstance(second, Binary) and second.alg in ("div", "mul"):
         v = np.float64(second.values.reshape(-1)[0])
-        alpha, beta = a * v, b * v
-    elif _linear(second):
-        c, d = np.float64(F32(second.alpha)), np.float64(F32(second.beta))  # type: ignore[union-attr]
+        if second.alg == "div" and (v == 0 or not np.isfinite(v)):
+            return None
+        alpha, beta = (a / v, b / v) if second.alg == "div" else (a * v, b * v)
+    elif isinstance(second, Eltwise) and second.alg == "linear":
+        c, d = np.float64(F32(second.alpha)), np.float64(F32(second.beta))
         alpha, beta = a * c, b * c + d
     else:
         return None
