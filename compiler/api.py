@@ -182,7 +182,8 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
 
     composer = composer or ComposerOptions()
     ctx = PassContext(composer=composer, unsigned_activations=(
-        composer.on("unsigned_activations") and not isa_is_exact()))
+        composer.on("unsigned_activations") and not isa_is_exact()),
+        split_int8_deconvolutions=exact_int8 and not isa_is_exact())
     results = run_passes(work, mode, ctx)
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
     plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,

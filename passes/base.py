@@ -54,6 +54,10 @@ class PassContext:
     # compile_model where oneDNN's int8 kernels have no VNNI / AMX (they read u8 sources only
     # exactly, so every s8 source would be shifted by a reorder before each reader)
     unsigned_activations: bool = False
+    # exact int8 on oneDNN kernels that sum products in int16 pairs (no VNNI / AMX, exact_int8
+    # on): an int8 deconvolution is then split in halves added by a kernel of their own
+    # (compiler/lower/no_vnni.py), which a 1x1 convolution avoids (deconv_as_depth_to_space)
+    split_int8_deconvolutions: bool = False
     current: PassResult | None = None
     current_node: Node | None = None
 

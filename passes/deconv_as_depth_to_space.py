@@ -20,7 +20,14 @@ channel, 2x2 stride 2, 240x320 → 480x640, sigmoid, f32 dst) took 0.76 ms on
 convolution to 4 channels (``brgconv_1x1``) and the reorder: 0.17 + 0.04 ms (AVX-512 VNNI), 0.20
 + 0.04 ms (AVX2), measured alone on a 2-core AMD EPYC at 2 threads. With 24 output channels the
 deconvolution is as fast or faster (0.15 vs 0.08 + 0.04 ms with VNNI, 0.29 vs 0.28 + 0.05 ms on
-AVX2): the rewrite applies below ``MAX_CHANNELS`` output channels only.
+AVX2): the rewrite applies below ``MAX_CHANNELS`` output channels only — except where an exact
+int8 deconvolution would be split (no VNNI / AMX: ``PassContext.split_int8_deconvolutions``):
+oneDNN's AVX2 int8 deconvolution with a source zero point takes no binary post-op, so its
+halves run bare and a binary kernel adds them and computes the chain (compiler/lower/
+no_vnni.py), where the 1x1 convolution takes the low half or the excess as a post-op like any
+convolution. PP-OCRv4 det QDQ's 24 → 24 channel upsampling (2x2, 120x160 → 240x320): hi +
+lo + finish 0.48 + 0.48 + 1.63 ms against lo + convolution + reorder 0.27 + 1.57 + 0.12 ms;
+det QDQ 0.984x, NNCF 0.993x the latency (in one process, alternating; bit-identical).
 
 Not applied: groups, padding, output padding, dilation, a kernel other than the stride, a
 non-square block, run-time weights, chains that read tensors (a residual sum or a binary
@@ -56,17 +63,20 @@ def run(graph: Graph, ctx: PassContext) -> int:
         return 0
     changed = 0
     for node in graph.topo_order():
-        b = _block(graph, node) if node.op is Op.CONV_TRANSPOSE else 0
+        b = _block(graph, node, ctx) if node.op is Op.CONV_TRANSPOSE else 0
         if b:
             ctx.visit(node)
-            _rewrite(graph, node, b)
+            few = graph.info(node.outputs[0]).shape[1] < MAX_CHANNELS
+            _rewrite(graph, node, b, "oneDNN's deconvolution computes few output channels in "
+                     "blocks of 16" if few else "without VNNI an exact int8 deconvolution's "
+                     "split halves would be added by a kernel of their own")
             changed += 1
     if changed:
         graph.remove_unused()  # the ConvTranspose's weights and bias
     return changed
 
 
-def _block(graph: Graph, node: Node) -> int:
+def _block(graph: Graph, node: Node, ctx: PassContext) -> int:
     """The block size b when the rewrite applies to ``node``, else 0."""
     attrs: ConvTransposeAttrs = node.attrs
     x, y = graph.info(node.inputs[0]), graph.info(node.outputs[0])
@@ -80,7 +90,8 @@ def _block(graph: Graph, node: Node) -> int:
             or any(d != 1 for d in attrs.dilations)):
         return 0
     n, _, h, w = x.shape
-    if y.shape != (n, y.shape[1], h * b, w * b) or y.shape[1] >= MAX_CHANNELS:
+    split = ctx.split_int8_deconvolutions and x.dtype.is_integer
+    if y.shape != (n, y.shape[1], h * b, w * b) or (y.shape[1] >= MAX_CHANNELS and not split):
         return 0
     if len(node.inputs) > 2 and node.inputs[2] and graph.constant(node.inputs[2]) is None:
         return 0
@@ -93,7 +104,7 @@ def _block(graph: Graph, node: Node) -> int:
     return b
 
 
-def _rewrite(graph: Graph, node: Node, b: int) -> None:
+def _rewrite(graph: Graph, node: Node, b: int, why: str) -> None:
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     xinfo, out = graph.info(x), graph.info(y)
     reps = b * b
@@ -108,7 +119,7 @@ def _rewrite(graph: Graph, node: Node, b: int) -> None:
     inputs = [x, w_conv, *repeated_bias(graph, node, reps, "@1x1")]
     fused, meta = repeated_state(
         node, reps, f"kernel {b}x{b} = stride: a 1x1 convolution to {reps}·{o} channels and a "
-        "DepthToSpace (oneDNN's deconvolution computes few output channels in blocks of 16)")
+        f"DepthToSpace ({why})")
     name, origin = node.name, list(node.origin)
     n, _, h, width = xinfo.shape
     cells = graph.unique_name(f"{y}@cells")

@@ -1,7 +1,8 @@
 """deconv_as_depth_to_space: a ConvTranspose whose kernel equals its stride, with few output
-channels (DBNet's last layer), runs as a 1x1 Conv to b²·O channels and a DepthToSpace. Bit-
-identical to the deconvolution plan in every mode (the same exact integer sums, the same
-float32 chain per output channel); declined where its conditions fail."""
+channels (DBNet's last layer) or, where an exact int8 deconvolution would be split (no VNNI),
+any number, runs as a 1x1 Conv to b²·O channels and a DepthToSpace. Bit-identical to the
+deconvolution plan in every mode (the same exact integer sums, the same float32 chain per
+output channel); declined where its conditions fail."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from qfuse.compiler.api import compile_model, random_inputs
+from qfuse.compiler.api import compile_model, import_graph, random_inputs
+from qfuse.compiler.pipeline import run_pipeline
+from qfuse.ir import Op
 from qfuse.ir.postops import ComposerOptions
+from qfuse.passes.base import PassContext
 from qfuse.runtime.numerics import step_diff
 from tests.compiler.onnx_builders import init, model, qdq_pair
 
@@ -94,4 +98,28 @@ def test_a_few_channel_upsampling_is_a_1x1_conv_bit_identical(out_channels: int,
 ])
 def test_declined(case: dict) -> None:
     m = _head(**{"out_channels": 4, **case})
-    assert "deconvolution" in _kinds(compile_model(m))
+    # 16 channels: declined where the int8 deconvolution is not split (below: where it is)
+    exact = case.get("out_channels") != 16
+    assert "deconvolution" in _kinds(compile_model(m, exact_int8=exact))
+
+
+@pytest.mark.parametrize("quantized", [True, False])
+def test_many_channels_where_exact_int8_splits_the_deconvolution(quantized: bool) -> None:
+    """From 16 output channels the rewrite is taken only where an exact int8 deconvolution
+    would be split (no VNNI / AMX): its halves would run bare and a binary kernel add them,
+    where the 1x1 convolution takes its low half as a post-op. Decided by the PassContext
+    flag compile_model sets from the CPU, so checked here on the pass; a float deconvolution
+    is never split and keeps its kernel."""
+    m = _head(24, tail="relu_q", quantized=quantized)
+    for split in (True, False):
+        graph = import_graph(m)
+        run_pipeline(graph, PassContext(split_int8_deconvolutions=split))
+        ops = {n.op for n in graph.topo_order()}
+        rewritten = split and quantized
+        assert (Op.DEPTH_TO_SPACE in ops) == rewritten, (split, quantized)
+        assert (Op.CONV_TRANSPOSE in ops) != rewritten, (split, quantized)
+    on, off = compile_model(m), compile_model(m, composer=OFF)  # this CPU's own decision
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        assert np.array_equal(on.run(feeds)["y"].view(np.uint8),
+                              off.run(feeds)["y"].view(np.uint8)), seed
