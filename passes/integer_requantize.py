@@ -12,18 +12,21 @@ threads: linear 11.6 µs, binary_div 12.8, clip 4.7, round 2.4): a gate of 21 po
 
 After ``round`` and ``clip(lo, hi)`` with integer bounds the value is one of the integers
 lo…hi (or −0): oneDNN's clip maps NaN to lo (measured, jit:uni) and ±inf to a bound. Until the
-next post-op that reads something other than a one-element constant (a run-time tensor, a
-per-channel operand, a sum), the chain is a function of that integer alone. So a rewrite of
-that stretch can be checked on every value it can see, and it is kept only where it gives the
-same float32 bits for all of them — or, where the stretch ends at an integer store, the same
-stored integer — both with eltwise linear as one fused multiply-add (oneDNN's jit kernels,
+next post-op that reads something other than constants (a run-time tensor, a sum), the chain
+is a function of that integer and of the channel. So a rewrite of that stretch can be checked
+on every (integer, channel) it can see, and it is kept only where it gives the same float32
+bits for all of them — or, where the stretch ends at an integer store, the same stored
+integer — both with eltwise linear as one fused multiply-add (oneDNN's jit kernels,
 runtime/reference/chain.apply_composed) and as a multiply then an add (its reference
 kernels). The rewrites tried, until none applies:
 
 - a requantization that gives its input back, ``·s ÷s round clip``: removed (four post-ops);
-- ``linear(a, b)`` then ``÷s``: ``linear(a/s, b/s)``, a dequantize and the next quantize's
-  division as one multiply-add (each constant rounded to float32 once);
-- ``linear(a, b)`` then ``linear(c, d)``: ``linear(a·c, b·c + d)``;
+- a run of multiplies, divides and adds by constants (eltwise linear, per-tensor or
+  per-channel binary post-ops) as ``x·α + β`` in fewer post-ops: ``linear(α, β)`` when α and
+  β are one value each (a dequantize and the next quantize's division: ``linear(a/s, b/s)``),
+  else a per-channel multiply and / or add (ConvNeXt's layer scale γ between a dequantize and
+  a quantize: ``·s₁ ·γ ÷s₂`` as one multiply by s₁·γ/s₂), each constant rounded to float32
+  once; the whole run first, then each neighbouring pair;
 - a ``clip`` that never binds: removed.
 
 The result is bit-identical to the chain before (that is the check), so it changes no number
@@ -43,11 +46,13 @@ from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp
 
 F32 = np.float32
 MAX_DOMAIN = 1 << 16  # integers a stretch may see before it is not worth checking
+MAX_GRID = 1 << 20  # integers times channels checked at most (a few ms of numpy a rewrite)
 
 
 def simplify(composed: Composed) -> bool:
     """Rewrite ``composed.post_ops`` in place (module docstring); True when something changed."""
     ops = list(composed.post_ops)
+    channels = composed.channels
     changed = False
     i = 0
     while i < len(ops):
@@ -56,10 +61,10 @@ def simplify(composed: Composed) -> bool:
             i += 1
             continue
         end = i
-        while end < len(ops) and _one_value(ops[end]):
+        while end < len(ops) and _in_stretch(ops[end], channels):
             end += 1
         store = composed if end == len(ops) else None
-        stretch = _shorten(ops[i:end], domain, store)
+        stretch = _shorten(ops[i:end], _grid(ops[i:end], domain, channels), store)
         if len(stretch) < end - i:
             ops[i:end] = stretch
             changed = True
@@ -71,12 +76,22 @@ def simplify(composed: Composed) -> bool:
     return changed
 
 
-def _one_value(op: PostOp) -> bool:
-    """A post-op whose only operand (if any) is one float32 constant."""
+def _in_stretch(op: PostOp, channels: int) -> bool:
+    """A post-op whose only operand (if any) is a constant, one value or one per channel."""
     if isinstance(op, Eltwise):
         return op.alg in ("linear", "round", "clip")
-    return isinstance(op, Binary) and op.values.size == 1 and op.alg in (
+    return isinstance(op, Binary) and op.values.size in (1, channels) and op.alg in (
         "add", "mul", "div", "max", "min")
+
+
+def _grid(stretch: list[PostOp], domain: np.ndarray, channels: int) -> np.ndarray | None:
+    """The values to check the stretch on: the integers, one row per channel when a post-op
+    of the stretch holds per-channel constants (None when that grid is too large to check)."""
+    rows = channels if any(isinstance(op, Binary) and op.values.size > 1
+                           for op in stretch) else 1
+    if rows * domain.size > MAX_GRID:
+        return None
+    return np.ascontiguousarray(np.broadcast_to(domain, (rows, domain.size)))
 
 
 def _integers_after(ops: list[PostOp], i: int) -> np.ndarray | None:
@@ -98,9 +113,12 @@ def _integers_after(ops: list[PostOp], i: int) -> np.ndarray | None:
     return values
 
 
-def _shorten(stretch: list[PostOp], domain: np.ndarray, store: Composed | None) -> list[PostOp]:
+def _shorten(stretch: list[PostOp], domain: np.ndarray | None,
+             store: Composed | None) -> list[PostOp]:
     """The shortest stretch the rewrites reach that computes what ``stretch`` does on
-    ``domain``."""
+    ``domain`` (rows: channels)."""
+    if domain is None or len(stretch) < 2:
+        return stretch
     want = [_run(stretch, domain, store, fused) for fused in (True, False)]
     current = list(stretch)
     progress = True
@@ -122,13 +140,11 @@ def _candidates(ops: list[PostOp]) -> Iterator[list[PostOp]]:
         if (_linear(a) and _divide(d) and isinstance(r, Eltwise) and r.alg == "round"
                 and isinstance(c, Eltwise) and c.alg == "clip"):
             yield ops[:j] + ops[j + 4:]
-    for j in range(len(ops) - 1):
-        first, second = ops[j], ops[j + 1]
-        if not _linear(first):
-            continue
-        merged = _merge(first, second)
-        if merged is not None:
-            yield ops[:j] + [merged] + ops[j + 2:]
+    runs = _affine_runs(ops)
+    pairs = [(i, i + 2) for start, end in runs if end - start > 2 for i in range(start, end - 1)]
+    for j, k in [*runs, *pairs]:
+        for merged in _affine_forms(ops[j:k]):
+            yield ops[:j] + merged + ops[k:]
     for j, op in enumerate(ops):
         if isinstance(op, Eltwise) and op.alg == "clip":
             yield ops[:j] + ops[j + 1:]
@@ -142,23 +158,60 @@ def _divide(op: PostOp) -> bool:
     return isinstance(op, Binary) and op.alg == "div"
 
 
-def _merge(first: Eltwise, second: PostOp) -> Eltwise | None:
-    """linear(a, b) followed by ``second`` as one linear, constants rounded once, or None."""
-    a, b = np.float64(F32(first.alpha)), np.float64(F32(first.beta))
-    if isinstance(second, Binary) and second.alg in ("div", "mul"):
-        v = np.float64(second.values.reshape(-1)[0])
-        if second.alg == "div" and (v == 0 or not np.isfinite(v)):
-            return None
-        alpha, beta = (a / v, b / v) if second.alg == "div" else (a * v, b * v)
-    elif isinstance(second, Eltwise) and second.alg == "linear":
-        c, d = np.float64(F32(second.alpha)), np.float64(F32(second.beta))
-        alpha, beta = a * c, b * c + d
+def _affine(op: PostOp) -> bool:
+    return _linear(op) or (isinstance(op, Binary) and op.alg in ("add", "mul", "div"))
+
+
+def _affine_runs(ops: list[PostOp]) -> list[tuple[int, int]]:
+    """[start, end) of each maximal run of two or more affine post-ops (linear, add, mul,
+    divide by constants)."""
+    runs, j = [], 0
+    while j < len(ops):
+        k = j
+        while k < len(ops) and _affine(ops[k]):
+            k += 1
+        if k - j >= 2:
+            runs.append((j, k))
+        j = max(k, j + 1)
+    return runs
+
+
+def _affine_forms(run: list[PostOp]) -> list[list[PostOp]]:
+    """``run`` as x·α + β (per channel, each constant rounded to float32 once), written in
+    fewer post-ops than it has: linear(α, β) when α and β are one value each, else a
+    multiply and / or an add by per-channel constants."""
+    alpha, beta = np.ones(1), np.zeros(1)
+    for op in run:
+        if isinstance(op, Eltwise):
+            a, b = np.float64(F32(op.alpha)), np.float64(F32(op.beta))
+            alpha, beta = alpha * a, beta * a + b
+            continue
+        assert isinstance(op, Binary)
+        v = op.values.reshape(-1).astype(F32).astype(np.float64)
+        if op.alg == "add":
+            beta = beta + v
+        elif op.alg == "mul":
+            alpha, beta = alpha * v, beta * v
+        elif np.all(v != 0):
+            alpha, beta = alpha / v, beta / v
+        else:
+            return []
+    a32, b32 = alpha.astype(F32), beta.astype(F32)
+    if not (np.all(np.isfinite(a32)) and np.all(np.isfinite(b32))):
+        return []
+    one_a, one_b = np.unique(a32).size == 1, np.unique(b32).size == 1
+    forms: list[list[PostOp]] = []
+    if one_a and one_b:
+        forms.append([Eltwise("linear", float(a32[0]), float(b32[0]))])
+    elif not np.any(b32):
+        forms.append([Binary("mul", a32)])
+    elif np.all(a32 == 1):
+        forms.append([Binary("add", b32)])
+    elif one_a:
+        forms.append([Eltwise("linear", float(a32[0]), 0.0), Binary("add", b32)])
     else:
-        return None
-    alpha32, beta32 = F32(alpha), F32(beta)
-    if not (np.isfinite(alpha32) and np.isfinite(beta32)):
-        return None
-    return Eltwise("linear", float(alpha32), float(beta32))
+        forms.append([Binary("mul", a32), Binary("add", b32)])
+    return [form for form in forms if len(form) < len(run)]
 
 
 def _run(ops: list[PostOp], x: np.ndarray, store: Composed | None, fused: bool) -> np.ndarray:
@@ -188,10 +241,11 @@ def _eltwise(op: Eltwise, x: np.ndarray, fused: bool) -> np.ndarray:
 
 
 def _binary(op: Binary, x: np.ndarray, fused: bool) -> np.ndarray:
-    fn: Callable[[np.ndarray, np.float32], np.ndarray] = {
+    fn: Callable[[np.ndarray, np.ndarray], np.ndarray] = {
         "add": np.add, "mul": np.multiply, "div": np.divide, "max": np.maximum,
         "min": np.minimum}[op.alg]
-    return fn(x, F32(op.values.reshape(-1)[0])).astype(F32)
+    values = op.values.reshape(-1).astype(F32)
+    return fn(x, values.reshape(-1, 1) if values.size > 1 else values[0]).astype(F32)
 
 
 _STEP: dict[type, Callable[..., np.ndarray]] = {Eltwise: _eltwise, Binary: _binary}

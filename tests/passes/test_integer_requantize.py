@@ -21,7 +21,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qfuse
 from qfuse.ir.chain import ChainOp, Quantize, Scale, Shift
-from qfuse.ir.postops import Binary, Composed, ComposerOptions, Eltwise, PostOp
+from qfuse.ir.postops import (
+    Binary,
+    Composed,
+    ComposerOptions,
+    Eltwise,
+    PostOp,
+    TensorBinary,
+)
 from qfuse.ir.types import DType, OnnxQuantize, QuantParams
 from qfuse.passes import integer_requantize
 from qfuse.passes.composer import compose
@@ -118,10 +125,27 @@ def test_a_stretch_reading_a_tensor_is_not_checked_past_it() -> None:
     """After a post-op reading a run-time tensor (the gate's second read of x) nothing is an
     integer until the next round and clip: the division there stays."""
     post_ops = [Eltwise("round"), Eltwise("clip", 0, 255), Eltwise("linear", S1, 0),
-                Binary("mul", np.array([1.0, 2.0], F32)), _div(S2), Eltwise("round")]
+                TensorBinary("mul", 0), _div(S2), Eltwise("round")]
     composed = Composed(2, DType.U8, post_ops=list(post_ops))
     assert not integer_requantize.simplify(composed)
     assert composed.post_ops == post_ops
+
+
+def test_per_channel_constants_merge_too() -> None:
+    """A layer scale γ (one value per channel) between a dequantize and the next quantize,
+    as ConvNeXt's MatMuls carry it: ·s₁, ·γ, ÷s₂ is one multiply by s₁·γ/s₂ per channel where
+    every (integer, channel) gives the same bits — checked on all of them."""
+    gamma = np.random.default_rng(4).uniform(0.05, 3.0, 48).astype(F32)
+    post_ops = [_div(S1), Eltwise("round"), Eltwise("clip", -128, 127),
+                Eltwise("linear", S1, 0), Binary("mul", gamma), _div(S2), Eltwise("round")]
+    before = Composed(48, DType.U8, wei_scales=np.array([0.001], F32), post_ops=post_ops,
+                      dst_zero_point=3)
+    after = dataclasses.replace(before, post_ops=list(post_ops))
+    assert integer_requantize.simplify(after)
+    assert len(after.post_ops) < len(post_ops), after.post_ops
+    acc = np.repeat(_accumulators(), 48, axis=1)
+    want = apply_composed(acc, before, {}, channel_axis=1)
+    assert np.array_equal(apply_composed(acc, after, {}, channel_axis=1), want)
 
 
 def _onnx_q(scale: float, zp: int) -> Quantize:
@@ -130,16 +154,21 @@ def _onnx_q(scale: float, zp: int) -> Quantize:
 
 
 @st.composite
-def requantizing_chains(draw: st.DrawFn) -> tuple[list[ChainOp], DType]:
+def requantizing_chains(draw: st.DrawFn) -> tuple[list[ChainOp], DType, int]:
     """A convolution's dequantize and bias, then one to four Q/DQ pairs with an affine step
-    (or a repeat of the same pair) between them, ending dequantized (f32) or quantized (u8)."""
+    (or a per-channel scale, a layer scale γ, or a repeat of the same pair) between them,
+    ending dequantized (f32) or quantized (u8); one or four channels."""
+    channels = draw(st.sampled_from([1, 4]))
     scales = st.floats(0.004, 0.1)
     chain: list[ChainOp] = [Scale.of(np.float32(draw(st.floats(2e-4, 2e-3)))),
                             Shift.of(np.float32(draw(st.floats(-2, 2))))]
     for _ in range(draw(st.integers(1, 4))):
         s, zp = float(np.float32(draw(scales))), draw(st.integers(0, 255))
         chain += [_onnx_q(s, zp), Shift.of(-zp), Scale.of(s)]
-        step = draw(st.sampled_from(["none", "mul", "add", "affine", "again"]))
+        step = draw(st.sampled_from(["none", "mul", "add", "affine", "again", "gamma"]))
+        if step == "gamma":
+            gamma = draw(st.lists(st.floats(0.05, 3), min_size=channels, max_size=channels))
+            chain.append(Scale.of(np.asarray(gamma, np.float32)))
         if step in ("mul", "affine"):
             chain.append(Scale.of(np.float32(draw(st.floats(0.25, 4)))))
         if step in ("add", "affine"):
@@ -148,22 +177,23 @@ def requantizing_chains(draw: st.DrawFn) -> tuple[list[ChainOp], DType]:
             chain += [_onnx_q(s, zp), Shift.of(-zp), Scale.of(s)]
     if draw(st.booleans()):
         s_out = float(np.float32(draw(scales)))
-        return chain + [_onnx_q(s_out, draw(st.integers(0, 255)))], DType.U8
-    return chain, DType.F32
+        return chain + [_onnx_q(s_out, draw(st.integers(0, 255)))], DType.U8, channels
+    return chain, DType.F32, channels
 
 
 @settings(max_examples=150, deadline=None)
 @given(requantizing_chains())
-def test_random_requantizing_chains_keep_every_bit(case: tuple[list[ChainOp], DType]) -> None:
+def test_random_requantizing_chains_keep_every_bit(
+        case: tuple[list[ChainOp], DType, int]) -> None:
     """Whatever the composer makes of a row of requantizations, the shortened post-ops give the
     same bits on accumulators over the first level's ties and far outside."""
-    chain, dtype = case
-    before = compose(chain, channels=1, dst_dtype=dtype)
+    chain, dtype, channels = case
+    before = compose(chain, channels=channels, dst_dtype=dtype)
     after = dataclasses.replace(before, post_ops=list(before.post_ops))
     integer_requantize.simplify(after)
     acc = np.concatenate([np.arange(-2**16, 2**16, 7),
                           np.random.default_rng(0).integers(-2**23, 2**23, 20000)])
-    acc = acc.astype(np.int32).reshape(1, 1, -1, 1)
+    acc = np.repeat(acc.astype(np.int32).reshape(1, 1, -1, 1), channels, axis=1)
     want = apply_composed(acc, before, {}, channel_axis=1)
     got = apply_composed(acc, after, {}, channel_axis=1)
     view = np.uint8 if dtype is DType.U8 else np.uint32
