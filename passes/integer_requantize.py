@@ -38,11 +38,13 @@ division.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
 from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp
+from qfuse.ir.types import DType
+from qfuse.runtime.reference.chain import apply_composed
 
 F32 = np.float32
 MAX_DOMAIN = 1 << 16  # integers a stretch may see before it is not worth checking
@@ -214,41 +216,25 @@ def _affine_forms(run: list[PostOp]) -> list[list[PostOp]]:
     return [form for form in forms if len(form) < len(run)]
 
 
-def _run(ops: list[PostOp], x: np.ndarray, store: Composed | None, fused: bool) -> np.ndarray:
-    """The stretch on ``x`` in float32, then the integer store when it ends the chain.
-    ``fused``: eltwise linear as one rounding (jit), else a multiply and an add (reference)."""
+def _run(ops: list[PostOp], grid: np.ndarray, store: Composed | None,
+         fused: bool) -> np.ndarray:
+    """The stretch on ``grid`` (rows: channels) as oneDNN computes it
+    (runtime/reference/chain.apply_composed), then the integer store when it ends the chain.
+    ``fused``: eltwise linear as one rounding (jit), else a multiply then an add (reference)."""
+    if not fused:
+        ops = [step for op in ops for step in _two_roundings(op)]
+    model = Composed(grid.shape[0], store.dst_dtype if store is not None else DType.F32,
+                     post_ops=ops, dst_scale=store.dst_scale if store is not None else None,
+                     dst_zero_point=store.dst_zero_point if store is not None else 0)
     with np.errstate(all="ignore"):
-        for op in ops:
-            x = _STEP[type(op)](op, x, fused)
-        if store is None or not store.dst_dtype.is_integer:
-            return x
-        if store.dst_scale is not None:
-            x = (x * (F32(1.0) / F32(store.dst_scale))).astype(F32)
-        x = (x + F32(store.dst_zero_point)).astype(F32)
-        lo, hi = store.dst_dtype.range
-        return np.clip(np.rint(x), lo, hi).astype(F32)
+        return apply_composed(grid, model, {}, channel_axis=0)
 
 
-def _eltwise(op: Eltwise, x: np.ndarray, fused: bool) -> np.ndarray:
-    a, b = F32(op.alpha), F32(op.beta)
-    if op.alg == "linear" and fused:
-        return (x.astype(np.float64) * np.float64(a) + np.float64(b)).astype(F32)
-    if op.alg == "linear":
-        return ((x * a).astype(F32) + b).astype(F32)
-    if op.alg == "round":
-        return np.rint(x).astype(F32)
-    return np.minimum(np.maximum(x, a), b).astype(F32)
-
-
-def _binary(op: Binary, x: np.ndarray, fused: bool) -> np.ndarray:
-    fn: Callable[[np.ndarray, np.ndarray], np.ndarray] = {
-        "add": np.add, "mul": np.multiply, "div": np.divide, "max": np.maximum,
-        "min": np.minimum}[op.alg]
-    values = op.values.reshape(-1).astype(F32)
-    return fn(x, values.reshape(-1, 1) if values.size > 1 else values[0]).astype(F32)
-
-
-_STEP: dict[type, Callable[..., np.ndarray]] = {Eltwise: _eltwise, Binary: _binary}
+def _two_roundings(op: PostOp) -> list[PostOp]:
+    """``linear(a, b)`` as oneDNN's reference kernels compute it: ``x·a``, rounded, ``+ b``."""
+    if isinstance(op, Eltwise) and op.alg == "linear":
+        return [Binary("mul", np.array([op.alpha], F32)), Binary("add", np.array([op.beta], F32))]
+    return [op]
 
 
 def _same(got: np.ndarray, want: np.ndarray, store: Composed | None) -> bool:
