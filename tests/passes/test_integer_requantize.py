@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 import qfuse
 from qfuse.ir.chain import ChainOp, Quantize, Scale, Shift
@@ -30,6 +30,8 @@ from qfuse.ir.postops import (
     TensorBinary,
 )
 from qfuse.ir.types import DType, OnnxQuantize, QuantParams
+from qfuse.compiler.lower.attrs import build_attr
+from qfuse.compiler.lower.layouts import const_memory
 from qfuse.passes import integer_requantize
 from qfuse.passes.composer import compose
 from qfuse.runtime.onednn import (
@@ -39,11 +41,10 @@ from qfuse.runtime.onednn import (
     FormatTag,
     Memory,
     MemoryDesc,
-    PostOps,
-    PrimitiveAttr,
     binary,
 )
 from qfuse.runtime.reference.chain import apply_composed
+from tests.compiler.onnx_builders import init, model, qdq_pair
 
 F32 = np.float32
 S1, S2, BETA = 0.0401896, 0.0383186, -0.450772
@@ -202,23 +203,17 @@ def test_random_requantizing_chains_keep_every_bit(
 
 
 def _onednn(post_ops: list[PostOp], x: np.ndarray) -> np.ndarray:
-    """A jit binary ``x·1`` with ``post_ops`` on oneDNN, float32 out."""
-    md = MemoryDesc.from_tag((x.size,), DataType.f32, FormatTag.a)
-    one = MemoryDesc.from_tag((1,), DataType.f32, FormatTag.a)
-    ops, args = PostOps(), {}
-    for i, op in enumerate(post_ops):
-        if isinstance(op, Eltwise):
-            ops.append_eltwise(getattr(Alg, f"eltwise_{op.alg}"), op.alpha, op.beta)
-        else:
-            ops.append_binary(getattr(Alg, f"binary_{op.alg}"), one)
-            operand = Memory(one)
-            operand._buffer.view(np.float32)[:] = op.values
-            args[Arg.post_op(i, Arg.SRC_1)] = operand
-    pd = binary(Alg.binary_mul, md, one, md, attr=PrimitiveAttr().set_post_ops(ops))
-    src, unit, dst = Memory(md), Memory(one), Memory(md)
+    """A jit binary ``x·1`` on oneDNN with ``post_ops`` as the lowering builds them
+    (attrs.build_attr), float32 out."""
+    md = MemoryDesc.from_tag((1, x.size), DataType.f32, FormatTag.ab)
+    one = MemoryDesc.from_tag((1, 1), DataType.f32, FormatTag.ab)
+    built = build_attr(Composed(1, DType.F32, post_ops=post_ops), ndims=2, channel_axis=1,
+                       wei_mask=0, dst_type=DataType.f32)
+    pd = binary(Alg.binary_mul, md, one, md, attr=built.attr)
+    src, dst = Memory(md), Memory(md)
     src._buffer.view(np.float32)[:] = x
-    unit._buffer.view(np.float32)[:] = 1.0
-    pd.create().bind({Arg.SRC_0: src, Arg.SRC_1: unit, Arg.DST: dst, **args}).execute()
+    pd.create().bind({Arg.SRC_0: src, Arg.SRC_1: const_memory(np.ones((1, 1), F32)),
+                      Arg.DST: dst, **built.fixed}).execute()
     assert pd.impl_name.startswith("jit"), pd.impl_name
     return dst._buffer.view(np.float32)[:x.size].copy()
 
@@ -237,50 +232,33 @@ def test_onednn_computes_the_shortened_post_ops_bit_for_bit() -> None:
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
-def _init(name: str, value: object, dtype: type) -> onnx.TensorProto:
-    return numpy_helper.from_array(np.asarray(value, dtype), name)
-
-
 def _affine_hardswish_model() -> onnx.ModelProto:
     """PP-OCRv4 rec's block as quantize_static writes it: an int8 conv, its learnable affine
     ``·w + b`` and HardSwish written out ``x·clip(x + 3, 0, 6)/6``, a Q/DQ pair after each op."""
-    nodes: list[onnx.NodeProto] = []
-    inits = [_init("w_q", np.random.default_rng(2).integers(-127, 128, (16, 8, 3, 3)), np.int8),
-             _init("w_s", 0.01, np.float32), _init("w_z", 0, np.int8),
-             _init("aff_w", 0.8763, np.float32), _init("aff_b", -0.2231, np.float32),
-             _init("three", 3.0, np.float32), _init("six", 6.0, np.float32)]
+    inits = [init("w_q", np.random.default_rng(2).integers(-127, 128, (16, 8, 3, 3)), np.int8),
+             init("w_s", F32(0.01)), init("w_z", np.int8(0)), init("aff_w", F32(0.8763)),
+             init("aff_b", F32(-0.2231)), init("three", F32(3)), init("six", F32(6))]
 
-    def qdq(src: str, dst: str, scale: float, zp: int) -> None:
-        nodes.extend([
-            helper.make_node("QuantizeLinear", [src, f"s_{dst}", f"z_{dst}"], [f"{dst}_q"]),
-            helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{dst}", f"z_{dst}"], [dst])])
-        inits.extend([_init(f"s_{dst}", scale, np.float32), _init(f"z_{dst}", zp, np.uint8)])
+    def qdq(src: str, dst: str, scale: float, zp: int) -> list[onnx.NodeProto]:
+        inits.extend([init(f"{dst}s", F32(scale)), init(f"{dst}z", np.uint8(zp))])
+        return qdq_pair(dst, src, dst)
 
-    qdq("x", "xd", 0.02, 128)
-    nodes.append(helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"]))
-    nodes.append(helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]))
-    qdq("c", "cd", S1, 155)
-    nodes.append(helper.make_node("Mul", ["cd", "aff_w"], ["m"]))
-    qdq("m", "md", S1, 155)
-    nodes.append(helper.make_node("Add", ["md", "aff_b"], ["a"]))
-    qdq("a", "ad", S2, 167)
-    nodes.append(helper.make_node("Add", ["ad", "three"], ["t"]))
-    qdq("t", "td", 6 / 255, 0)
-    nodes.append(helper.make_node("Mul", ["ad", "td"], ["p"]))
-    qdq("p", "pd", 0.0166, 23)
-    nodes.append(helper.make_node("Div", ["pd", "six"], ["h"]))
-    qdq("h", "y", 0.0087, 23)
-    graph = helper.make_graph(
-        nodes, "affine_hardswish",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 10, 12])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 10, 12])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    nodes = [*qdq("x", "xd", 0.02, 128),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"]),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             *qdq("c", "cd", S1, 155),
+             helper.make_node("Mul", ["cd", "aff_w"], ["m"]), *qdq("m", "md", S1, 155),
+             helper.make_node("Add", ["md", "aff_b"], ["a"]), *qdq("a", "ad", S2, 167),
+             helper.make_node("Add", ["ad", "three"], ["t"]), *qdq("t", "td", 6 / 255, 0),
+             helper.make_node("Mul", ["ad", "td"], ["p"]), *qdq("p", "pd", 0.0166, 23),
+             helper.make_node("Div", ["pd", "six"], ["h"]), *qdq("h", "y", 0.0087, 23)]
+    return model(nodes, {"x": ([1, 8, 10, 12], TensorProto.FLOAT)}, ["y"], inits, opset=13)
 
 
 def test_a_quantize_static_block_compiles_to_the_same_outputs_with_fewer_post_ops() -> None:
-    model = _affine_hardswish_model()
-    on = qfuse.compile_model(model)
-    off = qfuse.compile_model(model, composer=ComposerOptions().without("integer_requantize"))
+    block = _affine_hardswish_model()
+    on = qfuse.compile_model(block)
+    off = qfuse.compile_model(block, composer=ComposerOptions().without("integer_requantize"))
     rng = np.random.default_rng(3)
     for spread in (1.0, 3.0):
         x = (rng.standard_normal((1, 8, 10, 12)) * spread).astype(F32)
