@@ -145,7 +145,8 @@ def _candidates(ops: list[PostOp]) -> Iterator[list[PostOp]]:
     runs = _affine_runs(ops)
     pairs = [(i, i + 2) for start, end in runs if end - start > 2 for i in range(start, end - 1)]
     for j, k in [*runs, *pairs]:
-        for merged in _affine_forms(ops[j:k]):
+        merged = _affine_form(ops[j:k])
+        if merged is not None:
             yield ops[:j] + merged + ops[k:]
     for j, op in enumerate(ops):
         if isinstance(op, Eltwise) and op.alg == "clip":
@@ -178,10 +179,10 @@ def _affine_runs(ops: list[PostOp]) -> list[tuple[int, int]]:
     return runs
 
 
-def _affine_forms(run: list[PostOp]) -> list[list[PostOp]]:
+def _affine_form(run: list[PostOp]) -> list[PostOp] | None:
     """``run`` as x·α + β (per channel, each constant rounded to float32 once), written in
     fewer post-ops than it has: linear(α, β) when α and β are one value each, else a
-    multiply and / or an add by per-channel constants."""
+    multiply and / or an add by per-channel constants; None when it takes as many."""
     alpha, beta = np.ones(1), np.zeros(1)
     for op in run:
         if isinstance(op, Eltwise):
@@ -197,23 +198,22 @@ def _affine_forms(run: list[PostOp]) -> list[list[PostOp]]:
         elif np.all(v != 0):
             alpha, beta = alpha / v, beta / v
         else:
-            return []
+            return None
     a32, b32 = alpha.astype(F32), beta.astype(F32)
     if not (np.all(np.isfinite(a32)) and np.all(np.isfinite(b32))):
-        return []
+        return None
     one_a, one_b = np.unique(a32).size == 1, np.unique(b32).size == 1
-    forms: list[list[PostOp]] = []
     if one_a and one_b:
-        forms.append([Eltwise("linear", float(a32[0]), float(b32[0]))])
+        form: list[PostOp] = [Eltwise("linear", float(a32[0]), float(b32[0]))]
     elif not np.any(b32):
-        forms.append([Binary("mul", a32)])
+        form = [Binary("mul", a32)]
     elif np.all(a32 == 1):
-        forms.append([Binary("add", b32)])
+        form = [Binary("add", b32)]
     elif one_a:
-        forms.append([Eltwise("linear", float(a32[0]), 0.0), Binary("add", b32)])
+        form = [Eltwise("linear", float(a32[0]), 0.0), Binary("add", b32)]
     else:
-        forms.append([Binary("mul", a32), Binary("add", b32)])
-    return [form for form in forms if len(form) < len(run)]
+        form = [Binary("mul", a32), Binary("add", b32)]
+    return form if len(form) < len(run) else None
 
 
 def _run(ops: list[PostOp], grid: np.ndarray, store: Composed | None,

@@ -248,9 +248,11 @@ def pair_split(w: np.ndarray, axis: int = 1) -> tuple[np.ndarray, np.ndarray | N
     ``axis``: the input channels' (2 for grouped weights ``[G, O/G, I/G, k…]``)."""
     if axis != 1:  # every group's output channels as rows of their own
         split = pair_split(w.reshape(-1, *w.shape[axis:]))
-        if split is None or split[1] is None:
-            return split if split is None else (w, None)
+        if split is None:
+            return None
         m, e = split
+        if e is None:
+            return w, None
         return m.reshape(w.shape), e.reshape(*w.shape[:axis], *e.shape[1:])
     a, b = _pairs(w)
     half = w.shape[1] // 2
