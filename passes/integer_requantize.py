@@ -27,6 +27,10 @@ kernels). The rewrites tried, until none applies:
   else a per-channel multiply and / or add (ConvNeXt's layer scale γ between a dequantize and
   a quantize: ``·s₁ ·γ ÷s₂`` as one multiply by s₁·γ/s₂), each constant rounded to float32
   once; the whole run first, then each neighbouring pair;
+- a ``round`` whose input is already an integer: removed; one after an add, or a linear with
+  an integer slope, whose offset is not (a dequantize, an added constant, then the next
+  quantize of the same scale: ``linear(1, 0.718) round``): removed with the offset rounded,
+  ``linear(1, 1)``, which the affine rewrite then merges with its neighbours;
 - a ``clip`` that never binds: removed.
 
 The result is bit-identical to the chain before (that is the check), so it changes no number
@@ -149,8 +153,25 @@ def _candidates(ops: list[PostOp]) -> Iterator[list[PostOp]]:
         if merged is not None:
             yield ops[:j] + merged + ops[k:]
     for j, op in enumerate(ops):
+        if isinstance(op, Eltwise) and op.alg == "round":
+            yield ops[:j] + ops[j + 1:]
+            shifted = _integer_offset(ops[j - 1]) if j else None
+            if shifted is not None:
+                yield ops[:j - 1] + [shifted] + ops[j + 1:]
+    for j, op in enumerate(ops):
         if isinstance(op, Eltwise) and op.alg == "clip":
             yield ops[:j] + ops[j + 1:]
+
+
+def _integer_offset(op: PostOp) -> PostOp | None:
+    """``op`` (an add, or a linear with an integer slope) with its offsets rounded to integers:
+    on an integer it then gives what ``op`` and a ``round`` give, unless an offset sits at a
+    half (the check decides)."""
+    if isinstance(op, Eltwise) and op.alg == "linear" and F32(op.alpha) == np.rint(F32(op.alpha)):
+        return Eltwise("linear", op.alpha, float(np.rint(F32(op.beta))))
+    if isinstance(op, Binary) and op.alg == "add":
+        return Binary("add", np.rint(np.asarray(op.values, F32)))
+    return None
 
 
 def _linear(op: PostOp) -> bool:

@@ -251,16 +251,18 @@ def nan_to_qmin(dst: DType) -> list[PostOp]:
 
 def scale_bias_post_ops(composed: Composed) -> list[PostOp]:
     """oneDNN's weight scale and bias, ``x = f32(x·ws)`` then ``x = f32(x + b)``, as post-ops
-    (eltwise linear is one FMA: ``fma(x, ws, 0) = f32(x·ws)``, ``fma(x, 1, b) = f32(x + b)``)."""
+    (eltwise linear is one FMA: ``fma(x, ws, 0) = f32(x·ws)``, ``fma(x, 1, b) = f32(x + b)``).
+    Per-channel values that are all one float32 (a scalar Add folded into the bias) are one
+    eltwise linear: the same rounding, and cheaper than a per-channel binary post-op."""
     ops: list[PostOp] = []
     ws = np.asarray(composed.wei_scales, F32).ravel()
-    if ws.size == 1 and float(ws[0]) != 1.0:
-        ops.append(Eltwise("linear", float(ws[0]), 0.0))
-    elif ws.size > 1:
+    if ws.size > 1 and not one_value(ws):
         ops.append(Binary("mul", ws))
+    elif ws.size and float(ws[0]) != 1.0:
+        ops.append(Eltwise("linear", float(ws[0]), 0.0))
     if composed.bias is not None:
         bias = np.asarray(composed.bias, F32).ravel()
-        ops.append(Eltwise("linear", 1.0, float(bias[0])) if bias.size == 1
+        ops.append(Eltwise("linear", 1.0, float(bias[0])) if one_value(bias)
                    else Binary("add", bias))
     return ops
 

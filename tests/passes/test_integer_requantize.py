@@ -92,6 +92,27 @@ def test_requantizations_shorten_to_the_same_bits() -> None:
         assert after.rounding() == before.rounding()
 
 
+def test_an_added_constant_between_quantizations_of_one_scale_loses_its_round() -> None:
+    """Dequantize, add a constant, quantize again with the same scale (PP-OCRv4 det QDQ's
+    depthwise convolution and its affine): ``linear(1, 0.718) round`` on an integer is
+    ``linear(1, 1)`` (whose merge with the next ``·s`` as ``linear(s, s)`` would round twice
+    in oneDNN's reference kernels: refused), ``linear(1, -0.047) round`` is no operation at
+    all; an offset at a half (0.5: the round goes to even) keeps its round."""
+    for offset, saved in ((0.717929, 1), (-0.0467732, 2), (0.5, 0)):
+        post_ops = [_div(0.744758), Eltwise("round"), Eltwise("clip", -133, 122),
+                    Eltwise("linear", 1, offset), Eltwise("round"), Eltwise("linear", 0.702433, 0)]
+        before = _composed(list(post_ops), DType.F32)
+        after = dataclasses.replace(before, post_ops=list(post_ops))
+        integer_requantize.simplify(after)
+        rounds = [p for p in after.post_ops if isinstance(p, Eltwise) and p.alg == "round"]
+        assert len(rounds) == (1 if saved else 2), after.post_ops
+        assert len(after.post_ops) == len(post_ops) - saved, after.post_ops
+        acc = _accumulators()
+        want = apply_composed(acc, before, {}, channel_axis=1)
+        got = apply_composed(acc, after, {}, channel_axis=1)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def _merge_changes_a_value() -> tuple[float, float]:
     """A dequantize scale a and a next scale s whose ·a then ÷s rounds differently from
     ·(a/s) for some integer in −128…127, within the next clip (found by search; most pairs
