@@ -48,9 +48,11 @@ Preconditions (oneDNN 3.x int8, docs/onednn.md), each declined with its reason:
 - bias: absent, a float constant, or DQ of a constant (ONNX Runtime: int32 with scale
   sx·sw) — evaluated once to float32 (oneDNN adds the bias after the scales, unscaled);
 - MatMul B: a constant s8 or u8 per tensor or per column (the last axis: oneDNN's
-  weight scale mask 1 << (ndims - 1)) with one zero point (matmul weight zero point mask 0;
-  lowering shifts u8 weights to s8: ``w − 128`` with zero point ``zw − 128``); per-column
-  zero points are rewritten to zero point 0 as for Conv when ``w_q − zw`` fits in s8; or a
+  weight scale mask 1 << (ndims - 1)), rewritten to zero point 0 as for Conv when every
+  ``w_q − zw`` fits in s8 (symmetric u8 weights, ``zw = 128``: ONNX Runtime's
+  ``weight_type=QUInt8``), so the MatMul is an s8 one like any other (vector_matmul_as_conv
+  takes it); otherwise with one zero point (matmul weight zero point mask 0; lowering shifts
+  u8 weights to s8: ``w − 128`` with zero point ``zw − 128``), else declined; or a
   non-constant per-tensor u8/s8 DQ (activation × activation, attention).
 """
 
@@ -155,10 +157,12 @@ def _weights(graph: Graph, node: Node, *, u8: bool = False) -> Weights | str:
         return "weights dequantize has a non-constant scale or zero point"
     if not p.dtype.is_quantized:
         return f"weights are {p.dtype.name.lower()} (want s8 or u8)"
-    if p.dtype is DType.S8 and not np.any(p.zero_point != 0) or (
-            u8 and len(set(p.zero_point.tolist())) == 1):
+    if p.dtype is DType.S8 and not np.any(p.zero_point != 0):
         return dq, p, None
-    return _zero_point_free(graph, dq, p)
+    free = _zero_point_free(graph, dq, p)
+    if isinstance(free, str) and u8 and len(set(p.zero_point.tolist())) == 1:
+        return dq, p, None  # one zero point: the matmul's own (lower_matmul)
+    return free
 
 
 def _zero_point_free(graph: Graph, dq: Node, p: DqParams) -> Weights | str:

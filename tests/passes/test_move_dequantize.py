@@ -287,6 +287,36 @@ def test_matmul_u8_weights_per_column_zero_points_become_s8():
     _numerics(before, g)
 
 
+@pytest.mark.parametrize("per_column", [False, True])
+def test_matmul_u8_weights_with_one_zero_point_become_s8_when_they_fit(per_column):
+    """quantize_static's ``weight_type=QUInt8``: symmetric u8 weights, zero point 128 (per
+    tensor, or the same for every column) — an s8 constant with zero point 0, so the MatMul
+    is an s8 one (vector_matmul_as_conv takes it); weights whose ``w_q − zw`` leaves s8 keep
+    their one zero point for the matmul."""
+    for zp, fits in ((128, True), (0, False)):
+        g, xd = int_input((3, 6), SX, ZX)
+        w_s8 = RNG.integers(-90, 90, (6, 4))
+        w_s8.flat[0] = 127 if fits else 200
+        g.add_constant("wq", (w_s8 + zp).astype(np.uint8))
+        g.add_constant("ws", np.linspace(0.01, 0.02, 4).astype(F32) if per_column else F32(0.01))
+        g.add_constant("wz", np.full(4, zp, np.uint8) if per_column else np.uint8(zp))
+        from quant_helpers import add as add_node
+        add_node(g, Op.DEQUANTIZE_LINEAR, ["wq", "ws", "wz"], "w",
+                 DequantizeAttrs(1 if per_column else None))
+        add(g, Op.MATMUL, [xd, "w"], "y0")
+        _quantized_output(g, "y0")
+        before = g.copy()
+        assert apply(M, g).changed == 1
+        mm = g.node("y0")
+        if fits:
+            assert mm.fused.wei_zero_point == 0
+            assert np.array_equal(g.constant(mm.inputs[1]), w_s8.astype(np.int8))
+        else:
+            assert mm.fused.wei_zero_point == zp
+            assert g.constant(mm.inputs[1]).dtype == np.uint8
+        _numerics(before, g)
+
+
 def test_matmul_weights_per_row_declined():
     g, xd = int_input((3, 6), SX, ZX)
     w = weights(g, "w", _w((6, 4)), np.linspace(0.01, 0.02, 6).astype(F32), axis=0)
