@@ -31,9 +31,11 @@ way with cold caches: the copy is cheap, and without VNNI the split convolution 
 is three kernels where the matmul is two; ``[1, 512]·[512, 1000]``, ResNet-18's classifier,
 0.36 → 0.23 ms; one row only), weights that are not a 2-D s8 constant or have a zero
 point (oneDNN's convolution takes neither u8 weights nor weight zero points), a run-time
-source zero point (dynamic quantization), chains that read tensors (a residual sum or a binary
-operand of the output's shape would need 4-D views of their own), float MatMuls. Composer
-option ``vector_matmul_as_conv`` (on by default).
+source zero point (dynamic quantization), chains reading a tensor of another shape than the
+output's, float MatMuls. A tensor of the output's shape the chain reads (a transformer's
+residual sum after its attention projection and its second FFN MatMul, a binary operand) is
+viewed as the output is, ``[1, N, 1, M]`` channels-last: the same bytes at the same port.
+Composer option ``vector_matmul_as_conv`` (on by default).
 """
 
 from __future__ import annotations
@@ -101,7 +103,8 @@ def _applies(graph: Graph, node: Node) -> bool:
             and weights.ndim == 2 and weights.dtype == np.int8 and fused.wei_zero_point == 0
             and (weights.size >= MIN_WEIGHTS if rows == 1 else rows_measured())
             and gemm_packs_weights(*weights.shape, rows=rows)
-            and fused.src_zero_point_port is None and len(node.inputs) == 2
+            and fused.src_zero_point_port is None
+            and all(graph.info(v).shape == out.shape for v in node.inputs[2:])
             and (out.quant is None or out.quant.axis is None))
 
 
@@ -125,11 +128,17 @@ def _rewrite(graph: Graph, node: Node) -> None:
                               infos=[TensorInfo(shape, info.dtype, info.quant)],
                               origin=origin).outputs[0]
 
-    if rows == 1:
-        image = view(x, xinfo, ReshapeAttrs((1, k, 1, 1)))
-    else:  # the rows as the pixels of a 1 x rows image, channels-last: the same bytes
-        image = view(view(x, xinfo, ReshapeAttrs((1, 1, rows, k))), xinfo,
-                     TransposeAttrs((0, 3, 1, 2)))
+    def as_image(value: str, channels: int) -> str:
+        """``value`` (rows x channels) as ``[1, channels, 1, rows]``: for many rows, the
+        pixels of a 1 x rows image, channels-last: the same bytes."""
+        info = graph.info(value)
+        if rows == 1:
+            return view(value, info, ReshapeAttrs((1, channels, 1, 1)))
+        return view(view(value, info, ReshapeAttrs((1, 1, rows, channels))), info,
+                    TransposeAttrs((0, 3, 1, 2)))
+
+    image = as_image(x, k)
+    operands = [as_image(v, n) for v in node.inputs[2:]]  # the chain's residual / operands
     weights = np.ascontiguousarray(graph.constant(w).T.reshape(n, k, 1, 1))  # type: ignore
     w_conv = graph.add_constant(graph.unique_name(f"{w}@conv"), weights,
                                 TensorInfo((n, k, 1, 1), DType.S8, graph.info(w).quant)).name
@@ -141,7 +150,7 @@ def _rewrite(graph: Graph, node: Node) -> None:
     conv_out = graph.unique_name(f"{y}@image")
 
     def build() -> None:
-        conv = graph.add_node(Op.CONV, [image, w_conv], [conv_out],
+        conv = graph.add_node(Op.CONV, [image, w_conv, *operands], [conv_out],
                               ConvAttrs((1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1), name=name,
                               infos=[TensorInfo((1, n, 1, rows), out.dtype, out.quant)],
                               origin=origin)
