@@ -110,7 +110,7 @@ def _applies(graph: Graph, node: Node) -> bool:
 
 def _rewrite(graph: Graph, node: Node) -> None:
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    xinfo, out = graph.info(x), graph.info(y)
+    out = graph.info(y)
     k, n = graph.constant(w).shape  # type: ignore[union-attr]
     rows = math.prod(out.shape[:-1])
     name, origin = node.name, list(node.origin)
