@@ -30,9 +30,13 @@ Not applied: fewer than ``MIN_WEIGHTS`` weights (``[1, 256]·[256, 256]`` runs a
 way with cold caches: the copy is cheap, and without VNNI the split convolution on a 1x1 image
 is three kernels where the matmul is two; ``[1, 512]·[512, 1000]``, ResNet-18's classifier,
 0.36 → 0.23 ms; one row only), weights that are not a 2-D s8 constant or have a zero
-point (oneDNN's convolution takes neither u8 weights nor weight zero points), a run-time
-source zero point (dynamic quantization), chains reading a tensor of another shape than the
-output's, float MatMuls. A tensor of the output's shape the chain reads (a transformer's
+point (oneDNN's convolution takes neither u8 weights nor weight zero points), chains
+reading a tensor of another shape than the output's or one value, float MatMuls. Dynamic
+quantization's MatMulInteger (quantize_dynamic) is taken with its run-time src zero point
+and per-tensor scale product (one value each, at the ports they had: the convolution reads
+its zero point from ``Fused.src_zero_point_port`` as the matmul did): BERT-like encoder
+quantize_dynamic 0.76x, bit-identical (per-column weight scales make the product a vector:
+declined). A tensor of the output's shape the chain reads (a transformer's
 residual sum after its attention projection and its second FFN MatMul, a binary operand) is
 viewed as the output is, ``[1, N, 1, M]`` channels-last: the same bytes at the same port.
 Composer option ``vector_matmul_as_conv`` (on by default).
@@ -103,8 +107,8 @@ def _applies(graph: Graph, node: Node) -> bool:
             and weights.ndim == 2 and weights.dtype == np.int8 and fused.wei_zero_point == 0
             and (weights.size >= MIN_WEIGHTS if rows == 1 else rows_measured())
             and gemm_packs_weights(*weights.shape, rows=rows)
-            and fused.src_zero_point_port is None
-            and all(graph.info(v).shape == out.shape for v in node.inputs[2:])
+            and all(graph.info(v).shape == out.shape or math.prod(graph.info(v).shape) == 1
+                    for v in node.inputs[2:])
             and (out.quant is None or out.quant.axis is None))
 
 
@@ -138,7 +142,10 @@ def _rewrite(graph: Graph, node: Node) -> None:
                     TransposeAttrs((0, 3, 1, 2)))
 
     image = as_image(x, k)
-    operands = [as_image(v, n) for v in node.inputs[2:]]  # the chain's residual / operands
+    # the run-time src zero point and scale (one value each) as they are; the chain's
+    # residual or operand of the output's shape viewed like the output
+    operands = [v if math.prod(graph.info(v).shape) == 1 else as_image(v, n)
+                for v in node.inputs[2:]]
     weights = np.ascontiguousarray(graph.constant(w).T.reshape(n, k, 1, 1))  # type: ignore
     w_conv = graph.add_constant(graph.unique_name(f"{w}@conv"), weights,
                                 TensorInfo((n, k, 1, 1), DType.S8, graph.info(w).quant)).name

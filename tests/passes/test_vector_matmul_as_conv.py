@@ -137,3 +137,35 @@ def test_a_residual_of_the_output_shape_is_viewed_as_the_output(rows: int) -> No
         feeds = {"x": np.random.default_rng(seed).normal(0, 2, (rows, 256)).astype(F32)}
         assert np.array_equal(on.run(feeds)["y"].view(np.uint32),
                               off.run(feeds)["y"].view(np.uint32))
+
+
+def test_dynamic_quantization_reads_its_run_time_zero_point(tmp_path) -> None:
+    """quantize_dynamic's MatMulInteger (its src zero point and the scale product s_x·s_w
+    computed at run time, one value each) as a 1x1 convolution reading them at the same
+    ports; per-column weight scales (a vector product) stay a matmul. Bit-identical."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+             helper.make_node("Add", ["m", "b"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "dense", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [40, 256])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [40, 256])],
+        [init("w", rng.normal(0, 0.1, (256, 256)).astype(F32)),
+         init("b", rng.normal(0, 0.1, 256).astype(F32))])
+    src = tmp_path / "float.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src)
+    for per_channel in (False, True):
+        dst = tmp_path / f"dynamic{per_channel}.onnx"
+        quantize_dynamic(str(src), str(dst), per_channel=per_channel,
+                         weight_type=QuantType.QInt8)
+        on, off = compile_model(str(dst)), compile_model(str(dst), composer=OFF)
+        kinds = {k["primitive"] for k in on.inspect()["kernels"]}
+        if per_channel or "convolution" not in _expected_kinds(off, 40):
+            assert "convolution" not in kinds, kinds
+        else:  # (and the even input channels' copy of its pair-safe split, no_vnni.py)
+            assert "convolution" in kinds and "matmul" not in kinds, kinds
+        for seed in range(3):
+            feeds = {"x": np.random.default_rng(seed).normal(0, 2, (40, 256)).astype(F32)}
+            assert np.array_equal(on.run(feeds)["y"].view(np.uint32),
+                                  off.run(feeds)["y"].view(np.uint32))
