@@ -38,7 +38,9 @@ its zero point from ``Fused.src_zero_point_port`` as the matmul did): BERT-like 
 quantize_dynamic 0.76x, bit-identical (per-column weight scales make the product a vector:
 declined). A tensor of the output's shape the chain reads (a transformer's
 residual sum after its attention projection and its second FFN MatMul, a binary operand) is
-viewed as the output is, ``[1, N, 1, M]`` channels-last: the same bytes at the same port.
+viewed as the output is, ``[1, N, 1, M]`` channels-last: the same bytes at the same port
+(for more than one row: on a single pixel such a convolution runs on ``ref:any``, LeViT's
+distillation head adding the class head's output).
 Composer option ``vector_matmul_as_conv`` (on by default).
 """
 
@@ -107,6 +109,7 @@ def _applies(graph: Graph, node: Node) -> bool:
             and weights.ndim == 2 and weights.dtype == np.int8 and fused.wei_zero_point == 0
             and (weights.size >= MIN_WEIGHTS if rows == 1 else rows_measured())
             and gemm_packs_weights(*weights.shape, rows=rows)
+            and (len(node.inputs) == 2 or rows > 1)  # operands on one pixel: ref:any
             and all(graph.info(v).shape == out.shape or math.prod(graph.info(v).shape) == 1
                     for v in node.inputs[2:])
             and (out.quant is None or out.quant.axis is None))
