@@ -110,9 +110,15 @@ def _applies(graph: Graph, node: Node) -> bool:
             and (weights.size >= MIN_WEIGHTS if rows == 1 else rows_measured())
             and gemm_packs_weights(*weights.shape, rows=rows)
             and (len(node.inputs) == 2 or rows > 1)  # operands on one pixel: ref:any
-            and all(graph.info(v).shape == out.shape or math.prod(graph.info(v).shape) == 1
+            and all(graph.info(v).shape == out.shape or _one_value(graph, v)
                     for v in node.inputs[2:])
             and (out.quant is None or out.quant.axis is None))
+
+
+def _one_value(graph: Graph, value: str) -> bool:
+    """A run-time value of one element (dynamic quantization's src zero point and scale
+    product, a scalar the chain multiplies by): read as it is, whatever the layout."""
+    return math.prod(graph.info(value).shape) == 1
 
 
 def _rewrite(graph: Graph, node: Node) -> None:
@@ -147,8 +153,7 @@ def _rewrite(graph: Graph, node: Node) -> None:
     image = as_image(x, k)
     # the run-time src zero point and scale (one value each) as they are; the chain's
     # residual or operand of the output's shape viewed like the output
-    operands = [v if math.prod(graph.info(v).shape) == 1 else as_image(v, n)
-                for v in node.inputs[2:]]
+    operands = [v if _one_value(graph, v) else as_image(v, n) for v in node.inputs[2:]]
     weights = np.ascontiguousarray(graph.constant(w).T.reshape(n, k, 1, 1))  # type: ignore
     w_conv = graph.add_constant(graph.unique_name(f"{w}@conv"), weights,
                                 TensorInfo((n, k, 1, 1), DType.S8, graph.info(w).quant)).name
