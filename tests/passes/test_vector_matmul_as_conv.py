@@ -21,10 +21,11 @@ OFF = ComposerOptions().without("vector_matmul_as_conv")
 
 
 def _head(rows: int, relu: bool = False, per_column: bool = False,
-          residual: bool = False) -> onnx.ModelProto:
+          residual: bool = False, scalar: bool = False) -> onnx.ModelProto:
     """x[rows, 256] → Q/DQ → Gemm(DQ(w) per output channel, bias, transB) [→ Relu] → Q/DQ:
     weights up to ±127 (split without VNNI), as many as MIN_WEIGHTS; ``residual``: the Gemm's
-    Q/DQ output plus x, a transformer's residual connection, then Q/DQ."""
+    Q/DQ output plus x, a transformer's residual connection, then Q/DQ; ``scalar``: the Gemm's
+    output times a value computed at run time, sigmoid(max(x)), then Q/DQ."""
     rng = np.random.default_rng(7)
     k, n = 256, 256
     inits = [init("w", rng.integers(-127, 128, (n, k)).astype(np.int8)),
@@ -44,7 +45,11 @@ def _head(rows: int, relu: bool = False, per_column: bool = False,
     if residual:
         inits += [init("gs", F32(0.04)), init("gz", np.uint8(120))]
         nodes += [*qdq_pair("g", "g", "gd"), helper.make_node("Add", ["gd", "xd"], ["r"])]
-    nodes += qdq_pair("y", "r" if relu or per_column or residual else "g", "y")
+    if scalar:
+        nodes += [helper.make_node("ReduceMax", ["x"], ["mx"], keepdims=1),
+                  helper.make_node("Sigmoid", ["mx"], ["sg"]),
+                  helper.make_node("Mul", ["g", "sg"], ["r"])]
+    nodes += qdq_pair("y", "r" if relu or per_column or residual or scalar else "g", "y")
     return model(nodes, {"x": ([rows, k], TensorProto.FLOAT)}, ["y"], inits)
 
 
@@ -142,6 +147,21 @@ def test_a_residual_of_the_output_shape_is_viewed_as_the_output(rows: int) -> No
         assert len(main) == 1 and "sum" in main[0]["post_ops"], main
     for seed in range(4):
         feeds = {"x": np.random.default_rng(seed).normal(0, 2, (rows, 256)).astype(F32)}
+        assert np.array_equal(on.run(feeds)["y"].view(np.uint32),
+                              off.run(feeds)["y"].view(np.uint32))
+
+
+def test_a_run_time_scalar_operand_is_read_as_it_is() -> None:
+    """A one-element run-time operand of the chain (here ``· sigmoid(max(x))``) is read by the
+    convolution's binary post-op without a view, whatever its rank. Bit-identical."""
+    m = _head(40, scalar=True)
+    on, off = compile_model(m), compile_model(m, composer=OFF)
+    kernels = on.inspect()["kernels"]
+    assert {k["primitive"] for k in kernels if k["primitive"] in ("convolution", "matmul")} \
+        == {k for k in _expected_kinds(off, 40) if k in ("convolution", "matmul")}
+    assert not [k["name"] for k in kernels if k["impl"].startswith("ref")]
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).normal(0, 2, (40, 256)).astype(F32)}
         assert np.array_equal(on.run(feeds)["y"].view(np.uint32),
                               off.run(feeds)["y"].view(np.uint32))
 
