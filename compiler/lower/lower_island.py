@@ -21,6 +21,7 @@ from onnx import numpy_helper
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import dnnl_type, is_row_major, md_like, plain_md
+from qfuse.compiler.lower.lower_rnn import lower_recurrent
 from qfuse.compiler.lower.plan import DynamicOutput
 from qfuse.ir import Node
 from qfuse.ir.ops import UNARY_ELEMENTWISE, IslandAttrs, IslandEngine, TableAttrs
@@ -105,6 +106,9 @@ def _scatter_replaces_all(ctx: LowerContext, node: Node) -> str | None:
 
 def lower_island(ctx: LowerContext, node: Node) -> None:
     attrs: IslandAttrs = node.attrs
+    lowered, why_not = lower_recurrent(ctx, node)
+    if lowered:
+        return
     updates = _scatter_replaces_all(ctx, node)
     if updates is not None:  # the updates themselves, as an Identity is
         ctx.home[node.outputs[0]] = ctx.home_slot(updates)
@@ -144,7 +148,7 @@ def lower_island(ctx: LowerContext, node: Node) -> None:
     if attrs.engine is IslandEngine.ONNXRUNTIME and not any(attrs.dynamic):
         into = make_runner_into(attrs, threads=ctx.options.threads)
         _add_in_place(ctx, node, lambda arrays, outs: into(with_constants(arrays), outs),
-                      reads, writes, "writing its outputs in place")
+                      reads, writes, "writing its outputs in place", why_not)
         return
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -158,6 +162,7 @@ def lower_island(ctx: LowerContext, node: Node) -> None:
         return results
 
     note = f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes): {attrs.reason}"
+    note += f"; {why_not}" if why_not else ""
     log.info("node %s: %s", node, note)
     ctx.add_numpy(node.name, run, reads, writes, ctx.info_for(node, note=note), kind="island")
 
@@ -178,10 +183,12 @@ def _lower_in_any_order(ctx: LowerContext, node: Node, md: MemoryDesc) -> None:
 
 def _add_in_place(ctx: LowerContext, node: Node,
                   fn: Callable[[list[np.ndarray], list[np.ndarray]], None],
-                  reads: list[str], writes: list[str], how: str) -> None:
-    """An island kernel whose ``fn(inputs, outputs)`` writes the output views itself."""
+                  reads: list[str], writes: list[str], how: str, why_not: str = "") -> None:
+    """An island kernel whose ``fn(inputs, outputs)`` writes the output views itself;
+    ``why_not``: why a faster lowering declined it, for the note."""
     attrs: IslandAttrs = node.attrs
     note = f"island ({attrs.engine.value}, {len(attrs.ops)} ONNX nodes, {how}): {attrs.reason}"
+    note += f"; {why_not}" if why_not else ""
     ctx.add_numpy(node.name, fn,  # type: ignore[arg-type]  (fn(inputs, outputs), into=True)
                   reads, writes, ctx.info_for(node, note=note), kind="island", into=True)
 

@@ -283,6 +283,27 @@ _PROTOTYPES: dict[str, tuple[Any, list[Any]]] = {
         _S,
         [HandlePtr, Handle, _E, Handle, Handle, Handle, c_float, c_uint, Handle],
     ),
+    # recurrent cells (oneDNN 3.2 dnnl.h, "RNN"): descriptors in the C order, flags unsigned
+    "dnnl_vanilla_rnn_forward_primitive_desc_create": (
+        _S,
+        [HandlePtr, Handle, _E, _E, _E, Handle, Handle, Handle, Handle, Handle, Handle, Handle,
+         c_uint, c_float, c_float, Handle],
+    ),
+    "dnnl_lstm_forward_primitive_desc_create": (
+        _S,
+        [HandlePtr, Handle, _E, _E, Handle, Handle, Handle, Handle, Handle, Handle, Handle,
+         Handle, Handle, Handle, Handle, c_uint, Handle],
+    ),
+    "dnnl_gru_forward_primitive_desc_create": (
+        _S,
+        [HandlePtr, Handle, _E, _E, Handle, Handle, Handle, Handle, Handle, Handle, Handle,
+         c_uint, Handle],
+    ),
+    "dnnl_lbr_gru_forward_primitive_desc_create": (
+        _S,
+        [HandlePtr, Handle, _E, _E, Handle, Handle, Handle, Handle, Handle, Handle, Handle,
+         c_uint, Handle],
+    ),
     # primitives
     "dnnl_primitive_create": (_S, [HandlePtr, Handle]),
     "dnnl_primitive_execute": (_S, [Handle, Handle, c_int, POINTER(ExecArg)]),

@@ -170,6 +170,10 @@ class Alg(IntEnum):
     pooling_avg_exclude_padding = 0x3FF
     lrn_across_channels = 0xAFF
     lrn_within_channel = 0xBFF
+    vanilla_rnn = 0x1FFF
+    vanilla_lstm = 0x2FFF
+    vanilla_gru = 0x3FFF
+    lbr_gru = 0x4FFF
     binary_add = 0x1FFF0
     binary_mul = 0x1FFF1
     binary_max = 0x1FFF2
@@ -250,7 +254,12 @@ class Arg(IntEnum):
     SRC_2 = 3
     SRC_3 = 4
     DST = 17
+    DST_1 = 18
+    DST_2 = 19
     WEIGHTS = 33
+    WEIGHTS_1 = 34
+    WEIGHTS_2 = 35
+    WEIGHTS_3 = 36
     BIAS = 41
     MEAN = 49
     VARIANCE = 50
@@ -340,6 +349,18 @@ class FpMathMode(IntEnum):
     f16 = 2
     any = 3
     tf32 = 4
+
+
+class RnnDirection(IntEnum):
+    """dnnl_rnn_direction_t (C name dnnl_<member>)."""
+
+    unidirectional_left2right = 1
+    unidirectional_right2left = 2
+    bidirectional_concat = 3
+    bidirectional_sum = 4
+
+
+RNN_CELL_ALGS = frozenset({Alg.vanilla_rnn, Alg.vanilla_lstm, Alg.vanilla_gru, Alg.lbr_gru})
 
 
 class NormFlags(IntFlag):

@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 _PLAIN_ARGS = (
     Arg.SRC_0, Arg.SRC_1, Arg.SRC_2, Arg.SRC_3, Arg.WEIGHTS, Arg.BIAS, Arg.DST,
+    Arg.DST_1, Arg.DST_2, Arg.WEIGHTS_1, Arg.WEIGHTS_2, Arg.WEIGHTS_3,  # RNN's
     Arg.MEAN, Arg.VARIANCE, Arg.SCALE, Arg.SHIFT, Arg.WORKSPACE, Arg.SCRATCHPAD,
 )
 _MAX_MULTIPLE_SRC = 1024

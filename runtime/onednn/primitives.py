@@ -31,12 +31,14 @@ from qfuse.runtime.onednn.enums import (
     POOLING_ALGS,
     REDUCTION_ALGS,
     RESAMPLING_ALGS,
+    RNN_CELL_ALGS,
     SOFTMAX_ALGS,
     Alg,
     Arg,
     NormFlags,
     PrimitiveKind,
     PropKind,
+    RnnDirection,
 )
 from qfuse.runtime.onednn.memory import Engine, Memory, MemoryDesc, data_type_of, default_engine
 from qfuse.runtime.onednn.primitive import PrimitiveDesc
@@ -372,6 +374,63 @@ def lrn(src: MemoryDesc, dst: MemoryDesc | None = None, *, local_size: int, alph
               + _desc(src=src, dst=dst))
     return _finish(PrimitiveKind.lrn, "dnnl_lrn_forward_primitive_desc_create", status, handle,
                    attr, engine, detail)
+
+
+def rnn(cell: Alg, direction: RnnDirection, src_layer: MemoryDesc, weights_layer: MemoryDesc,
+        weights_iter: MemoryDesc, dst_layer: MemoryDesc, *, src_iter: MemoryDesc | None = None,
+        src_iter_c: MemoryDesc | None = None, bias: MemoryDesc | None = None,
+        dst_iter: MemoryDesc | None = None, dst_iter_c: MemoryDesc | None = None,
+        weights_peephole: MemoryDesc | None = None, activation: Alg = Alg.eltwise_tanh,
+        alpha: float = 0.0, attr: PrimitiveAttr | None = None, engine: Engine | None = None,
+        prop_kind: PropKind = INFERENCE) -> PrimitiveDesc:
+    """One recurrent layer over a whole sequence (oneDNN 3.2 dev guide, "RNN"): `cell` is
+    vanilla_rnn (one gate, `activation` tanh / relu (slope `alpha`) / logistic), vanilla_lstm
+    (gates i, f, c~, o; `weights_peephole` {L, D, 3, O} for i, f, o), vanilla_gru (u, r, o)
+    or lbr_gru (u, r, o with the reset applied after the recurrent product; bias has a 4th
+    gate, that product's bias).
+
+    Descriptors, L layers (1 here), D directions, T steps, N batch, I input and O hidden
+    channels, G gates: src_layer {T, N, I} (tnc / ntc), src_iter / dst_iter {L, D, N, O},
+    src_iter_c / dst_iter_c {L, D, N, O} (LSTM's cell state), weights_layer {L, D, I, G, O},
+    weights_iter {L, D, O, G, O}, bias {L, D, G, O}, dst_layer {T, N, O} (D·O for
+    bidirectional_concat). A missing src_iter / bias is zero, a missing dst_iter not
+    written. Execution arguments: SRC_LAYER = SRC (1), SRC_ITER = SRC_1, SRC_ITER_C = SRC_2,
+    WEIGHTS_LAYER = WEIGHTS, WEIGHTS_ITER = WEIGHTS_1, WEIGHTS_PEEPHOLE = WEIGHTS_2,
+    BIAS, DST_LAYER = DST, DST_ITER = DST_1, DST_ITER_C = DST_2."""
+    if cell not in RNN_CELL_ALGS:
+        raise ValueError(f"{cell!r} is not a recurrent cell")
+    if (src_iter_c is not None or dst_iter_c is not None or weights_peephole is not None) \
+            and cell != Alg.vanilla_lstm:
+        raise ValueError(f"{cell.name} has no cell state and no peephole weights")
+    attr = attr or PrimitiveAttr()
+    engine = engine or default_engine()
+    handle = c_void_p()
+    common = (byref(handle), engine.handle, prop_kind)
+    if cell == Alg.vanilla_rnn:
+        call = "dnnl_vanilla_rnn_forward_primitive_desc_create"
+        status = C.dnnl_vanilla_rnn_forward_primitive_desc_create(
+            *common, activation, direction, src_layer.handle, _h(src_iter),
+            weights_layer.handle, weights_iter.handle, _h(bias), dst_layer.handle,
+            _h(dst_iter), 0, float(alpha), 0.0, attr.handle)
+    elif cell == Alg.vanilla_lstm:
+        call = "dnnl_lstm_forward_primitive_desc_create"
+        status = C.dnnl_lstm_forward_primitive_desc_create(
+            *common, direction, src_layer.handle, _h(src_iter), _h(src_iter_c),
+            weights_layer.handle, weights_iter.handle, _h(weights_peephole), None, _h(bias),
+            dst_layer.handle, _h(dst_iter), _h(dst_iter_c), 0, attr.handle)
+    else:
+        call = ("dnnl_gru_forward_primitive_desc_create" if cell == Alg.vanilla_gru
+                else "dnnl_lbr_gru_forward_primitive_desc_create")
+        status = getattr(C, call)(
+            *common, direction, src_layer.handle, _h(src_iter), weights_layer.handle,
+            weights_iter.handle, _h(bias), dst_layer.handle, _h(dst_iter), 0, attr.handle)
+    detail = (f"{cell.name} {direction.name}"
+              + (f" {activation.name} alpha={alpha}" if cell == Alg.vanilla_rnn else "") + " "
+              + _desc(src_layer=src_layer, src_iter=src_iter, src_iter_c=src_iter_c,
+                      weights_layer=weights_layer, weights_iter=weights_iter,
+                      weights_peephole=weights_peephole, bias=bias, dst_layer=dst_layer,
+                      dst_iter=dst_iter, dst_iter_c=dst_iter_c))
+    return _finish(PrimitiveKind.rnn, call, status, handle, attr, engine, detail)
 
 
 def filled(md: MemoryDesc, values: np.ndarray, *, engine: Engine | None = None) -> Memory:
