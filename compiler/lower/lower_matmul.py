@@ -13,6 +13,17 @@ weights are expanded to src's rank with leading 1s ({.., K, N}); per-column scal
 - Without VNNI/AMX the int8 weights are split so the accumulator stays exact (no_vnni.py;
   runtime weights by two small kernels), and an s8 src is read as u8 + 128 with its zero
   point + 128 (one reorder; exact): oneDNN's GEMM takes u8 sources 2.5x faster there.
+  Where ``K · max|x - zp_x| · max|w - zp_w| < 2^24`` (the src's range, the constant weights
+  themselves or the runtime weights' range) the node is instead a float32 matmul over
+  ``x - zp_x`` and ``w - zp_w``: each product is an integer below 2^16, each partial sum an
+  integer below 2^24, which float32 holds exactly in any order, so the accumulator is exact
+  with one primitive and no split; the weight scales, bias, post-ops and the store's scale
+  and zero point are its post-ops (``as_float_post_ops``: the int8 primitive's roundings),
+  and a reorder makes the store's rint and saturation (oneDNN 3.2's f32 matmul writes no
+  8-bit dst). Bit-identical to the split; on AVX2, 2 threads: attention's Q·Kᵀ and P·V (K
+  = head size or tokens) and an unrolled LSTM's recurrent products (1 row): DeiT-Tiny QDQ
+  0.95x, LeViT-128S 0.90x, a BERT-like encoder 0.93x, a CRNN's LSTM 0.97x. Not with a
+  run-time src zero point or a residual sum.
 - Float MatMul folds the composer's weight scales into constant weights; Gemm with a constant
   B (alpha folded in, ``beta·C`` as the bias) is a float matmul, anything else runs in numpy.
 - oneDNN 3.2 has no f32 matmul that writes u8 / s8 with a bias (``dnnl_unimplemented``; a
@@ -31,7 +42,7 @@ import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import no_vnni, unfused
-from qfuse.compiler.lower.attrs import BuiltAttr
+from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import any_md, dnnl_type, md_like, plain_md, same_bytes
@@ -43,7 +54,7 @@ from qfuse.compiler.lower.lower_compute import (
 )
 from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import GemmAttrs
-from qfuse.ir.postops import Composed
+from qfuse.ir.postops import Composed, Eltwise, Sum
 from qfuse.runtime.onednn import (
     Arg,
     DataType,
@@ -51,12 +62,15 @@ from qfuse.runtime.onednn import (
     Memory,
     MemoryDesc,
     PrimitiveAttr,
+    data_type_of,
     PrimitiveDesc,
     matmul,
 )
 
 log = logging.getLogger(__name__)
 F32 = np.float32
+F32_EXACT = 2**24  # float32 holds every integer up to this magnitude
+FLOAT_MATMUL = "float32 matmul"  # in the notes of an int8 node computed in float32
 
 
 def lower_matmul(ctx: LowerContext, node: Node) -> None:
@@ -76,16 +90,28 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
     bconst = ctx.const(b)
     bvalue = b
     src_value = ctx.ranked(a, nd)  # a src of lower rank: a view with leading 1s
-    if (integer and ctx.md_of(src_value).dtype == DataType.s8 and not no_vnni.isa_is_exact()
-            and isinstance(src_zp, int)):
-        # without VNNI oneDNN's GEMM runs an s8 src 2.5x slower than the same src as u8 + 128
-        # with a zero point ([197, 768]·[768, 3072] on AVX2: 9.9-12.3 ms against 3.7-4.2 ms)
-        src_value, src_zp = no_vnni.shifted(ctx, src_value, "s8 src as u8 (no VNNI)"), \
-            src_zp + 128
     wtype = DataType.f32
     wslot: Callable[[PrimitiveDesc], str] | None = None
     wei: np.ndarray | None = None
-    if integer:
+    exact = None
+    # an int8 node computed as a float32 matmul over its integer operands (module docstring)
+    in_f32 = integer and _exact_in_f32(ctx, node, src_value, src_zp, bconst, b, wei_zp)
+    if in_f32:
+        src_value, src_zp = _as_f32(ctx, src_value, int(src_zp)), 0  # type: ignore[arg-type]
+        if bconst is not None:
+            wei = bconst.reshape(b_dims).astype(F32) - F32(wei_zp)
+        else:
+            bvalue = _as_f32(ctx, ctx.ranked(b, nd), wei_zp)
+            wslot = _weights_source(ctx, bvalue)
+        wei_zp = 0
+    elif integer:
+        if (ctx.md_of(src_value).dtype == DataType.s8 and not no_vnni.isa_is_exact()
+                and isinstance(src_zp, int)):
+            # without VNNI oneDNN's GEMM runs an s8 src 2.5x slower than the same src as
+            # u8 + 128 with a zero point ([197, 768]·[768, 3072] on AVX2: 9.9-12.3 ms against
+            # 3.7-4.2 ms)
+            src_value, src_zp = no_vnni.shifted(ctx, src_value, "s8 src as u8 (no VNNI)"), \
+                src_zp + 128
         wtype = DataType.s8
         if bconst is not None:
             wei = bconst.reshape(b_dims)
@@ -94,14 +120,12 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
         else:
             bvalue, wei_zp = _s8_weights(ctx, b, b_dims, wei_zp)
             wslot = _weights_source(ctx, bvalue)
+        exact = no_vnni.for_matmul(ctx, node, wei, None if wei is not None else bvalue)
     elif bconst is not None:
         wei = bconst.astype(F32).reshape(b_dims)
     else:
         bvalue = ctx.ranked(b, nd)
         wslot = _weights_source(ctx, bvalue)
-    exact = None
-    if integer:
-        exact = no_vnni.for_matmul(ctx, node, wei, None if wei is not None else bvalue)
 
     def create(built: BuiltAttr, dst_md: MemoryDesc | None, comp: Composed, *,
                weights: np.ndarray | None = None, src_md: MemoryDesc | None = None
@@ -111,7 +135,8 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
         bias_md = None
         if bias_values is not None:
             bias_md = MemoryDesc.from_tag((1,) * (nd - 1) + (channels,), DataType.f32)
-        dst_any = any_md(yinfo.shape, dnnl_type(yinfo.dtype) if dst_md is None else dst_md.dtype)
+        dst_type = DataType.f32 if in_f32 else dnnl_type(yinfo.dtype)
+        dst_any = any_md(yinfo.shape, dst_type if dst_md is None else dst_md.dtype)
         home = ctx.md_of(src_value)
         wmd = any_md(b_dims, wtype) if wei_arr is not None else ctx.md_of(bvalue)
         src_any = any_md(a_dims, home.dtype)
@@ -142,17 +167,26 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
                               weights_slot=wslot, exact=exact)
         return
     composed = composed_for(ctx, node, channels, yinfo.dtype)
+    if in_f32:  # every attribute as the post-ops that round as the int8 primitive does, the
+        # store's rint as a last round (an integer then: any f32 → 8-bit reorder stores it as
+        # is) and its saturation by that reorder (_store_exact_f32)
+        floats = as_float_post_ops(composed)
+        rint = [Eltwise("round")] if yinfo.dtype.is_integer else []
+        composed = replace(floats, post_ops=[*floats.post_ops, *rint], fired=composed.fired,
+                           form=composed.rounding() or None)
     plain = wei
     if not integer and wei is not None:
         wei = scale_weights(wei, composed.wei_scales, (nd - 1,))
         composed = replace(composed, wei_scales=np.ones(1, F32))
     try:
         emit(ctx, renamed, "matmul", composed, channel_axis=nd - 1, wei_mask=wei_mask,
-             src_zp=src_zp, wei_zp=wei_zp, scales=integer, create=create, weights_slot=wslot,
-             exact=exact)
+             src_zp=src_zp, wei_zp=wei_zp, scales=integer and not in_f32, create=create,
+             weights_slot=wslot, exact=exact)
+        if in_f32:
+            _store_exact_f32(ctx, node, yinfo.dtype)
     except UnsupportedModelError as exc:
         if integer or node.fused is None or not yinfo.dtype.is_integer:
-            raise
+            raise  # (in_f32 included: its f32 matmul writes only what the int8 one would)
         log.info("node %s: %s; f32 dst, then the chain op by op", node, exc)
         wei = plain  # the chain's own multiply applies the weight scales
         unfused.lower_compute(
@@ -160,6 +194,80 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
             wei_zp=0, wei_mask=wei_mask, weights_slot=wslot,
             note=f"f32 matmul, then its chain op by op: oneDNN 3.2 has no f32 matmul "
                  f"writing {yinfo.dtype.name.lower()} with these attributes")
+
+
+def _exact_in_f32(ctx: LowerContext, node: Node, src: str, src_zp: object,
+                  wei: np.ndarray | None, b: str, wei_zp: int) -> bool:
+    """Whether an int8 MatMul whose weights would be split in halves (no VNNI: no_vnni.py)
+    runs instead as a float32 matmul over ``x - zp_x`` and ``w - zp_w``. Every product is an
+    integer below 2^16 in magnitude and every partial sum below 2^24, so float32 holds them
+    exactly, in any summation order, when ``K · max|x - zp_x| · max|w - zp_w| < 2^24``; the
+    weight scales, bias and post-ops then round as on the int8 primitive (attrs.py
+    ``as_float_post_ops``). Not with a run-time zero point, or a residual sum (it writes the
+    residual's 8-bit buffer in place)."""
+    fused = node.fused
+    if (ctx.options.mode != "fused" or not ctx.options.exact_int8 or no_vnni.isa_is_exact()
+            or fused is None or fused.src_zero_point_port is not None
+            or not isinstance(src_zp, int)):
+        return False
+    composed = composed_for(ctx, node, ctx.info(node.outputs[0]).shape[-1],
+                            ctx.info(node.outputs[0]).dtype)
+    if any(isinstance(op, Sum) for op in composed.post_ops):
+        return False
+    x_range = _range(ctx.md_of(src).dtype)
+    w_type = ctx.md_of(b).dtype if wei is None else data_type_of(wei.dtype)
+    w_range = _range(w_type)
+    if x_range is None or w_range is None:
+        return False
+    if wei is not None:
+        wide = wei.astype(np.int32)
+        if no_vnni.within_safe_range(wide - 128 if wei.dtype == np.uint8 else wide):
+            return False  # the int8 primitive is exact as it is, and faster
+        w_max = int(np.abs(wide - wei_zp).max(initial=0))
+    else:
+        w_max = max(wei_zp - w_range[0], w_range[1] - wei_zp)
+    x_max = max(src_zp - x_range[0], x_range[1] - src_zp)
+    return ctx.info(node.inputs[0]).shape[-1] * x_max * w_max < F32_EXACT
+
+
+def _range(dtype: DataType) -> tuple[int, int] | None:
+    return {DataType.u8: (0, 255), DataType.s8: (-128, 127)}.get(dtype)
+
+
+def _store_exact_f32(ctx: LowerContext, node: Node, dtype: DType) -> None:
+    """After the float32 matmul of an int8 node: its note, and for an 8-bit output the
+    store the int8 primitive makes (rint, saturation) as a reorder into the output."""
+    kernel = ctx.kernels[-1]
+    how = f"{FLOAT_MATMUL}: integer operands, every partial sum within ±2^24 (no split)"
+    ctx.exact_int8[kernel.name] = how
+    kernel.info.add_note(f"exact_int8: {how}")
+    if not dtype.is_integer:
+        return
+    y = node.outputs[0]
+    acc = ctx.home_slot(y)
+    md = md_like(ctx.slots[acc].md, dnnl_type(dtype))
+    assert md is not None
+    ctx.add_reorder(acc, ctx.define(y, md), role="op",
+                    note=f"exact_int8: '{y}' stored as {dtype.name.lower()} (rint, saturation) "
+                         f"after a {FLOAT_MATMUL}")
+
+
+def _as_f32(ctx: LowerContext, value: str, zp: int) -> str:
+    """``value - zp`` (an 8-bit value) as float32, in its own layout: one reorder (its zero
+    point), shared by every reader."""
+    name = f"{value}@f32" if zp == 0 else f"{value}@f32-{zp}"
+    if name not in ctx.home:
+        md = ctx.md_of(value)
+        slot = ctx.temp(name, md_like(md, DataType.f32) or plain_md(md.dims, DataType.f32))
+        attr, fixed = None, None
+        if zp:
+            attr = PrimitiveAttr().set_zero_points_mask(Arg.SRC, 0)
+            fixed = {Arg.zero_points(Arg.SRC): Memory.zero_points(zp)}
+        ctx.add_reorder(ctx.home_slot(value), slot, attr=attr, fixed=fixed, role="op",
+                        note=f"exact_int8: '{value}' - {zp} as float32, an operand of a "
+                             f"{FLOAT_MATMUL}")
+        ctx.home[name] = slot
+    return name
 
 
 def _transposed_dst(ctx: LowerContext, y: str, pd: PrimitiveDesc) -> MemoryDesc | None:

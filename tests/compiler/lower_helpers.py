@@ -20,6 +20,7 @@ import pytest
 
 from qfuse.compiler.api import CompiledModel, compile_model
 from qfuse.compiler.lower import Options, Plan, lower
+from qfuse.compiler.lower.lower_matmul import FLOAT_MATMUL
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS, impl_is_exact
 from qfuse.examples import zoo
 from qfuse.ir import DType, Graph, Node, Op, QuantParams, TensorInfo
@@ -47,6 +48,19 @@ requires_exact_int8 = pytest.mark.skipif(
 #: For tests of the plan's structure (kernel counts, masks): one primitive per int8 node.
 one_primitive_per_int8_node = pytest.mark.skipif(
     SPLITS_INT8, reason="without VNNI the int8 nodes are split in two primitives (no_vnni.py)")
+
+
+def computes_int8_node(kernel: dict[str, Any]) -> bool:
+    """A kernel of ``inspect()`` that computes an int8 compute node: on its 8-bit source, or
+    (no VNNI) as the float32 matmul over its integer operands (lower_matmul)."""
+    return kernel["src_dtype"] in ("u8", "s8") or kernel.get("exact_int8", "").startswith(
+        FLOAT_MATMUL)
+
+
+def float_matmul_copy(kernel: dict[str, Any]) -> bool:
+    """A reorder that exists for such a float32 matmul: an operand made float32, the 8-bit
+    store of its result."""
+    return kernel["primitive"] == "reorder" and FLOAT_MATMUL in kernel.get("note", "")
 
 
 def ref_eval(graph: Graph, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from qfuse.compiler.api import compile_model
-from qfuse.compiler.lower import Options
+from qfuse.compiler.lower import Options, lower_matmul
 from qfuse.compiler.lower.no_vnni import (
     EXCESS,
     LOW_HALF,
@@ -373,9 +373,16 @@ def test_deconv_finish_runs_in_rows_of_pixels() -> None:
     assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
 
 
+@pytest.fixture
+def no_float_matmul(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split path of int8 matmuls: the float32 one (lower_matmul._exact_in_f32), which
+    takes these small-K cases first, off."""
+    monkeypatch.setattr(lower_matmul, "_exact_in_f32", lambda *args: False)
+
+
 @no_vnni
 @pytest.mark.parametrize("name", list(MATMUL_CASES))
-def test_matmul(name: str) -> None:
+def test_matmul(name: str, no_float_matmul: None) -> None:
     """Constant s8 and u8 (zero point 120) weights, activation × activation (runtime weights
     split by two kernels, weight zero points split too)."""
     graph, feeds = matmul_graph(**MATMUL_CASES[name])
@@ -385,8 +392,36 @@ def test_matmul(name: str) -> None:
 
 
 @no_vnni
+@pytest.mark.parametrize("name", list(MATMUL_CASES))
+def test_matmul_in_float32(name: str) -> None:
+    """Where ``K · max|x - zp_x| · max|w - zp_w| < 2^24`` (K ≤ 64 here) the int8 MatMul is a
+    float32 matmul over the integer operands: every partial sum is an integer float32 holds,
+    so it is bit-identical to oneDNN's model on the exact accumulator, with no split."""
+    graph, feeds = matmul_graph(**MATMUL_CASES[name])
+    model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
+    assert how["mm"].startswith("float32 matmul"), how
+    assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
+    names = [k.name for k in lower_built(graph, Options()).kernels]
+    assert "mm:lo" not in names and "mm" in names, names
+
+
+@no_vnni
+@pytest.mark.parametrize(("k", "in_f32"), [(267, True), (268, False)])
+def test_float_matmul_bound(k: int, in_f32: bool) -> None:
+    """The bound is the worst case of the src's range and of the weights themselves: u8 src
+    with zero point 9 (|x - 9| ≤ 246), u8 weights with zero point 0 reaching 255:
+    267 · 246 · 255 < 2^24 ≤ 268 · 246 · 255. Past it the weights are split."""
+    graph, feeds = matmul_graph((3, k), (k, 16), b_const=True, b_dtype=U8, wei_zp=0)
+    assert graph.constant("b").max() == 255  # the bound's weight magnitude is drawn
+    feeds["a"][:] = 255  # and every partial sum at its largest
+    model_lsb, _, _, _, how = _agreement(graph, feeds)
+    assert how["mm"].startswith("float32 matmul") is in_f32, how
+    assert model_lsb == 0
+
+
+@no_vnni
 @pytest.mark.parametrize("name", ["s8_src", "s8_src_act_x_act"])
-def test_s8_matmul_src_is_read_as_u8(name: str) -> None:
+def test_s8_matmul_src_is_read_as_u8(name: str, no_float_matmul: None) -> None:
     """oneDNN's GEMM runs an s8 src 2.5x slower than u8 without VNNI: the src is shifted by
     one reorder (x + 128, src zero point + 128); exact, the weights split as before."""
     graph, feeds = matmul_graph(**MATMUL_CASES[name])

@@ -197,8 +197,11 @@ def test_transformer_kernels_before_and_after(transformer: dict) -> None:
     before = _plan(graph, frozenset({"fuse_quantized_norm", "signed_matmul_weights",
                                      "fuse_fake_quantize"}))
     after = _plan(graph)
-    if effective_cpu_isa() not in EXACT_INT8_ISAS:  # split weights (no_vnni.py), AVX2 softmax
-        assert len(after.kernels) <= len(before.kernels) - 6
+    if effective_cpu_isa() not in EXACT_INT8_ISAS:
+        # the attention matmuls are float32 matmuls over their integer operands (lower_matmul),
+        # which read u8 and s8 weights alike: no u8 → s8 shifts for the passes to save
+        # (36 → 32 kernels on AVX2; 6 fewer when they were split weights)
+        assert len(after.kernels) <= len(before.kernels) - 4
         return
     assert len(before.kernels) == 23
     assert len(after.kernels) == 16

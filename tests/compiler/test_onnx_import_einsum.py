@@ -13,6 +13,7 @@ from qfuse.compiler.api import compile_model
 from qfuse.compiler.onnx_import import import_model
 from qfuse.compiler.onnx_import.convert_math import _matmul_einsum
 from qfuse.ir import Op
+from tests.compiler.lower_helpers import computes_int8_node
 
 F = np.float32
 
@@ -77,7 +78,7 @@ def test_quantized_operands_run_as_an_int8_matmul() -> None:
               ["y"], inits, opset=13)
     compiled = compile_model(m)
     assert [k for k in compiled.inspect()["kernels"]
-            if k["primitive"] == "matmul" and k["src_dtype"] == "u8"]
+            if k["primitive"] == "matmul" and computes_int8_node(k)]
     feeds = _feeds(shape_a, shape_b)
     steps = np.abs(compiled.run(feeds)["y"] - run_ort(m, feeds)[0]) / 0.05
     assert steps.max() <= 1 + 1e-4

@@ -17,6 +17,7 @@ import qfuse.passes.fold_weight_quantize as W
 import qfuse.passes.move_dequantize as M
 from qfuse.ir import DType, Op
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
+from tests.compiler.lower_helpers import computes_int8_node
 
 RNG = np.random.default_rng(11)
 
@@ -186,7 +187,7 @@ def test_requantized_shared_weights_become_int8_constants():
     # the MatMuls kept (on AVX2, vector_matmul_as_conv would make them 1x1 convolutions)
     compiled = compile_model(m, composer=ComposerOptions().without("vector_matmul_as_conv"))
     matmuls = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "matmul"]
-    assert matmuls and all(k["src_dtype"] == "u8" for k in matmuls), matmuls
+    assert matmuls and all(computes_int8_node(k) for k in matmuls), matmuls
     want = np.clip(np.rint(w_q.astype(F32) * ws[:, None] / ws2[:, None]), -128, 127).T
     graph = compiled.compiled_graph
     weights = [graph.constant(n.inputs[1]) for n in graph.topo_order() if n.op is Op.MATMUL]
