@@ -38,9 +38,13 @@ its zero point from ``Fused.src_zero_point_port`` as the matmul did): BERT-like 
 quantize_dynamic 0.76x, bit-identical (per-column weight scales make the product a vector:
 declined). A tensor of the output's shape the chain reads (a transformer's
 residual sum after its attention projection and its second FFN MatMul, a binary operand) is
-viewed as the output is, ``[1, N, 1, M]`` channels-last: the same bytes at the same port
-(for more than one row: on a single pixel such a convolution runs on ``ref:any``, LeViT's
-distillation head adding the class head's output).
+viewed as the output is, ``[1, N, 1, M]`` channels-last: the same bytes at the same port.
+On one pixel (one row) oneDNN's AVX2 jit convolution takes a binary operand only in the
+dst's channels-last strides, src and dst in them too (measured: any of the three in ``abcd``
+strides, ``ref:any``); the low half of split weights is laid out so (no_vnni ``_lo_layout``).
+An unrolled LSTM cell's input projection ``[1, 4096]·[4096, 400]`` plus the recurrent one
+(a CRNN, captcha-whisperer): 0.53x the run, LeViT's distillation head adding the class
+head's output.
 Composer option ``vector_matmul_as_conv`` (on by default).
 """
 
@@ -109,7 +113,6 @@ def _applies(graph: Graph, node: Node) -> bool:
             and weights.ndim == 2 and weights.dtype == np.int8 and fused.wei_zero_point == 0
             and (weights.size >= MIN_WEIGHTS if rows == 1 else rows_measured())
             and gemm_packs_weights(*weights.shape, rows=rows)
-            and (len(node.inputs) == 2 or rows > 1)  # operands on one pixel: ref:any
             and all(graph.info(v).shape == out.shape or _one_value(graph, v)
                     for v in node.inputs[2:])
             and (out.quant is None or out.quant.axis is None))

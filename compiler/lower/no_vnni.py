@@ -639,9 +639,11 @@ def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
     dst (channels-last for (de)convolutions, row-major for matmul). Taking a plain nchw
     residual's layout instead (dst forced there for an in-place sum) put the main primitive
     on ``ref:any`` (measured); with channels-last, the layout candidates of context.py take a
-    channels-last dst and copy the residual in."""
+    channels-last dst and copy the residual in. Also on a single pixel, whose strides the
+    jit kernels compare as they are: ``abcd`` ones there put the main primitive on
+    ``ref:any`` (measured, AVX2: a one-row matmul as a 1x1 convolution)."""
     shape = ctx.info(node.outputs[0]).shape
-    if node.op in (Op.CONV, Op.CONV_TRANSPOSE) and math.prod(shape[2:]) > 1:
+    if node.op in (Op.CONV, Op.CONV_TRANSPOSE):
         return channels_last(shape, DataType.f32)
     return plain_md(shape, DataType.f32)
 
