@@ -54,8 +54,8 @@ from qfuse.runtime.onednn.enums import Alg, Arg, FormatTag, RnnDirection
 from qfuse.runtime.onednn.memory import Memory
 from qfuse.runtime.onednn.primitives import rnn
 
-# ONNX's gate rows in oneDNN's gate order
 _PACKED_FROM = 128  # hidden channels from which the weights are packed (``_lower``)
+# ONNX's gate rows in oneDNN's gate order
 _LSTM_GATES = (0, 2, 3, 1)  # i, o, f, c -> i, f, c, o
 _PEEPHOLES = (0, 2, 1)  # i, o, f -> i, f, o
 _DEFAULT_ACTIVATIONS = {"LSTM": ("Sigmoid", "Tanh", "Tanh"), "GRU": ("Sigmoid", "Tanh")}
@@ -209,16 +209,15 @@ def _lower(ctx: LowerContext, node: Node, layer: _Layer) -> None:
     src_md = MemoryDesc.from_tag((steps, batch, channels), f32, seq_tag)
     dst_md = MemoryDesc.from_tag((steps, batch, directions * h), f32, seq_tag)
     state_md = MemoryDesc.from_tag((1, directions, batch, h), f32, FormatTag.abcd)
-    any_md = MemoryDesc.from_tag
     # Weights the primitive lays out itself pick its brgemm kernels, plain ldigo weights its
     # GEMM-driven one ("ref", which calls the jit GEMM per step). Measured on 2 threads, AVX2,
     # 40 steps, against the island: LSTM brgemm 0.97-1.40x (slower) at 32-64 hidden channels
-    # where the GEMM-driven one is 0.69-0.84x; both 0.56-0.60x at 128; brgemm 0.74x against
-    # 0.81x at 512.
+    # where the GEMM-driven one is 0.66-0.87x (two runs); both 0.55-0.60x at 128; brgemm
+    # 0.74x against 0.81x at 512.
     tag = FormatTag.any if h >= _PACKED_FROM else FormatTag.abcde
     pd = rnn(layer.cell, _DIRECTIONS[layer.direction], src_md,
-             any_md((1, directions, channels, onnx_gates, h), f32, tag),
-             any_md((1, directions, h, onnx_gates, h), f32, tag), dst_md,
+             MemoryDesc.from_tag((1, directions, channels, onnx_gates, h), f32, tag),
+             MemoryDesc.from_tag((1, directions, h, onnx_gates, h), f32, tag), dst_md,
              src_iter=state_md, src_iter_c=state_md if lstm else None,
              bias=MemoryDesc.from_tag((1, directions, gates, h), f32, FormatTag.abcd),
              dst_iter=state_md, dst_iter_c=state_md if lstm else None,
@@ -237,7 +236,7 @@ def _lower(ctx: LowerContext, node: Node, layer: _Layer) -> None:
         fixed[int(Arg.WEIGHTS_2)] = Memory.from_array(
             np.ascontiguousarray(p[:, list(_PEEPHOLES)])[None])
     args: dict[int, str] = {int(Arg.SRC): ctx.temp(f"{x}@tnc", src_md,
-                                                   alias=ctx.source(x, _seq_md(shape, f32)))}
+                                                   alias=ctx.source(x, plain_md(shape, f32)))}
     reads = [args[int(Arg.SRC)]]
     for index, arg in ((5, Arg.SRC_1), (6, Arg.SRC_2)):
         if index == 6 and not lstm:
@@ -268,10 +267,6 @@ def _lower(ctx: LowerContext, node: Node, layer: _Layer) -> None:
         note += "; oneDNN's GEMM-driven RNN implementation (its name is 'ref')"
     ctx.add_primitive(node.name, pd, args, fixed, info=ctx.info_for(node, note=note),
                       reads=reads, writes=writes)
-
-
-def _seq_md(shape: tuple[int, ...], dtype: DataType) -> MemoryDesc:
-    return plain_md(shape, dtype)
 
 
 def _state_md(layer: _Layer, directions: int, batch: int, h: int) -> MemoryDesc:
