@@ -192,6 +192,24 @@ class LowerContext:
         self.slots[name] = Slot(name, md, alias, offset)
         return name
 
+    def checkpoint(self) -> Callable[[], None]:
+        """A function that puts the kernels, slots, homes, copies, counts, exactness records
+        and deferred dequantizes back as they are now: for a lowering that gives up part way
+        and tries another way (lowering happens node by node, so nothing else refers to what
+        it added)."""
+        kernels, slots = len(self.kernels), dict(self.slots)
+        home, copies = dict(self.home), {k: list(v) for k, v in self.copies.items()}
+        counts = (self.reorders, self.io_reorders, self.in_place_sums)
+        exact, deferred = dict(self.exact_int8), dict(self.deferred)
+
+        def restore() -> None:
+            del self.kernels[kernels:]
+            self.slots, self.home, self.copies = dict(slots), dict(home), copies
+            self.reorders, self.io_reorders, self.in_place_sums = counts
+            self.exact_int8, self.deferred = dict(exact), dict(deferred)
+
+        return restore
+
     def is_output(self, value: str) -> bool:
         return value in self.graph.outputs
 

@@ -62,8 +62,8 @@ from qfuse.runtime.onednn import (
     Memory,
     MemoryDesc,
     PrimitiveAttr,
-    data_type_of,
     PrimitiveDesc,
+    data_type_of,
     matmul,
 )
 
@@ -74,6 +74,22 @@ FLOAT_MATMUL = "float32 matmul"  # in the notes of an int8 node computed in floa
 
 
 def lower_matmul(ctx: LowerContext, node: Node) -> None:
+    """The node as oneDNN's matmul (module docstring). Should its float32 form (an int8 node
+    without VNNI) find no primitive, what it added is undone and the int8 form runs instead."""
+    restore = ctx.checkpoint()
+    try:
+        _lower_matmul(ctx, node, float_path=True)
+    except _NoFloatMatmul as declined:
+        restore()
+        log.info("node %s: as a float32 matmul: %s; int8 instead", node, declined.__cause__)
+        _lower_matmul(ctx, node, float_path=False)
+
+
+class _NoFloatMatmul(Exception):
+    """oneDNN declined the float32 form of an int8 MatMul (its cause says how)."""
+
+
+def _lower_matmul(ctx: LowerContext, node: Node, *, float_path: bool) -> None:
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ainfo, binfo, yinfo = ctx.info(a), ctx.info(b), ctx.info(y)
     nd = len(yinfo.shape)
@@ -95,7 +111,8 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
     wei: np.ndarray | None = None
     exact = None
     # an int8 node computed as a float32 matmul over its integer operands (module docstring)
-    in_f32 = integer and _exact_in_f32(ctx, node, src_value, src_zp, bconst, b, wei_zp)
+    in_f32 = float_path and integer and _exact_in_f32(ctx, node, src_value, src_zp, bconst, b,
+                                                      wei_zp)
     if in_f32:
         src_value, src_zp = _as_f32(ctx, src_value, int(src_zp)), 0  # type: ignore[arg-type]
         if bconst is not None:
@@ -184,9 +201,12 @@ def lower_matmul(ctx: LowerContext, node: Node) -> None:
              weights_slot=wslot, exact=exact)
         if in_f32:
             _store_exact_f32(ctx, node, yinfo.dtype)
-    except UnsupportedModelError as exc:
-        if integer or node.fused is None or not yinfo.dtype.is_integer:
-            raise  # (in_f32 included: its f32 matmul writes only what the int8 one would)
+    except (UnsupportedModelError, DnnlError) as exc:
+        if in_f32:  # lower_matmul undoes it and takes the int8 form
+            raise _NoFloatMatmul(str(exc)) from exc
+        if integer or node.fused is None or not yinfo.dtype.is_integer \
+                or not isinstance(exc, UnsupportedModelError):
+            raise
         log.info("node %s: %s; f32 dst, then the chain op by op", node, exc)
         wei = plain  # the chain's own multiply applies the weight scales
         unfused.lower_compute(

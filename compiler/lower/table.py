@@ -178,19 +178,11 @@ def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
     if node.fused is not None or node.op not in IMPLS:
         fn(ctx, node)
         return
-    kernels, slots = len(ctx.kernels), set(ctx.slots)
-    home, copies = dict(ctx.home), {k: list(v) for k, v in ctx.copies.items()}
-    counts = (ctx.reorders, ctx.io_reorders, ctx.in_place_sums)
-    deferred = dict(ctx.deferred)  # the node may take a dequantize deferred for its readers
+    restore = ctx.checkpoint()  # (the node may take a dequantize deferred for its readers)
     try:
         fn(ctx, node)
     except (UnsupportedModelError, DnnlError, ValueError) as exc:  # e.g. a rank-0 constant
-        del ctx.kernels[kernels:]
-        for name in set(ctx.slots) - slots:
-            del ctx.slots[name]
-        ctx.home, ctx.copies = home, copies
-        ctx.reorders, ctx.io_reorders, ctx.in_place_sums = counts
-        ctx.deferred = deferred
+        restore()
         for value in node.inputs:  # the numpy kernel reads the dequantized value itself
             if value in ctx.deferred:
                 lower_quant.undefer(ctx, value)

@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from qfuse.compiler.api import compile_model
+from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import Options, lower_matmul
 from qfuse.compiler.lower.no_vnni import (
     EXCESS,
@@ -403,6 +404,22 @@ def test_matmul_in_float32(name: str) -> None:
     assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
     names = [k.name for k in lower_built(graph, Options()).kernels]
     assert "mm:lo" not in names and "mm" in names, names
+
+
+@no_vnni
+def test_float_matmul_declined_falls_back_to_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Should oneDNN decline the float32 form (here: its store), what it added is undone and
+    the node runs split as before: the same integers, no float32 matmul or its reorders."""
+    graph, feeds = matmul_graph(**MATMUL_CASES["2d"])
+
+    def declined(*args: object) -> None:
+        raise UnsupportedModelError("declined for the test")
+
+    monkeypatch.setattr(lower_matmul, "_store_exact_f32", declined)
+    model_lsb, _, _, _, how = _agreement(graph, feeds)
+    assert "split weights" in how["mm"] and model_lsb == 0, how
+    notes = [k.info.note or "" for k in lower_built(graph, Options()).kernels]
+    assert not any(lower_matmul.FLOAT_MATMUL in n for n in notes), notes
 
 
 @no_vnni
