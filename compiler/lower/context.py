@@ -204,7 +204,8 @@ class LowerContext:
 
         def restore() -> None:
             del self.kernels[kernels:]
-            self.slots, self.home, self.copies = dict(slots), dict(home), copies
+            self.slots, self.home = dict(slots), dict(home)
+            self.copies = {k: list(v) for k, v in copies.items()}
             self.reorders, self.io_reorders, self.in_place_sums = counts
             self.exact_int8, self.deferred = dict(exact), dict(deferred)
 

@@ -63,33 +63,19 @@ from qfuse.runtime.onednn import (
     MemoryDesc,
     PrimitiveAttr,
     PrimitiveDesc,
-    data_type_of,
     matmul,
 )
+from qfuse.runtime.numerics.rounding import F32_EXACT
 
 log = logging.getLogger(__name__)
 F32 = np.float32
-F32_EXACT = 2**24  # float32 holds every integer up to this magnitude
 FLOAT_MATMUL = "float32 matmul"  # in the notes of an int8 node computed in float32
 
 
-def lower_matmul(ctx: LowerContext, node: Node) -> None:
-    """The node as oneDNN's matmul (module docstring). Should its float32 form (an int8 node
-    without VNNI) find no primitive, what it added is undone and the int8 form runs instead."""
-    restore = ctx.checkpoint()
-    try:
-        _lower_matmul(ctx, node, float_path=True)
-    except _NoFloatMatmul as declined:
-        restore()
-        log.info("node %s: as a float32 matmul: %s; int8 instead", node, declined.__cause__)
-        _lower_matmul(ctx, node, float_path=False)
-
-
-class _NoFloatMatmul(Exception):
-    """oneDNN declined the float32 form of an int8 MatMul (its cause says how)."""
-
-
-def _lower_matmul(ctx: LowerContext, node: Node, *, float_path: bool) -> None:
+def lower_matmul(ctx: LowerContext, node: Node, *, float_path: bool = True) -> None:
+    """The node as oneDNN's matmul (module docstring). ``float_path``: an int8 node may be a
+    float32 matmul (without VNNI); should oneDNN find no primitive for that form, what it
+    added is undone and the node lowered again without it."""
     a, b, y = node.inputs[0], node.inputs[1], node.outputs[0]
     ainfo, binfo, yinfo = ctx.info(a), ctx.info(b), ctx.info(y)
     nd = len(yinfo.shape)
@@ -111,8 +97,8 @@ def _lower_matmul(ctx: LowerContext, node: Node, *, float_path: bool) -> None:
     wei: np.ndarray | None = None
     exact = None
     # an int8 node computed as a float32 matmul over its integer operands (module docstring)
-    in_f32 = float_path and integer and _exact_in_f32(ctx, node, src_value, src_zp, bconst, b,
-                                                      wei_zp)
+    in_f32 = float_path and integer and _exact_in_f32(ctx, node, src_zp, bconst, wei_zp)
+    restore = ctx.checkpoint() if in_f32 else None
     if in_f32:
         src_value, src_zp = _as_f32(ctx, src_value, int(src_zp)), 0  # type: ignore[arg-type]
         if bconst is not None:
@@ -202,8 +188,11 @@ def _lower_matmul(ctx: LowerContext, node: Node, *, float_path: bool) -> None:
         if in_f32:
             _store_exact_f32(ctx, node, yinfo.dtype)
     except (UnsupportedModelError, DnnlError) as exc:
-        if in_f32:  # lower_matmul undoes it and takes the int8 form
-            raise _NoFloatMatmul(str(exc)) from exc
+        if restore is not None:  # the float32 form declined: the int8 one instead
+            restore()
+            log.info("node %s: as a float32 matmul: %s; int8 instead", node, exc)
+            lower_matmul(ctx, node, float_path=False)
+            return
         if integer or node.fused is None or not yinfo.dtype.is_integer \
                 or not isinstance(exc, UnsupportedModelError):
             raise
@@ -216,8 +205,8 @@ def _lower_matmul(ctx: LowerContext, node: Node, *, float_path: bool) -> None:
                  f"writing {yinfo.dtype.name.lower()} with these attributes")
 
 
-def _exact_in_f32(ctx: LowerContext, node: Node, src: str, src_zp: object,
-                  wei: np.ndarray | None, b: str, wei_zp: int) -> bool:
+def _exact_in_f32(ctx: LowerContext, node: Node, src_zp: object, wei: np.ndarray | None,
+                  wei_zp: int) -> bool:
     """Whether an int8 MatMul whose weights would be split in halves (no VNNI: no_vnni.py)
     runs instead as a float32 matmul over ``x - zp_x`` and ``w - zp_w``. Every product is an
     integer below 2^16 in magnitude and every partial sum below 2^24, so float32 holds them
@@ -234,10 +223,9 @@ def _exact_in_f32(ctx: LowerContext, node: Node, src: str, src_zp: object,
                             ctx.info(node.outputs[0]).dtype)
     if any(isinstance(op, Sum) for op in composed.post_ops):
         return False
-    x_range = _range(ctx.md_of(src).dtype)
-    w_type = ctx.md_of(b).dtype if wei is None else data_type_of(wei.dtype)
-    w_range = _range(w_type)
-    if x_range is None or w_range is None:
+    x_type = ctx.info(node.inputs[0]).dtype
+    w_type = ctx.info(node.inputs[1]).dtype if wei is None else DType.from_numpy(wei.dtype)
+    if x_type not in (DType.U8, DType.S8) or w_type not in (DType.U8, DType.S8):
         return False
     if wei is not None:
         wide = wei.astype(np.int32)
@@ -245,19 +233,18 @@ def _exact_in_f32(ctx: LowerContext, node: Node, src: str, src_zp: object,
             return False  # the int8 primitive is exact as it is, and faster
         w_max = int(np.abs(wide - wei_zp).max(initial=0))
     else:
-        w_max = max(wei_zp - w_range[0], w_range[1] - wei_zp)
-    x_max = max(src_zp - x_range[0], x_range[1] - src_zp)
+        w_low, w_high = w_type.range
+        w_max = max(wei_zp - w_low, w_high - wei_zp)
+    x_low, x_high = x_type.range
+    x_max = max(src_zp - x_low, x_high - src_zp)
     return ctx.info(node.inputs[0]).shape[-1] * x_max * w_max < F32_EXACT
-
-
-def _range(dtype: DataType) -> tuple[int, int] | None:
-    return {DataType.u8: (0, 255), DataType.s8: (-128, 127)}.get(dtype)
 
 
 def _store_exact_f32(ctx: LowerContext, node: Node, dtype: DType) -> None:
     """After the float32 matmul of an int8 node: its note, and for an 8-bit output the
     store the int8 primitive makes (rint, saturation) as a reorder into the output."""
-    kernel = ctx.kernels[-1]
+    kernel = ctx.kernels[-1]  # emit's last: the node's own primitive (no residual sum here)
+    assert kernel.info.node == node.name, kernel.name
     how = f"{FLOAT_MATMUL}: integer operands, every partial sum within ±2^24 (no split)"
     ctx.exact_int8[kernel.name] = how
     kernel.info.add_note(f"exact_int8: {how}")
@@ -273,20 +260,12 @@ def _store_exact_f32(ctx: LowerContext, node: Node, dtype: DType) -> None:
 
 
 def _as_f32(ctx: LowerContext, value: str, zp: int) -> str:
-    """``value - zp`` (an 8-bit value) as float32, in its own layout: one reorder (its zero
-    point), shared by every reader."""
-    name = f"{value}@f32" if zp == 0 else f"{value}@f32-{zp}"
+    """The value ``value - zp`` (an 8-bit value) as float32, in its own layout: one reorder
+    (``unfused.dequantized``), shared by every reader."""
+    name = f"{value}@f32-{zp}"
     if name not in ctx.home:
-        md = ctx.md_of(value)
-        slot = ctx.temp(name, md_like(md, DataType.f32) or plain_md(md.dims, DataType.f32))
-        attr, fixed = None, None
-        if zp:
-            attr = PrimitiveAttr().set_zero_points_mask(Arg.SRC, 0)
-            fixed = {Arg.zero_points(Arg.SRC): Memory.zero_points(zp)}
-        ctx.add_reorder(ctx.home_slot(value), slot, attr=attr, fixed=fixed, role="op",
-                        note=f"exact_int8: '{value}' - {zp} as float32, an operand of a "
-                             f"{FLOAT_MATMUL}")
-        ctx.home[name] = slot
+        ctx.home[name], _ = unfused.dequantized(ctx, value, 1.0, zp,
+                                                why=f"an operand of a {FLOAT_MATMUL}")
     return name
 
 

@@ -215,8 +215,9 @@ def finish_chain(ctx: LowerContext, node: Node, slot: str, channel_axis: int) ->
 
 
 def dequantized(ctx: LowerContext, value: str, scale: float, zp: int,
-                md: MemoryDesc | None = None) -> tuple[str, MemoryDesc]:
-    """A slot holding ``scale·(value - zp)`` in f32 (in ``md``'s layout when given)."""
+                md: MemoryDesc | None = None, *, why: str = "residual") -> tuple[str, MemoryDesc]:
+    """A slot holding ``scale·(value - zp)`` in f32 (in ``md``'s layout when given); ``why``:
+    what it is for, in the reorder's note."""
     home = ctx.md_of(value)
     target = md_like(md, DataType.f32) if md is not None else None
     target = target or md_like(home, DataType.f32) or plain_md(home.dims, DataType.f32)
@@ -236,7 +237,7 @@ def dequantized(ctx: LowerContext, value: str, scale: float, zp: int,
         attr.set_zero_points_mask(Arg.SRC, 0)
         fixed[Arg.zero_points(Arg.SRC)] = Memory.zero_points(zp)
     ctx.add_reorder(ctx.home_slot(value), slot, attr=attr, fixed=fixed, role="op",
-                    note=f"dequantize residual '{value}' (s={scale:.6g}, zp={zp})")
+                    note=f"dequantize {why} '{value}' (s={scale:.6g}, zp={zp})")
     ctx.home[key] = slot
     return slot, target
 
