@@ -286,8 +286,9 @@ def _y_md(layer: _Layer, steps: int, directions: int, batch: int, h: int) -> Mem
 
 def _strided(dims: tuple[int, ...], strides: tuple[int, ...]) -> MemoryDesc:
     """A view's descriptor, row-major when its bytes are (a size-1 dim's stride can be
-    anything, and oneDNN's jit binary misreads a src whose size-1 dims stride otherwise than
-    its dst's: compiler/lower/context.py ``source``)."""
+    anything). Measured: oneDNN 3.2's jit binary, reading ``[8, 2, 1, 8]`` with strides
+    ``(16, 8, 16, 1)`` (the same bytes as row-major) into a row-major dst, computes wrong
+    values (docs/onednn.md); the quantize after an LSTM of batch 1 did."""
     md = MemoryDesc.from_strides(dims, DataType.f32, strides)
     return plain_md(dims, DataType.f32) if is_row_major(md) else md
 

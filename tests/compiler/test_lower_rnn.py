@@ -151,7 +151,7 @@ def test_runs_as_onednn_rnn(case: dict) -> None:
     (dict(op="LSTM", clip=0.5), "clip: oneDNN's cells do not clip"),
     (dict(op="LSTM", input_forget=1), "input_forget"),
     (dict(op="GRU", activations=["Sigmoid", "Relu"], outputs=("y", "yh")),
-     r"activations \['Sigmoid', 'Relu'\]"),
+     "activations ['Sigmoid', 'Relu']"),
     (dict(op="RNN", directions=2, activations=["Tanh", "Relu"], outputs=("y", "yh")),
      "oneDNN's RNN cell takes one of"),
 ])
@@ -160,7 +160,7 @@ def test_declined_layers_stay_islands_and_say_why(case: dict, why: str) -> None:
     compiled = compile_model(m, threads=2)
     kernel = _kernel(compiled)
     assert kernel["impl"] == "numpy" and "not oneDNN's RNN" in kernel["note"], kernel
-    assert why.split(":")[0].split("[")[0].strip("\\ ") in kernel["note"], kernel["note"]
+    assert why in kernel["note"], kernel["note"]
     got = compiled.run(feeds)
     for out, want in zip(compiled.outputs, _reference(m, feeds), strict=True):
         np.testing.assert_allclose(got[out], want, rtol=1e-5, atol=1e-6, err_msg=out)
