@@ -115,11 +115,20 @@ class CompiledModel:
                 self._specialized.pop(next(iter(self._specialized)))
         return model
 
-    def run_all(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every value the plan materializes (by name), for comparisons; oneDNN modes only."""
+    def run_all(self, feeds: dict[str, np.ndarray], *, as_planned: bool = False
+                ) -> dict[str, np.ndarray]:
+        """Every value the plan materializes (by name), for comparisons; oneDNN modes only.
+        Channels in the model's order, or with ``as_planned`` in the one the compiled graph
+        holds them in (``Graph.channel_orders``, passes/pair_channels.py)."""
         if self.executor is None:
             raise NotImplementedError(f"mode {self.mode!r} has no plan to read values from")
-        return self.executor.run_all(feeds)
+        values = self.executor.run_all(feeds)
+        orders = (self.compiled_graph.channel_orders
+                  if self.compiled_graph is not None and not as_planned else {})
+        for name, order in orders.items():
+            if name in values and values[name].ndim >= 2 and values[name].shape[1] == len(order):
+                values[name] = np.take(values[name], np.argsort(order), axis=1)
+        return values
 
     def inspect(self) -> dict[str, Any]:
         """JSON-able description (docs/design.md, `qfuse inspect --json`)."""
@@ -183,7 +192,9 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
     composer = composer or ComposerOptions()
     ctx = PassContext(composer=composer, unsigned_activations=(
         composer.on("unsigned_activations") and not isa_is_exact()),
-        split_int8_deconvolutions=exact_int8 and not isa_is_exact())
+        split_int8_deconvolutions=exact_int8 and not isa_is_exact(),
+        pair_input_channels=(composer.on("pair_channels") and exact_int8
+                             and not isa_is_exact()))
     results = run_passes(work, mode, ctx)
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
     plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,

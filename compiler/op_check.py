@@ -199,7 +199,7 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
             except Exception as exc:  # noqa: BLE001  reported, not fatal: one value unchecked
                 check.skipped[value] = f"its meaning cannot be computed: {exc}"
             continue
-        ref = in_plan_type(np.asarray(reference[value]), info)
+        ref = in_plan_type(np.asarray(reference[value]), info, graph.channel_orders.get(value))
         if info.shape != ref.shape or info.dtype.np != ref.dtype:
             check.skipped[value] = (f"{info.dtype.np}{list(info.shape)} in the plan, "
                                     f"{ref.dtype}{list(ref.shape)} in the reference")
@@ -226,7 +226,8 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
             q = quantizers.get(value)
             if q is not None and differing.any() and q[0] in reference:
                 axis = _axis(compiled, value)
-                tie = _tie_distance(np.asarray(reference[q[0]]), q[1], differing, axis)
+                tie = _tie_distance(np.asarray(reference[q[0]]), q[1], in_reference_type(
+                    differing, differing.dtype, graph.channel_orders.get(value)), axis)
             ks = kernels.get(node, [])
             check.ints.append(IntRow(
                 value, node, op, [k["name"] for k in ks],
@@ -252,17 +253,25 @@ def _float_error(mine: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(finite.max(initial=0.0)), float(diff.max(initial=0.0))
 
 
-def in_plan_type(ref: np.ndarray, info: TensorInfo) -> np.ndarray:
-    """The reference's s8 tensor as the u8 one the plan holds where it decomposed the s8
-    activation as u8 with zero point + 128 (passes/decompose_fake_quantize.py, unsigned
-    activations): ``q + 128``, the same dequantized values; anything else unchanged."""
+def in_plan_type(ref: np.ndarray, info: TensorInfo, order: np.ndarray | None = None
+                 ) -> np.ndarray:
+    """The reference's tensor as the plan holds it: an s8 activation the plan decomposed as
+    u8 with zero point + 128 (passes/decompose_fake_quantize.py, unsigned activations) as
+    ``q + 128``, the same dequantized values; channels in the plan's ``order``
+    (``Graph.channel_orders``, passes/pair_channels.py); anything else unchanged."""
+    if order is not None and ref.ndim >= 2 and ref.shape[1] == len(order):
+        ref = np.take(ref, order, axis=1)
     if ref.dtype == np.int8 and info.dtype is DType.U8 and ref.shape == info.shape:
         return (ref.astype(np.int16) + 128).astype(np.uint8)
     return ref
 
 
-def in_reference_type(mine: np.ndarray, ref_dtype: np.dtype) -> np.ndarray:
-    """The inverse of ``in_plan_type``: the plan's u8 + 128 tensor as the reference's s8."""
+def in_reference_type(mine: np.ndarray, ref_dtype: np.dtype,
+                      order: np.ndarray | None = None) -> np.ndarray:
+    """The inverse of ``in_plan_type``: the plan's u8 + 128 tensor as the reference's s8,
+    its channels in the model's order."""
+    if order is not None and mine.ndim >= 2 and mine.shape[1] == len(order):
+        mine = np.take(mine, np.argsort(order), axis=1)
     if mine.dtype == np.uint8 and np.dtype(ref_dtype) == np.int8:
         return (mine.astype(np.int16) - 128).astype(np.int8)
     return mine
@@ -290,7 +299,7 @@ class _Meaning:
         info = graph.info(name)
         ref = self.reference.get(name)
         if ref is not None:
-            ref = in_plan_type(np.asarray(ref), info)
+            ref = in_plan_type(np.asarray(ref), info, graph.channel_orders.get(name))
         if ref is not None and ref.shape == info.shape and ref.dtype == info.dtype.np:
             return ref
         if name not in self.memo:

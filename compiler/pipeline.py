@@ -27,6 +27,7 @@ from qfuse.passes import (
     gemm_to_matmul,
     merge_duplicates,
     move_dequantize,
+    pair_channels,
     patch_conv,
     propagate_dequantize,
     qdq_to_fake_quantize,
@@ -85,6 +86,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # a quantize whose integers only its dequantize reads, read by float ops (NNCF's residual
     # stream): one float32 → float32 kernel instead of two
     ("fuse_fake_quantize", fuse_post_ops.run_fake_quantize),
+    # no VNNI: channel orders in which fewer int16 pairs of input channels can saturate
+    ("pair_channels", pair_channels.run),
     # 7. the composer's mapping, recorded on each fused node
     ("compose_post_ops", compose_post_ops.run),
     # a squeeze-excitation gate's Conv writes the gate repeated, in the rows its multiply

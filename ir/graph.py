@@ -71,6 +71,9 @@ class Graph:
         # graph input -> the dims the model leaves symbolic (the importer fixed them: batch 1,
         # or the caller's input_shapes); compiler/api.py re-specializes for other sizes
         self.free_dims: dict[str, tuple[int, ...]] = {}
+        # value -> the order this graph holds its channels (dim 1) in: position i holds the
+        # model's channel order[i] (passes/pair_channels.py); values not listed are as given
+        self.channel_orders: dict[str, np.ndarray] = {}
 
     # ----------------------------------------------------------------- values
     def add_input(self, name: str, info: TensorInfo) -> Value:

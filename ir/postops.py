@@ -58,6 +58,7 @@ OPTIMIZATIONS = (
     "linear_resampling",
     "widen_gate",
     "integer_requantize",
+    "pair_channels",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

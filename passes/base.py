@@ -58,6 +58,9 @@ class PassContext:
     # on): an int8 deconvolution is then split in halves added by a kernel of their own
     # (compiler/lower/no_vnni.py), which a 1x1 convolution avoids (deconv_as_depth_to_space)
     split_int8_deconvolutions: bool = False
+    # the same CPUs: channel orders chosen so that fewer int16 pairs of input channels need
+    # the excess kernel of pair-safe weights (passes/pair_channels.py)
+    pair_input_channels: bool = False
     current: PassResult | None = None
     current_node: Node | None = None
 

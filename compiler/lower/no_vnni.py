@@ -411,10 +411,12 @@ class Exactness:
         if not pairs_adjacent_channels(pd, axis) or src_md is None:
             return None
         src = ctx.source(node.inputs[0], src_md)
+        e = _leading_pairs(e, axis)
+        prefix = e.shape[1] if axis == 1 and e.shape[1] < m.shape[1] // 2 else None
         saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[axis] - e.shape[axis]) \
             * math.prod(m.shape[axis + 1:])
-        views = _even_views(ctx.slots[src].md)
-        if views is None or (saved < PAIR_MIN_MACS and _even_name(src) not in ctx.home):
+        views = _even_views(ctx.slots[src].md, prefix)
+        if views is None or (saved < PAIR_MIN_MACS and _even_name(src, prefix) not in ctx.home):
             return None
         t_md = _lo_layout(ctx, node)
         empty, built = self._lo_attr(ctx, node, channel_axis=channel_axis, wei_mask=wei_mask,
@@ -424,7 +426,7 @@ class Exactness:
             return None  # (measured: 2 channels per group on AVX2 run ref:any, 38x the halves)
         t = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
                          wei_mask=wei_mask, src_zp=src_zp, wei_zp=0,
-                         excess=(e, even_channels(ctx, src, views), views[1]))
+                         excess=(e, even_channels(ctx, src, views, prefix), views[1]))
         self.halves = None
         self.how = self.how.replace(SPLIT, PAIRED)
         return self.main_composed(ctx, node, composed, t, scale=1.0), m
@@ -648,16 +650,29 @@ def _lo_layout(ctx: LowerContext, node: Node) -> MemoryDesc:
     return plain_md(shape, DataType.f32)
 
 
-def _even_name(slot: str) -> str:
-    return f"{slot}@even"
+def _leading_pairs(e: np.ndarray, axis: int) -> np.ndarray:
+    """The excess ``e`` (even channels of complete pairs) cut after the last pair holding
+    one: where passes/pair_channels.py put those pairs first, the excess kernel reads only
+    them (a prefix of the even channels). Grouped weights keep every group's channels."""
+    if axis != 1:
+        return e
+    held = np.flatnonzero(np.moveaxis(e, 1, 0).reshape(e.shape[1], -1).any(1))
+    return e[:, :held[-1] + 1] if len(held) else e
 
 
-def _even_views(md: MemoryDesc) -> tuple[MemoryDesc, MemoryDesc] | None:
-    """The even channels 0, 2, …, 2·(⌊C/2⌋ − 1) of a tensor laid out as ``md``: a strided
-    view of them and a dense channels-last md of their copy; None when ``md`` is blocked or
-    oneDNN would call the view overlapping."""
+def _even_name(slot: str, count: int | None = None) -> str:
+    """The even channels' copy of ``slot``; ``count``: only the first ``count`` of them."""
+    return f"{slot}@even" if count is None else f"{slot}@even{count}"
+
+
+def _even_views(md: MemoryDesc, count: int | None = None
+                ) -> tuple[MemoryDesc, MemoryDesc] | None:
+    """The even channels 0, 2, …, 2·(⌊C/2⌋ − 1) of a tensor laid out as ``md`` (the first
+    ``count`` of them when given): a strided view of them and a dense channels-last md of
+    their copy; None when ``md`` is blocked or oneDNN would call the view overlapping."""
     strides = md.strides
-    dims = (md.dims[0], md.dims[1] // 2, *md.dims[2:])
+    half = md.dims[1] // 2
+    dims = (md.dims[0], half if count is None else min(count, half), *md.dims[2:])
     if (strides is None or md.inner_blocks or len(dims) < 3
             or any(st < 2 * strides[1] * dims[1]
                    for d, st in zip(dims, strides) if st > strides[1] and d > 1)):
@@ -666,13 +681,14 @@ def _even_views(md: MemoryDesc) -> tuple[MemoryDesc, MemoryDesc] | None:
     return view, channels_last(dims, md.dtype)
 
 
-def even_channels(ctx: LowerContext, slot: str, views: tuple[MemoryDesc, MemoryDesc]) -> str:
-    """The slot of a dense copy of the even channels of the tensor in ``slot``
-    (``_even_views``): one reorder of the strided view, shared by every reader."""
-    name = _even_name(slot)
+def even_channels(ctx: LowerContext, slot: str, views: tuple[MemoryDesc, MemoryDesc],
+                  count: int | None = None) -> str:
+    """The slot of a dense copy of the even channels of the tensor in ``slot`` (the first
+    ``count``: ``_even_views``): one reorder of the strided view, shared by every reader."""
+    name = _even_name(slot, count)
     if name not in ctx.home:
         copy = ctx.temp(name, views[1])
-        ctx.add_reorder(ctx.temp(f"{slot}@even_view", views[0], alias=slot), copy, role="op",
+        ctx.add_reorder(ctx.temp(f"{name}_view", views[0], alias=slot), copy, role="op",
                         note="exact_int8: the even input channels, for the excess of pair-safe "
                              "weights")
         ctx.home[name] = copy

@@ -245,7 +245,7 @@ def local_agreement(model: CompiledModel, feeds: dict[str, np.ndarray],
     dequantize half of a requantize reorder, is computed by the reference from its inputs)."""
     graph = model.compiled_graph
     assert graph is not None
-    values = model.run_all(feeds)
+    values = model.run_all(feeds, as_planned=True)  # the compiled graph's channel orders
     derived: dict[str, np.ndarray] = {}
     for node in graph.topo_order():
         args = [(values.get(v, derived.get(v, graph.constant(v)))) if v else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +91,7 @@ def test_inexact_int8_keeps_onednns_kernels(resnet: Path, tmp_path: Path, capsys
     if exact["exact_int8"]:  # this CPU splits: the inexact plan has one kernel less per split
         split = sum(k["name"].endswith(":lo") for k in exact["kernels"])
         # and none of the copies of even input channels that pair-safe weights read
-        even = sum(k["name"].endswith("@even") for k in exact["kernels"])
+        even = sum(re.search(r"@even\d*$", k["name"]) is not None for k in exact["kernels"])
         # and none of the reorders of a matmul computed in float32 instead of split
         copies = sum(float_matmul_copy(k) for k in exact["kernels"])
         assert split > 0 and len(inexact["kernels"]) == len(exact["kernels"]) - split - even \

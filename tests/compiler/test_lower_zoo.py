@@ -179,8 +179,12 @@ def test_fusion_shrinks_the_plan(case: dict) -> None:
     unfused = case["compiled"]["unfused"].inspect()
     assert fused["reorders"] <= MAX_REORDERS[case["name"]]
     assert len(fused["kernels"]) < len(unfused["kernels"])
-    assert sum(k["primitive"] == "convolution" for k in fused["kernels"]) == sum(
-        k["primitive"] == "convolution" for k in unfused["kernels"])
+    # the excess kernels of pair-safe weights (":lo", no VNNI) aside: how many there are
+    # follows the channel orders each graph allows (passes/pair_channels.py)
+    assert sum(k["primitive"] == "convolution" and not k["name"].endswith(":lo")
+               for k in fused["kernels"]) == sum(
+        k["primitive"] == "convolution" and not k["name"].endswith(":lo")
+        for k in unfused["kernels"])
     assert isinstance(fused["not_fused"], list)
     assert json.loads(json.dumps(fused))["kernels"]  # `qfuse inspect --json` material
     for kernel in fused["kernels"]:

@@ -49,7 +49,7 @@ from qfuse.runtime.reference.fused import accumulate, channel_axis
 MODELS = ("resnet", "mobilenetv2", "inception", "unet", "transformer", "vgg", "shufflenet")
 FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_gate_chain", "fold_view_dequantize",
                  "fuse_quantized_norm", "signed_matmul_weights", "fold_resize_dequantize",
-                 "fuse_fake_quantize",
+                 "fuse_fake_quantize", "pair_channels",
                  "compose_post_ops", "widen_gate", "deconv_as_depth_to_space",
                  "flatten_matmul_rows",
                  "vector_matmul_as_conv", "patch_conv", "strided_pointwise_conv")
@@ -78,7 +78,9 @@ class Compiled:
         self.scales = {o: _output_scale(self.graph, o) for o in self.graph.outputs}
         self.steps: list[tuple[str, dict[str, tuple[float, float]]]] = []
         self._last = self._run()
-        self.results: list[PassResult] = run_pipeline(self.graph, after_each=self._compare)
+        # channel orders chosen as on a CPU without VNNI (any CPU: the graph is what changes)
+        self.results: list[PassResult] = run_pipeline(
+            self.graph, PassContext(pair_input_channels=True), after_each=self._compare)
 
     def _run(self) -> dict[str, np.ndarray]:
         outs = [reference(self.graph, f) for f in self.feeds]
