@@ -171,7 +171,7 @@ def test_the_pairs_that_hold_an_excess_come_first() -> None:
     reads only them (no_vnni._leading_pairs)."""
     w = _badly_paired(C, C, 5).astype(np.int16)
     w[:, :, 1, 1] = [80, 80, 80, 80, -80, -80, 80, 80]  # two pairs of +80 unavoidable
-    order = pair_channels._atom_order(pair_channels._pair_costs(w))
+    order = pair_channels._atom_order([pair_channels._Reader(1, pair_channels._pair_costs(w))])
     assert order is not None and sorted(order) == list(range(C))
     split = pair_split(w[:, order].astype(np.int8))
     assert split is not None and split[1] is not None
