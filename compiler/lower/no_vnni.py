@@ -140,7 +140,7 @@ from qfuse.compiler.lower.layouts import (
     same_bytes,
 )
 from qfuse.compiler.lower.plan import Kernel, KernelInfo
-from qfuse.ir import DType, Node, Op
+from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.postops import Composed, Sum, TensorBinary, single_pixel_batch
 from qfuse.ir.rows import repeats
 from qfuse.runtime.onednn import (
@@ -415,6 +415,8 @@ class Exactness:
             return None
         src = ctx.source(node.inputs[0], src_md)
         e = _leading_pairs(e, axis)
+        if axis == 1:
+            e = _to_shared_copy(ctx, src, e, m.shape[1] // 2, node.inputs[0])
         prefix = e.shape[1] if axis == 1 and e.shape[1] < m.shape[1] // 2 else None
         saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[axis] - e.shape[axis]) \
             * math.prod(m.shape[axis + 1:])
@@ -661,6 +663,36 @@ def _leading_pairs(e: np.ndarray, axis: int) -> np.ndarray:
         return e
     held = np.flatnonzero(np.moveaxis(e, 1, 0).reshape(e.shape[1], -1).any(1))
     return e[:, :held[-1] + 1] if len(held) else e
+
+
+def _to_shared_copy(ctx: LowerContext, slot: str, e: np.ndarray, half: int,
+                    value: str) -> np.ndarray:
+    """``e`` widened with zero channels to the copy of ``slot``'s even channels that every
+    reader can share: the shortest one another reader already made that covers it, else as
+    long as the longest prefix the value's other one-group int8 convolutions need (one copy
+    kernel for a few more MACs: GoogLeNet's inception branches read one tensor with
+    different prefixes, 10 copies more)."""
+    count = next((c for c in range(e.shape[1], half + 1)
+                  if _even_name(slot, None if c == half else c) in ctx.home), None)
+    if count is None:
+        count = max([e.shape[1], *(_prefix(ctx.graph, reader) for reader, port
+                                   in ctx.graph.consumers(value) if port == 0)])
+    if count == e.shape[1] or count > half:
+        return e
+    wide = np.zeros((e.shape[0], count, *e.shape[2:]), e.dtype)
+    wide[:, :e.shape[1]] = e
+    return wide
+
+
+def _prefix(graph: Graph, node: Node) -> int:
+    """How many leading pairs of input channels hold an excess in ``node``'s pair-safe
+    weights, when it is a one-group int8 convolution with constant weights (else 0)."""
+    w = graph.constant(node.inputs[1]) if node.op is Op.CONV and node.fused else None
+    if (w is None or getattr(node.attrs, "group", 1) != 1 or w.dtype.kind not in "iu"
+            or w.ndim < 3 or node.fused is None):
+        return 0
+    split = pair_split(w.astype(np.int16) - node.fused.wei_zero_point)
+    return 0 if split is None or split[1] is None else _leading_pairs(split[1], 1).shape[1]
 
 
 def _even_name(slot: str, count: int | None = None) -> str:
