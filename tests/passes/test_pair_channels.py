@@ -209,3 +209,56 @@ def test_compiled_with_one_excess_kernel_less_and_the_same_outputs(build: object
         assert shared  # values held in another order read back in the model's
         for name in shared:
             np.testing.assert_array_equal(every_on[name], every_off[name])
+
+
+def random_graph(seed: int) -> onnx.ModelProto:
+    """A random stack of YOLO / MobileNet pieces on C channels: convolutions (one group, with
+    weights pairing badly in the given order, or depthwise), C2f-like split / residual /
+    concat blocks, max pools, per-channel Mul by a constant; its last activation the output."""
+    m = _Model(seed)
+    rng = m.rng
+    y = m.relu(m.conv(m.qdq("x"), rng.integers(-60, 61, (C, C, 3, 3)).astype(np.int8)))
+    for _ in range(int(rng.integers(2, 6))):
+        kind = rng.integers(5)
+        w = _badly_paired(C, C, int(rng.integers(1 << 30)))[:, rng.permutation(C)]
+        if kind == 0:
+            y = m.relu(m.conv(y, w))
+        elif kind == 1:
+            y = m.relu(m.conv(y, rng.integers(-127, 128, (C, 1, 3, 3)).astype(np.int8),
+                              group=C))
+        elif kind == 2:
+            first, second = m.node("Split", [y, m.const(np.array([C // 2, C // 2]))],
+                                   outputs=2, axis=1)
+            half = _badly_paired(C // 2, C // 2, int(rng.integers(1 << 30)))
+            inner = m.relu(m.conv(second, half))
+            # in another scale: the concat's dequantize is per channel (constants of its own),
+            # requantized as quantize_static writes a concat's output
+            added = m.qdq(m.node("Add", [inner, second])[0], scale=0.08)
+            joined = m.qdq(m.node("Concat", [first, second, added], axis=1)[0])
+            blocks = np.concatenate([_badly_paired(C, C // 2, int(s))
+                                     for s in rng.integers(1 << 30, size=3)], axis=1)
+            y = m.relu(m.conv(joined, blocks))
+        elif kind == 3:
+            y = m.node("MaxPool", [y], kernel_shape=[3, 3], pads=[1, 1, 1, 1])[0]
+        else:
+            scale = m.const(rng.uniform(0.5, 2, (C, 1, 1)).astype(np.float32))
+            y = m.qdq(m.node("Mul", [y, scale])[0])
+    return m.finish((m.relu(m.conv(y, _badly_paired(C, C, seed))), C))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_stacks_compute_the_same_outputs(seed: int) -> None:
+    model = random_graph(seed)
+    before, _ = _passes(model, pair=False)
+    after, changed = _passes(model, pair=True)
+    assert changed > 0
+    for feed in range(2):
+        want, got = evaluate(before, _feeds(feed)), evaluate(after, _feeds(feed))
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
+    if not isa_is_exact():  # and compiled, where the pass runs
+        on = compile_model(model)
+        off = compile_model(model, composer=ComposerOptions().without("pair_channels"))
+        got, want = on.run(_feeds()), off.run(_feeds())
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name])
