@@ -433,7 +433,9 @@ class Exactness:
                          wei_mask=wei_mask, src_zp=src_zp, wei_zp=0,
                          excess=(e, even_channels(ctx, src, views, prefix), views[1]))
         self.halves = None
-        self.how = self.how.replace(SPLIT, PAIRED)
+        held = len(_pairs_held(e, axis))
+        self.how = self.how.replace(SPLIT, f"{PAIRED} ({held} of the {m.shape[axis] // 2} "
+                                    "pairs of input channels hold an excess)")
         return self.main_composed(ctx, node, composed, t, scale=1.0), m
 
     def main_composed(self, ctx: LowerContext, node: Node, composed: Composed,
@@ -661,8 +663,13 @@ def _leading_pairs(e: np.ndarray, axis: int) -> np.ndarray:
     them (a prefix of the even channels). Grouped weights keep every group's channels."""
     if axis != 1:
         return e
-    held = np.flatnonzero(np.moveaxis(e, 1, 0).reshape(e.shape[1], -1).any(1))
+    held = _pairs_held(e, axis)
     return e[:, :held[-1] + 1] if len(held) else e
+
+
+def _pairs_held(e: np.ndarray, axis: int) -> np.ndarray:
+    """The indices of the pairs of input channels (dim ``axis`` of ``e``) holding an excess."""
+    return np.flatnonzero(np.moveaxis(e, axis, 0).reshape(e.shape[axis], -1).any(1))
 
 
 def _to_shared_copy(ctx: LowerContext, slot: str, e: np.ndarray, half: int,
