@@ -139,10 +139,11 @@ def _chain_ports(node: Node) -> set[int]:
 
 
 def _per_channel_quant(node: Node) -> bool:
-    """A FakeQuantize made from a per-channel Q/DQ (its pair is kept in attrs and meta)."""
+    """A FakeQuantize made from a per-channel Q/DQ: its pair is kept in its attributes and in
+    ``meta["qdq"]`` (dtype, QuantParams: passes/qdq_to_fake_quantize.py)."""
     onnx = getattr(node.attrs, "onnx", None)
     qdq = node.meta.get("qdq")
-    quants = [q for q in (getattr(onnx, "quant", None), getattr(qdq, "quant", qdq)) if q]
+    quants = [getattr(onnx, "quant", None), qdq[1] if isinstance(qdq, tuple) else None]
     return any(isinstance(q, QuantParams) and not q.per_tensor for q in quants)
 
 
