@@ -20,6 +20,7 @@ import onnx
 from qfuse.compiler.errors import InputError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Graph
+from qfuse.ir.graph import in_model_order
 from qfuse.ir.mode import Mode
 from qfuse.ir.postops import ComposerOptions
 
@@ -123,12 +124,10 @@ class CompiledModel:
         if self.executor is None:
             raise NotImplementedError(f"mode {self.mode!r} has no plan to read values from")
         values = self.executor.run_all(feeds)
-        orders = (self.compiled_graph.channel_orders
-                  if self.compiled_graph is not None and not as_planned else {})
-        for name, order in orders.items():
-            if name in values and values[name].ndim >= 2 and values[name].shape[1] == len(order):
-                values[name] = np.take(values[name], np.argsort(order), axis=1)
-        return values
+        if self.compiled_graph is None or as_planned:
+            return values
+        orders = self.compiled_graph.channel_orders
+        return {name: in_model_order(v, orders.get(name)) for name, v in values.items()}
 
     def inspect(self) -> dict[str, Any]:
         """JSON-able description (docs/design.md, `qfuse inspect --json`)."""

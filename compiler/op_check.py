@@ -38,6 +38,7 @@ import onnx
 from qfuse.compiler.api import CompiledModel, ModelLike, compile_model
 from qfuse.compiler.errors import InputError
 from qfuse.compiler.lower.layouts import RESHAPES
+from qfuse.ir.graph import in_graph_order, in_model_order
 from qfuse.ir import DType, Graph, Node, TensorInfo
 
 log = logging.getLogger(__name__)
@@ -259,8 +260,7 @@ def in_plan_type(ref: np.ndarray, info: TensorInfo, order: np.ndarray | None = N
     u8 with zero point + 128 (passes/decompose_fake_quantize.py, unsigned activations) as
     ``q + 128``, the same dequantized values; channels in the plan's ``order``
     (``Graph.channel_orders``, passes/pair_channels.py); anything else unchanged."""
-    if order is not None and ref.ndim >= 2 and ref.shape[1] == len(order):
-        ref = np.take(ref, order, axis=1)
+    ref = in_graph_order(ref, order)
     if ref.dtype == np.int8 and info.dtype is DType.U8 and ref.shape == info.shape:
         return (ref.astype(np.int16) + 128).astype(np.uint8)
     return ref
@@ -270,8 +270,7 @@ def in_reference_type(mine: np.ndarray, ref_dtype: np.dtype,
                       order: np.ndarray | None = None) -> np.ndarray:
     """The inverse of ``in_plan_type``: the plan's u8 + 128 tensor as the reference's s8,
     its channels in the model's order."""
-    if order is not None and mine.ndim >= 2 and mine.shape[1] == len(order):
-        mine = np.take(mine, np.argsort(order), axis=1)
+    mine = in_model_order(mine, order)
     if mine.dtype == np.uint8 and np.dtype(ref_dtype) == np.int8:
         return (mine.astype(np.int16) - 128).astype(np.int8)
     return mine

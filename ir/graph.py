@@ -23,6 +23,21 @@ from qfuse.ir.ops import ATTRS, Op, arity
 from qfuse.ir.types import DType, TensorInfo
 
 
+def in_model_order(array: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """A value a graph holds with its channels (dim 1) in ``order`` (``Graph.channel_orders``)
+    as the model holds it; unchanged without an order or with another channel count."""
+    if order is None or array.ndim < 2 or array.shape[1] != len(order):
+        return array
+    return np.take(array, np.argsort(order), axis=1)
+
+
+def in_graph_order(array: np.ndarray, order: np.ndarray | None) -> np.ndarray:
+    """The inverse of ``in_model_order``."""
+    if order is None or array.ndim < 2 or array.shape[1] != len(order):
+        return array
+    return np.take(array, order, axis=1)
+
+
 class GraphError(ValueError):
     """A broken invariant of the graph; the message names the node or value."""
 

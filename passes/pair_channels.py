@@ -28,7 +28,7 @@ stays.
 
 The order of an atom. For each int8 convolution reading it (on an even offset, an even count
 of channels), the cost of pairing channels a and b is the number of (output channel, tap)
-where ``w_a`` and ``w_b`` have one sign and add up past 128 (no_vnni.PAIR_LIMIT); a pair
+where ``w_a`` and ``w_b`` have one sign and add up past 128 (runtime/numerics/pairs.py); a pair
 unsafe for a reader would cost that reader's excess kernel its MACs per pair. A matching of
 the channels over the pairs that cost no reader anything (greedy, fewest partners first)
 leaves few unsafe pairs, and those go first (the heaviest reader's first): each excess kernel
@@ -52,12 +52,9 @@ from qfuse.ir.chain import ChainOp, PRelu, Quantize, Residual, Scale, Shift, Ten
 from qfuse.ir.ops import ConvAttrs
 from qfuse.ir.types import OnnxQuantize, QuantParams
 from qfuse.passes.base import PassContext
+from qfuse.runtime.numerics.pairs import PAIR_LIMIT, SAFE_WEIGHT
 
 log = logging.getLogger(__name__)
-
-#: Largest sum of a pair's positive weights (minus its negative ones) that u8 sources cannot
-#: push past int16: 255·128 = 32640 (compiler/lower/no_vnni.py, PAIR_LIMIT).
-PAIR_LIMIT = 128
 
 # ops whose output channel c depends on input channel c only (inputs broadcast to the output)
 _ELEMENTWISE = frozenset({
@@ -78,9 +75,9 @@ class _Constraints:
     # (whole, parts): the whole's channels are the parts' one after the other
     blocks: list[tuple[str, list[str]]] = field(default_factory=list)
     pinned: set[str] = field(default_factory=set)
-    # (node, port, axis): a constant whose ``axis`` follows the channels of the node's output
-    # (or, for a convolution's weights, its input: ``_apply``)
-    constants: list[tuple[Node, int, int]] = field(default_factory=list)
+    # (node, port, axis, value): a constant of ``node`` whose ``axis`` follows the channel
+    # order of ``value`` (the node's output; a convolution's input for its weights' columns)
+    constants: list[tuple[Node, int, int, str]] = field(default_factory=list)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -124,7 +121,7 @@ def _operand(graph: Graph, node: Node, port: int, out: str, cons: _Constraints) 
     if shape[axis] != out_shape[1]:
         return False
     if graph.values[value].is_constant:
-        cons.constants.append((node, port, axis))
+        cons.constants.append((node, port, axis, out))
         return True
     if len(shape) != len(out_shape):
         return False
@@ -156,10 +153,10 @@ def _conv(graph: Graph, node: Node, cons: _Constraints) -> bool:
     if not isinstance(attrs, ConvAttrs) or w is None or w.ndim != len(graph.info(out).shape):
         return False
     channels_in, channels_out = graph.info(src).shape[1], graph.info(out).shape[1]
+    cons.constants.append((node, 1, 0, out))  # rows: the output's order
     if attrs.group == 1:
-        cons.constants.append((node, 1, 0))  # rows: the output's order; columns: _apply
+        cons.constants.append((node, 1, 1, src))  # columns: the input's
     elif attrs.group == channels_in == channels_out and w.shape[1] == 1:
-        cons.constants.append((node, 1, 0))
         cons.same.append((src, out))
     else:
         return False
@@ -174,7 +171,7 @@ def _conv(graph: Graph, node: Node, cons: _Constraints) -> bool:
         bias = graph.constant(node.inputs[port])  # a bias, per output channel
         if port != 2 or bias is None or bias.shape != (channels_out,):
             return False
-        cons.constants.append((node, port, 0))
+        cons.constants.append((node, port, 0, out))
     return True
 
 
@@ -189,7 +186,7 @@ def _quantization(graph: Graph, node: Node, cons: _Constraints) -> bool:
         if data is None:
             return False
         if data.size > 1 and axis == 1:
-            cons.constants.append((node, port, 0))
+            cons.constants.append((node, port, 0, out))
     cons.same.append((src, out))
     return True
 
@@ -309,13 +306,13 @@ def _atoms(graph: Graph, cons: _Constraints) -> _Atoms:
 def _pair_costs(w: np.ndarray) -> np.ndarray:
     """``[n, n]``: for input channels a and b of integer weights ``[O, n, k…]``, the number
     of (output channel, tap) where ``w_a`` and ``w_b`` have one sign and add past
-    PAIR_LIMIT. One of the two is then past PAIR_LIMIT / 2: with C[a, b] counting the taps
+    PAIR_LIMIT. One of the two is then past SAFE_WEIGHT: with C[a, b] counting the taps
     where ``w_a`` is, and D[a, b] those where both are, the count is C + Cᵀ − D."""
     cols = np.moveaxis(w.astype(np.int16), 1, -1).reshape(-1, w.shape[1])
     n = cols.shape[1]
     cost = np.zeros((n, n), np.int64)
     for part in (np.maximum(cols, 0), np.maximum(-cols, 0)):
-        rows, big = np.nonzero(part > PAIR_LIMIT // 2)
+        rows, big = np.nonzero(part > SAFE_WEIGHT)
         if not len(rows):
             continue
         order = np.argsort(big, kind="stable")
@@ -327,7 +324,7 @@ def _pair_costs(w: np.ndarray) -> np.ndarray:
         d = np.zeros((n, n), np.int64)
         counts = np.int16 if len(cols) < 2 ** 15 else np.int32  # at most one a row
         c[big[firsts]] = np.add.reduceat(over, firsts, axis=0, dtype=counts)
-        d[big[firsts]] = np.add.reduceat(partners > PAIR_LIMIT // 2, firsts, axis=0,
+        d[big[firsts]] = np.add.reduceat(partners > SAFE_WEIGHT, firsts, axis=0,
                                          dtype=counts)
         cost += c + c.T - d
     np.fill_diagonal(cost, 0)
@@ -396,6 +393,16 @@ def _atom_order(readers: list[_Reader]) -> np.ndarray | None:
     return order
 
 
+def pairing_weights(graph: Graph, node: Node) -> np.ndarray | None:
+    """``w − zw`` (int16) of a one-group int8 convolution with constant weights, whose input
+    channels oneDNN's AVX2 kernels pair; None for any other node."""
+    w = graph.constant(node.inputs[1]) if node.op is Op.CONV else None
+    if (w is None or node.fused is None or not isinstance(node.attrs, ConvAttrs)
+            or node.attrs.group != 1 or w.dtype.kind not in "iu" or w.ndim < 3):
+        return None
+    return w.astype(np.int16) - node.fused.wei_zero_point
+
+
 def _readers(graph: Graph, atoms: _Atoms) -> dict[tuple[str, int], list[_Reader]]:
     """Per atom the int8 convolutions that read it (group 1, constant weights past ±64, on an
     even offset and count); an atom one of them reads at an odd offset or count keeps its
@@ -403,13 +410,9 @@ def _readers(graph: Graph, atoms: _Atoms) -> dict[tuple[str, int], list[_Reader]
     readers: dict[tuple[str, int], list[_Reader]] = {}
     fixed: set[tuple[str, int]] = set()
     for node in graph:
-        w = graph.constant(node.inputs[1]) if node.op is Op.CONV and node.fused else None
-        if (w is None or not isinstance(node.attrs, ConvAttrs) or node.attrs.group != 1
-                or node.inputs[0] not in atoms.segments or w.dtype.kind not in "iu"):
-            continue
-        assert node.fused is not None
-        w = w.astype(np.int16) - node.fused.wei_zero_point
-        if np.abs(w).max(initial=0) <= PAIR_LIMIT // 2:
+        w = pairing_weights(graph, node)
+        if (w is None or node.inputs[0] not in atoms.segments
+                or np.abs(w).max(initial=0) <= SAFE_WEIGHT):
             continue
         macs = int(np.prod(graph.info(node.outputs[0]).shape)) * int(np.prod(w.shape[2:]))
         for i, (offset, size) in enumerate(atoms.segments[node.inputs[0]]):
@@ -431,11 +434,11 @@ def reorder(graph: Graph, cons: _Constraints) -> dict[str, np.ndarray]:
               if (o := _atom_order(r)) is not None}
     result: dict[str, np.ndarray] = {}
     for value, segments in atoms.segments.items():
-        pieces = [offset + orders[atom] if (atom := atoms.atom(value, i)) in orders
-                  else np.arange(offset, offset + size)
-                  for i, (offset, size) in enumerate(segments)]
-        if any(atoms.atom(value, i) in orders for i in range(len(segments))):
-            result[value] = np.concatenate(pieces)
+        held = [atoms.atom(value, i) for i in range(len(segments))]
+        if any(atom in orders for atom in held):
+            result[value] = np.concatenate([
+                offset + orders[atom] if atom in orders else np.arange(offset, offset + size)
+                for atom, (offset, size) in zip(held, segments)])
     return result
 
 
@@ -478,19 +481,12 @@ def _apply(graph: Graph, cons: _Constraints, order: dict[str, np.ndarray]) -> No
     """Rewrite the graph for the new channel orders (module docstring): it then computes
     every value in its new order."""
     taken: dict[tuple[str, int], np.ndarray] = {}
-    for node, port, axis in cons.constants:
-        new = order.get(node.outputs[0])
+    for node, port, axis, value in cons.constants:
+        new = order.get(value)
         if new is not None:
             data = taken.get((node.name, port), graph.constant(node.inputs[port]))
             assert data is not None
             taken[(node.name, port)] = np.take(data, new, axis=axis)
-    for node in graph:
-        new = order.get(node.inputs[0]) if node.inputs else None
-        if (node.op is Op.CONV and isinstance(node.attrs, ConvAttrs) and node.attrs.group == 1
-                and new is not None):
-            data = taken.get((node.name, 1), graph.constant(node.inputs[1]))
-            assert data is not None
-            taken[(node.name, 1)] = np.take(data, new, axis=1)
     for (name, port), data in taken.items():
         _set_constant(graph, graph.node(name), port, data)
     for node in graph:

@@ -143,6 +143,8 @@ from qfuse.compiler.lower.plan import Kernel, KernelInfo
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.postops import Composed, Sum, TensorBinary, single_pixel_batch
 from qfuse.ir.rows import repeats
+from qfuse.passes.pair_channels import pairing_weights
+from qfuse.runtime.numerics.pairs import PAIR_LIMIT, SAFE_WEIGHT
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -165,11 +167,6 @@ EXACT_INT8_ISAS = frozenset({CpuIsa.avx2_vnni, CpuIsa.avx2_vnni_2, CpuIsa.avx512
                              CpuIsa.avx512_core_amx, CpuIsa.avx512_core_amx_fp16})
 #: ISAs whose int8 kernels sum u8·s8 pairs in int16 (vpmaddubsw) or halve s8-src weights.
 SATURATING_ISAS = frozenset({CpuIsa.sse41, CpuIsa.avx, CpuIsa.avx2, CpuIsa.avx512_core})
-#: Largest |w| for which no u8·s8 pair can saturate int16 (255·64·2 = 32640).
-SAFE_WEIGHT = 64
-#: Largest sum of the positive (or minus the negative) weights of an input-channel pair:
-#: 255·128 = 32640 ≤ 32767.
-PAIR_LIMIT = 128
 #: oneDNN 3.2 int8 convolution kernels measured to add input channels 2k and 2k + 1 in one
 #: int16 lane (tests/compiler/test_lower_no_vnni.py); other kernels keep the halves.
 PAIRED_IMPLS = frozenset({"jit_uni_int8:avx2", "jit_uni_int8_1x1:avx2"})
@@ -694,11 +691,10 @@ def _to_shared_copy(ctx: LowerContext, slot: str, e: np.ndarray, half: int,
 def _prefix(graph: Graph, node: Node) -> int:
     """How many leading pairs of input channels hold an excess in ``node``'s pair-safe
     weights, when it is a one-group int8 convolution with constant weights (else 0)."""
-    w = graph.constant(node.inputs[1]) if node.op is Op.CONV and node.fused else None
-    if (w is None or getattr(node.attrs, "group", 1) != 1 or w.dtype.kind not in "iu"
-            or w.ndim < 3 or node.fused is None):
+    w = pairing_weights(graph, node)
+    if w is None:
         return 0
-    split = pair_split(w.astype(np.int16) - node.fused.wei_zero_point)
+    split = pair_split(w)
     return 0 if split is None or split[1] is None else _leading_pairs(split[1], 1).shape[1]
 
 

@@ -5,7 +5,8 @@ Each submodule states its formulas in its docstring: ``rounding`` (tie rules, sa
 ``qdq`` (QuantizeLinear / DequantizeLinear), ``multiplier`` (TFLite QuantizeMultiplier,
 TPU-MLIR multiplier + rshift), ``gemmlowp`` (SRDHM, RoundingDivideByPOT), ``schemes``
 (``requantize`` and the per-framework functions), ``ops`` (avgpool, add, leaky relu, prelu,
-pad), ``error`` (error statistics).
+pad), ``error`` (error statistics), ``pairs`` (u8·s8 products summed in saturating int16
+pairs).
 docs/numerics.md compares the schemes with measured numbers.
 """
 
