@@ -262,3 +262,26 @@ def test_random_stacks_compute_the_same_outputs(seed: int) -> None:
         got, want = on.run(_feeds()), off.run(_feeds())
         for name in want:
             np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_per_channel_constants_of_elementwise_ops_follow_the_order() -> None:
+    """A hand-built graph as the pass meets it: an int8 conv's float output multiplied by a
+    per-channel constant (a standalone Mul, no chain holds it), quantized, read by an int8
+    conv whose weights pair badly. The Mul's constant is reordered with the channels."""
+    from tests.passes.fusion_helpers import fq, int8_conv, new_graph
+    from tests.passes.quant_helpers import add, const
+
+    graph = new_graph()
+    int8_conv(graph, channels=C)
+    scale = const(graph, "gamma", np.linspace(0.5, 2.0, C).reshape(1, C, 1, 1))
+    add(graph, Op.MUL, ["conv", scale], "scaled")
+    fq(graph, "scaled", "q", 0.05, 0)
+    reader = int8_conv(graph, src="q", out="conv2", channels=C)
+    graph.set_input(reader, 1, const(graph, "bad_w", _badly_paired(C, C, 6), np.int8))
+    graph.outputs.append("conv2")
+    before = graph.copy()
+    assert pair_channels.run(graph, PassContext(pair_input_channels=True)) > 0
+    assert "scaled" in graph.channel_orders
+    inputs = {"x": np.random.default_rng(3).integers(0, 256, (1, 4, 5, 5)).astype(np.uint8)}
+    np.testing.assert_array_equal(evaluate(graph, inputs)["conv2"],
+                                  evaluate(before, inputs)["conv2"])
