@@ -68,6 +68,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("fold_pad", fold_pad.run),
     ("move_dequantize", move_dequantize.run),
     ("eliminate_requantize", eliminate_requantize.run),
+    # a requantize after an enlarging nearest Resize (into a Concat's scale) runs before it,
+    # on the smaller map, and the Resize moves bytes
+    ("requantize_before_resize", quantize_before_reshape.run_requantize),
     # a Conv / MatMul left in float32 (NNCF's squeeze-excitation convs, attention's float
     # products): a fused node with an empty chain, so its activations and adds join it
     ("mark_float_compute", strip_quantization.mark_float_compute),

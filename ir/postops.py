@@ -59,6 +59,7 @@ OPTIMIZATIONS = (
     "widen_gate",
     "integer_requantize",
     "pair_channels",
+    "requantize_before_resize",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

@@ -20,6 +20,18 @@ each quantized again after the Resize). The quantize then meets the dequantize b
 Resize, a requantize its producer's kernel absorbs (passes/fuse_post_ops.py), and the Resize
 moves bytes only: its copy goes straight into the Concat's output
 (compiler/lower/in_place_concat.py).
+
+A requantize after such a Resize — its dequantize and a quantize into other parameters, the
+Resize's and the dequantize's only readers — moves before it too (``run_requantize``, run
+after propagate_dequantize has made a Concat's requantizes of its inputs; option
+``requantize_before_resize``). Where the Resize's source has other readers, the quantize above
+meets a dequantize of its own source and stays, so the Resize read 8-bit values and requantized
+its larger output as post-ops (YOLOv8's FPN in quantize_static's form: each upsampled map into
+its Concat's scale). Requantized first, the small map is requantized by its producer's kernel
+or by one kernel of its own, and the Resize moves bytes: oneDNN 3.2's jit resampling with that
+chain took 0.22 ms for 128 channels 20x20 → 40x40 (2 threads, AVX2), without it 0.03 ms, the
+requantize on the small map 0.01 ms. Exact for the same reason: each op is elementwise, per
+tensor or per channel (the channels keep their places).
 """
 
 from __future__ import annotations
@@ -29,7 +41,7 @@ import logging
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.ops import ResizeMode
 from qfuse.passes.base import PassContext
-from qfuse.passes.quant_utils import fq_ranges, quantize_only, rebuild
+from qfuse.passes.quant_utils import dq_params, fq_ranges, quantize_only, range_axis, rebuild
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +65,23 @@ def run(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
+def run_requantize(graph: Graph, ctx: PassContext) -> int:
+    """Each requantize after an enlarging nearest Resize moves before it (module docstring)."""
+    if not ctx.composer.on("requantize_before_resize"):
+        return 0
+    changed = 0
+    for name in [n.name for n in graph.topo_order() if n.op is Op.DEQUANTIZE_LINEAR]:
+        dq = graph.node(name)
+        resize = graph.producer(dq.inputs[0])
+        if resize is None or not _enlarging_nearest(graph, resize):
+            continue
+        fq = _requantize_after(graph, resize, dq)
+        if fq is not None:
+            _requantize_first(graph, resize, dq, fq)
+            changed += 1
+    return changed
+
+
 def _enlarging_nearest(graph: Graph, node: Node) -> bool:
     """A nearest Resize whose output has no fewer elements than its input."""
     if node.op is not Op.RESIZE or node.attrs.mode is not ResizeMode.NEAREST:
@@ -71,6 +100,47 @@ def _why_not(graph: Graph, reshape: Node, fq: Node) -> str:
     if len(graph.consumers(reshape.outputs[0])) != 1 or reshape.outputs[0] in graph.outputs:
         return f"the {reshape.op.value}'s output has other readers"
     return ""
+
+
+def _requantize_after(graph: Graph, resize: Node, dq: Node) -> Node | None:
+    """The quantize-only FakeQuantize of a requantize ``dq`` → it after ``resize`` that can
+    move before it (per tensor or per channel, each the only reader of what it reads), else
+    None."""
+    fq = next((n for n, _ in graph.consumers(dq.outputs[0])), None)
+    if fq is None or quantize_only(graph, fq) is None:
+        return None
+    rank = graph.info(dq.outputs[0]).rank
+    params = dq_params(graph, dq)
+    ranges = fq_ranges(graph, fq)
+    if params is None or params.axis not in (None, 1) or ranges is None or any(
+            range_axis(r.shape, rank) not in (None, 1) for r in ranges):
+        return None
+    sole = all(len(graph.consumers(v)) == 1 and v not in graph.outputs
+               for v in (resize.outputs[0], dq.outputs[0]))
+    return fq if sole else None
+
+
+def _requantize_first(graph: Graph, resize: Node, dq: Node, fq: Node) -> None:
+    x, y = resize.inputs[0], fq.outputs[0]
+    small = graph.info(x).shape
+    dequantized = graph.unique_name(f"{dq.outputs[0]}/before_{resize.name}")
+    requantized = graph.unique_name(f"{y}/before_{resize.name}")
+    infos = (graph.info(dq.outputs[0]).with_shape(small), graph.info(y).with_shape(small),
+             graph.info(y))
+
+    def build() -> None:
+        graph.add_node(Op.DEQUANTIZE_LINEAR, [x, *dq.inputs[1:]], [dequantized], dq.attrs,
+                       name=dq.name, infos=[infos[0]], origin=dq.origin)
+        graph.add_node(Op.FAKE_QUANTIZE, [dequantized, *fq.inputs[1:]], [requantized],
+                       fq.attrs, name=fq.name, infos=[infos[1]], origin=fq.origin)
+        graph.add_node(resize.op, [requantized, *resize.inputs[1:]], [y], resize.attrs,
+                       name=resize.name, infos=[infos[2]], origin=resize.origin)
+
+    metas = {n.name: dict(n.meta) for n in (resize, dq, fq)}
+    rebuild(graph, [resize, dq, fq], build)
+    for name, meta in metas.items():
+        graph.node(name).meta.update(meta)
+    log.debug("%s and %s moved before %s", dq, fq, resize)
 
 
 def _swap(graph: Graph, reshape: Node, fq: Node) -> None:

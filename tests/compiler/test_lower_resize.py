@@ -354,8 +354,11 @@ def unet() -> dict:
 def test_unet_resizes_in_inspect(unet: dict) -> None:
     info = unet["fused"].inspect()
     kernels = {k["node"]: k for k in info["kernels"] if k["op"] == "Resize"}
-    assert kernels["/up2/Resize"]["primitive"] == "resampling"  # nearest asymmetric/floor ×2
-    assert kernels["/up2/Resize"]["src_dtype"] == "u8"
+    # nearest asymmetric/floor ×2 of u8 values, its requantize into the Concat's scale moved
+    # before it (passes/quantize_before_reshape.py): a reorder repeating its source, in words
+    up2 = kernels["/up2/Resize"]
+    assert up2["primitive"] == "reorder" and up2["post_ops"] == [] and "ref" not in up2["impl"]
+    assert "repeating its source" in up2["note"]
     # linear half_pixel ×2, requantized: onnxruntime's exact kernel (why: the note)
     _assert_exact_linear_kernel(kernels["/up1/Resize"], (1, 1, 1, 1))
     assert info["numpy_kernels"] == 0 and info["reorders"] == 0

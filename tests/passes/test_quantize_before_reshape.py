@@ -14,7 +14,8 @@ from onnx import numpy_helper as nh
 from qfuse.compiler.api import compile_model, import_graph
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
 from qfuse.compiler.pipeline import run_pipeline
-from qfuse.ir import Op
+from qfuse.ir import Graph, Op
+from qfuse.passes import quantize_before_reshape
 from qfuse.passes.base import PassContext
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import effective_cpu_isa
@@ -118,3 +119,118 @@ def test_quantize_moves_before_an_enlarging_nearest_resize_exactly() -> None:
     assert graph.producer(resize.inputs[0]).op is Op.FAKE_QUANTIZE
     for f, want in zip(feeds, before, strict=True):
         np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
+
+
+def _fpn_shared_source(per_channel: bool = False) -> onnx.ModelProto:
+    """YOLOv8's FPN merge as quantize_static writes it, in small: an int8 map (conv, stride 2)
+    read by another conv and by a nearest Resize x2 whose output is quantized again in the
+    map's own scale, then concatenated with a full-size map and quantized in the Concat's
+    scale (so propagate_dequantize requantizes each Concat input). The map has two readers,
+    so the requantize into the Concat's scale cannot join its producer's kernel.
+    ``per_channel``: the Resize's output quantized per channel instead, in scales of its own
+    (a requantize of every channel)."""
+    from tests.compiler.onnx_builders import init, model
+    from tests.compiler.test_in_place_concat import _qdq
+
+    rng = np.random.default_rng(23)
+    nodes, inits = _qdq("x", "x", 0.02, 128)
+    for i, stride in enumerate((2, 1)):
+        w = rng.integers(-60, 60, size=(16, 8, 1, 1)).astype(np.int8)
+        inits += [init(f"w{i}", w), init(f"w{i}_s", np.float32(0.01)),
+                  init(f"w{i}_z", np.int8(0)),
+                  init(f"b{i}", rng.normal(0, 1, 16).astype(np.float32))]
+        nodes += [h.make_node("DequantizeLinear", [f"w{i}", f"w{i}_s", f"w{i}_z"], [f"w{i}_dq"]),
+                  h.make_node("Conv", ["x_dq", f"w{i}_dq", f"b{i}"], [f"conv{i}"],
+                              strides=[stride, stride])]
+        q_nodes, q_inits = _qdq(f"c{i}", f"conv{i}", 0.05 + 0.02 * i, 120 + 4 * i)
+        nodes += q_nodes
+        inits += q_inits
+    inits += [init("scales", np.array([1, 1, 2, 2], np.float32))]
+    nodes.append(h.make_node("Resize", ["c0_dq", "", "scales"], ["up"], mode="nearest",
+                             coordinate_transformation_mode="asymmetric", nearest_mode="floor"))
+    if per_channel:
+        inits += [init("u_s", rng.uniform(0.04, 0.06, 16).astype(np.float32)),
+                  init("u_z", np.full(16, 121, np.uint8))]
+        nodes += [h.make_node("QuantizeLinear", ["up", "u_s", "u_z"], ["u_q"], axis=1),
+                  h.make_node("DequantizeLinear", ["u_q", "u_s", "u_z"], ["u_dq"], axis=1)]
+    else:
+        q_nodes, q_inits = _qdq("u", "up", 0.05, 120)  # the map's own scale again
+        nodes += q_nodes
+        inits += q_inits
+    q_nodes, q_inits = _qdq("k", "cat", 0.09, 118)
+    nodes += [h.make_node("Concat", ["u_dq", "c1_dq"], ["cat"], axis=1), *q_nodes]
+    inits += q_inits
+    for name, src, cin in (("y", "k_dq", 32), ("z", "c0_dq", 16)):
+        w = rng.integers(-60, 60, size=(8, cin, 1, 1)).astype(np.int8)
+        inits += [init(f"{name}w", w), init(f"{name}w_s", np.float32(0.01)),
+                  init(f"{name}w_z", np.int8(0))]
+        nodes += [h.make_node("DequantizeLinear", [f"{name}w", f"{name}w_s", f"{name}w_z"],
+                              [f"{name}w_dq"]),
+                  h.make_node("Conv", [src, f"{name}w_dq"], [name])]
+    return model(nodes, {"x": ([1, 8, 24, 20], TensorProto.FLOAT)}, ["y", "z"], inits)
+
+
+def _fpn_feeds() -> list[dict[str, np.ndarray]]:
+    return [{"x": np.random.default_rng(s).standard_normal((1, 8, 24, 20)).astype(np.float32)
+             * 10} for s in range(3)]
+
+
+def _before_and_after(m: onnx.ModelProto) -> tuple[Graph, list[dict[str, np.ndarray]], int]:
+    """The graph after requantize_before_resize, the reference's outputs on the graph just
+    before it, and how many requantizes it moved."""
+    graph = import_graph(m)
+    run_pipeline(graph, PassContext(), until="eliminate_requantize")
+    before = [evaluate(graph, f) for f in _fpn_feeds()]
+    changed = quantize_before_reshape.run_requantize(graph, PassContext())
+    return graph, before, changed
+
+
+def test_requantize_moves_before_an_enlarging_nearest_resize_exactly() -> None:
+    """The Concat's requantize of the upsampled map (DQ → Q into the Concat's scale, made by
+    propagate_dequantize) moves before the nearest Resize: the Resize reads the requantized
+    small map; the reference's outputs are bit-identical before and after."""
+    graph, before, changed = _before_and_after(_fpn_shared_source())
+    assert changed == 1
+    [resize] = [n for n in graph.topo_order() if n.op is Op.RESIZE]
+    moved = graph.producer(resize.inputs[0])
+    assert moved.op is Op.FAKE_QUANTIZE
+    assert graph.producer(moved.inputs[0]).op is Op.DEQUANTIZE_LINEAR
+    assert graph.info(resize.outputs[0]).quant.scale[0] == np.float32(0.09)
+    for f, want in zip(_fpn_feeds(), before, strict=True):
+        got = evaluate(graph, f)
+        for name in ("y", "z"):
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_a_per_channel_requantize_moves_with_its_channels() -> None:
+    """A Resize's output quantized per channel in scales of its own: that requantize moves
+    before the Resize too (the Resize keeps the channels in place), bit-identical."""
+    graph, before, changed = _before_and_after(_fpn_shared_source(per_channel=True))
+    assert changed == 2  # the per-channel requantize, then the Concat's after it
+    [resize] = [n for n in graph.topo_order() if n.op is Op.RESIZE]
+    [concat] = [n for n, _ in graph.consumers(resize.outputs[0])]
+    assert concat.op is Op.CONCAT and graph.producer(resize.inputs[0]).op is Op.FAKE_QUANTIZE
+    for f, want in zip(_fpn_feeds(), before, strict=True):
+        got = evaluate(graph, f)
+        for name in ("y", "z"):
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def test_the_resize_moves_bytes_after_the_requantize() -> None:
+    """Compiled: with the requantize first, the Resize is a copy with no post-ops (a reorder
+    repeating its source into the Concat's region); without it the resampling kernel
+    requantizes the enlarged map. Outputs identical."""
+    from qfuse.ir.postops import ComposerOptions
+
+    m = _fpn_shared_source()
+    on = compile_model(m, threads=1)
+    off = compile_model(m, threads=1,
+                        composer=ComposerOptions().without("requantize_before_resize"))
+    resize_on = [k for k in on.inspect()["kernels"] if k["name"].startswith("Resize")]
+    resize_off = [k for k in off.inspect()["kernels"] if k["name"].startswith("Resize")]
+    assert [k["post_ops"] for k in resize_on] == [[]]
+    assert resize_off and resize_off[0]["post_ops"]
+    for f in _fpn_feeds():
+        a, b = on.run(f), off.run(f)
+        for name in ("y", "z"):
+            np.testing.assert_array_equal(a[name], b[name])
