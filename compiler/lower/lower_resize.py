@@ -107,9 +107,14 @@ from qfuse.runtime.reference.interpreter import run_node
 from qfuse.ir.postops import Composed
 from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
-from qfuse.runtime.onednn.reference import resampling_linear_taps, resampling_nearest_index
+from qfuse.runtime.onednn.reference import resampling_linear_taps
 from qfuse.runtime.reference.ops_island import runner_into
-from qfuse.runtime.reference.ops_shape import CubicResize, linear_taps, nearest_indices
+from qfuse.runtime.reference.ops_shape import (
+    CubicResize,
+    linear_taps,
+    nearest_indices,
+    onednn_nearest_mismatch,
+)
 
 log = logging.getLogger(__name__)
 F32 = np.float32
@@ -160,21 +165,9 @@ def nearest_decision(attrs: ResizeAttrs, shape: tuple[int, ...], dtype: DType) -
     if not 3 <= len(shape) <= 5:
         return ResizeDecision("numpy", f"rank {len(shape)}: oneDNN resamples {{N, C, 1-3 "
                                        f"spatial dims}}")
-    for axis, (size, out) in enumerate(zip(shape, attrs.sizes, strict=True)):
-        theirs = nearest_indices(attrs, shape, axis)
-        if theirs is None:
-            theirs = np.arange(size)
-        ours = np.arange(size) if axis < 2 else resampling_nearest_index(size, out)
-        if ours.shape != theirs.shape:
-            return ResizeDecision("numpy", f"dim {axis} is resized ({size} → {out}): oneDNN "
-                                           "resamples spatial dims only")
-        wrong = np.flatnonzero(ours != theirs)
-        if wrong.size:
-            o = int(wrong[0])
-            return ResizeDecision(
-                "numpy", f"nearest {modes}, dim {axis} {size} → {out}: output {o} reads input "
-                         f"{int(theirs[o])}, oneDNN's nearest would read {int(ours[o])} "
-                         f"({wrong.size} of {out} indices differ)")
+    mismatch = onednn_nearest_mismatch(attrs, shape)
+    if mismatch is not None:
+        return ResizeDecision("numpy", mismatch)
     return ResizeDecision("onednn", f"nearest {modes}: oneDNN's source indices are ONNX's")
 
 

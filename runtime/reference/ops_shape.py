@@ -72,6 +72,7 @@ from qfuse.ir.ops import (
     SplitAttrs,
     TransposeAttrs,
 )
+from qfuse.runtime.onednn.reference import resampling_nearest_index
 from qfuse.runtime.reference.registry import Arrays, impl, need
 
 F32 = np.float32
@@ -265,6 +266,27 @@ def nearest_indices(attrs: ResizeAttrs, shape: tuple[int, ...], axis: int) -> np
         return None
     coords = _source_coords(attrs.coordinate_transformation_mode, out, size, scale)
     return _nearest(coords, attrs.nearest_mode, size)
+
+
+def onednn_nearest_mismatch(attrs: ResizeAttrs, shape: tuple[int, ...]) -> str | None:
+    """Why oneDNN's nearest resampling of ``shape`` would read other input elements than the
+    nearest Resize ``attrs`` (None: ONNX's source index on every output index of every dim;
+    the lowering runs oneDNN then, compiler/lower/lower_resize.py)."""
+    modes = f"{attrs.coordinate_transformation_mode}/{attrs.nearest_mode}"
+    for axis, (size, out) in enumerate(zip(shape, attrs.sizes, strict=True)):
+        theirs = nearest_indices(attrs, shape, axis)
+        if theirs is None:
+            theirs = np.arange(size)
+        ours = np.arange(size) if axis < 2 else resampling_nearest_index(size, out)
+        if ours.shape != theirs.shape:
+            return f"dim {axis} is resized ({size} → {out}): oneDNN resamples spatial dims only"
+        wrong = np.flatnonzero(ours != theirs)
+        if wrong.size:
+            o = int(wrong[0])
+            return (f"nearest {modes}, dim {axis} {size} → {out}: output {o} reads input "
+                    f"{int(theirs[o])}, oneDNN's nearest would read {int(ours[o])} "
+                    f"({wrong.size} of {out} indices differ)")
+    return None
 
 
 def linear_taps(attrs: ResizeAttrs, shape: tuple[int, ...]
