@@ -8,6 +8,10 @@ count taps ONNX does not, so that one case runs in numpy: the float op's referen
 int8 pooling with a fused chain its fused semantics, fallback.py).
 
 int8 max pooling: u8 → u8 / s8 → s8 (jit_int, channels-last; plain nchw int8 is ``ref:any``).
+Where oneDNN would run it on ``jit_int:avx2`` over more than 32 channels that are not a
+multiple of 32 (about ten times slower than 32 more channels, docs/onednn.md "Pitfalls"), the
+integers are converted to f32, pooled by the f32 kernel and stored back: the same maximum,
+bit-exact (``_channel_tail_is_slow``).
 
 int8 average pooling with a fused chain (``acc = avg(q - zp)``, then the chain): oneDNN's int8
 pooling only writes its src data type and has no scale attributes, but applies post-ops in f32
@@ -111,6 +115,10 @@ def lower_pool(ctx: LowerContext, node: Node) -> None:
     if node.fused is None or not integer:
         if node.fused is not None:
             raise ValueError(f"node {node}: a fused float pooling is not expected")
+        if integer and alg == Alg.pooling_max and _channel_tail_is_slow(
+                ctx, x, yinfo.shape, alg, geometry, dnnl_type(yinfo.dtype)):
+            _max_pool_in_f32(ctx, node, alg, geometry)
+            return
         _pool(ctx, node, x, alg, geometry, PrimitiveAttr(), {}, dnnl_type(yinfo.dtype))
         return
     composed = composed_for(ctx, node, xinfo.shape[1], yinfo.dtype)
@@ -195,6 +203,55 @@ def _int8_pool_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg
     return is_slow(pd.impl_name, "pooling")
 
 
+def _channel_tail_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg: Alg,
+                          geometry: dict, dst_type: DataType) -> bool:
+    """Whether oneDNN 3.2 would run this int8 pooling on ``jit_int:avx2`` over more than 32
+    channels that are not a multiple of 32: its channel tail takes about ten times the whole
+    pooling (measured, 2 threads, a 2x2 max pool on 24x160: 48 channels 0.60–0.73 ms, 64
+    channels 0.07 ms, 40, 72, 120 and 144 alike, average pooling too), where the f32 pooling
+    of the same values and the two conversions take 0.05 ms (48 channels) to 0.14 ms (120)."""
+    channels = out_dims[1]
+    if channels <= 32 or channels % 32 == 0:
+        return False
+    home = ctx.md_of(x)
+
+    def make(src: MemoryDesc) -> PrimitiveDesc:
+        return pooling(alg, src, any_md(out_dims, dst_type), **geometry)
+
+    try:
+        pd = ctx.try_layouts("pooling", make, [home, channels_last(home.dims, home.dtype)])
+    except UnsupportedModelError:
+        return False
+    return pd.impl_name == "jit_int:avx2"
+
+
+def _max_pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict) -> None:
+    """An int8 max pooling as f32: the integers converted (exactly), pooled, stored back — a
+    maximum of the same values, so the same integers (``_channel_tail_is_slow``)."""
+    x, y = node.inputs[0], node.outputs[0]
+    home = ctx.md_of(x)
+    src, _ = unfused.dequantized(ctx, x, 1.0, 0, channels_last(home.dims, DataType.f32),
+                                 why="for the f32 max pooling of")
+    name = f"{x}@f32"
+    ctx.home[name] = src
+    pooled = _pool(ctx, node, name, alg, geometry, PrimitiveAttr(), {}, DataType.f32,
+                   define_as=f"{y}@pooled")
+    _store(ctx, node, pooled, PrimitiveAttr(), {}, "")
+
+
+def _store(ctx: LowerContext, node: Node, pooled: str, attr: PrimitiveAttr,
+           fixed: dict[int, Memory], rounding: str) -> None:
+    """The reorder writing the f32 pooling's result ``pooled`` as the node's int8 output."""
+    y = node.outputs[0]
+    md = ctx.slots[pooled].md
+    dtype = dnnl_type(ctx.info(y).dtype)
+    out = ctx.define(y, md_like(md, dtype) or plain_md(md.dims, dtype))
+    kernel = ctx.add_reorder(pooled, out, attr=attr, fixed=fixed, role="op", node=None,
+                             note=f"store of {node}")
+    kernel.info.node = node.name
+    kernel.info.rounding = rounding
+
+
 def _pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict,
                  composed: Composed) -> None:
     """int8 pooling through f32 (module docstring)."""
@@ -223,8 +280,6 @@ def _pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict,
         return
     pooled = _pool(ctx, node, name, alg, geometry, built.attr, built.fixed, DataType.f32,
                    built.names, composed.fired, define_as=f"{y}@pooled")
-    md = ctx.slots[pooled].md
-    out = ctx.define(y, md_like(md, dtype) or plain_md(md.dims, dtype))
     attr = PrimitiveAttr()
     fixed: dict[int, Memory] = {}
     if composed.dst_scale is not None:
@@ -233,10 +288,7 @@ def _pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict,
     if composed.dst_zero_point:
         attr.set_zero_points_mask(Arg.DST, 0)
         fixed[Arg.zero_points(Arg.DST)] = Memory.zero_points(composed.dst_zero_point)
-    kernel = ctx.add_reorder(pooled, out, attr=attr, fixed=fixed, role="op", node=None,
-                             note=f"store of {node}")
-    kernel.info.node = node.name
-    kernel.info.rounding = composed.rounding()
+    _store(ctx, node, pooled, attr, fixed, composed.rounding())
 
 
 def probe_int8_pool(ctx: LowerContext, node: Node, port: int,

@@ -52,6 +52,40 @@ def test_int8_max_pool(dtype: DType, ceil: bool) -> None:
     assert pool.impl.startswith("jit_int"), pool.impl  # channels-last int8, not ref:any
 
 
+def _int8_max_pool_impl(shape: tuple[int, ...], dtype: DataType) -> str:
+    """The implementation oneDNN picks for a channels-last int8 2x2 max pooling on this CPU."""
+    src = MemoryDesc.from_tag(shape, dtype, FormatTag.nhwc)
+    out = (*shape[:2], shape[2] - 1, shape[3] - 1)
+    dst = MemoryDesc.from_tag(out, dtype, FormatTag.nhwc)
+    return pooling(Alg.pooling_max, src, dst, kernel=(2, 2), strides=(1, 1)).impl_name
+
+
+@pytest.mark.parametrize("channels", [48, 72, 64])
+@pytest.mark.parametrize("dtype", [U8, S8])
+def test_int8_max_pool_with_a_channel_tail_pools_in_f32(dtype: DType, channels: int) -> None:
+    """oneDNN 3.2's AVX2 int8 pooling over more than 32 channels not a multiple of 32 takes
+    about ten times the f32 pooling of the same values (lower_pool ``_channel_tail_is_slow``):
+    the integers are converted, pooled in f32 and stored back, the same maximum. 64 channels
+    (and CPUs whose int8 pooling is not ``jit_int:avx2``) keep the int8 kernel."""
+    shape = (1, channels, 6, 20)
+    g = Graph("maxpool_tail")
+    int_input(g, "x", shape, dtype)
+    attrs = PoolAttrs((2, 2), (1, 1), (0, 0, 0, 0), (1, 1), False, False)
+    g.add_node(Op.MAX_POOL, ["x"], ["y"], attrs,
+               infos=[TensorInfo((1, channels, 5, 19), dtype)])
+    g.outputs.append("y")
+    x = random_int(np.random.default_rng(3), shape, dtype)
+    out, plan = run_plan(g, {"x": x})
+    np.testing.assert_array_equal(out["y"], ref_eval(g, {"x": x})["y"])
+    [pool] = [k for k in plan.kernels if k.kind == "pooling"]
+    onednn_type = DataType.u8 if dtype is U8 else DataType.s8
+    in_f32 = (channels % 32 != 0
+              and _int8_max_pool_impl(shape, onednn_type) == "jit_int:avx2")
+    assert pool.impl.startswith("jit:" if in_f32 else "jit_int"), pool.impl
+    ops = [k.name for k in plan.kernels if k.info.role == "op"]  # not layout conversions
+    assert len(ops) == (3 if in_f32 else 1), ops  # converted, pooled, stored
+
+
 def _avg_graph(op: Op, src: DType, dst: DType, *, include_pad: bool = False, zp: int = 37,
                mode_shape: tuple[int, ...] = (2, 16, 9, 9)) -> tuple[Graph, dict]:
     g = Graph("avgpool")
