@@ -108,6 +108,7 @@ _DEFAULT: dict[str, Converter] = {
     "Pad": convert_layout.pad,
     "Expand": convert_layout.expand,
     "DepthToSpace": convert_layout.depth_to_space,
+    "SpaceToDepth": convert_layout.space_to_depth,
     "Cast": convert_layout.cast,
     "DynamicQuantizeLinear": convert_dynamic.dynamic_quantize_linear,
     # reached only with a run-time src zero point (else qoperator.py rewrites them)

@@ -103,13 +103,43 @@ def slice_(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.SLICE, node.inputs[:1], attrs)
 
 
+# a Gather of constant 1-D indices in at most this many runs of consecutive ones is a Concat of
+# their Slices (a channel permutation: RGB → BGR, a Focus stem's block order); more stay a float
+# island
+MAX_GATHER_RUNS = 16
+
+
+def _runs(indices: list[int]) -> list[tuple[int, int]]:
+    """``indices`` as runs of consecutive ones, ``(start, end)`` each, in order."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
+def _gather_runs(ctx: Context, node: NodeView, axis: int, runs: list[tuple[int, int]]) -> None:
+    """A Gather whose indices are ``runs``: one Slice per run (a view where the run is
+    contiguous in memory) and a Concat of them along ``axis``."""
+    parts = []
+    for start, end in runs:
+        part = ctx.graph.unique_name(f"{node.outputs[0]}@{start}:{end}")
+        ctx.emit(node, Op.SLICE, node.inputs[:1], SliceAttrs((start,), (end,), (axis,), (1,)),
+                 outputs=[part])
+        parts.append(part)
+    ctx.emit(node, Op.CONCAT, parts, AxisAttrs(axis))
+
+
 def gather(ctx: Context, node: NodeView) -> None:
     """Gather with constant indices that pick one index or a run of consecutive ones is a
     Slice (ONNX spec: ``out[..., j, ...] = data[..., indices[j], ...]`` along ``axis``), plus a
     Squeeze of ``axis`` for a scalar index: PyTorch writes ``x[:, 0]`` (a class token) and
     ``qkv[0]`` / ``unbind`` (attention's q, k, v) so. Bit-exact: the values are moved, not
-    computed. Indices of rank > 1 reshape the run. Other indices (run-time, repeated, out of
-    order) stay a float island."""
+    computed. Indices of rank > 1 reshape the run. 1-D indices in a few runs of consecutive ones
+    (out of order, repeated: a channel permutation) are a Concat of the runs' Slices. Other
+    indices (run-time ones, many runs) stay a float island."""
     x = ctx.input_info(node, 0)
     axis = _axis(ctx, node, int(node.attr("axis", 0)), x.rank)
     if not ctx.is_const(node.input(1)):
@@ -123,7 +153,11 @@ def gather(ctx: Context, node: NodeView) -> None:
         raise ctx.malformed(node, f"indices {flat} are out of range for dim {axis} of size {dim}")
     first = flat[0] % dim
     if [i % dim for i in flat] != list(range(first, first + len(flat))):
-        raise ctx.unsupported(node, f"indices {flat} are not consecutive")
+        runs = _runs([i % dim for i in flat])
+        if indices.ndim != 1 or len(runs) > MAX_GATHER_RUNS:
+            raise ctx.unsupported(node, f"indices {flat} are not consecutive")
+        _gather_runs(ctx, node, axis, runs)
+        return
     attrs = SliceAttrs((first,), (first + len(flat),), (axis,), (1,))
     if indices.ndim == 1:
         ctx.emit(node, Op.SLICE, node.inputs[:1], attrs)
@@ -249,6 +283,31 @@ def depth_to_space(ctx: Context, node: NodeView) -> None:
     if mode not in ("DCR", "CRD"):
         raise ctx.malformed(node, f"mode {mode!r} is neither DCR nor CRD")
     ctx.emit(node, Op.DEPTH_TO_SPACE, node.inputs[:1], DepthToSpaceAttrs(b, mode))
+
+
+def space_to_depth(ctx: Context, node: NodeView) -> None:
+    """SpaceToDepth as ONNX defines it
+    (https://onnx.ai/onnx/operators/onnx__SpaceToDepth.html): a Reshape to
+    ``[N, C, H/b, b, W/b, b]``, a Transpose by ``[0, 3, 5, 1, 2, 4]`` (mode "DCR", the default;
+    "CRD", opset 28: ``[0, 1, 3, 5, 2, 4]``) and a Reshape to ``[N, C·b², H/b, W/b]`` — two
+    views and one reorder (a YOLOX-style "Focus" stem)."""
+    x = ctx.input_info(node, 0)
+    b = int(node.attr("blocksize", 0))
+    mode = node.attr("mode", "DCR")
+    mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+    if x.rank != 4 or b < 1 or x.shape[2] % b or x.shape[3] % b:
+        raise ctx.malformed(node, f"blocksize {b} does not tile the spatial dims of {x.shape} "
+                                  "(a 4-D input with H and W multiples of blocksize)")
+    if mode not in ("DCR", "CRD"):
+        raise ctx.malformed(node, f"mode {mode!r} is neither DCR nor CRD")
+    perm = (0, 3, 5, 1, 2, 4) if mode == "DCR" else (0, 1, 3, 5, 2, 4)
+    n, c, h, w = x.shape
+    blocks = ctx.graph.unique_name(f"{node.outputs[0]}@blocks")
+    moved = ctx.graph.unique_name(f"{node.outputs[0]}@moved")
+    ctx.emit(node, Op.RESHAPE, node.inputs[:1], ReshapeAttrs((n, c, h // b, b, w // b, b)),
+             outputs=[blocks])
+    ctx.emit(node, Op.TRANSPOSE, [blocks], TransposeAttrs(perm), outputs=[moved])
+    ctx.emit(node, Op.RESHAPE, [moved], ReshapeAttrs((n, c * b * b, h // b, w // b)))
 
 
 def expand(ctx: Context, node: NodeView) -> None:

@@ -46,14 +46,37 @@ def test_a_run_of_indices_is_a_slice_and_equal_to_onnxruntime(indices: np.ndarra
         np.testing.assert_array_equal(next(iter(got.values())), want)
 
 
-@pytest.mark.parametrize(("indices", "why"), [
-    (np.array([2, 1], np.int64), "not consecutive"),
-    (np.array([0, 0], np.int64), "not consecutive"),
-    (np.array([[1, 0]], np.int64), "not consecutive"),
+@pytest.mark.parametrize(("indices", "axis", "runs"), [
+    (np.array([2, 1, 0], np.int64), 1, 3),   # RGB → BGR, out of range for axis 1 of SHAPE
+    (np.array([2, 1], np.int64), 2, 2),      # reversed
+    (np.array([0, 0], np.int64), 2, 2),      # repeated
+    (np.array([2, 3, 0, 1], np.int64), 2, 2),  # blocks swapped (a Focus stem's order)
+    (np.array([-1, 0, 1], np.int64), 3, 2),  # from the end, then a run
 ])
-def test_other_constant_indices_stay_an_island(indices: np.ndarray, why: str) -> None:
-    assert_island(single("Gather", SHAPE, [init("i", indices)], axis=2), {"Gather"}, why,
-                  feeds=_feeds())
+def test_indices_in_a_few_runs_are_a_concat_of_slices(indices: np.ndarray, axis: int,
+                                                      runs: int) -> None:
+    """A Gather of constant 1-D indices out of order: one Slice per run of consecutive
+    indices and a Concat, no island; bit-exact with onnxruntime in every mode."""
+    if axis == 1 and indices.max() >= SHAPE[1]:
+        shape = (SHAPE[0], 3, *SHAPE[2:])
+    else:
+        shape = SHAPE
+    m = single("Gather", shape, [init("i", indices)], axis=axis)
+    ops = [n.op for n in import_model(m)]
+    assert Op.ISLAND not in ops and ops.count(Op.SLICE) == runs and Op.CONCAT in ops, ops
+    want = run_ort(m, _feeds(shape))[0]
+    for mode in ("reference", "fused", "unfused"):
+        got = compile_model(m, mode=mode).run(_feeds(shape))
+        np.testing.assert_array_equal(next(iter(got.values())), want)
+
+
+def test_other_constant_indices_stay_an_island() -> None:
+    indices = np.array([[1, 0]], np.int64)  # rank 2, out of order
+    assert_island(single("Gather", SHAPE, [init("i", indices)], axis=2), {"Gather"},
+                  "not consecutive", feeds=_feeds())
+    shape = (1, 40, 2, 2)  # 20 runs of one index (reversed): more than MAX_GATHER_RUNS
+    assert_island(single("Gather", shape, [init("i", np.arange(39, 19, -1))], axis=1),
+                  {"Gather"}, "not consecutive", feeds=_feeds(shape))
 
 
 def test_run_time_indices_stay_an_island() -> None:
