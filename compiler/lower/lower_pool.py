@@ -39,6 +39,7 @@ tests/fuzz, seed 5396: the residual was dropped, up to 133 LSB).
 from __future__ import annotations
 
 import logging
+import math
 
 import numpy as np
 
@@ -73,6 +74,9 @@ from qfuse.runtime.reference.ops_nn import window_out
 
 log = logging.getLogger(__name__)
 F32 = np.float32
+# an int8 pooling's channel tail on jit_int:avx2 is worth the f32 route from this many output
+# pixels on (``_channel_tail_is_slow``)
+TAIL_MIN_PIXELS = 1024
 
 
 def _geometry(node: Node, shape: tuple[int, ...]) -> tuple[dict, bool] | None:
@@ -209,9 +213,12 @@ def _channel_tail_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], 
     channels that are not a multiple of 32: its channel tail takes about ten times the whole
     pooling (measured, 2 threads, a 2x2 max pool on 24x160: 48 channels 0.60–0.73 ms, 64
     channels 0.07 ms, 40, 72, 120 and 144 alike, average pooling too), where the f32 pooling
-    of the same values and the two conversions take 0.05 ms (48 channels) to 0.14 ms (120)."""
+    of the same values and the two conversions take 0.05 ms (48 channels) to 0.14 ms (120).
+    The tail costs about 0.19 us per output pixel, the route two kernels more: on small maps
+    (GoogLeNet's 528 channels on 14x14, PP-OCR cls's 200 channels on 1x48) the running plan
+    was 1–4 % slower with it, so only outputs of at least ``TAIL_MIN_PIXELS`` pixels."""
     channels = out_dims[1]
-    if channels <= 32 or channels % 32 == 0:
+    if channels <= 32 or channels % 32 == 0 or math.prod(out_dims[2:]) < TAIL_MIN_PIXELS:
         return False
     home = ctx.md_of(x)
 

@@ -60,26 +60,32 @@ def _int8_max_pool_impl(shape: tuple[int, ...], dtype: DataType) -> str:
     return pooling(Alg.pooling_max, src, dst, kernel=(2, 2), strides=(1, 1)).impl_name
 
 
-@pytest.mark.parametrize("channels", [48, 72, 64])
+@pytest.mark.parametrize(("channels", "hw"), [(48, (33, 34)), (72, (33, 34)), (64, (33, 34)),
+                                         (48, (6, 20))])
 @pytest.mark.parametrize("dtype", [U8, S8])
-def test_int8_max_pool_with_a_channel_tail_pools_in_f32(dtype: DType, channels: int) -> None:
+def test_int8_max_pool_with_a_channel_tail_pools_in_f32(dtype: DType, channels: int,
+                                                        hw: tuple[int, int]) -> None:
     """oneDNN 3.2's AVX2 int8 pooling over more than 32 channels not a multiple of 32 takes
     about ten times the f32 pooling of the same values (lower_pool ``_channel_tail_is_slow``):
-    the integers are converted, pooled in f32 and stored back, the same maximum. 64 channels
-    (and CPUs whose int8 pooling is not ``jit_int:avx2``) keep the int8 kernel."""
-    shape = (1, channels, 6, 20)
+    the integers are converted, pooled in f32 and stored back, the same maximum. 64 channels,
+    maps of fewer than TAIL_MIN_PIXELS output pixels (32x33 here is above, 5x19 below) and
+    CPUs whose int8 pooling is not ``jit_int:avx2`` keep the int8 kernel."""
+    from qfuse.compiler.lower.lower_pool import TAIL_MIN_PIXELS
+
+    shape = (1, channels, *hw)
+    out = (1, channels, hw[0] - 1, hw[1] - 1)
     g = Graph("maxpool_tail")
     int_input(g, "x", shape, dtype)
     attrs = PoolAttrs((2, 2), (1, 1), (0, 0, 0, 0), (1, 1), False, False)
-    g.add_node(Op.MAX_POOL, ["x"], ["y"], attrs,
-               infos=[TensorInfo((1, channels, 5, 19), dtype)])
+    g.add_node(Op.MAX_POOL, ["x"], ["y"], attrs, infos=[TensorInfo(out, dtype)])
     g.outputs.append("y")
     x = random_int(np.random.default_rng(3), shape, dtype)
-    out, plan = run_plan(g, {"x": x})
-    np.testing.assert_array_equal(out["y"], ref_eval(g, {"x": x})["y"])
+    result, plan = run_plan(g, {"x": x})
+    np.testing.assert_array_equal(result["y"], ref_eval(g, {"x": x})["y"])
     [pool] = [k for k in plan.kernels if k.kind == "pooling"]
     onednn_type = DataType.u8 if dtype is U8 else DataType.s8
-    in_f32 = (channels % 32 != 0
+    assert 5 * 19 < TAIL_MIN_PIXELS <= 32 * 33
+    in_f32 = (channels % 32 != 0 and hw != (6, 20)
               and _int8_max_pool_impl(shape, onednn_type) == "jit_int:avx2")
     assert pool.impl.startswith("jit:" if in_f32 else "jit_int"), pool.impl
     ops = [k.name for k in plan.kernels if k.info.role == "op"]  # not layout conversions
