@@ -115,6 +115,10 @@ def _requantize_after(graph: Graph, resize: Node, dq: Node) -> Node | None:
     if params is None or params.axis not in (None, 1) or ranges is None or any(
             range_axis(r.shape, rank) not in (None, 1) for r in ranges):
         return None
+    per_channel = params.axis == 1 or any(range_axis(r.shape, rank) == 1 for r in ranges)
+    if per_channel and (graph.info(resize.outputs[0]).shape[:2]
+                        != graph.info(resize.inputs[0]).shape[:2]):
+        return None  # the Resize moves channels: per-channel values would not follow them
     sole = all(len(graph.consumers(v)) == 1 and v not in graph.outputs
                for v in (resize.outputs[0], dq.outputs[0]))
     return fq if sole else None

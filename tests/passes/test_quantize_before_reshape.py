@@ -234,3 +234,28 @@ def test_the_resize_moves_bytes_after_the_requantize() -> None:
         a, b = on.run(f), off.run(f)
         for name in ("y", "z"):
             np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_a_per_channel_requantize_stays_after_a_resize_of_the_channels() -> None:
+    """A nearest Resize that also doubles the channels, then a requantize per channel: its 8
+    scales belong to the enlarged channels, so it stays after the Resize (a per-tensor one
+    would move)."""
+    from tests.compiler.onnx_builders import init, model
+    from tests.compiler.test_in_place_concat import _qdq
+
+    rng = np.random.default_rng(3)
+    nodes, inits = _qdq("x", "x", 0.02, 128)
+    inits += [init("scales", np.array([1, 2, 2, 2], np.float32)),
+              init("u_s", rng.uniform(0.02, 0.03, 8).astype(np.float32)),
+              init("u_z", np.full(8, 120, np.uint8))]
+    nodes += [h.make_node("Resize", ["x_dq", "", "scales"], ["up"], mode="nearest",
+                          coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+              h.make_node("QuantizeLinear", ["up", "u_s", "u_z"], ["u_q"], axis=1),
+              h.make_node("DequantizeLinear", ["u_q", "u_s", "u_z"], ["u_dq"], axis=1),
+              h.make_node("Relu", ["x_dq"], ["r"])]  # the Resize's source has another reader
+    graph = import_graph(model(nodes, {"x": ([1, 4, 6, 5], TensorProto.FLOAT)},
+                               ["u_dq", "r"], inits))
+    run_pipeline(graph, PassContext(), until="eliminate_requantize")
+    [resize] = [n for n in graph.topo_order() if n.op is Op.RESIZE]
+    assert [n.op for n, _ in graph.consumers(resize.outputs[0])] == [Op.DEQUANTIZE_LINEAR]
+    assert quantize_before_reshape.run_requantize(graph, PassContext()) == 0
