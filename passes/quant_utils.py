@@ -210,6 +210,33 @@ def rebuild(graph: Graph, remove: Sequence[Node], build: Callable[[], None]) -> 
     replace_nodes(graph, remove, build)
 
 
+def move_before(graph: Graph, node: Node, chain: Sequence[Node]) -> None:
+    """``x → node → chain[0] → … → chain[-1]`` as ``x → chain[0] → … → node``: elementwise
+    nodes (each reading the one before it first, constants otherwise) that commute with
+    ``node`` run on its input, and ``node`` writes the chain's last output (its name, info
+    and readers). Names, attributes, origins and metas stay; the moved values are named
+    ``<output>/before_<node>`` and take ``x``'s shape."""
+    x, y = node.inputs[0], chain[-1].outputs[0]
+    shape = graph.info(x).shape
+    moved = [(graph.unique_name(f"{n.outputs[0]}/before_{node.name}"),
+              graph.info(n.outputs[0]).with_shape(shape)) for n in chain]
+    final = graph.info(y)
+    metas = {n.name: dict(n.meta) for n in (node, *chain)}
+
+    def build() -> None:
+        source = x
+        for n, (out, info) in zip(chain, moved, strict=True):
+            graph.add_node(n.op, [source, *n.inputs[1:]], [out], n.attrs, name=n.name,
+                           infos=[info], origin=n.origin)
+            source = out
+        graph.add_node(node.op, [source, *node.inputs[1:]], [y], node.attrs, name=node.name,
+                       infos=[final], origin=node.origin)
+
+    rebuild(graph, [node, *chain], build)
+    for name, meta in metas.items():
+        graph.node(name).meta.update(meta)
+
+
 def remove_if_unused(graph: Graph, node: Node) -> bool:
     """Remove ``node`` when none of its outputs is read; True if it went."""
     if graph.has_node(node.name) and not any(graph.uses(o) for o in node.outputs):

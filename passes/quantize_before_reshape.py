@@ -41,7 +41,13 @@ import logging
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.ir.ops import ResizeMode
 from qfuse.passes.base import PassContext
-from qfuse.passes.quant_utils import dq_params, fq_ranges, quantize_only, range_axis, rebuild
+from qfuse.passes.quant_utils import (
+    dq_params,
+    fq_ranges,
+    move_before,
+    quantize_only,
+    range_axis,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +66,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if reason:
             ctx.decline(fq, reason)
             continue
-        _swap(graph, reshape, fq)
+        move_before(graph, reshape, [fq])
+        log.debug("%s moved before %s", fq, reshape)
         changed += 1
     return changed
 
@@ -77,7 +84,8 @@ def run_requantize(graph: Graph, ctx: PassContext) -> int:
             continue
         fq = _requantize_after(graph, resize, dq)
         if fq is not None:
-            _requantize_first(graph, resize, dq, fq)
+            move_before(graph, resize, [dq, fq])
+            log.debug("%s and %s moved before %s", dq, fq, resize)
             changed += 1
     return changed
 
@@ -122,44 +130,3 @@ def _requantize_after(graph: Graph, resize: Node, dq: Node) -> Node | None:
     sole = all(len(graph.consumers(v)) == 1 and v not in graph.outputs
                for v in (resize.outputs[0], dq.outputs[0]))
     return fq if sole else None
-
-
-def _requantize_first(graph: Graph, resize: Node, dq: Node, fq: Node) -> None:
-    x, y = resize.inputs[0], fq.outputs[0]
-    small = graph.info(x).shape
-    dequantized = graph.unique_name(f"{dq.outputs[0]}/before_{resize.name}")
-    requantized = graph.unique_name(f"{y}/before_{resize.name}")
-    infos = (graph.info(dq.outputs[0]).with_shape(small), graph.info(y).with_shape(small),
-             graph.info(y))
-
-    def build() -> None:
-        graph.add_node(Op.DEQUANTIZE_LINEAR, [x, *dq.inputs[1:]], [dequantized], dq.attrs,
-                       name=dq.name, infos=[infos[0]], origin=dq.origin)
-        graph.add_node(Op.FAKE_QUANTIZE, [dequantized, *fq.inputs[1:]], [requantized],
-                       fq.attrs, name=fq.name, infos=[infos[1]], origin=fq.origin)
-        graph.add_node(resize.op, [requantized, *resize.inputs[1:]], [y], resize.attrs,
-                       name=resize.name, infos=[infos[2]], origin=resize.origin)
-
-    metas = {n.name: dict(n.meta) for n in (resize, dq, fq)}
-    rebuild(graph, [resize, dq, fq], build)
-    for name, meta in metas.items():
-        graph.node(name).meta.update(meta)
-    log.debug("%s and %s moved before %s", dq, fq, resize)
-
-
-def _swap(graph: Graph, reshape: Node, fq: Node) -> None:
-    x, y = reshape.inputs[0], fq.outputs[0]
-    out = graph.info(y)
-    quantized = out.with_shape(graph.info(x).shape)
-    moved = graph.unique_name(f"{y}/before_{reshape.name}")
-
-    def build() -> None:
-        graph.add_node(Op.FAKE_QUANTIZE, [x, *fq.inputs[1:]], [moved], fq.attrs, name=fq.name,
-                       infos=[quantized], origin=fq.origin)
-        graph.add_node(reshape.op, [moved], [y], reshape.attrs, name=reshape.name,
-                       infos=[out], origin=reshape.origin)
-
-    meta = dict(fq.meta)
-    rebuild(graph, [reshape, fq], build)
-    graph.node(fq.name).meta.update(meta)
-    log.debug("%s moved before %s", fq, reshape)
