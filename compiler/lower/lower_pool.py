@@ -189,12 +189,10 @@ def _pool(ctx: LowerContext, node: Node, x: str, alg: Alg, geometry: dict,
     return args[int(Arg.DST)]
 
 
-def _int8_pool_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg: Alg,
-                       geometry: dict, attr: PrimitiveAttr, dst_type: DataType) -> bool:
-    """Whether the best layout ``_pool`` could pick still gives a slow implementation: oneDNN
-    3.2's jit int8 pooling needs enough channels for a vector (measured here: a u8 global
-    average pool over 8 channels is ``ref:any``, 16 channels ``jit_int:sse41``, 32
-    ``jit_int:avx2``), while f32 pooling is jit for any channel count."""
+def _int8_pool_impl(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg: Alg,
+                    geometry: dict, attr: PrimitiveAttr, dst_type: DataType) -> str | None:
+    """The implementation oneDNN gives the int8 pooling ``_pool`` would create (its best
+    layout), None when it has none at all."""
     home = ctx.md_of(x)
 
     def make(src: MemoryDesc) -> PrimitiveDesc:
@@ -202,9 +200,20 @@ def _int8_pool_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg
 
     try:
         pd = ctx.try_layouts("pooling", make, [home, channels_last(home.dims, home.dtype)])
-    except UnsupportedModelError:  # no int8 pooling at all: the f32 one
-        return True
-    return is_slow(pd.impl_name, "pooling")
+    except UnsupportedModelError:
+        return None
+    return pd.impl_name
+
+
+def _int8_pool_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg: Alg,
+                       geometry: dict, attr: PrimitiveAttr, dst_type: DataType) -> bool:
+    """Whether the best layout ``_pool`` could pick still gives a slow implementation: oneDNN
+    3.2's jit int8 pooling needs enough channels for a vector (measured here: a u8 global
+    average pool over 8 channels is ``ref:any``, 16 channels ``jit_int:sse41``, 32
+    ``jit_int:avx2``), while f32 pooling is jit for any channel count (and takes the pooling
+    oneDNN has no int8 one for)."""
+    impl = _int8_pool_impl(ctx, x, out_dims, alg, geometry, attr, dst_type)
+    return impl is None or is_slow(impl, "pooling")
 
 
 def _channel_tail_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], alg: Alg,
@@ -220,16 +229,8 @@ def _channel_tail_is_slow(ctx: LowerContext, x: str, out_dims: tuple[int, ...], 
     channels = out_dims[1]
     if channels <= 32 or channels % 32 == 0 or math.prod(out_dims[2:]) < TAIL_MIN_PIXELS:
         return False
-    home = ctx.md_of(x)
-
-    def make(src: MemoryDesc) -> PrimitiveDesc:
-        return pooling(alg, src, any_md(out_dims, dst_type), **geometry)
-
-    try:
-        pd = ctx.try_layouts("pooling", make, [home, channels_last(home.dims, home.dtype)])
-    except UnsupportedModelError:
-        return False
-    return pd.impl_name == "jit_int:avx2"
+    impl = _int8_pool_impl(ctx, x, out_dims, alg, geometry, PrimitiveAttr(), dst_type)
+    return impl == "jit_int:avx2"
 
 
 def _max_pool_in_f32(ctx: LowerContext, node: Node, alg: Alg, geometry: dict) -> None:
