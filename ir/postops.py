@@ -38,6 +38,7 @@ OPTIMIZATIONS = (
     "sum_scale",
     "fold_into_linear",
     "per_tensor_eltwise",
+    "uniform_values",
     "drop_inner_round",
     "drop_gate_quantize",
     "zero_point_before_round",

@@ -73,6 +73,13 @@ quantization step, and rarely):
   per-tensor s and c.
 - per_tensor_eltwise: per-tensor multiply / add / clip as eltwise linear / clip (binary
   post-ops are slower than eltwise).
+- uniform_values: a per-channel operand whose values are all the same float32 bits (the
+  +128 of a signed per-channel quantization moved to u8, NNCF's per-channel quantizers of
+  depthwise inputs) is applied as that one value where the float32 function is the same: a
+  multiply, add, divide or clip left as a post-op becomes the eltwise linear / clip or a
+  scalar binary, and the store takes the trailing clip and zero point. The folds above still
+  see it as per-channel, so no rounding moves (a per-tensor add would join a linear by
+  fold_into_linear, two roundings made one).
 - exact dequantize (not an option): the multiply of a dequantize marked ``exact`` (a graph
   output's DequantizeLinear the kernel writes as float32) is never folded: after the round,
   + zp and clip, (q - zp) is an integer, linear(1, -zp) keeps it exactly and linear(s, 0)
@@ -128,6 +135,24 @@ class ComposeError(ValueError):
 
 def _f32(values: object) -> np.ndarray:
     return np.atleast_1d(np.asarray(values, dtype=np.float64)).astype(np.float32)
+
+
+def _single(values: np.ndarray, options: ComposerOptions) -> bool:
+    """One value for every channel: per tensor, or (uniform_values) per channel with the
+    same float32 bits everywhere (-0.0 and 0.0 differ)."""
+    if values.size == 1:
+        return True
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    return options.on("uniform_values") and bool(np.all(bits == bits[0]))
+
+
+def _single_clip(clip: Clip, options: ComposerOptions) -> bool:
+    return _single(clip.lo, options) and _single(clip.hi, options)
+
+
+def _note_uniform(out: Composed, *arrays: np.ndarray) -> None:
+    if any(a.size > 1 for a in arrays):
+        out.fired.append("uniform_values")
 
 
 
@@ -286,21 +311,24 @@ def _take_store(
     lo, hi = dst.range
     if (options.on("drop_round_clip") and len(ops) >= 3 and isinstance(ops[-1], Clip)
             and isinstance(ops[-2], Add) and isinstance(ops[-3], Round)
-            and ops[-1].lo.size == 1 and ops[-2].values.size == 1
+            and _single_clip(ops[-1], options) and _single(ops[-2].values, options)
             and float(ops[-2].values[0]).is_integer()
             and float(ops[-1].lo[0]) <= lo and float(ops[-1].hi[0]) >= hi):
+        _note_uniform(out, ops[-1].lo, ops[-1].hi)
         ops = ops[:-1]  # ONNX form: round(y) + zp, an integer the store keeps exactly
         out.fired.append("drop_round_clip")
     elif (options.on("drop_round_clip") and len(ops) >= 2 and isinstance(ops[-1], Clip)
-            and isinstance(ops[-2], Round) and ops[-1].lo.size == 1
+            and isinstance(ops[-2], Round) and _single_clip(ops[-1], options)
             and float(ops[-1].lo[0]) <= lo and float(ops[-1].hi[0]) >= hi):
+        _note_uniform(out, ops[-1].lo, ops[-1].hi)
         ops = ops[:-2]
         out.fired.append("drop_round_clip")
     elif options.on("drop_round_clip") and ops and isinstance(ops[-1], Round):
         ops = ops[:-1]
         out.fired.append("drop_round_clip")
     if (options.on("dst_zero_point") and ops and isinstance(ops[-1], Add)
-            and ops[-1].values.size == 1 and float(ops[-1].values[0]).is_integer()):
+            and _single(ops[-1].values, options) and float(ops[-1].values[0]).is_integer()):
+        _note_uniform(out, ops[-1].values)
         out.dst_zero_point = int(ops[-1].values[0])
         ops = ops[:-1]
         out.fired.append("dst_zero_point")
@@ -322,11 +350,16 @@ def _append(out: Composed, op: Basic, options: ComposerOptions) -> None:
     elif isinstance(op, Add):
         _append_add(out, op.values, options)
     elif isinstance(op, Div):
-        out.post_ops.append(Binary("div", op.values))
+        values = op.values
+        if _single(values, options):
+            _note_uniform(out, values)
+            values = values[:1]
+        out.post_ops.append(Binary("div", values))
     elif isinstance(op, Round):
         out.post_ops.append(Eltwise("round"))
     elif isinstance(op, Clip):
-        if op.lo.size == 1 and op.hi.size == 1 and options.on("per_tensor_eltwise"):
+        if _single_clip(op, options) and options.on("per_tensor_eltwise"):
+            _note_uniform(out, op.lo, op.hi)
             out.fired.append("per_tensor_eltwise")
             out.post_ops.append(Eltwise("clip", float(op.lo[0]), float(op.hi[0])))
         else:
@@ -348,9 +381,9 @@ def _append_exact_mul(out: Composed, values: np.ndarray, options: ComposerOption
     if options.on("skip_identity") and np.all(values == 1.0):
         out.fired.append("skip_identity")
         return
-    if values.size == 1 and options.on("per_tensor_eltwise"):
+    if _single(values, options) and options.on("per_tensor_eltwise"):
         out.post_ops.append(Eltwise("linear", float(values[0]), 0.0))
-        out.fired.append("per_tensor_eltwise")
+        out.fired.append("per_tensor_eltwise" if values.size == 1 else "uniform_values")
         return
     out.post_ops.append(Binary("mul", values))
 
@@ -385,9 +418,9 @@ def _append_mul(out: Composed, values: np.ndarray, options: ComposerOptions) -> 
                                    float(np.float32(last.beta * v)))
         out.fired.append("fold_into_linear")
         return
-    if per_tensor and options.on("per_tensor_eltwise"):
+    if _single(values, options) and options.on("per_tensor_eltwise"):
         out.post_ops.append(Eltwise("linear", float(values[0]), 0.0))
-        out.fired.append("per_tensor_eltwise")
+        out.fired.append("per_tensor_eltwise" if per_tensor else "uniform_values")
         return
     out.post_ops.append(Binary("mul", values))
 
@@ -409,8 +442,8 @@ def _append_add(out: Composed, values: np.ndarray, options: ComposerOptions) -> 
                                    float(np.float32(last.beta + float(values[0]))))
         out.fired.append("fold_into_linear")
         return
-    if per_tensor and options.on("per_tensor_eltwise"):
+    if _single(values, options) and options.on("per_tensor_eltwise"):
         out.post_ops.append(Eltwise("linear", 1.0, float(values[0])))
-        out.fired.append("per_tensor_eltwise")
+        out.fired.append("per_tensor_eltwise" if per_tensor else "uniform_values")
         return
     out.post_ops.append(Binary("add", values))
