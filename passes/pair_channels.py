@@ -56,6 +56,14 @@ from qfuse.runtime.numerics.pairs import PAIR_LIMIT, SAFE_WEIGHT
 
 log = logging.getLogger(__name__)
 
+# Comparisons _pair_costs may make for one reader and for the whole graph (``pair_work``):
+# trained layers need up to ~17 M, random-weight MobileNetV1's largest 92 M; EfficientViT-L1
+# with random weights 9.5 G for one 6144-channel layer and 30 G in all (4.4 GiB of booleans a
+# comparison and minutes of numpy). Past either bound an atom keeps its order.
+MAX_PAIR_WORK = 1 << 27
+AT_ONCE_WORK = 1 << 22  # up to here _pair_costs compares all channels at once
+MAX_GRAPH_PAIR_WORK = 1 << 30
+
 # ops whose output channel c depends on input channel c only (inputs broadcast to the output)
 _ELEMENTWISE = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SUM, Op.RELU, Op.CLIP, Op.LEAKY_RELU, Op.PRELU,
@@ -307,28 +315,44 @@ def _pair_costs(w: np.ndarray) -> np.ndarray:
     """``[n, n]``: for input channels a and b of integer weights ``[O, n, k…]``, the number
     of (output channel, tap) where ``w_a`` and ``w_b`` have one sign and add past
     PAIR_LIMIT. One of the two is then past SAFE_WEIGHT: with C[a, b] counting the taps
-    where ``w_a`` is, and D[a, b] those where both are, the count is C + Cᵀ − D."""
+    where ``w_a`` is and ``w_b`` passes the limit with it, and D[a, b] those where both are
+    past SAFE_WEIGHT, the count is C + Cᵀ − D; computed a channel a at a time, over the
+    taps where ``w_a`` is past SAFE_WEIGHT (``pair_work`` of them times n comparisons)."""
     cols = np.moveaxis(w.astype(np.int16), 1, -1).reshape(-1, w.shape[1])
     n = cols.shape[1]
-    cost = np.zeros((n, n), np.int64)
+    cost = np.zeros((n, n), np.int32)
+    at_once = pair_work(w) <= AT_ONCE_WORK
     for part in (np.maximum(cols, 0), np.maximum(-cols, 0)):
-        rows, big = np.nonzero(part > SAFE_WEIGHT)
-        if not len(rows):
+        big = part > SAFE_WEIGHT
+        if at_once:  # every channel in one comparison (faster for few weights past ±64)
+            rows, a = np.nonzero(big)
+            if not len(rows):
+                continue
+            order = np.argsort(a, kind="stable")
+            rows, a = rows[order], a[order]
+            firsts = np.flatnonzero(np.r_[True, a[1:] != a[:-1]])
+            partners = part[rows]
+            c = np.zeros((n, n), np.int32)
+            c[a[firsts]] = np.add.reduceat(
+                partners > PAIR_LIMIT - part[rows, a][:, None], firsts, axis=0, dtype=np.int32)
+            cost += c + c.T
+            cost[a[firsts]] -= np.add.reduceat(partners > SAFE_WEIGHT, firsts, axis=0,
+                                               dtype=np.int32)
             continue
-        order = np.argsort(big, kind="stable")
-        rows, big = rows[order], big[order]
-        firsts = np.flatnonzero(np.r_[True, big[1:] != big[:-1]])
-        partners = part[rows]
-        over = partners > PAIR_LIMIT - part[rows, big][:, None]
-        c = np.zeros((n, n), np.int64)
-        d = np.zeros((n, n), np.int64)
-        counts = np.int16 if len(cols) < 2 ** 15 else np.int32  # at most one a row
-        c[big[firsts]] = np.add.reduceat(over, firsts, axis=0, dtype=counts)
-        d[big[firsts]] = np.add.reduceat(partners > SAFE_WEIGHT, firsts, axis=0,
-                                         dtype=counts)
-        cost += c + c.T - d
+        for a in np.flatnonzero(big.any(0)):  # a channel at a time, bounded memory
+            rows = part[big[:, a]]
+            over = np.count_nonzero(rows > PAIR_LIMIT - rows[:, a:a + 1], axis=0)
+            cost[a] += over
+            cost[:, a] += over
+            cost[a] -= np.count_nonzero(rows > SAFE_WEIGHT, axis=0)
     np.fill_diagonal(cost, 0)
     return cost
+
+
+def pair_work(w: np.ndarray) -> int:
+    """The comparisons ``_pair_costs`` makes for weights ``w``: weights past SAFE_WEIGHT
+    times input channels."""
+    return int(np.count_nonzero(np.abs(w.astype(np.int16)) > SAFE_WEIGHT)) * int(w.shape[1])
 
 
 def _matching(cost: np.ndarray) -> list[tuple[int, int]]:
@@ -409,6 +433,7 @@ def _readers(graph: Graph, atoms: _Atoms) -> dict[tuple[str, int], list[_Reader]
     order."""
     readers: dict[tuple[str, int], list[_Reader]] = {}
     fixed: set[tuple[str, int]] = set()
+    spent = 0
     for node in graph:
         w = pairing_weights(graph, node)
         if (w is None or node.inputs[0] not in atoms.segments
@@ -419,11 +444,17 @@ def _readers(graph: Graph, atoms: _Atoms) -> dict[tuple[str, int], list[_Reader]
             atom = atoms.atom(node.inputs[0], i)
             if atom in atoms.pinned:
                 continue
-            if offset % 2 or size % 2:
+            piece = w[:, offset:offset + size]
+            work = pair_work(piece)
+            if offset % 2 or size % 2 or work > MAX_PAIR_WORK \
+                    or spent + work > MAX_GRAPH_PAIR_WORK:
+                if work > MAX_PAIR_WORK or spent + work > MAX_GRAPH_PAIR_WORK:
+                    log.info("%s: %d comparisons to cost its pairs: its input keeps its "
+                             "channel order", node.name, work)
                 fixed.add(atom)
                 continue
-            readers.setdefault(atom, []).append(
-                _Reader(macs, _pair_costs(w[:, offset:offset + size])))
+            spent += work
+            readers.setdefault(atom, []).append(_Reader(macs, _pair_costs(piece)))
     return {a: r for a, r in readers.items() if a not in fixed}
 
 

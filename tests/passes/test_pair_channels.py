@@ -179,16 +179,39 @@ def test_the_pairs_that_hold_an_excess_come_first() -> None:
     assert list(held) == [0, 1]  # in the given order: all four pairs
 
 
-def test_pair_costs_count_the_unsafe_taps() -> None:
+@pytest.mark.parametrize("at_once", [True, False], ids=["at_once", "a_channel_at_a_time"])
+def test_pair_costs_count_the_unsafe_taps(at_once: bool, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    monkeypatch.setattr(pair_channels, "AT_ONCE_WORK", 1 << 30 if at_once else 0)
     rng = np.random.default_rng(7)
-    for _ in range(20):
+    for i in range(20):
         w = rng.integers(-128, 128, (5, 6, 3, 3)).astype(np.int16)
+        if i % 2:  # trained-like: few weights past ±64, some channels with none
+            w = np.clip(np.round(rng.standard_normal(w.shape) * 40), -128, 127)
+            w[:, i % 6] //= 4
         cost = pair_channels._pair_costs(w)
         for a, b in itertools.permutations(range(6), 2):
             pos = np.maximum(w[:, a], 0) + np.maximum(w[:, b], 0) > 128
             neg = np.minimum(w[:, a], 0) + np.minimum(w[:, b], 0) < -128
             assert cost[a, b] == np.count_nonzero(pos | neg), (a, b)
         assert not np.diag(cost).any()
+
+
+@pytest.mark.parametrize("bound", ["MAX_PAIR_WORK", "MAX_GRAPH_PAIR_WORK"])
+def test_a_layer_too_costly_to_pair_keeps_its_order(bound: str, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """Costing the pairs compares every weight past ±64 with its row: EfficientViT-L1's random
+    weights (a 6144-channel 1x1 layer) needed 4.4 GiB at once and minutes. Past the bounds
+    the reader's input keeps its order, and says so."""
+    model = direct()
+    work = max(pair_channels.pair_work(numpy_helper.to_array(i)) for i in model.graph.initializer
+               if numpy_helper.to_array(i).ndim == 4)
+    assert _passes(model, pair=True)[1] > 0
+    monkeypatch.setattr(pair_channels, bound, work - 1)
+    with caplog.at_level("INFO", logger=pair_channels.__name__):
+        graph, changed = _passes(model, pair=True)
+    assert changed == 0 and graph.channel_orders == {}
+    assert "keeps its channel order" in caplog.text
 
 
 @pytest.mark.skipif(isa_is_exact(), reason="channel orders are chosen where oneDNN's int8 "
