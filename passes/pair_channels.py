@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 MAX_PAIR_WORK = 1 << 27
 AT_ONCE_WORK = 1 << 22  # up to here _pair_costs compares all channels at once
 MAX_GRAPH_PAIR_WORK = 1 << 30
+# An atom's readers' costs and their sum are n x n matrices: 4096 channels take 64 MiB each.
+MAX_PAIR_CHANNELS = 4096
 
 # ops whose output channel c depends on input channel c only (inputs broadcast to the output)
 _ELEMENTWISE = frozenset({
@@ -446,11 +448,12 @@ def _readers(graph: Graph, atoms: _Atoms) -> dict[tuple[str, int], list[_Reader]
                 continue
             piece = w[:, offset:offset + size]
             work = pair_work(piece)
-            if offset % 2 or size % 2 or work > MAX_PAIR_WORK \
-                    or spent + work > MAX_GRAPH_PAIR_WORK:
-                if work > MAX_PAIR_WORK or spent + work > MAX_GRAPH_PAIR_WORK:
-                    log.info("%s: %d comparisons to cost its pairs: its input keeps its "
-                             "channel order", node.name, work)
+            costly = (work > MAX_PAIR_WORK or spent + work > MAX_GRAPH_PAIR_WORK
+                      or size > MAX_PAIR_CHANNELS)
+            if offset % 2 or size % 2 or costly:
+                if costly:
+                    log.info("%s: %d channels, %d comparisons to cost their pairs: its input "
+                             "keeps its channel order", node.name, size, work)
                 fixed.add(atom)
                 continue
             spent += work

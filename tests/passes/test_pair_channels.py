@@ -197,17 +197,20 @@ def test_pair_costs_count_the_unsafe_taps(at_once: bool, monkeypatch: pytest.Mon
         assert not np.diag(cost).any()
 
 
-@pytest.mark.parametrize("bound", ["MAX_PAIR_WORK", "MAX_GRAPH_PAIR_WORK"])
+@pytest.mark.parametrize("bound", ["MAX_PAIR_WORK", "MAX_GRAPH_PAIR_WORK",
+                                   "MAX_PAIR_CHANNELS"])
 def test_a_layer_too_costly_to_pair_keeps_its_order(bound: str, monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
     """Costing the pairs compares every weight past ±64 with its row: EfficientViT-L1's random
-    weights (a 6144-channel 1x1 layer) needed 4.4 GiB at once and minutes. Past the bounds
-    the reader's input keeps its order, and says so."""
+    weights (a 6144-channel 1x1 layer) needed 4.4 GiB at once and minutes; and the costs are
+    channels x channels matrices. Past the bounds the reader's input keeps its order, and
+    says so."""
     model = direct()
     work = max(pair_channels.pair_work(numpy_helper.to_array(i)) for i in model.graph.initializer
                if numpy_helper.to_array(i).ndim == 4)
     assert _passes(model, pair=True)[1] > 0
-    monkeypatch.setattr(pair_channels, bound, work - 1)
+    limit = C - 1 if bound == "MAX_PAIR_CHANNELS" else work - 1
+    monkeypatch.setattr(pair_channels, bound, limit)
     with caplog.at_level("INFO", logger=pair_channels.__name__):
         graph, changed = _passes(model, pair=True)
     assert changed == 0 and graph.channel_orders == {}
