@@ -25,13 +25,23 @@ Which chains: from a DequantizeLinear of a run-time 8-bit tensor q (per tensor),
 elementwise ops (``ELEMENTWISE``; an island of unary elementwise ONNX ops) whose every input
 is q's dequantized value, a value of the chain, or a one-element constant, all of q's shape;
 up to the last QuantizeLinear to 8 bits whose chain's values nothing else reads. Only a chain
-with an island: the jit binary kernels of lower_gate run a chain of oneDNN operations at
-0.2-0.3 ns an element, faster than the table. Any size: an island's call costs more than a
+with an island or an op whose oneDNN jit eltwise is slow (``SLOW_OPS``: Tanh, GELU): the jit
+binary kernels of lower_gate run a chain of other oneDNN operations at 0.2-0.6 ns an element
+(a QDQ SiLU gate's nine post-ops, logistic included), as fast as the table or faster, and
+measured on the PP-OCR models (HardSwish and a learnable affine written out, six ops or more
+in a chain) tables 1.05-1.27x slower. A slow op only counts in a gate (a chain reading a
+value twice, its own binary kernel): a chain read once runs as post-ops of the kernel
+writing q, where a table adds a kernel (PP-OCRv6 NNCF's GELUs: 1.22-1.27x slower as
+tables). A tanh-approximated GELU written out (EfficientViT's: 40 post-ops, tanh among them,
+5 ns an element) is 0.78x the model's time as tables. Any size: an island's call costs more than a
 look-up of a small tensor (Whisper's encoder, tiny: 0.24 → 0.16 ms). Not in the unfused mode
 (compiler/modes.py), which runs each op by itself.
 """
 
 from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -46,6 +56,10 @@ ELEMENTWISE = frozenset({
     Op.QUANTIZE_LINEAR, Op.DEQUANTIZE_LINEAR, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.RELU,
     Op.CLIP, Op.LEAKY_RELU, Op.SIGMOID, Op.TANH, Op.HARD_SIGMOID, Op.HARD_SWISH, Op.GELU,
     Op.SWISH, Op.SQRT, Op.ISLAND})
+# Ops whose oneDNN jit eltwise costs more than the whole table look-up (AVX2, 2 threads, an
+# element: tanh 1.55 ns, gelu 1.8 ns against the table's 0.3-0.6 ns at one thread; logistic
+# 0.28 ns is not among them: a QDQ SiLU gate's chain of 9 post-ops takes 0.6 ns).
+SLOW_OPS = frozenset({Op.TANH, Op.GELU})
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -114,14 +128,14 @@ def _region(graph: Graph, dq: Node) -> tuple[str, list[Node], Node, bool] | None
             inside[reader.name] = reader
             produced.update(reader.outputs)
             pending.extend(reader.outputs)
-    if not any(n.op is Op.ISLAND for n in inside.values()):
+    if not _pays(inside.values()):
         return None
     order = [n for n in graph.topo_order() if n.name in inside]
     for end in reversed(order):
         if end.op is not Op.QUANTIZE_LINEAR:
             continue
         chain = _ancestors(graph, end, inside)
-        if not any(n.op is Op.ISLAND for n in chain):
+        if not _pays(chain):
             continue
         names = {n.name for n in chain}
         keep = False
@@ -139,6 +153,19 @@ def _region(graph: Graph, dq: Node) -> tuple[str, list[Node], Node, bool] | None
         if closed:
             return q, [n for n in order if n.name in names], end, keep
     return None
+
+
+def _pays(chain: Iterable[Node]) -> bool:
+    """A chain the table runs faster than oneDNN's kernels would: with an island, or with an
+    op whose jit eltwise is slow (``SLOW_OPS``) in a chain that reads a value twice (a gate:
+    its own binary kernel; a chain read once is post-ops of the kernel that writes q, which
+    a table would only add a kernel to). Module docstring."""
+    nodes = list(chain)
+    if any(n.op is Op.ISLAND for n in nodes):
+        return True
+    reads = Counter(v for n in nodes for v in n.inputs if v)
+    gate = any(reads[v] > 1 for n in nodes for v in n.outputs)
+    return gate and any(n.op in SLOW_OPS for n in nodes)
 
 
 def _ancestors(graph: Graph, end: Node, inside: dict[str, Node]) -> list[Node]:
