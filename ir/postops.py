@@ -84,6 +84,13 @@ class ComposerOptions:
 
 
 # ------------------------------------------------------------------ basic operations
+def one_value(values: np.ndarray) -> bool:
+    """Per-channel values that are all the same float32, bit for bit (or just one): -0.0
+    and 0.0 differ (they multiply to different signs)."""
+    v = np.asarray(values, np.float32).ravel()
+    return v.size == 1 or bool(v.size and np.all(v.view(np.uint32) == v.view(np.uint32)[0]))
+
+
 @dataclass(frozen=True)
 class Mul:
     values: np.ndarray  # shape (1,) or (C,)

@@ -76,8 +76,9 @@ quantization step, and rarely):
 - uniform_values: a per-channel operand whose values are all the same float32 bits (the
   +128 of a signed per-channel quantization moved to u8, NNCF's per-channel quantizers of
   depthwise inputs) is applied as that one value where the float32 function is the same: a
-  multiply, add, divide or clip left as a post-op becomes the eltwise linear / clip or a
-  scalar binary, and the store takes the trailing clip and zero point. The folds above still
+  multiply, add or clip left as a post-op becomes the eltwise linear / clip, and the store
+  takes the trailing clip and zero point (a binary operand of one value is already a scalar
+  one: compiler/lower/attrs.post_op_operand). The folds above still
   see it as per-channel, so no rounding moves (a per-tensor add would join a linear by
   fold_into_linear, two roundings made one).
 - exact dequantize (not an option): the multiply of a dequantize marked ``exact`` (a graph
@@ -125,6 +126,7 @@ from qfuse.ir.postops import (
     Round,
     Sum,
     TensorBinary,
+    one_value,
 )
 from qfuse.ir.types import DType
 
@@ -139,11 +141,8 @@ def _f32(values: object) -> np.ndarray:
 
 def _single(values: np.ndarray, options: ComposerOptions) -> bool:
     """One value for every channel: per tensor, or (uniform_values) per channel with the
-    same float32 bits everywhere (-0.0 and 0.0 differ)."""
-    if values.size == 1:
-        return True
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
-    return options.on("uniform_values") and bool(np.all(bits == bits[0]))
+    same float32 bits everywhere (ir.postops.one_value)."""
+    return values.size == 1 or (options.on("uniform_values") and one_value(values))
 
 
 def _single_clip(clip: Clip, options: ComposerOptions) -> bool:
@@ -349,12 +348,8 @@ def _append(out: Composed, op: Basic, options: ComposerOptions) -> None:
         _append_mul(out, op.values, options)
     elif isinstance(op, Add):
         _append_add(out, op.values, options)
-    elif isinstance(op, Div):
-        values = op.values
-        if _single(values, options):
-            _note_uniform(out, values)
-            values = values[:1]
-        out.post_ops.append(Binary("div", values))
+    elif isinstance(op, Div):  # (one value in every channel: a scalar operand, attrs.py)
+        out.post_ops.append(Binary("div", op.values))
     elif isinstance(op, Round):
         out.post_ops.append(Eltwise("round"))
     elif isinstance(op, Clip):
@@ -383,7 +378,8 @@ def _append_exact_mul(out: Composed, values: np.ndarray, options: ComposerOption
         return
     if _single(values, options) and options.on("per_tensor_eltwise"):
         out.post_ops.append(Eltwise("linear", float(values[0]), 0.0))
-        out.fired.append("per_tensor_eltwise" if values.size == 1 else "uniform_values")
+        out.fired.append("per_tensor_eltwise")
+        _note_uniform(out, values)
         return
     out.post_ops.append(Binary("mul", values))
 
@@ -420,7 +416,8 @@ def _append_mul(out: Composed, values: np.ndarray, options: ComposerOptions) -> 
         return
     if _single(values, options) and options.on("per_tensor_eltwise"):
         out.post_ops.append(Eltwise("linear", float(values[0]), 0.0))
-        out.fired.append("per_tensor_eltwise" if per_tensor else "uniform_values")
+        out.fired.append("per_tensor_eltwise")
+        _note_uniform(out, values)
         return
     out.post_ops.append(Binary("mul", values))
 
@@ -444,6 +441,7 @@ def _append_add(out: Composed, values: np.ndarray, options: ComposerOptions) -> 
         return
     if _single(values, options) and options.on("per_tensor_eltwise"):
         out.post_ops.append(Eltwise("linear", 1.0, float(values[0])))
-        out.fired.append("per_tensor_eltwise" if per_tensor else "uniform_values")
+        out.fired.append("per_tensor_eltwise")
+        _note_uniform(out, values)
         return
     out.post_ops.append(Binary("add", values))

@@ -34,7 +34,16 @@ import numpy as np
 
 from qfuse.compiler.lower.layouts import channels_last, const_memory
 from qfuse.ir import DType
-from qfuse.ir.postops import Binary, Composed, Eltwise, PostOp, Prelu, Sum, TensorBinary
+from qfuse.ir.postops import (
+    Binary,
+    Composed,
+    Eltwise,
+    PostOp,
+    Prelu,
+    Sum,
+    TensorBinary,
+    one_value,
+)
 from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, PostOps, PrimitiveAttr
 
 F32 = np.float32
@@ -96,12 +105,6 @@ def post_op_operand(values: np.ndarray, ndims: int, axis: int, channels: int) ->
     if one_value(v):
         return np.full((1,) * ndims, v[0], F32)
     return channel_array(v, ndims, axis, channels)
-
-
-def one_value(values: np.ndarray) -> bool:
-    """Per-channel values that are all the same float32, bit for bit (or just one)."""
-    v = np.asarray(values, F32).ravel()
-    return v.size == 1 or bool(v.size and np.all(v.view(np.uint32) == v.view(np.uint32)[0]))
 
 
 def tiled_channels(composed: Composed, channels: int, tile: int) -> Composed:

@@ -52,7 +52,6 @@ from qfuse.compiler.lower.attrs import (
     BuiltAttr,
     as_float_post_ops,
     build_attr,
-    one_value,
     per_channel_dims,
     tiled_channels,
 )
@@ -71,7 +70,14 @@ from qfuse.compiler.lower.layouts import (
     same_bytes,
 )
 from qfuse.ir import Node, Op
-from qfuse.ir.postops import Binary, Composed, Eltwise, TensorBinary, channel_in_the_middle
+from qfuse.ir.postops import (
+    Binary,
+    Composed,
+    Eltwise,
+    TensorBinary,
+    channel_in_the_middle,
+    one_value,
+)
 from qfuse.ir.rows import repeat_kernel_pays, repeats
 from qfuse.runtime.onednn import (
     Alg,

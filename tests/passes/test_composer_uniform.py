@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qfuse.compiler.lower.attrs import post_op_operand
 from qfuse.ir.chain import Act, Activation, ChainOp, Quantize, Scale, Shift
 from qfuse.ir.postops import Binary, ComposerOptions, Eltwise
 from qfuse.ir.types import DType, OnnxQuantize, QuantParams
@@ -32,15 +33,16 @@ def conv_hardswish_q(scales: np.ndarray, zps: np.ndarray) -> list[ChainOp]:
             Activation(Act.HARD_SWISH, 1 / 6, 0.5), per_channel_q(scales, zps)]
 
 
+ACC = np.random.default_rng(1).integers(-30000, 30000, (2, C, 16, 16)).astype(np.int32)
+
+
 def _outputs(chain: list[ChainOp], dtype: DType, options: ComposerOptions) -> np.ndarray:
-    acc = np.random.default_rng(1).integers(-30000, 30000, (2, C, 16, 16)).astype(np.int32)
     out = compose(chain, channels=C, dst_dtype=dtype, options=options)
-    return apply_composed(acc, out, {}, channel_axis=1)
+    return apply_composed(ACC, out, {}, channel_axis=1)
 
 
 def _reference(chain: list[ChainOp], dtype: DType) -> np.ndarray:
-    acc = np.random.default_rng(1).integers(-30000, 30000, (2, C, 16, 16)).astype(np.int32)
-    return apply_chain(acc, chain, {}, channel_axis=1, dst_dtype=dtype)
+    return apply_chain(ACC, chain, {}, channel_axis=1, dst_dtype=dtype)
 
 
 def test_uniform_zero_point_goes_to_the_store() -> None:
@@ -60,10 +62,13 @@ def test_uniform_zero_point_goes_to_the_store() -> None:
 
 
 def test_uniform_divisor_is_one_scalar() -> None:
+    """The divisor of a per-channel quantize with one scale stays a binary_div (ONNX's x/s),
+    whose operand the lowering makes one scalar (attrs.post_op_operand)."""
     chain = conv_hardswish_q(np.full(C, 0.0396706), np.arange(120, 120 + C))
     on = compose(chain, channels=C, dst_dtype=DType.U8)
     div = next(p for p in on.post_ops if isinstance(p, Binary) and p.alg == "div")
-    assert div.values.shape == (1,) and div.values[0] == np.float32(0.0396706)
+    operand = post_op_operand(div.values, 4, 1, C)
+    assert operand.shape == (1, 1, 1, 1) and operand.item() == np.float32(0.0396706)
     assert np.array_equal(_outputs(chain, DType.U8, ComposerOptions()),
                           _outputs(chain, DType.U8, OFF))
 
