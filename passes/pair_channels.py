@@ -313,17 +313,18 @@ def _atoms(graph: Graph, cons: _Constraints) -> _Atoms:
 
 
 # ------------------------------------------------------------------------------- orders
-def _pair_costs(w: np.ndarray) -> np.ndarray:
+def _pair_costs(w: np.ndarray, work: int | None = None) -> np.ndarray:
     """``[n, n]``: for input channels a and b of integer weights ``[O, n, k…]``, the number
     of (output channel, tap) where ``w_a`` and ``w_b`` have one sign and add past
     PAIR_LIMIT. One of the two is then past SAFE_WEIGHT: with C[a, b] counting the taps
     where ``w_a`` is and ``w_b`` passes the limit with it, and D[a, b] those where both are
     past SAFE_WEIGHT, the count is C + Cᵀ − D; computed a channel a at a time, over the
-    taps where ``w_a`` is past SAFE_WEIGHT (``pair_work`` of them times n comparisons)."""
+    taps where ``w_a`` is past SAFE_WEIGHT (``work``: ``pair_work(w)`` when the caller has
+    it)."""
     cols = np.moveaxis(w.astype(np.int16), 1, -1).reshape(-1, w.shape[1])
     n = cols.shape[1]
     cost = np.zeros((n, n), np.int32)
-    at_once = pair_work(w) <= AT_ONCE_WORK
+    at_once = (pair_work(w) if work is None else work) <= AT_ONCE_WORK
     for part in (np.maximum(cols, 0), np.maximum(-cols, 0)):
         big = part > SAFE_WEIGHT
         if at_once:  # every channel in one comparison (faster for few weights past ±64)
@@ -450,14 +451,14 @@ def _readers(graph: Graph, atoms: _Atoms) -> dict[tuple[str, int], list[_Reader]
             work = pair_work(piece)
             costly = (work > MAX_PAIR_WORK or spent + work > MAX_GRAPH_PAIR_WORK
                       or size > MAX_PAIR_CHANNELS)
+            if costly:
+                log.info("%s: %d channels, %d comparisons to cost their pairs: its input "
+                         "keeps its channel order", node.name, size, work)
             if offset % 2 or size % 2 or costly:
-                if costly:
-                    log.info("%s: %d channels, %d comparisons to cost their pairs: its input "
-                             "keeps its channel order", node.name, size, work)
                 fixed.add(atom)
                 continue
             spent += work
-            readers.setdefault(atom, []).append(_Reader(macs, _pair_costs(piece)))
+            readers.setdefault(atom, []).append(_Reader(macs, _pair_costs(piece, work)))
     return {a: r for a, r in readers.items() if a not in fixed}
 
 
