@@ -35,6 +35,7 @@ REDUCE = ["ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum", "ReduceProd", "Re
           "ReduceL2", "ReduceSumSquare"]
 # norm_lp_* are ref:any only in oneDNN 3.2: |x| or x² by an eltwise kernel, then the jit sum
 NORMS = ("ReduceL1", "ReduceL2", "ReduceSumSquare")
+AVERAGED = ("ReduceMean", "ReduceSum", *NORMS)  # over middle axes: an average pooling
 # (shape, axes or None = every axis)
 AXES = [((6, 40), (1,)), ((6, 40), (-2,)), ((2, 5, 24), (2,)), ((2, 5, 24), (0, 2)),
         ((2, 5, 3, 4), (1, 3)), ((2, 5, 3, 4), (-1, -2)), ((3, 7, 9), None), ((1, 80, 120), (1,))]
@@ -86,7 +87,8 @@ def test_reduce_matches_onnxruntime_and_onnx_reference(op: str, shape: tuple[int
     count = int(np.prod([shape[a] for a in resolved]))
     bound = 2 * count * EPS * _magnitude(op, x, resolved)
     exact = op in ("ReduceMax", "ReduceMin")
-    wants = {"onnxruntime": run_ort(m, {"x": x})[0], "onnx.reference": run_reference(m, {"x": x})[0]}
+    wants = {"onnxruntime": run_ort(m, {"x": x})[0],
+             "onnx.reference": run_reference(m, {"x": x})[0]}
     for mode in MODES:
         compiled = compile_model(m, mode=mode)
         if mode == "fused":  # a rank-0 output is a host value: numpy (table._numpy_instead)
@@ -94,9 +96,13 @@ def test_reduce_matches_onnxruntime_and_onnx_reference(op: str, shape: tuple[int
             trailing = resolved == tuple(range(len(shape) - len(resolved), len(shape)))
             kernels = compiled.inspect()["kernels"]
             norm = ["eltwise"] if op in NORMS else []
+            # reduced axes one block before kept ones: an average pooling over x as it is
+            middle = (resolved == tuple(range(resolved[0], resolved[-1] + 1))
+                      and resolved[-1] < len(shape) - 1 and op in AVERAGED)
             assert [k["primitive"] for k in kernels] == (
                 ["numpy"] if rank0 else ["pooling"] if pooled else [*norm, "reduction"]
-                if trailing else ["reorder", *norm, "reduction"])
+                if trailing else [*norm, "pooling"] if middle
+                else ["reorder", *norm, "reduction"])
             assert not any("ref" in k["impl"] for k in kernels), kernels  # jit, every axes set
         got = compiled.run({"x": x})["y"]
         for engine, want in wants.items():
@@ -286,3 +292,28 @@ def test_max_over_a_middle_axis_is_a_max_pooling(dtype: type, shape: tuple[int, 
     monkeypatch.setattr(lower_reduce, "_as_max_pooling", lambda *args: False)
     plain = compile_model(m)  # oneDNN's reduction itself, on the same integers
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], plain.run({"x": x})["y"])
+
+
+@pytest.mark.parametrize("op", ["ReduceL2", "ReduceSum", "ReduceL1", "ReduceSumSquare"])
+def test_a_reduction_over_the_image_of_a_channels_last_tensor_reads_it_as_it_is(
+        op: str) -> None:
+    """ConvNeXt-V2's global response normalization: ReduceL2 over H and W of a convolution's
+    channels-last output. oneDNN's jit reduction reads only the reduced axes innermost (a
+    reorder of the whole tensor first); an average pooling over (1, C, H·W) strided views of
+    the convolution's own bytes, times H·W (and √ for L2), reads it as it is."""
+    w = RNG.standard_normal((32, 16, 1, 1)).astype(F32) * 0.3
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]),
+             helper.make_node(op, ["c"], ["y"], axes=[2, 3], keepdims=1)]
+    m = model(nodes, {"x": ((1, 16, 14, 14), FLOAT)}, ["y"], [init("w", w)], opset=11)
+    x = RNG.standard_normal((1, 16, 14, 14)).astype(F32)
+    compiled = compile_model(m)
+    kernels = compiled.inspect()["kernels"]  # the first: x into the conv's channels-last
+    assert [k["primitive"] for k in kernels[1:]] == [
+        "convolution", *(["eltwise"] if op != "ReduceSum" else []), "pooling"], kernels
+    assert "avg_pooling" in kernels[-1]["optimizations"]
+    assert kernels[1]["dst_layouts"][0].endswith("strides=(6272, 1, 448, 32)"), kernels[1]
+    c = run_ort(model([nodes[0]], {"x": ((1, 16, 14, 14), FLOAT)}, ["c"], [init("w", w)],
+                      opset=11), {"x": x})[0]
+    bound = 2 * 196 * EPS * _magnitude(op, c, (2, 3))
+    error = np.abs(compiled.run({"x": x})["y"].astype(np.float64) - run_ort(m, {"x": x})[0])
+    assert np.all(error.reshape(bound.shape) <= bound + 1e-6 * np.abs(bound).max())
