@@ -277,6 +277,21 @@ def test_pair_safe_weights_are_exact(case: str) -> None:
 
 
 @no_vnni
+def test_pair_safe_weights_of_a_long_reduction() -> None:
+    """K = 4608 (512 channels, 3x3): ``255·Σ|m|`` passes 2^24, so ``f32(acc_m) + T`` could
+    round twice on an adversarial input — as the halves' ``f32(2·acc_hi) + T`` could, which
+    were taken instead at twice the MACs. Pair-safe now, and on these inputs (|acc| far below
+    2^24, as real activations give) bit for bit the exact accumulator's model."""
+    weights = _tailed((16, 512, 3, 3), 11)
+    m, e = pair_split(weights)  # type: ignore[misc]
+    assert e is not None and 255 * int(np.abs(m.astype(np.int32)).sum((1, 2, 3)).max()) > 2 ** 24
+    graph, feeds = _conv(512, 16, weights=weights, hw=8)
+    model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
+    assert PAIRED in how["conv"] and how["conv:lo"] == EXCESS, how
+    assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
+
+
+@no_vnni
 @pytest.mark.parametrize("kernel, group", [(1, 1), (3, 1), (3, 4)])
 def test_kernels_pair_neighbouring_input_channels(kernel: int, group: int) -> None:
     """What pair-safe weights rely on: the kernels of PAIRED_IMPLS add input channels 2k and
