@@ -77,6 +77,15 @@ come first and are few.
 YOLOv8n QDQ 0.87x, PP-OCRv4 det NNCF 0.85x, a 224-channel conv in 2 groups 0.77x (2 threads,
 AVX2).
 
+Where ``e``'s own pairs could leave int16 (random-weight layers: with uniform weights a
+quarter of the pairs hold an excess of up to 126, and two of those add past 128 somewhere),
+``e`` is split the same way once more (``nested_pair_split``): ``e = e1 + e2`` with ``e2`` on
+``e``'s even channels, input channels 4j. ``e2`` runs over the even channels of the even
+copy (one more reorder), its f32 sums T2 the binary add post-op of ``e1``'s kernel:
+``T = f32(acc_e1) + T2``, exact, then the main kernel as above. At most 1 + 1/2 + 1/4 of the
+MACs where the halves take 2: Xception-41 QDQ 0.94x, DPN-68 NNCF 0.97x; trained weights
+rarely need it (YOLOv8n QDQ: 2 layers, 1.00x). Taken on the same conditions as one excess.
+
 Deconvolution: with a src zero point oneDNN's AVX2 int8 deconvolution takes neither the
 full-tensor binary post-op nor a sum (it falls back to a GEMM-based kernel, 25x slower), so
 its halves both run bare into f32 and a binary primitive adds them and applies the rest
@@ -257,18 +266,45 @@ def pair_split(w: np.ndarray, axis: int = 1) -> tuple[np.ndarray, np.ndarray | N
         if e is None:
             return w, None
         return m.reshape(w.shape), e.reshape(*w.shape[:axis], *e.shape[1:])
+    m, e = _excess(w)
+    if e is None:
+        return w, None
+    if not _pairs_safe(e):
+        return None
+    return m.astype(np.int8), e.astype(np.int8)
+
+
+def nested_pair_split(w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(m, e1, e2)`` for weights ``[O, I, k…]`` whose excess ``e`` (``pair_split``) has
+    pairs that could leave int16 itself: ``e`` split again the same way, ``e = e1 + e2`` with
+    every pair of ``e1`` within int16 and ``e2`` on ``e``'s even channels (input channels
+    4j), so ``w = m + e1 + e2`` runs as three kernels of at most 1, 1/2 and 1/4 of the MACs
+    instead of the halves' 2. Random-weight layers need it: a quarter of their pairs hold an
+    excess (uniform weights), and pairs of those excesses add past 128 again (Xception-41
+    QDQ: 45 of its 47 pointwise layers). None when ``e2``'s own pairs could leave int16 too,
+    or ``w`` needs no excess or ``pair_split`` suffices."""
+    m, e = _excess(w)
+    if e is None:
+        return None
+    e1, e2 = _excess(e.astype(np.int8))
+    if e2 is None or not _pairs_safe(e2):
+        return None
+    return m.astype(np.int8), e1.astype(np.int8), e2.astype(np.int8)
+
+
+def _excess(w: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(m, e)`` as int16, ``w = m + e``: ``e`` (``[O, ⌊I/2⌋, k…]``, the even input channels)
+    the least that brings every pair of ``m`` within int16; ``e`` None when zero."""
     a, b = _pairs(w)
     half = w.shape[1] // 2
     over = np.maximum(a, 0) + np.maximum(b, 0) - PAIR_LIMIT
     under = np.minimum(a, 0) + np.minimum(b, 0) + PAIR_LIMIT
     e = (np.maximum(over, 0) + np.minimum(under, 0))[:, :half].astype(np.int16)
     if not e.any():
-        return w, None
+        return w.astype(np.int16), None
     m = w.astype(np.int16)
     m[:, 0:2 * half:2] -= e
-    if not _pairs_safe(e):
-        return None
-    return m.astype(np.int8), e.astype(np.int8)
+    return m, e
 
 
 def pairs_adjacent_channels(pd: PrimitiveDesc, axis: int = 1) -> bool:
@@ -397,8 +433,13 @@ class Exactness:
         assert self.pairing is not None
         weights, axis = self.pairing
         split = pair_split(weights, axis)
+        e2 = None
         if split is None:
-            return None
+            nested = nested_pair_split(weights) if axis == 1 else None
+            if nested is None:
+                return None
+            m, e, e2 = nested
+            split = m, e
         m, e = split
         if e is None:
             if not pairs_adjacent_channels(main_pd(composed, m), axis):
@@ -413,10 +454,14 @@ class Exactness:
             return None
         src = ctx.source(node.inputs[0], src_md)
         e = _leading_pairs(e, axis)
+        if e2 is not None:  # the even copy covers e2's channels too (e1 may end before)
+            e2 = _leading_pairs(e2, 1)
+            e = _widened(e, min(2 * e2.shape[1], m.shape[1] // 2))
         if axis == 1:
             e = _to_shared_copy(ctx, src, e, m.shape[1] // 2, node.inputs[0])
         prefix = e.shape[1] if axis == 1 and e.shape[1] < m.shape[1] // 2 else None
-        saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[axis] - e.shape[axis]) \
+        extra = e.shape[axis] + (0 if e2 is None else e2.shape[1])
+        saved = math.prod(ctx.info(node.outputs[0]).shape) * (m.shape[axis] - extra) \
             * math.prod(m.shape[axis + 1:])
         views = _even_views(ctx.slots[src].md, prefix)
         if views is None or (saved < PAIR_MIN_MACS and _even_name(src, prefix) not in ctx.home):
@@ -427,13 +472,31 @@ class Exactness:
         if is_slow(create(built, t_md, empty, weights=e, src_md=views[1])[0].impl_name,
                    "convolution"):
             return None  # (measured: 2 channels per group on AVX2 run ref:any, 38x the halves)
+        fourths = None
+        if e2 is not None:  # e2 reads the even channels of the even copy
+            quarter = e2.shape[1] if e2.shape[1] < e.shape[1] // 2 else None
+            fourths = _even_views(views[1], quarter)  # views[1]: the even copy's md
+            if fourths is None or is_slow(create(built, t_md, empty, weights=e2,
+                                                 src_md=fourths[1])[0].impl_name,
+                                          "convolution"):
+                return None
+        even = even_channels(ctx, src, views, prefix)
+        addend = None
+        if e2 is not None and fourths is not None:  # T2 = e2's sums, added into T
+            addend = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
+                                  wei_mask=wei_mask, src_zp=src_zp, wei_zp=0,
+                                  excess=(e2, even_channels(ctx, even, fourths, quarter),
+                                          fourths[1]))
         t = self._add_lo(ctx, node, create, t_md, None, channel_axis=channel_axis,
                          wei_mask=wei_mask, src_zp=src_zp, wei_zp=0,
-                         excess=(e, even_channels(ctx, src, views, prefix), views[1]))
+                         excess=(e, even, views[1]), addend=addend)
         self.halves = None
         held = len(_pairs_held(e, axis))
+        nested = "" if e2 is None else (
+            f"; the excess's own excess on {len(_pairs_held(e2, 1))} pairs of channels 4j, "
+            "4j + 2, a third kernel")
         self.how = self.how.replace(SPLIT, f"{PAIRED} ({held} of the {m.shape[axis] // 2} "
-                                    "pairs of input channels hold an excess)")
+                                    f"pairs of input channels hold an excess{nested})")
         return self.main_composed(ctx, node, composed, t, scale=1.0), m
 
     def main_composed(self, ctx: LowerContext, node: Node, composed: Composed,
@@ -569,12 +632,15 @@ class Exactness:
     def _add_lo(self, ctx: LowerContext, node: Node, create: Create, t_md: MemoryDesc,
                 runtime: tuple[str, str] | None, *, channel_axis: int, wei_mask: int,
                 src_zp: SrcZeroPoint, wei_zp: int,
-                excess: tuple[np.ndarray, str, MemoryDesc] | None = None) -> str:
+                excess: tuple[np.ndarray, str, MemoryDesc] | None = None,
+                addend: str | None = None) -> str:
         """The ``lo`` kernel (no scales, f32 dst T); returns T's slot. ``excess``: weights
-        ``e`` of pair-safe weights, read from a slot of the even input channels (its md)."""
+        ``e`` of pair-safe weights, read from a slot of the even input channels (its md);
+        ``addend``: the slot of another f32 T (laid out as T) the kernel adds (exact while
+        both are integers below 2^24, as the main kernel's add of T)."""
         y = node.outputs[0]
         empty, built = self._lo_attr(ctx, node, channel_axis=channel_axis, wei_mask=wei_mask,
-                                     src_zp=src_zp, wei_zp=wei_zp)
+                                     src_zp=src_zp, wei_zp=wei_zp, addend=addend)
         if excess is not None:
             pd, wmem = create(built, t_md, empty, weights=excess[0], src_md=excess[2])
             assert pd.src_md == excess[2], (pd.src_md, excess[2])
@@ -612,10 +678,15 @@ class Exactness:
 
     @staticmethod
     def _lo_attr(ctx: LowerContext, node: Node, *, channel_axis: int, wei_mask: int,
-                 src_zp: SrcZeroPoint, wei_zp: int) -> tuple[Composed, BuiltAttr]:
-        """The ``lo`` kernel's (empty) chain and attributes: no scales, f32 dst."""
+                 src_zp: SrcZeroPoint, wei_zp: int, addend: str | None = None
+                 ) -> tuple[Composed, BuiltAttr]:
+        """The ``lo`` kernel's (empty) chain and attributes: no scales, f32 dst; with an
+        ``addend`` (the T of another excess kernel) its binary add."""
         shape = ctx.info(node.outputs[0]).shape
         empty = Composed(shape[channel_axis], DType.F32)
+        if addend is not None:
+            empty = replace(empty, post_ops=[TensorAdd(  # type: ignore[list-item]
+                addend, _lo_layout(ctx, node), f"excess of the excess '{addend}'")])
         return empty, build_attr(empty, ndims=len(shape), channel_axis=channel_axis,
                                  wei_mask=wei_mask, dst_type=DataType.f32, src_zp=src_zp,
                                  wei_zp=wei_zp)
@@ -665,6 +736,15 @@ def _leading_pairs(e: np.ndarray, axis: int) -> np.ndarray:
     return e[:, :held[-1] + 1] if len(held) else e
 
 
+def _widened(e: np.ndarray, count: int) -> np.ndarray:
+    """``e`` with zero channels (dim 1) up to ``count`` when it has fewer."""
+    if e.shape[1] >= count:
+        return e
+    wide = np.zeros((e.shape[0], count, *e.shape[2:]), e.dtype)
+    wide[:, :e.shape[1]] = e
+    return wide
+
+
 def _pairs_held(e: np.ndarray, axis: int) -> np.ndarray:
     """The indices of the pairs of input channels (dim ``axis`` of ``e``) holding an excess."""
     return np.flatnonzero(np.moveaxis(e, axis, 0).reshape(e.shape[axis], -1).any(1))
@@ -684,9 +764,7 @@ def _to_shared_copy(ctx: LowerContext, slot: str, e: np.ndarray, half: int,
                                    in ctx.graph.consumers(value) if port == 0)])
     if count == e.shape[1] or count > half:
         return e
-    wide = np.zeros((e.shape[0], count, *e.shape[2:]), e.dtype)
-    wide[:, :e.shape[1]] = e
-    return wide
+    return _widened(e, count)
 
 
 def _prefix(graph: Graph, node: Node) -> int:

@@ -35,6 +35,7 @@ from qfuse.compiler.lower.no_vnni import (
     PAIRED_IMPLS,
     SPLIT,
     impl_is_exact,
+    nested_pair_split,
     pair_split,
     split_weights,
     split_zero_point,
@@ -114,6 +115,25 @@ def test_pair_split_declines_or_needs_none() -> None:
     alternating = np.tile(np.array([100, -100, -100, 100], np.int8), (8, 16, 1, 1))
     split = pair_split(alternating.reshape(8, 64, 1, 1))
     assert split is not None and split[1] is None  # no pair to fix: nothing is split
+
+
+@pytest.mark.parametrize("channels", [64, 38])
+def test_nested_pair_split_where_the_excess_itself_saturates(channels: int) -> None:
+    """Uniform weights (a random-weight layer): the excess's own pairs leave int16, so
+    pair_split declines; split once more, every part's pairs stay within int16 and the parts
+    add up to the weights (e1 on channels 2k, e2 on channels 4j)."""
+    w = np.random.default_rng(6).integers(-128, 128, (32, channels, 3, 3)).astype(np.int8)
+    assert pair_split(w) is None
+    nested = nested_pair_split(w)
+    assert nested is not None
+    m, e1, e2 = nested
+    assert e1.shape == (32, channels // 2, 3, 3) and e2.shape == (32, channels // 4, 3, 3)
+    whole = m.astype(np.int16)
+    whole[:, 0:2 * (channels // 2):2] += e1
+    whole[:, 0:4 * (channels // 4):4] += e2
+    assert np.array_equal(whole, w)
+    assert _pairs_within_int16(m) and _pairs_within_int16(e1) and _pairs_within_int16(e2)
+    assert np.count_nonzero(e2) and nested_pair_split(_tailed((32, 64, 3, 3), 3)) is None
 
 
 # oneDNN 3.2 implementation names (JIT_IMPL_NAME_HELPER, src/cpu/x64/cpu_isa_traits.hpp, and
@@ -274,6 +294,24 @@ def test_pair_safe_weights_are_exact(case: str) -> None:
     if case not in ("rgb", "grouped_1x1"):
         plain_lsb, plain_same, *_ = _agreement(graph, feeds, exact_int8=False)
         assert plain_lsb >= 1 and plain_same < 1.0, (plain_lsb, plain_same)
+
+
+@no_vnni
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_nested_excess_is_exact(kernel: int) -> None:
+    """Uniform weights: the excess of the excess runs as a third kernel over the even
+    channels of the even copy, its sums added into the second kernel's T: bit for bit the
+    exact accumulator's model, where oneDNN's saturating kernel alone is off."""
+    outputs = 32 if kernel == 3 else 64  # (a million MACs saved at least: PAIR_MIN_MACS)
+    weights = np.random.default_rng(8).integers(-128, 128, (outputs, 64, kernel, kernel))
+    conv = {"kernel": kernel, "pads": (kernel // 2,) * 4, "hw": 16 if kernel == 3 else 32}
+    graph, feeds = _conv(64, outputs, weights=weights.astype(np.int8), **conv)  # type: ignore
+    model_lsb, _, chain_lsb, chain_same, how = _agreement(graph, feeds)
+    assert PAIRED in how["conv"] and "excess's own excess" in how["conv"], how
+    assert [name for name, what in how.items() if what == EXCESS] == ["conv:lo", "conv:lo#1"]
+    assert model_lsb == 0 and chain_lsb <= 1 and chain_same >= 0.999
+    plain_lsb, plain_same, *_ = _agreement(graph, feeds, exact_int8=False)
+    assert plain_lsb >= 1 and plain_same < 1.0, (plain_lsb, plain_same)
 
 
 @no_vnni
