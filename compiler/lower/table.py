@@ -93,7 +93,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.DEPTH_TO_SPACE: lower_misc.lower_depth_to_space,
     Op.IDENTITY: lower_misc.lower_alias,
     Op.DROPOUT: lower_misc.lower_alias,
-    Op.PAD: lower_misc.lower_pad,  # constant: reorders; reflect / edge / crop: numpy
+    Op.PAD: lower_misc.lower_pad,  # reorders; a crop or too long a reflection: numpy
     # nearest → resampling where its indices are ONNX's; linear: bit-exact numpy kernel
     Op.RESIZE: lower_resize.lower_resize,
     # no oneDNN primitive: the reference semantics in numpy

@@ -248,13 +248,14 @@ def test_data_movement_chain() -> None:
 
 def test_numpy_fallbacks() -> None:
     g = _graph({"x": (1, 3, 4, 4)})
-    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs((0, 0, 1, 2, 0, 0, 1, 0), PadMode.REFLECT),
-               infos=[TensorInfo((1, 3, 6, 6), DType.F32)])
+    # a reflection as long as its axis (numpy.pad reflects it again)
+    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs((0, 0, 1, 4, 0, 0, 1, 0), PadMode.REFLECT),
+               infos=[TensorInfo((1, 3, 6, 8), DType.F32)])
     # asymmetric/ceil: oneDNN's nearest reads other indices (lower_resize.py), so numpy
-    g.add_node(Op.RESIZE, ["p"], ["r"], ResizeAttrs(ResizeMode.NEAREST, (1, 3, 12, 12),
+    g.add_node(Op.RESIZE, ["p"], ["r"], ResizeAttrs(ResizeMode.NEAREST, (1, 3, 12, 16),
                                                     (1.0, 1.0, 2.0, 2.0), "asymmetric", "ceil"),
-               infos=[TensorInfo((1, 3, 12, 12), DType.F32)])
-    g.add_node(Op.CAST, ["r"], ["c"], CastAttrs(DType.S32), infos=[TensorInfo((1, 3, 12, 12),
+               infos=[TensorInfo((1, 3, 12, 16), DType.F32)])
+    g.add_node(Op.CAST, ["r"], ["c"], CastAttrs(DType.S32), infos=[TensorInfo((1, 3, 12, 16),
                                                                              DType.S32)])
     g.outputs.append("c")
     _check(g, numpy_kernels=3)
@@ -289,6 +290,54 @@ def test_constant_pad_is_reorders_bit_exact(dtype: DType, value: float,
     context.run()
     got = dict(context.outputs)["p"]
     np.testing.assert_array_equal(got, ref_eval(g, feeds)["p"])
+
+
+@pytest.mark.parametrize("mode", [PadMode.REFLECT, PadMode.EDGE])
+@pytest.mark.parametrize("dtype", [DType.F32, DType.U8])
+@pytest.mark.parametrize("pads", [(0, 0, 1, 1, 0, 0, 1, 1), (0, 2, 0, 3, 0, 1, 3, 0),
+                                  (0, 0, 2, 0, 0, 0, 0, 4)], ids=str)
+def test_reflect_and_edge_pads_are_reorders_bit_exact(mode: PadMode, dtype: DType,
+                                                      pads: tuple[int, ...]) -> None:
+    """Reflect and edge Pads: the interior, then each axis's borders copied from the slices
+    they mirror (edge: from a view striding 0 over the border), corners included, no numpy
+    kernel; every output byte written (the buffers start filled with garbage)."""
+    from qfuse.runtime.execution import ExecutionContext
+
+    shape = (1, 3, 4, 5)
+    out = tuple(d + pads[i] + pads[4 + i] for i, d in enumerate(shape))
+    g = _graph({"x": shape}, dtype)
+    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs(pads, mode, 0.0), infos=[TensorInfo(out, dtype)])
+    g.outputs.append("p")
+    feeds = _feeds(g)
+    _, plan = run_plan(g, feeds)
+    assert {k.kind for k in plan.kernels} == {"reorder"}
+    context = ExecutionContext(plan, fill=0x7F)
+    for name, view in context.inputs:
+        view[...] = feeds[name]
+    context.run()
+    width = [(pads[i], pads[4 + i]) for i in range(4)]
+    want = np.pad(feeds["x"], width, mode="reflect" if mode is PadMode.REFLECT else "edge")
+    np.testing.assert_array_equal(dict(context.outputs)["p"], want)
+    np.testing.assert_array_equal(want, ref_eval(g, feeds)["p"])
+
+
+def test_a_pad_read_by_a_convolution_is_written_in_its_layout() -> None:
+    """TResNet's anti-aliasing: a reflect Pad between two convolutions ran in numpy, with a
+    reorder to row-major before it and one back after it; now its reorders read the
+    producer's channels-last output and write the convolution's channels-last input."""
+    g = _graph({"x": (1, 8, 10, 10)})
+    g.add_constant("w", (RNG.standard_normal((8, 8, 3, 3)) * 0.1).astype(F32))
+    g.add_node(Op.CONV, ["x", "w"], ["c"], ConvAttrs((3, 3), (1, 1), (1, 1, 1, 1), (1, 1)),
+               infos=[TensorInfo((1, 8, 10, 10), DType.F32)])
+    g.add_node(Op.PAD, ["c"], ["p"], PadAttrs((0, 0, 1, 1, 0, 0, 1, 1), PadMode.REFLECT, 0.0),
+               infos=[TensorInfo((1, 8, 12, 12), DType.F32)])
+    g.add_node(Op.CONV, ["p", "w"], ["y"], ConvAttrs((3, 3), (1, 1), (0, 0, 0, 0), (1, 1)),
+               infos=[TensorInfo((1, 8, 10, 10), DType.F32)])
+    g.outputs.append("y")
+    _check(g, 1e-4)  # float32 convolutions, their sums in oneDNN's order
+    _, plan = run_plan(g, _feeds(g))
+    assert [k.kind for k in plan.kernels if k.info.op == "Pad"] == ["reorder"] * 5
+    assert not [k.name for k in plan.kernels if k.info.role == "reorder"]  # no layout change
 
 
 def test_gemm_and_float_matmul() -> None:
