@@ -347,8 +347,8 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
                                     "as its axis or a value the type cannot hold run in numpy)")
         return
     wanted = ctx.preferred(y, dtype)
-    md = wanted if wanted is not None and wanted.strides and not wanted.inner_blocks \
-        else plain_md(out_shape, dtype)
+    md = wanted if (wanted is not None and wanted.strides and not wanted.inner_blocks
+                    and tuple(wanted.dims) == tuple(out_shape)) else plain_md(out_shape, dtype)
     out = ctx.define(y, md)
     strides = ctx.slots[out].md.strides or ()
     assert np_type is not None
