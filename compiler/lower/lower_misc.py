@@ -342,7 +342,11 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
     dtype = dnnl_type(ctx.info(y).dtype)
     np_type = PAD_TYPES.get(dtype)
     begins, ends = attrs.pads[:rank], attrs.pads[rank:]
-    if not _pad_by_reorders(ctx, node):
+    if np_type is None or any(p < 0 for p in attrs.pads) or 0 in shape or not (
+            (attrs.mode is PadMode.CONSTANT and np_type(attrs.value) == attrs.value)
+            or attrs.mode is PadMode.EDGE
+            or (attrs.mode is PadMode.REFLECT
+                and all(max(b, e) < n for b, e, n in zip(begins, ends, shape, strict=True)))):
         lower_numpy(ctx, node, note="oneDNN has no Pad primitive (a crop, a reflection as long "
                                     "as its axis or a value the type cannot hold run in numpy)")
         return
@@ -351,7 +355,6 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
                     and tuple(wanted.dims) == tuple(out_shape)) else plain_md(out_shape, dtype)
     out = ctx.define(y, md)
     strides = ctx.slots[out].md.strides or ()
-    assert np_type is not None
     itemsize = np.dtype(np_type).itemsize
 
     def view(name: str, dims: Sequence[int], start: Sequence[int],
@@ -399,20 +402,6 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
             first[axis] = write
             ctx.add_reorder(src, view(f"{mode}{axis}", dims, first), role="op", node=node,
                             note=f"{mode} padding on axis {axis}")
-
-
-def _pad_by_reorders(ctx: LowerContext, node: Node) -> bool:
-    """Whether lower_pad writes ``node``'s output with reorders (else numpy)."""
-    attrs: PadAttrs = node.attrs
-    shape = ctx.info(node.inputs[0]).shape
-    rank = len(shape)
-    np_type = PAD_TYPES.get(dnnl_type(ctx.info(node.outputs[0]).dtype))
-    return np_type is not None and all(p >= 0 for p in attrs.pads) and 0 not in shape and (
-        (attrs.mode is PadMode.CONSTANT and np_type(attrs.value) == attrs.value)
-        or attrs.mode is PadMode.EDGE
-        or (attrs.mode is PadMode.REFLECT
-            and all(max(b, e) < n for b, e, n in zip(attrs.pads[:rank], attrs.pads[rank:],
-                                                     shape, strict=True))))
 
 
 def lower_expand(ctx: LowerContext, node: Node) -> None:
