@@ -272,24 +272,34 @@ def test_constant_pad_is_reorders_bit_exact(dtype: DType, value: float,
                                             pads: tuple[int, ...]) -> None:
     """A constant Pad: reorders into the output's interior and borders, no numpy kernel;
     every output byte written (the buffers start filled with garbage)."""
-    from qfuse.runtime.execution import ExecutionContext
+    g = _pad_graph(pads, PadMode.CONSTANT, dtype, value)
+    _check(g)
+    feeds = _feeds(g)
+    np.testing.assert_array_equal(_pad_on_garbage(g, feeds), ref_eval(g, feeds)["p"])
 
+
+def _pad_graph(pads: tuple[int, ...], mode: PadMode, dtype: DType, value: float = 0.0
+               ) -> Graph:
+    """x [1, 3, 4, 5] → Pad → p."""
     shape = (1, 3, 4, 5)
     out = tuple(d + pads[i] + pads[4 + i] for i, d in enumerate(shape))
     g = _graph({"x": shape}, dtype)
-    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs(pads, PadMode.CONSTANT, value),
-               infos=[TensorInfo(out, dtype)])
+    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs(pads, mode, value), infos=[TensorInfo(out, dtype)])
     g.outputs.append("p")
-    _check(g)
-    feeds = _feeds(g)
+    return g
+
+
+def _pad_on_garbage(g: Graph, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """The Pad's output, its plan all reorders, run over buffers filled with garbage first."""
+    from qfuse.runtime.execution import ExecutionContext
+
     _, plan = run_plan(g, feeds)
     assert {k.kind for k in plan.kernels} == {"reorder"}
     context = ExecutionContext(plan, fill=0x7F)
     for name, view in context.inputs:
         view[...] = feeds[name]
     context.run()
-    got = dict(context.outputs)["p"]
-    np.testing.assert_array_equal(got, ref_eval(g, feeds)["p"])
+    return dict(context.outputs)["p"]
 
 
 @pytest.mark.parametrize("mode", [PadMode.REFLECT, PadMode.EDGE])
@@ -301,23 +311,11 @@ def test_reflect_and_edge_pads_are_reorders_bit_exact(mode: PadMode, dtype: DTyp
     """Reflect and edge Pads: the interior, then each axis's borders copied from the slices
     they mirror (edge: from a view striding 0 over the border), corners included, no numpy
     kernel; every output byte written (the buffers start filled with garbage)."""
-    from qfuse.runtime.execution import ExecutionContext
-
-    shape = (1, 3, 4, 5)
-    out = tuple(d + pads[i] + pads[4 + i] for i, d in enumerate(shape))
-    g = _graph({"x": shape}, dtype)
-    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs(pads, mode, 0.0), infos=[TensorInfo(out, dtype)])
-    g.outputs.append("p")
+    g = _pad_graph(pads, mode, dtype)
     feeds = _feeds(g)
-    _, plan = run_plan(g, feeds)
-    assert {k.kind for k in plan.kernels} == {"reorder"}
-    context = ExecutionContext(plan, fill=0x7F)
-    for name, view in context.inputs:
-        view[...] = feeds[name]
-    context.run()
     width = [(pads[i], pads[4 + i]) for i in range(4)]
     want = np.pad(feeds["x"], width, mode="reflect" if mode is PadMode.REFLECT else "edge")
-    np.testing.assert_array_equal(dict(context.outputs)["p"], want)
+    np.testing.assert_array_equal(_pad_on_garbage(g, feeds), want)
     np.testing.assert_array_equal(want, ref_eval(g, feeds)["p"])
 
 
