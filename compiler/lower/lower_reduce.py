@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
@@ -133,7 +133,7 @@ def lower_reduce(ctx: LowerContext, node: Node) -> None:
     shape = ctx.info(y).shape
     if _across_slices(ctx, node, dtype, kept):
         return
-    if not int8 and node.op in AS_AVERAGE and _as_avg_pooling(ctx, node, make):
+    if not int8 and node.op in AS_AVERAGE and _as_avg_pooling(ctx, node):
         return
     pd = ctx.try_layouts("reduction", make, [home, plain_md(home.dims, dtype)])
     if is_slow(pd.impl_name, "reduction"):
@@ -358,8 +358,7 @@ def _pooling_view(md: MemoryDesc, axes: Sequence[int]
             MemoryDesc.from_strides((n, c, 1), md.dtype, (c, 1, c)), r)
 
 
-def _as_avg_pooling(ctx: LowerContext, node: Node,
-                    reduction_pd: Callable[[MemoryDesc], PrimitiveDesc]) -> bool:
+def _as_avg_pooling(ctx: LowerContext, node: Node) -> bool:
     """A float ReduceMean / Sum / L1 / L2 / SumSquare whose reduced axes are not innermost
     in x's layout as an average pooling over x's own bytes (``_pooling_view``), the sum then
     ``·r`` and L2's square root its eltwise post-ops, L1's |x| and the squares an eltwise
@@ -368,18 +367,14 @@ def _as_avg_pooling(ctx: LowerContext, node: Node,
     normalization, ReduceL2 over the image of a channels-last 1x160x56x56 f32 tensor: a
     0.29 ms reorder and the square, then the sum). Sums differ from the reduction's by the
     rounding of float32 sums in another order and of the ``/r·r`` (module docstring). False
-    when the reduction reads x's layout on jit as it is, or the view or pooling does not."""
+    when the view does not apply (among others, reduced axes innermost: the jit reduction
+    reads those as they are) or the pooling is not jit."""
     attrs: ReduceAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     src = ctx.home_slot(x)
     md = ctx.slots[src].md
     if md.dtype != DataType.f32:
         return False
-    try:
-        if not is_slow(reduction_pd(md).impl_name, "reduction"):
-            return False
-    except DnnlError:
-        pass
     view = _pooling_view(md, attrs.axes)
     if view is None:
         return False
