@@ -309,18 +309,11 @@ def _dense_if_faster(xinfo: TensorInfo, yinfo: TensorInfo, w: np.ndarray,
     on AVX2 a ShuffleNet v1 1x1 group convolution with 8 → 2 channels per group runs on ref:any
     (6.9 ms of an 8.1 ms run, measured), and G times its multiply-adds on jit take
     microseconds. Exact: the added weights are zeros."""
-    src_type = dnnl_type(xinfo.dtype)
-    wtype = DataType.s8 if xinfo.dtype.is_integer else DataType.f32
-
-    def impl(wshape: tuple[int, ...]) -> str:
-        return convolution(any_md(xinfo.shape, src_type), any_md(wshape, wtype),
-                           any_md(yinfo.shape, DataType.f32), **geometry).impl_name
-
     groups, og, ig = w.shape[:3]
     dense_shape = (groups * og, groups * ig, *w.shape[3:])
     try:
-        if not is_slow(impl(w.shape), "convolution") or is_slow(impl(dense_shape),
-                                                                 "convolution"):
+        if not _slow_conv(xinfo, xinfo.shape, w.shape, yinfo, geometry) or _slow_conv(
+                xinfo, xinfo.shape, dense_shape, yinfo, geometry):
             return None
     except DnnlError:
         return None
@@ -340,20 +333,24 @@ def _depthwise_if_faster(xinfo: TensorInfo, yinfo: TensorInfo, w: np.ndarray,
     7x7, stride 2, 56x56 on AVX2) nor a direct f32 one (gemm, 1.4 ms) and runs the depthwise
     one on jit in 0.09 ms, the repeating copy in 0.07 ms (2 threads, measured). Exact:
     output channel g·M + r multiplies the same source channel g by the same weights."""
-    src_type = dnnl_type(xinfo.dtype)
-    wtype = DataType.s8 if xinfo.dtype.is_integer else DataType.f32
     groups, m = w.shape[:2]
     wide = (xinfo.shape[0], groups * m, *xinfo.shape[2:])
-
-    def impl(src: Sequence[int], wshape: tuple[int, ...]) -> str:
-        return convolution(any_md(src, src_type), any_md(wshape, wtype),
-                           any_md(yinfo.shape, DataType.f32), **geometry).impl_name
-
     try:
-        return is_slow(impl(xinfo.shape, w.shape), "convolution") and not is_slow(
-            impl(wide, (groups * m, 1, 1, *w.shape[3:])), "convolution")
+        return _slow_conv(xinfo, xinfo.shape, w.shape, yinfo, geometry) and not _slow_conv(
+            xinfo, wide, (groups * m, 1, 1, *w.shape[3:]), yinfo, geometry)
     except DnnlError:
         return False
+
+
+def _slow_conv(xinfo: TensorInfo, src: Sequence[int], wshape: tuple[int, ...],
+               yinfo: TensorInfo, geometry: dict[str, Sequence[int]]) -> bool:
+    """Whether oneDNN runs a convolution of ``xinfo``'s type over a ``src``-shaped source
+    with logical weights ``wshape`` only on a slow implementation (layouts any); raises
+    DnnlError when it has none."""
+    wtype = DataType.s8 if xinfo.dtype.is_integer else DataType.f32
+    pd = convolution(any_md(src, dnnl_type(xinfo.dtype)), any_md(wshape, wtype),
+                     any_md(yinfo.shape, DataType.f32), **geometry)
+    return is_slow(pd.impl_name, "convolution")
 
 
 def repeated_channels(ctx: LowerContext, value: str, reps: int) -> tuple[str, TensorInfo]:
