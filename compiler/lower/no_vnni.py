@@ -472,7 +472,7 @@ class Exactness:
         if is_slow(create(built, t_md, empty, weights=e, src_md=views[1])[0].impl_name,
                    "convolution"):
             return None  # (measured: 2 channels per group on AVX2 run ref:any, 38x the halves)
-        fourths = None
+        fourths, quarter = None, None
         if e2 is not None:  # e2 reads the even channels of the even copy
             quarter = e2.shape[1] if e2.shape[1] < e.shape[1] // 2 else None
             fourths = _even_views(views[1], quarter)  # views[1]: the even copy's md
