@@ -406,11 +406,9 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         first = len(ctx.kernels)
         _lower_conv(ctx, clone, w.reshape(g * reps, 1, 1, *w.shape[3:]), g * reps, geometry,
                     src_info=wide)
-        for kernel in ctx.kernels[first:]:
-            if kernel.info.node == node.name:
-                kernel.info.add_note(f"{g} groups of {reps} output channels as a depthwise "
-                                     f"convolution over the source's channels repeated {reps} "
-                                     "times: oneDNN has no fast kernel for the grouped one")
+        _note_since(ctx, node, first, f"{g} groups of {reps} output channels as a depthwise "
+                    f"convolution over the source's channels repeated {reps} times: oneDNN "
+                    "has no fast kernel for the grouped one")
         return
     dense = None
     if not deconv and 1 < g <= MAX_DENSE_GROUPS and w.shape[1] * w.shape[2] > 1:
@@ -420,10 +418,15 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         return
     first = len(ctx.kernels)
     _lower_conv(ctx, node, dense, 1, geometry)
+    _note_since(ctx, node, first, f"{g} groups as one dense convolution (block-diagonal "
+                "weights): oneDNN has only ref:any for the grouped one")
+
+
+def _note_since(ctx: LowerContext, node: Node, first: int, note: str) -> None:
+    """``note`` on ``node``'s kernels added from index ``first`` on."""
     for kernel in ctx.kernels[first:]:
         if kernel.info.node == node.name:
-            kernel.info.add_note(f"{g} groups as one dense convolution (block-diagonal "
-                                 "weights): oneDNN has only ref:any for the grouped one")
+            kernel.info.add_note(note)
 
 
 def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
