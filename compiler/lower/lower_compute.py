@@ -156,26 +156,29 @@ WRONG_WITH_NEGATIVE_PADDING_R = ("jit_deconvolution:avx512_core",
 
 
 # oneDNN 3.2's int8 depthwise convolution on AVX2 / SSE4.1 (jit_uni_int8:avx2 and :sse41, the
-# jit_uni_x8s8s32x depthwise kernel: 8 / 4 channels a block) applies a per-channel binary
-# post-op wrong when the channel count is not a multiple of the block: measured 39-75 LSB off
-# exact QDQ with C = 2, 4, 5, 6, 7, 10, 12, 20 on avx2 and 2, 6, 7, 10 on sse41 (found by
-# tests/fuzz, seed 727: a depthwise conv + a per-channel Add; per-tensor post-ops, grouped and
-# regular convs on the same kernels are exact). ref:any, next in line, is exact.
+# jit_uni_x8s8s32x depthwise kernel: 8 / 4 channels a block) applies a binary post-op wrong
+# when the channel count is not a multiple of the block: measured 39-75 LSB off exact QDQ with
+# C = 2, 4, 5, 6, 7, 10, 12, 20 on avx2 and 2, 6, 7, 10 on sse41 (found by tests/fuzz, seed
+# 727: a depthwise conv + a per-channel Add). A per-tensor operand too — the one-element
+# divisor of every ONNX-form store: 118-128 LSB at 12 and 36 channels against ref:any, 3x3,
+# strides 1 and 2, binary div / mul / add (measured on the kernel alone). Eltwise post-ops,
+# grouped and regular convs on the same kernels are exact. The next in line is then sse41
+# (C % 4 = 0) or the exact ref:any.
 WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY = {"jit_uni_int8:avx2": 8, "jit_uni_int8:sse41": 4}
 
 
 def wrong_for(impl: str, kind: str, geometry: dict[str, Sequence[int]], *,
               depthwise_binary: int = 0) -> str | None:
     """Why oneDNN's ``impl`` computes this (de)convolution wrong, or None.
-    ``depthwise_binary``: the channel count of a depthwise conv with a per-channel binary (or
-    prelu) post-op, else 0."""
+    ``depthwise_binary``: the channel count of a depthwise conv with a binary (or prelu)
+    post-op, per channel or per tensor, else 0."""
     if (kind == "deconvolution" and impl in WRONG_WITH_NEGATIVE_PADDING_R
             and any(p < 0 for p in geometry["padding_r"])):
         return "skips taps next to output_padding (oneDNN 3.2, see WRONG_WITH_NEGATIVE_PADDING_R)"
     block = WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY.get(impl, 0)
     if kind == "convolution" and block and depthwise_binary % block:
-        return ("applies a per-channel binary post-op wrong on a depthwise conv whose channels "
-                "are not a multiple of 8 (oneDNN 3.2, see WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY)")
+        return ("applies a binary post-op wrong on a depthwise conv whose channels are not a "
+                f"multiple of {block} (oneDNN 3.2, see WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY)")
     return None
 
 

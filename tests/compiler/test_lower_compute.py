@@ -3,6 +3,8 @@ vs the graph's meaning (≤ 1 LSB, ≥ 99.9 % identical); layouts, in-place sums
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -12,6 +14,7 @@ from qfuse.compiler.lower import lower_compute
 from qfuse.ir import DType, Graph, Op, TensorInfo
 from qfuse.ir.chain import Act, Activation, PRelu, Residual, Scale, Shift
 from qfuse.ir.ops import ConvTransposeAttrs
+from qfuse.ir.types import OnnxQuantize, QuantParams
 from qfuse.runtime.executor import Executor
 from qfuse.runtime.numerics import step_diff
 from qfuse.runtime.onednn import effective_cpu_isa
@@ -75,6 +78,29 @@ def _check(graph: Graph, feeds: dict[str, np.ndarray], node_name: str) -> None:
     for kernel in plan.kernels:
         if kernel.kind in ("convolution", "deconvolution", "matmul"):
             assert not kernel.impl.startswith("ref"), kernel.impl
+
+
+@pytest.mark.parametrize("channels", [12, 36])
+def test_depthwise_channel_tail_with_a_per_tensor_store_is_exact(channels: int) -> None:
+    """A depthwise conv on a channel tail whose only binary post-op is the store's
+    one-element divisor x / s: oneDNN 3.2's AVX2 depthwise kernel gets it wrong (118-128 LSB,
+    lower_compute.WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY), so the plan takes another kernel
+    and is exact."""
+    rng = np.random.default_rng(channels)
+    g = Graph("dw")
+    x = int_input(g, "x", (1, channels, 14, 14), U8, 0.03, 7)
+    s_w = rng.uniform(0.002, 0.01, channels).astype(F32)
+    store = replace(quantize_item(0.05, 3, U8), scale=0.05,
+                    onnx=OnnxQuantize(U8, QuantParams.make(0.05, 3), dequantize=False))
+    chain = [Scale.of(0.03 * s_w), Shift.of(rng.uniform(-0.5, 0.5, channels)), store]
+    node = add_int8_conv(g, x, channels, group=channels, chain=chain, out_zp=3, seed=channels)
+    g.outputs.append(node.outputs[0])
+    feeds = {"x": random_int(np.random.default_rng(1), (1, channels, 14, 14), U8)}
+    _check(g, feeds, "conv")
+    conv = next(k for k in run_plan(g, feeds)[1].inspect()["kernels"] if k["name"] == "conv")
+    assert "binary_div" in conv["post_ops"], conv["post_ops"]
+    assert conv["impl"] not in lower_compute.WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY or (
+        channels % lower_compute.WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY[conv["impl"]] == 0)
 
 
 @requires_exact_int8
