@@ -26,7 +26,11 @@ calibration inputs, compiles it with qfuse fused and prints one row per model an
   ``ov/f`` OpenVINO's CPU plugin's (compiler/bench_engines.py: latency hint, ``--threads``
   inference threads; > 1: qfuse is faster), 12 runs each in rounds of 4 per engine, each
   block after 20 ms of untimed runs (qfuse bench's method), at ``--threads``;
-  ``-`` where OpenVINO refuses the model (it reads no QOperator ops) or ``--no-openvino``.
+  ``-`` where OpenVINO refuses the model (it reads no QOperator ops) or ``--no-openvino``;
+- ``ov/ix`` (a CPU without VNNI only, where qfuse's exact int8 plan pays for exact sums):
+  OpenVINO's median over qfuse's ``exact_int8=False`` plan's, timed in the same rounds — the
+  plan that saturates int16 pairs as OpenVINO and ONNX Runtime do there, so ``ov/ix`` is what
+  is left once the price of exactness is set aside (on a VNNI CPU the two plans are one).
 
 ``--quantizers`` also takes the variants of examples/realzoo/quantize.py ``VARIANTS`` (other
 options users set: dedicated Q/DQ pairs, s8 symmetric activations, per-tensor reduce-range,
@@ -218,6 +222,7 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     except Exception as exc:  # noqa: BLE001
         row["error"] = f"qfuse: {type(exc).__name__}: {str(exc)[:200]}"
         return row
+    inexact = _inexact_plan(path, threads, held_out[0])
     ov = None
     if openvino:
         from qfuse.compiler.bench_engines import make_engine
@@ -237,6 +242,8 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     runs = {"qfuse": lambda: compiled.run(held_out[0]), "ort": lambda: ort.run(None, held_out[0])}
     if ov is not None:
         runs["ov"] = ov.run
+    if inexact is not None:
+        runs["inexact"] = lambda: inexact.run(held_out[0])
     # qfuse bench's method (compiler/bench.py): rounds of 4 runs per engine, each block after
     # 20 ms of untimed runs. Alternating single runs let the previous engine's spinning
     # worker threads take a core from the next one: qfuse then measured up to 4x its latency
@@ -247,7 +254,33 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     row["ort_over_qfuse"] = float(np.median(times["ort"]) / np.median(times["qfuse"]))
     if ov is not None:
         row["ov_over_qfuse"] = float(np.median(times["ov"]) / np.median(times["qfuse"]))
+        if inexact is not None:
+            row["ov_over_inexact"] = float(np.median(times["ov"])
+                                           / np.median(times["inexact"]))
     return row
+
+
+def _inexact_plan(path: Path, threads: int, feeds: dict[str, np.ndarray]) -> Any:
+    """qfuse's ``exact_int8=False`` plan of the model on a CPU without VNNI (None on one with
+    it, where it is the exact plan, or when it fails: the row then has no ``ov/ix``)."""
+    import logging
+
+    from qfuse import compile_model
+    from qfuse.compiler.lower.no_vnni import isa_is_exact
+
+    if isa_is_exact():
+        return None
+    quiet = logging.getLogger("qfuse.compiler.lower.no_vnni")  # its "exact_int8 is off" warning
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        plan = compile_model(str(path), threads=threads, exact_int8=False)
+        plan.run(feeds)
+    except Exception:  # noqa: BLE001 - the exact plan's row stands without it
+        return None
+    finally:
+        quiet.setLevel(level)
+    return plan
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -257,7 +290,8 @@ def format_row(row: dict[str, Any]) -> str:
     return (f"{head} {row['kernels']:>7} {row['numpy']:>5} {row['ref']:>4} "
             f"{row['cos_ref']:>8.5f} {row['cos_ort']:>8.5f} {row['ms']:>9.2f} "
             f"{row['ort_over_qfuse']:>6.2f} "
-            + (f"{row['ov_over_qfuse']:>6.2f}" if "ov_over_qfuse" in row else f"{'-':>6}"))
+            + (f"{row['ov_over_qfuse']:>6.2f}" if "ov_over_qfuse" in row else f"{'-':>6}")
+            + (f" {row['ov_over_inexact']:>6.2f}" if "ov_over_inexact" in row else ""))
 
 
 HEADER = (f"{'model':<34} {'quantizer':<16} {'kernels':>7} {'numpy':>5} {'ref':>4} "
@@ -285,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.step == "export":
         return 0
     rows = []
-    print(HEADER, flush=True)
+    from qfuse.compiler.lower.no_vnni import isa_is_exact
+
+    print(HEADER + ("" if isa_is_exact() or not args.openvino else f" {'ov/ix':>6}"),
+          flush=True)
     for name in names:
         for quantizer in args.quantizers.split(","):
             rows.append(measure(name, quantizer, args.out, args.threads, args.openvino))

@@ -1,0 +1,57 @@
+"""benchmarks/arch_sweep.py's ``ov/ix`` column: without VNNI, OpenVINO's latency over the
+plan that does not pay for exact sums (``exact_int8=False``), which is the exact plan itself
+on a VNNI CPU (no column there)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from qfuse.benchmarks.arch_sweep import HEADER, _inexact_plan, format_row
+from qfuse.compiler.lower.no_vnni import isa_is_exact
+
+ROW = {"model": "m", "quantizer": "qdq", "kernels": 3, "numpy": 0, "ref": 0, "cos_ref": 1.0,
+       "cos_ort": 1.0, "ms": 1.0, "ort_over_qfuse": 1.5, "ov_over_qfuse": 0.8}
+
+
+def test_the_column_follows_the_row() -> None:
+    assert format_row({**ROW, "ov_over_inexact": 0.95}).split()[-2:] == ["0.80", "0.95"]
+    assert format_row(ROW).split()[-1] == "0.80"  # a VNNI CPU: no column
+    assert len(format_row(ROW)) == len(HEADER)
+
+
+def _qdq_conv(path: str) -> dict[str, np.ndarray]:
+    """A QDQ 3x3 convolution whose full-range weights saturate int16 pairs without VNNI."""
+    rng = np.random.default_rng(0)
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0),
+             h.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("QuantizeLinear", ["c", "cs", "z"], ["cq"]),
+             h.make_node("DequantizeLinear", ["cq", "cs", "z"], ["y"])]
+    inits = [nh.from_array(np.array(0.02, np.float32), "s"),
+             nh.from_array(np.array(0, np.uint8), "z"),
+             nh.from_array(rng.choice([-127, 127], (16, 16, 3, 3)).astype(np.int8), "w"),
+             nh.from_array(np.full(16, 0.001, np.float32), "ws"),
+             nh.from_array(np.array(0.5, np.float32), "cs")]
+    graph = h.make_graph(nodes, "conv",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], inits)
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)]), path)
+    return {"x": rng.uniform(0, 5, (1, 16, 8, 8)).astype(np.float32)}
+
+
+def test_the_inexact_plan_is_timed_only_without_vnni(tmp_path) -> None:
+    path = tmp_path / "conv.onnx"
+    feeds = _qdq_conv(str(path))
+    plan = _inexact_plan(path, 1, feeds)
+    if isa_is_exact():
+        assert plan is None
+        return
+    assert plan is not None
+    notes = plan.inspect()
+    assert notes["exact_int8"] == {}, notes["exact_int8"]  # nothing split: it saturates
+    assert not notes["exact_int8_dot_products"]
