@@ -222,7 +222,7 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     except Exception as exc:  # noqa: BLE001
         row["error"] = f"qfuse: {type(exc).__name__}: {str(exc)[:200]}"
         return row
-    inexact = _inexact_plan(path, threads, held_out[0])
+    inexact = _inexact_plan(path, threads, held_out[0]) if openvino else None
     ov = None
     if openvino:
         from qfuse.compiler.bench_engines import make_engine
