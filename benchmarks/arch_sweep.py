@@ -266,11 +266,11 @@ def _inexact_plan(path: Path, threads: int, feeds: dict[str, np.ndarray]) -> Any
     import logging
 
     from qfuse import compile_model
-    from qfuse.compiler.lower.no_vnni import isa_is_exact
+    from qfuse.compiler.lower import no_vnni
 
-    if isa_is_exact():
+    if no_vnni.isa_is_exact():
         return None
-    quiet = logging.getLogger("qfuse.compiler.lower.no_vnni")  # its "exact_int8 is off" warning
+    quiet = no_vnni.log  # its "exact_int8 is off" warning, said once per compile
     level = quiet.level
     quiet.setLevel(logging.ERROR)
     try:

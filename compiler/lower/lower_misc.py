@@ -386,12 +386,10 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
         # the extent filled so far: earlier axes whole, later ones their interior
         dims = [out_shape[a] if a < axis else shape[a] for a in range(rank)]
         first = [0 if a < axis else begins[a] for a in range(rank)]
-        rows: list[tuple[int, int, int]] = []  # (first row written, rows, row read)
-        if attrs.mode is PadMode.EDGE:
-            rows = [(0, b, b), (b + n, e, b + n - 1)]
-        else:
-            rows = [(i, 1, 2 * b - i) for i in range(b)]
-            rows += [(b + n + i, 1, b + n - 2 - i) for i in range(e)]
+        # (first row written, rows, row read)
+        rows = ([(0, b, b), (b + n, e, b + n - 1)] if attrs.mode is PadMode.EDGE
+                else [(i, 1, 2 * b - i) for i in range(b)]
+                + [(b + n + i, 1, b + n - 2 - i) for i in range(e)])
         for write, count, read in rows:
             if not count:
                 continue
