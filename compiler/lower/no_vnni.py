@@ -256,7 +256,7 @@ def pair_split(w: np.ndarray, axis: int = 1) -> tuple[np.ndarray, np.ndarray | N
     ``m`` within int16, ``e`` zero on the odd input channels and returned as the even
     channels of complete pairs (``[O, ⌊I/2⌋, k…]``: the last channel of an odd count pairs
     with nothing, ``255·128`` fits); None when ``m = w``. None when ``e``'s own pairs could
-    leave int16: the halves stay.
+    leave int16 (``nested_pair_split`` then, else the halves).
     ``axis``: the input channels' (2 for grouped weights ``[G, O/G, I/G, k…]``)."""
     if axis != 1:  # every group's output channels as rows of their own
         split = pair_split(w.reshape(-1, *w.shape[axis:]))
