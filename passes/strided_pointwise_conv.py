@@ -51,6 +51,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
                              name=graph.unique_name(f"{node.name}/unit_stride"),
                              origin=node.origin)
         infer_into(graph, sub)
+        if x in graph.channel_orders:  # the Slice keeps its input's channels, in its order
+            graph.channel_orders[sub.outputs[0]] = graph.channel_orders[x]
         graph.set_input(node, 0, sub.outputs[0])
         node.attrs = ConvAttrs(attrs.kernel_shape, (1,) * len(attrs.strides), attrs.pads,
                                attrs.dilations, attrs.group)

@@ -10,7 +10,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from qfuse.compiler.api import compile_model
+from qfuse.compiler.api import compile_model, import_graph
+from qfuse.ir import Op
+from qfuse.passes import strided_pointwise_conv
+from qfuse.passes.base import PassContext
 from tests.fuzz.generator import Spec, fuzz_inputs
 
 MODEL = Path(__file__).parents[1] / "fuzz" / "regressions" / "strided_pointwise_conv_41245.onnx"
@@ -41,3 +44,16 @@ def test_the_convolution_runs_with_unit_strides_after_a_slice() -> None:
     producer = graph.producer(conv.inputs[0])
     assert producer is not None and producer.op.value == "Slice"
     assert producer.attrs.steps == (2, 1)
+
+
+def test_the_slice_keeps_its_inputs_channel_order() -> None:
+    """A source whose channels pair_channels reordered (no VNNI) gives the Slice the same
+    order, so run_all reads its value in the model's channel order (it read it in the
+    plan's)."""
+    graph = import_graph(onnx.load(MODEL))
+    conv = next(n for n in graph.topo_order() if n.op is Op.CONV)
+    x = conv.inputs[0]
+    order = np.random.default_rng(0).permutation(graph.info(x).shape[1])
+    graph.channel_orders[x] = order
+    assert strided_pointwise_conv.run(graph, PassContext()) == 1
+    np.testing.assert_array_equal(graph.channel_orders[conv.inputs[0]], order)
