@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
+from qfuse.benchmarks import arch_sweep
 from qfuse.benchmarks.arch_sweep import HEADER, _inexact_plan, format_row
 from qfuse.compiler.lower.no_vnni import isa_is_exact
 
@@ -55,3 +57,19 @@ def test_the_inexact_plan_is_timed_only_without_vnni(tmp_path) -> None:
     notes = plan.inspect()
     assert notes["exact_int8"] == {}, notes["exact_int8"]  # nothing split: it saturates
     assert not notes["exact_int8_dot_products"]
+
+
+def test_zero_initialized_weights_are_revived() -> None:
+    """A zero-initialized residual scale or head (timm's zero_init_last, LeViT, ViT's head)
+    gets a trained network's kind of value; other weights are left as they are."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4),
+                                torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    torch.nn.init.zeros_(model[1].weight)
+    torch.nn.init.zeros_(model[3].weight)
+    conv = model[0].weight.detach().clone()
+    assert arch_sweep._revive_zero_init(model) == ["1", "3"]
+    assert torch.all(model[1].weight == 1)
+    assert torch.all(model[3].weight != 0)
+    assert torch.equal(model[0].weight, conv)
+    assert arch_sweep._revive_zero_init(model) == []
