@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 FP32_CLEANUP = ("drop_identity", "constant_fold", "merge_duplicates", "fold_batchnorm",
                 "gemm_to_matmul", "canonicalize_arith")
 FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "deconv_as_depth_to_space",
-               "flatten_matmul_rows", "strided_pointwise_conv")
+               "flatten_matmul_rows", "strided_pointwise_conv", "merge_split_concat")
 
 
 def run_passes(graph: Graph, mode: Mode | str, ctx: PassContext | None = None) -> list[PassResult]:

@@ -13,6 +13,7 @@ from qfuse.passes import (
     decompose_batchnorm,
     decompose_fake_quantize,
     deconv_as_depth_to_space,
+    distribute_concat,
     drop_identity,
     eliminate_requantize,
     fold_batchnorm,
@@ -26,6 +27,7 @@ from qfuse.passes import (
     fuse_quantized_norm,
     gemm_to_matmul,
     merge_duplicates,
+    merge_split_concat,
     move_dequantize,
     pair_channels,
     patch_conv,
@@ -49,6 +51,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("drop_identity", drop_identity.run),
     ("constant_fold", constant_fold.run),
     ("merge_duplicates", merge_duplicates.run),
+    # elementwise ops after a Concat, up to a quantize, run on each input (MixNet's batch
+    # norm and activation after its mixed convolutions): each joins its producer's chain
+    ("distribute_concat", distribute_concat.run),
     ("fold_batchnorm", fold_batchnorm.run),
     ("decompose_batchnorm", decompose_batchnorm.run),
     ("gemm_to_matmul", gemm_to_matmul.run),
@@ -89,6 +94,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # a quantize whose integers only its dequantize reads, read by float ops (NNCF's residual
     # stream): one float32 → float32 kernel instead of two
     ("fuse_fake_quantize", fuse_post_ops.run_fake_quantize),
+    # a Concat of consecutive parts of one Split reads them as one slice (one copy)
+    ("merge_split_concat", merge_split_concat.run),
     # no VNNI: channel orders in which fewer int16 pairs of input channels can saturate
     ("pair_channels", pair_channels.run),
     # 7. the composer's mapping, recorded on each fused node

@@ -239,6 +239,17 @@ class Graph:
         node.inputs[port] = value
         self._link(value, node.name, port)
 
+    def set_inputs(self, node: Node, values: list[str]) -> None:
+        """Make ``node`` read ``values`` (any count) in place of its inputs."""
+        for value in values:
+            if value and value not in self.values:
+                raise GraphError(f"node {node} cannot read unknown value '{value}'")
+        for port, old in enumerate(node.inputs):
+            self._unlink(old, node.name, port)
+        node.inputs[:] = values
+        for port, value in enumerate(values):
+            self._link(value, node.name, port)
+
     def append_input(self, node: Node, value: str) -> int:
         """Make ``node`` read ``value`` at a new last input port; returns the port."""
         if value not in self.values:

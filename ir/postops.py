@@ -56,6 +56,8 @@ OPTIMIZATIONS = (
     "vector_matmul_as_conv",
     "patch_conv",
     "deconv_as_depth_to_space",
+    "merge_split_concat",
+    "distribute_concat",
     "linear_resampling",
     "widen_gate",
     "integer_requantize",

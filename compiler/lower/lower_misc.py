@@ -294,7 +294,9 @@ def _strided_source(ctx: LowerContext, x: str) -> str:
 def _views(ctx: LowerContext, node: Node, source: str,
            parts: list[tuple[tuple[int, ...], tuple[int, ...], int]]) -> None:
     """Per output a view (dims, element strides, element offset) of the source: the output
-    itself when the view is one contiguous run, else one reorder from it."""
+    itself when the view is one contiguous run, else one reorder from it; nothing for an
+    output nothing reads (a Split part a Concat reads with its neighbours as one slice,
+    passes/merge_split_concat.py)."""
     md = ctx.slots[source].md
     itemsize = md.numpy_dtype.itemsize
     try:
@@ -303,6 +305,8 @@ def _views(ctx: LowerContext, node: Node, source: str,
         lower_numpy(ctx, node, note="the selection is not a oneDNN strided layout")
         return
     for value, view_md, (dims, _, offset) in zip(node.outputs, views, parts, strict=True):
+        if not ctx.graph.uses(value):
+            continue
         dense = dense_in_order(view_md, dims)
         if same_bytes(view_md, dense) and not ctx.is_output(value):
             # one contiguous run of the source (attention's q, k or v picked from the

@@ -19,8 +19,10 @@ from tests.compiler.onnx_builders import init, model
 OFF = ComposerOptions().without("in_place_concat")
 
 
-def _both(m: onnx.ModelProto) -> tuple[CompiledModel, CompiledModel]:
-    return compile_model(m), compile_model(m, composer=OFF)
+def _both(m: onnx.ModelProto, *without: str) -> tuple[CompiledModel, CompiledModel]:
+    """``m`` compiled with in-place concats and without, and both without ``without``."""
+    on = ComposerOptions().without(*without)
+    return compile_model(m, composer=on), compile_model(m, composer=on.without("in_place_concat"))
 
 
 def _float_concat(batch: int = 1, reread: bool = False) -> onnx.ModelProto:
@@ -338,8 +340,9 @@ def _split_concat() -> onnx.ModelProto:
 def test_split_part_is_copied_straight_into_the_concat() -> None:
     """The first half is read by the concat only: its Split reorder writes the concat's
     region itself (as words); the second half, also read by the conv, and the conv's output
-    are copied by reorders. Bit-exact, one kernel fewer than the concat kernel's plan."""
-    on, off = _both(_split_concat())
+    are copied by reorders. Bit-exact, one kernel fewer than the concat kernel's plan.
+    (merge_split_concat, off here, reads both halves as one slice of the Split's source.)"""
+    on, off = _both(_split_concat(), "merge_split_concat")
     [placed] = _concats(on)
     assert placed["moved"] == [0] and placed["copied"] == [1, 2] and placed["words"]
     [part] = [k for k in on.plan.kernels if "straight into its region" in k.info.note]

@@ -49,7 +49,7 @@ from qfuse.runtime.reference.fused import accumulate, channel_axis
 MODELS = ("resnet", "mobilenetv2", "inception", "unet", "transformer", "vgg", "shufflenet")
 FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_gate_chain", "fold_view_dequantize",
                  "fuse_quantized_norm", "signed_matmul_weights", "fold_resize_dequantize",
-                 "fuse_fake_quantize", "pair_channels",
+                 "fuse_fake_quantize", "merge_split_concat", "pair_channels",
                  "compose_post_ops", "widen_gate", "deconv_as_depth_to_space",
                  "flatten_matmul_rows",
                  "vector_matmul_as_conv", "patch_conv", "strided_pointwise_conv")
