@@ -39,7 +39,13 @@ import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower import no_vnni, unfused
-from qfuse.compiler.lower.attrs import BuiltAttr, RuntimeZeroPoint, SrcZeroPoint, build_attr
+from qfuse.compiler.lower.attrs import (
+    BuiltAttr,
+    RuntimeZeroPoint,
+    SrcZeroPoint,
+    build_attr,
+    store_post_ops,
+)
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.layouts import (
     any_md,
@@ -549,6 +555,17 @@ def src_zero_point(ctx: LowerContext, node: Node) -> SrcZeroPoint:
     return RuntimeZeroPoint(ctx.home[name])
 
 
+def _store_in_post_ops(composed: Composed) -> Composed:
+    """``composed`` with its int8 store's scale and zero point as trailing post-ops
+    (attrs.store_post_ops: ``f32(f32(x·f32(1/s)) + zp)``, then the store's rint and
+    saturation): the same values, for a kernel that takes no dst zero point — oneDNN 3.2's
+    ``brdgmm_dw`` depthwise convolution (avx512_core_vnni), which otherwise falls to
+    ``jit_int8`` (quantize_static's activations before a Swish or HardSwish, or without an
+    activation, keep a zero point)."""
+    return replace(composed, post_ops=[*composed.post_ops, *store_post_ops(composed)],
+                   dst_scale=None, dst_zero_point=0, form=composed.rounding())
+
+
 def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channel_axis: int,
          wei_mask: int, src_zp: SrcZeroPoint, wei_zp: int, scales: bool,
          create: Create,
@@ -649,6 +666,17 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
     if built.sum_port is not None and not isinstance(composed.post_ops[0], Sum):
         # decided before the exactness of the implementation is
         built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
+    if kind == "convolution" and composed.dst_zero_point and not src_zp:
+        # oneDNN's brdgmm depthwise kernel takes no zero point: the store's as post-ops
+        made = made or create(built, residual_md, composed)
+        stored = _store_in_post_ops(composed)
+        alt_built, alt_md = attributes(stored, wei_zp)
+        alt = create(alt_built, alt_md, stored)
+        if alt[0].impl_name.startswith("brdgmm") and not made[0].impl_name.startswith("brdgmm"):
+            log.info("node %s: dst zero point as a post-op, %s instead of %s", node,
+                     alt[0].impl_name, made[0].impl_name)
+            note = f"dst zero point as a post-op: {made[0].impl_name} with it as an attribute"
+            composed, built, residual_md, made = stored, alt_built, alt_md, alt
     if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
         made = made or create(built, residual_md, composed)
         if not exact.needed(made[0].impl_name):
