@@ -671,7 +671,10 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         made = made or create(built, residual_md, composed)
         stored = _store_in_post_ops(composed)
         alt_built, alt_md = attributes(stored, wei_zp)
-        alt = create(alt_built, alt_md, stored)
+        try:
+            alt = create(alt_built, alt_md, stored)
+        except DnnlError:
+            alt = made
         if alt[0].impl_name.startswith("brdgmm") and not made[0].impl_name.startswith("brdgmm"):
             log.info("node %s: dst zero point as a post-op, %s instead of %s", node,
                      alt[0].impl_name, made[0].impl_name)
