@@ -23,7 +23,10 @@ joins dequantized values of one quantizer (an 8-bit concat once the dequantize m
 it, passes/propagate_dequantize.py) — and every
 input of the Concat is read only by it and is a Conv / ConvTranspose / MatMul output, directly
 or through a QuantizeLinear → DequantizeLinear pair, so that each copy has a kernel to join.
-A BatchNormalization (per channel) joins when the Concat is along channels. Composer option
+A BatchNormalization (per channel) joins when the Concat is along channels. A pair whose
+dequantized value only such ops read does not end the region (quantize_static quantizes the
+concatenation itself before its batch norm); the region then ends at the next pair, or at
+this one when going on fails. Composer option
 ``distribute_concat`` (on by default).
 """
 
@@ -35,6 +38,7 @@ import numpy as np
 
 from qfuse.ir import Graph, Node, Op
 from qfuse.passes.base import PassContext
+from qfuse.passes.canonicalize_arith import constant_value
 from qfuse.passes.quant_utils import infer_into
 from qfuse.passes.replace import replace_nodes
 
@@ -54,7 +58,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
     for concat in [n for n in graph.topo_order() if n.op is Op.CONCAT]:
         if not graph.has_node(concat.name):
             continue
-        region = _region(graph, concat)
+        region = _region(graph, concat, through=True) or _region(graph, concat, through=False)
         if region is None:
             continue
         ctx.visit(concat)
@@ -67,9 +71,12 @@ def run(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
-def _region(graph: Graph, concat: Node) -> list[Node] | None:
-    """The elementwise nodes after ``concat`` up to one QuantizeLinear, in topological order
-    (that quantize last), when they form a closed region (module docstring); else None."""
+def _region(graph: Graph, concat: Node, *, through: bool) -> list[Node] | None:
+    """The elementwise nodes after ``concat`` up to one Quantize → Dequantize pair, in
+    topological order (that dequantize last), when they form a closed region (module
+    docstring); else None. ``through``: a pair whose dequantized value only elementwise ops
+    read is not the end — the region goes on through it (quantize_static quantizes the
+    concatenation itself, then its batch norm and activation)."""
     out = concat.outputs[0]
     if out in graph.outputs:
         return None
@@ -93,6 +100,13 @@ def _region(graph: Graph, concat: Node) -> list[Node] | None:
                     return None
                 inside[dequantize.name] = dequantize
                 produced.update(reader.outputs)
+                after = graph.consumers(dequantize.outputs[0])
+                if through and after and dequantize.outputs[0] not in graph.outputs and all(
+                        _joins(graph, r, shape, axis, produced | set(dequantize.outputs))
+                        for r, _ in after):
+                    produced.update(dequantize.outputs)
+                    pending.extend(dequantize.outputs)
+                    continue
                 ends.append(dequantize)  # the region's end: its readers are outside
                 continue
             produced.update(reader.outputs)
@@ -101,7 +115,7 @@ def _region(graph: Graph, concat: Node) -> list[Node] | None:
         return None
     # every input of the region's nodes is a constant or computed inside (checked by
     # _joins against the values known when the reader was met; re-check now all are known)
-    if not all(v in produced or graph.constant(v) is not None
+    if not all(v in produced or constant_value(graph, v) is not None
                for n in inside.values() for v in n.inputs if v):
         return None
     order = [n for n in graph.topo_order() if n.name in inside]
@@ -135,7 +149,7 @@ def _joins(graph: Graph, node: Node, shape: tuple[int, ...], axis: int,
     for value in node.inputs:
         if not value or value in produced:
             continue
-        data = graph.constant(value)
+        data = constant_value(graph, value)  # quantize_static quantizes a lone BN's γ and β
         if data is None:
             producer = graph.producer(value)
             if producer is None or producer.op not in ELEMENTWISE:
@@ -213,8 +227,10 @@ def _rewrite(graph: Graph, concat: Node, region: list[Node]) -> None:
 
 def _cut(graph: Graph, node: Node, value: str, shape: tuple[int, ...], axis: int, lo: int,
          hi: int) -> str:
-    """Constant ``value`` for the input covering ``[lo, hi)`` along the concat's axis."""
-    data = graph.constant(value)
+    """Constant ``value`` for the input covering ``[lo, hi)`` along the concat's axis (a
+    DequantizeLinear of constants cut as its float32 values: what the batch norm's folding
+    reads of it anyway, passes/decompose_batchnorm.py)."""
+    data = constant_value(graph, value)
     assert data is not None
     own = _cut_axis(node, value, data, shape, axis)
     if own is None or own < 0:

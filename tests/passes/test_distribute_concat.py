@@ -26,13 +26,15 @@ def _qdq(name: str, src: str, dst: str, scale: float, zero: np.generic
             [init(f"{name}s", F32(scale)), init(f"{name}z", zero)])
 
 
-def _mixed(act: str = "relu", *, second: str = "conv", two_ends: bool = False
-           ) -> onnx.ModelProto:
+def _mixed(act: str = "relu", *, second: str = "conv", two_ends: bool = False,
+           static: bool = False) -> onnx.ModelProto:
     """x → Q/DQ (s8) → Split in two halves of 8 channels → a 1x1 Conv (24 channels) → Q/DQ
     each, with its own scale → Concat → BatchNormalization → act ("relu", or "swish":
     x·sigmoid(x)) → Q/DQ → 1x1 Conv → Q/DQ. ``second="relu"``: the second half's Conv output
     goes through a Relu before its Q/DQ (no kernel to join: declined). ``two_ends``: the
-    activation is quantized twice (two readers, two scales: declined)."""
+    activation is quantized twice (two readers, two scales: declined). ``static``: as
+    quantize_static has it, the concatenation itself quantized (a Q/DQ pair right after the
+    Concat) and the batch norm's scale and bias DequantizeLinear nodes of integers."""
     rng = np.random.default_rng(0)
     nodes, inits = _qdq("x", "x", "xd", 0.02, np.int8(0))
     nodes.append(helper.make_node("Split", ["xd", "sizes"], ["p0", "p1"], axis=1))
@@ -49,12 +51,25 @@ def _mixed(act: str = "relu", *, second: str = "conv", two_ends: bool = False
         more, more_inits = _qdq(f"o{i}", src, f"d{i}", 0.05 + 0.01 * i, np.int8(0))
         nodes += more
         inits += more_inits
-    nodes += [helper.make_node("Concat", ["d0", "d1"], ["cat"], axis=1),
-              helper.make_node("BatchNormalization", ["cat", "g", "b", "m", "v"], ["bn"])]
-    inits += [init("g", rng.uniform(0.5, 1.5, 48).astype(F32)),
-              init("b", rng.normal(0, 0.2, 48).astype(F32)),
-              init("m", rng.normal(0, 0.2, 48).astype(F32)),
+    nodes.append(helper.make_node("Concat", ["d0", "d1"], ["cat"], axis=1))
+    bn_in, gamma, beta = "cat", "g", "b"
+    if static:
+        more, more_inits = _qdq("cq", "cat", "catd", 0.06, np.uint8(128))
+        nodes += more + [
+            helper.make_node("DequantizeLinear", ["gq", "gs", "gz"], ["gd"], axis=0),
+            helper.make_node("DequantizeLinear", ["bq", "bs"], ["bd"], axis=0)]
+        inits += more_inits + [
+            init("gq", rng.integers(100, 255, 48).astype(np.uint8)),
+            init("gs", F32(0.006)), init("gz", np.uint8(0)),
+            init("bq", rng.integers(-300, 300, 48).astype(np.int32)),
+            init("bs", np.full(48, 0.001, F32))]
+        bn_in, gamma, beta = "catd", "gd", "bd"
+    nodes.append(helper.make_node("BatchNormalization", [bn_in, gamma, beta, "m", "v"], ["bn"]))
+    inits += [init("m", rng.normal(0, 0.2, 48).astype(F32)),
               init("v", rng.uniform(0.5, 1.5, 48).astype(F32))]
+    if not static:
+        inits += [init("g", rng.uniform(0.5, 1.5, 48).astype(F32)),
+                  init("b", rng.normal(0, 0.2, 48).astype(F32))]
     if act == "relu":
         nodes.append(helper.make_node("Relu", ["bn"], ["a"]))
     else:
@@ -115,3 +130,14 @@ def test_declined(second: str, two_ends: bool) -> None:
     on, off = _agree(_mixed(second=second, two_ends=two_ends))
     assert on["passes"].get("distribute_concat", 0) == 0
     assert len(on["kernels"]) == len(off["kernels"])
+
+
+def test_through_the_quantized_concatenation() -> None:
+    """quantize_static's form: the Concat's own Q/DQ pair does not end the region, the batch
+    norm (its γ and β dequantized integers) and the activation's pair join it; each
+    convolution then requantizes twice in its chain."""
+    on, off = _agree(_mixed(static=True))
+    assert on["passes"]["distribute_concat"] == 1
+    assert len(on["kernels"]) < len(off["kernels"])
+    assert not any(k["primitive"] == "binary" and "BatchNormalization" in k["name"]
+                   for k in on["kernels"])
