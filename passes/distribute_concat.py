@@ -155,13 +155,12 @@ def _joins(graph: Graph, node: Node, shape: tuple[int, ...], axis: int,
             if producer is None or producer.op not in ELEMENTWISE:
                 return False  # a run-time tensor from outside the region
             continue  # computed inside, met later (a gate: x·sigmoid(x))
-        if _cut_axis(node, value, data, shape, axis) is None:
+        if _cut_axis(node, data, shape, axis) is None:
             return False
     return True
 
 
-def _cut_axis(node: Node, value: str, data: np.ndarray, shape: tuple[int, ...],
-              axis: int) -> int | None:
+def _cut_axis(node: Node, data: np.ndarray, shape: tuple[int, ...], axis: int) -> int | None:
     """The axis of constant ``data`` (an input of ``node``) to cut along the concat's
     ``axis``: -1 when it is the same for every input (size 1 or no such axis), None when it
     cannot be cut (another size along it)."""
@@ -232,8 +231,9 @@ def _cut(graph: Graph, node: Node, value: str, shape: tuple[int, ...], axis: int
     reads of it anyway, passes/decompose_batchnorm.py)."""
     data = constant_value(graph, value)
     assert data is not None
-    own = _cut_axis(node, value, data, shape, axis)
-    if own is None or own < 0:
+    own = _cut_axis(node, data, shape, axis)
+    assert own is not None  # _joins took the node only where every constant can be cut
+    if own < 0:
         return value
     part = np.ascontiguousarray(np.take(data, np.arange(lo, hi), axis=own))
     name = graph.unique_name(f"{value}@{lo}-{hi}")

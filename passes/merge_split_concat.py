@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 
 from qfuse.ir import Graph, Node, Op
-from qfuse.ir.ops import AxisAttrs, SliceAttrs, SplitAttrs
+from qfuse.ir.ops import SliceAttrs, SplitAttrs
 from qfuse.passes.base import PassContext
 from qfuse.passes.quant_utils import infer_into
 
@@ -51,42 +51,33 @@ def run(graph: Graph, ctx: PassContext) -> int:
 def _merged(graph: Graph, concat: Node) -> list[str] | None:
     """``concat``'s inputs with each run of consecutive parts of one Split replaced by the
     slice of its source they make; None when there is no such run."""
-    axis = concat.attrs.axis if isinstance(concat.attrs, AxisAttrs) else None
-    inputs, merged, i = [], False, 0
-    while i < len(concat.inputs):
-        split, part = _part(graph, concat.inputs[i])
-        j = i
-        while (split is not None and axis is not None and j + 1 < len(concat.inputs)
-               and _part(graph, concat.inputs[j + 1]) == (split, part + j + 1 - i)):
-            j += 1
-        if j > i and _same_axis(graph, split, axis):
-            inputs.append(_slice(graph, split, part, part + j - i, concat))
-            merged = True
+    runs: list[list] = []  # [the Split or None, first part, last part, the input]
+    for value in concat.inputs:
+        split, part = _part(graph, value, concat.attrs.axis)
+        last = runs[-1] if runs else None
+        if split is not None and last is not None and last[0] is split and last[2] + 1 == part:
+            last[2] = part
         else:
-            inputs.extend(concat.inputs[i:j + 1])
-        i = j + 1
-    return inputs if merged else None
+            runs.append([split, part, part, value])
+    if all(first == last for _, first, last, _ in runs):
+        return None
+    return [value if first == last else _slice(graph, split, first, last, concat)
+            for split, first, last, value in runs]
 
 
-def _part(graph: Graph, value: str) -> tuple[Node | None, int]:
-    """(the Split writing ``value``, its output index) when its parts move values unchanged,
-    else (None, -1)."""
-    producer = graph.producer(value)
-    if producer is None or producer.op is not Op.SPLIT:
+def _part(graph: Graph, value: str, axis: int) -> tuple[Node | None, int]:
+    """(the Split writing ``value``, its output index) when it splits along ``axis`` and its
+    parts move values unchanged, else (None, -1)."""
+    split = graph.producer(value)
+    if split is None or split.op is not Op.SPLIT:
         return None, -1
-    source = graph.info(producer.inputs[0])
-    info = graph.info(value)
-    if info.dtype != source.dtype or info.quant != source.quant:
-        return None, -1
-    return producer, producer.outputs.index(value)
-
-
-def _same_axis(graph: Graph, split: Node | None, axis: int) -> bool:
-    if split is None:
-        return False
     attrs: SplitAttrs = split.attrs
-    rank = graph.info(split.inputs[0]).rank
-    return attrs.axis % rank == axis % rank
+    source = graph.info(split.inputs[0])
+    info = graph.info(value)
+    if (attrs.axis % source.rank != axis % source.rank or info.dtype != source.dtype
+            or info.quant != source.quant):
+        return None, -1
+    return split, split.outputs.index(value)
 
 
 def _slice(graph: Graph, split: Node, first: int, last: int, concat: Node) -> str:

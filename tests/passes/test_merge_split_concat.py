@@ -18,13 +18,13 @@ F32 = np.float32
 OFF = ComposerOptions().without("merge_split_concat")
 
 
-def _c2f(order: tuple[int, ...] = (0, 1), *, parts: int = 2, split_axis: int = 1,
-         concat_axis: int = 1) -> onnx.ModelProto:
-    """x[1, 8, 10, 10] → Q/DQ → 1x1 Conv (16 channels) → Q/DQ → Split(split_axis, ``parts``
-    equal parts); the last part → 3x3 Conv (as the bottleneck) → Q/DQ; Concat(concat_axis) of
-    the parts in ``order`` and the bottleneck's output → Q/DQ → 1x1 Conv → Q/DQ."""
+def _c2f(order: tuple[int, ...] = (0, 1), *, sizes: tuple[int, ...] = (8, 8),
+         split_axis: int = 1, concat_axis: int = 1) -> onnx.ModelProto:
+    """x[1, 8, 10, 10] → Q/DQ → 1x1 Conv (16 channels) → Q/DQ → Split(split_axis, ``sizes``);
+    the last part → 3x3 Conv (as the bottleneck) → Q/DQ; Concat(concat_axis) of the parts in
+    ``order`` and the bottleneck's output → Q/DQ → 1x1 Conv → Q/DQ."""
     rng = np.random.default_rng(5)
-    size = 16 // parts if split_axis == 1 else 10 // parts
+    parts = len(sizes)
     nodes = [*qdq_pair("x", "x", "xd"),
              helper.make_node("DequantizeLinear", ["w1", "w1s"], ["w1d"], axis=0),
              helper.make_node("Conv", ["xd", "w1d", "b1"], ["c1"], name="cv1"),
@@ -41,14 +41,14 @@ def _c2f(order: tuple[int, ...] = (0, 1), *, parts: int = 2, split_axis: int = 1
              helper.make_node("DequantizeLinear", ["w3", "w3s"], ["w3d"], axis=0),
              helper.make_node("Conv", ["catd", "w3d"], ["c3"], name="cv2"),
              *qdq_pair("y", "c3", "y")]
-    c2_in = size if split_axis == 1 else 16
-    c3_in = 16 * len(order) // parts + c2_in if concat_axis == 1 else 16
+    c2_in = sizes[-1] if split_axis == 1 else 16
+    c3_in = sum(sizes[i] for i in order) + c2_in if concat_axis == 1 else 16
     inits = [init("xs", F32(0.02)), init("xz", np.uint8(128)),
              init("w1", rng.integers(-127, 128, (16, 8, 1, 1)).astype(np.int8)),
              init("w1s", rng.uniform(0.002, 0.01, 16).astype(F32)),
              init("b1", rng.normal(0, 0.1, 16).astype(F32)),
              init("as", F32(0.05)), init("az", np.uint8(120)),
-             init("sizes", np.full(parts, size, np.int64)),
+             init("sizes", np.array(sizes, np.int64)),
              init("w2", rng.integers(-127, 128, (c2_in, c2_in, 3, 3)).astype(np.int8)),
              init("w2s", rng.uniform(0.002, 0.01, c2_in).astype(F32)),
              init("w3", rng.integers(-127, 128, (8, c3_in, 1, 1)).astype(np.int8)),
@@ -85,12 +85,8 @@ def test_the_concat_reads_the_split_source_once_and_bit_exact(mode: str) -> None
 
 
 def test_a_run_inside_the_split_becomes_one_slice() -> None:
-    """Parts 1 and 2 of three: one Slice of channels 5..15 of the source."""
-    m = _c2f((1, 2), parts=3)
-    m.graph.initializer[[i.name for i in m.graph.initializer].index("sizes")].CopyFrom(
-        onnx.numpy_helper.from_array(np.array([6, 5, 5], np.int64), "sizes"))
-    m = _resized_bottleneck(m, 5)
-    merged, plain = _plans(m)
+    """Parts 1 and 2 of three: one Slice of channels 6..15 of the source."""
+    merged, plain = _plans(_c2f((1, 2), sizes=(6, 5, 5)))
     assert merged.inspect()["passes"]["merge_split_concat"] == 1
     graph = merged.compiled_graph
     slices = [n for n in graph.topo_order() if n.op.value == "Slice"]
@@ -99,28 +95,14 @@ def test_a_run_inside_the_split_becomes_one_slice() -> None:
     np.testing.assert_array_equal(merged.run(feeds)["y"], plain.run(feeds)["y"])
 
 
-def _resized_bottleneck(m: onnx.ModelProto, channels: int) -> onnx.ModelProto:
-    """``m`` with its bottleneck for a last part of ``channels`` and its last Conv for the
-    concat's channels."""
-    rng = np.random.default_rng(6)
-    inits = {i.name: i for i in m.graph.initializer}
-    inits["w2"].CopyFrom(onnx.numpy_helper.from_array(
-        rng.integers(-127, 128, (channels, channels, 3, 3)).astype(np.int8), "w2"))
-    inits["w2s"].CopyFrom(onnx.numpy_helper.from_array(
-        rng.uniform(0.002, 0.01, channels).astype(F32), "w2s"))
-    inits["w3"].CopyFrom(onnx.numpy_helper.from_array(
-        rng.integers(-127, 128, (8, 10 + channels, 1, 1)).astype(np.int8), "w3"))
-    return m
-
-
-@pytest.mark.parametrize(("order", "parts", "split_axis", "concat_axis"), [
-    ((1, 0), 2, 1, 1),   # out of order
-    ((0,), 2, 1, 1),     # one part only
-    ((0, 1), 2, 2, 2),   # split and concat along H: merged (same axis)
+@pytest.mark.parametrize(("order", "sizes", "split_axis", "concat_axis"), [
+    ((1, 0), (8, 8), 1, 1),   # out of order
+    ((0,), (8, 8), 1, 1),     # one part only
+    ((0, 1), (5, 5), 2, 2),   # split and concat along H: merged (same axis)
 ])
-def test_declined_unless_consecutive_parts_in_order(order, parts, split_axis,
+def test_declined_unless_consecutive_parts_in_order(order, sizes, split_axis,
                                                      concat_axis) -> None:
-    m = _c2f(order, parts=parts, split_axis=split_axis, concat_axis=concat_axis)
+    m = _c2f(order, sizes=sizes, split_axis=split_axis, concat_axis=concat_axis)
     merged, plain = _plans(m)
     expected = 1 if order == (0, 1) else 0
     assert merged.inspect()["passes"].get("merge_split_concat", 0) == expected
