@@ -667,19 +667,23 @@ def emit(ctx: LowerContext, node: Node, kind: str, composed: Composed, *, channe
         # decided before the exactness of the implementation is
         built, residual_md, made = binary_sum_if_slow(built, residual_md, composed, wei_zp)
     if kind == "convolution" and composed.dst_zero_point and not src_zp:
-        # oneDNN's brdgmm depthwise kernel takes no zero point: the store's as post-ops
+        # oneDNN's brdgmm depthwise kernel takes no zero point: where the dst zero point
+        # sent a convolution to jit_int8 (the depthwise one with AVX-512 VNNI), try the
+        # store's as post-ops
         made = made or create(built, residual_md, composed)
-        stored = _store_in_post_ops(composed)
-        alt_built, alt_md = attributes(stored, wei_zp)
-        try:
-            alt = create(alt_built, alt_md, stored)
-        except DnnlError:
-            alt = made
-        if alt[0].impl_name.startswith("brdgmm") and not made[0].impl_name.startswith("brdgmm"):
-            log.info("node %s: dst zero point as a post-op, %s instead of %s", node,
-                     alt[0].impl_name, made[0].impl_name)
-            note = f"dst zero point as a post-op: {made[0].impl_name} with it as an attribute"
-            composed, built, residual_md, made = stored, alt_built, alt_md, alt
+        if made[0].impl_name.startswith("jit_int8"):
+            stored = _store_in_post_ops(composed)
+            alt_built, alt_md = attributes(stored, wei_zp)
+            try:
+                alt = create(alt_built, alt_md, stored)
+            except DnnlError:
+                alt = made
+            if alt[0].impl_name.startswith("brdgmm"):
+                log.info("node %s: dst zero point as a post-op, %s instead of %s", node,
+                         alt[0].impl_name, made[0].impl_name)
+                note = (f"dst zero point as a post-op: {made[0].impl_name} with it as an "
+                        "attribute")
+                composed, built, residual_md, made = stored, alt_built, alt_md, alt
     if exact is not None:  # the implementation oneDNN picks decides (no_vnni.py)
         made = made or create(built, residual_md, composed)
         if not exact.needed(made[0].impl_name):

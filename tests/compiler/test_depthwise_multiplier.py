@@ -44,11 +44,10 @@ def _convs(compiled) -> list[dict]:
     return [k for k in compiled.inspect()["kernels"] if k["node"] == "mconv"]
 
 
-def _compile(m, mode: str, depthwise: bool, monkeypatch: pytest.MonkeyPatch):
-    """``m`` compiled with the depthwise form taken (``depthwise``) or not, whatever this
-    ISA's kernels would choose."""
+def _grouped(m, mode: str, monkeypatch: pytest.MonkeyPatch):
+    """``m`` compiled with the grouped convolution as oneDNN has it (the form declined)."""
     with monkeypatch.context() as patch:
-        patch.setattr(lower_compute, "_depthwise_if_faster", lambda *a: depthwise)
+        patch.setattr(lower_compute, "_depthwise_if_faster", lambda *a: False)
         return compile_model(m, mode=mode)
 
 
@@ -57,14 +56,13 @@ def _compile(m, mode: str, depthwise: bool, monkeypatch: pytest.MonkeyPatch):
 def test_a_channel_multiplier_runs_depthwise_on_jit_and_bit_exact(
         channels: int, reps: int, kernel: int, stride: int, zero: int, spatial: int,
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Taken on every ISA: faster than the grouped one on ref:any (AVX2) and on brgconv
+    (AVX-512 VNNI)."""
     m = _multiplier(channels, reps, kernel, stride, zero=zero, spatial=spatial)
-    grouped = {mode: _compile(m, mode, False, monkeypatch) for mode in ("fused", "unfused")}
-    # Taken on every ISA: faster than the grouped one on ref:any (AVX2) and on brgconv
-    # (AVX-512 VNNI).
-    assert any(NOTE in k.get("note", "") for k in _convs(compile_model(m)))
+    grouped = {mode: _grouped(m, mode, monkeypatch) for mode in ("fused", "unfused")}
     for mode in ("fused", "unfused"):
         assert not any(NOTE in k.get("note", "") for k in _convs(grouped[mode]))
-    depthwise = {mode: _compile(m, mode, True, monkeypatch) for mode in ("fused", "unfused")}
+    depthwise = {mode: compile_model(m, mode=mode) for mode in ("fused", "unfused")}
     convs = _convs(depthwise["fused"])
     assert convs and all(not k["impl"].startswith("ref") for k in convs), convs
     assert any(NOTE in k.get("note", "") for k in convs), convs
@@ -95,9 +93,9 @@ def test_a_float_channel_multiplier_runs_depthwise() -> None:
     np.testing.assert_allclose(compiled.run(feeds)["y"], want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_repeated_source_is_shared_by_its_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_repeated_source_is_shared_by_its_readers() -> None:
     """Two multiplier convolutions of one source (FastViT's 7x7 and 3x3 branches) read one
-    repeated copy (the depthwise form taken whatever this ISA's kernels would choose)."""
+    repeated copy."""
     rng = np.random.default_rng(2)
     nodes = [*qdq_pair("x", "x", "xd")]
     inits = [init("xs", np.array(0.02, F)), init("xz", np.array(128, np.uint8)),
@@ -110,7 +108,7 @@ def test_the_repeated_source_is_shared_by_its_readers(monkeypatch: pytest.Monkey
                   init(f"ws{i}", rng.uniform(0.005, 0.01, 32).astype(F))]
     nodes += [helper.make_node("Add", ["c0", "c1"], ["s"]), *qdq_pair("c", "s", "y")]
     m = model(nodes, {"x": ((1, 16, 20, 20), TensorProto.FLOAT)}, ["y"], inits, opset=13)
-    compiled = _compile(m, "fused", True, monkeypatch)
+    compiled = compile_model(m)
     kernels = compiled.inspect()["kernels"]
     assert sum("repeated 2 times" in k.get("note", "") and not (k["node"] or "").startswith("mconv")
                for k in kernels) == 1, kernels
