@@ -202,7 +202,8 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
                                merge_copies=ctx.composer.on("merge_copies"),
                                sum_in_place=ctx.composer.on("sum_in_place"),
                                direct_int8=ctx.composer.on("direct_int8"),
-                               linear_resampling=ctx.composer.on("linear_resampling")))
+                               linear_resampling=ctx.composer.on("linear_resampling"),
+                               padded_depthwise=ctx.composer.on("padded_depthwise")))
     executor = Executor(plan, threads)
     from qfuse.compiler.concat_report import concat_report
 

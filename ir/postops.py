@@ -63,6 +63,7 @@ OPTIMIZATIONS = (
     "integer_requantize",
     "pair_channels",
     "requantize_before_resize",
+    "padded_depthwise",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

@@ -20,7 +20,9 @@ is used by one thread at a time. Constant memories are only read, so all context
 One context is used by one call at a time; ``Executor`` keeps a pool of idle contexts.
 
 Buffers start zeroed. A context reads nothing it has not written in the same run (a test
-fills fresh buffers with garbage and compares), so its first run equals every later one.
+fills fresh buffers with garbage and compares), so its first run equals every later one — but
+for the border of a padded source (``Slot.fill``): its buffer starts filled with that byte,
+and no kernel writes the border, so every run reads the same border.
 """
 
 from __future__ import annotations
@@ -63,7 +65,9 @@ class ExecutionContext:
         self.plan = plan
         buffers = plan.buffers
         self.stream = Stream()
-        self._arrays = [aligned_bytes(n, fill) for n in buffers.sizes]
+        # a padded source's buffer starts (and its border stays) at its own byte
+        self._arrays = [aligned_bytes(n, buffers.fills.get(i, fill))
+                        for i, n in enumerate(buffers.sizes)]
         self.memories: dict[str, Memory] = {}
         for name, slot in plan.slots.items():
             if slot.const is not None:

@@ -7,7 +7,8 @@
 Files: ``table.py`` the one table keyed by op (and the driver, which also folds constant
 subgraphs); ``context.py`` value slots, the layout policy and reorder insertion; ``layouts.py``
 descriptor helpers; ``attrs.py`` composer result → primitive attributes; ``lower_compute.py``
-(Conv, ConvTranspose), ``lower_matmul.py`` (MatMul, Gemm), ``lower_quant.py`` (quantize,
+(Conv, ConvTranspose; ``padded_depthwise.py`` its depthwise form over a padded u8 source),
+``lower_matmul.py`` (MatMul, Gemm), ``lower_quant.py`` (quantize,
 dequantize, requantize reorders), ``lower_pool.py``, ``lower_misc.py`` (float elementwise,
 batch norm, data movement), ``lower_norm.py`` (softmax, layer norm, float or int8), ``unfused.py`` (the `unfused` mode's chain of primitives),
 ``fallback.py`` (numpy kernels); ``plan.py`` the Plan, buffer planning and binding.

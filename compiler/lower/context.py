@@ -87,6 +87,10 @@ class Options:
     # are ONNX's (lower_resize.py; within a few float32 ulps, not bit-exact); False keeps the
     # bit-exact numpy kernel (the composer option linear_resampling).
     linear_resampling: bool = True
+    # An s8 or zero-point depthwise convolution that jit_int8 runs slowly runs on brdgmm over
+    # its source padded explicitly (padded_depthwise.py); False keeps jit_int8 (the composer
+    # option padded_depthwise).
+    padded_depthwise: bool = True
 
 
 class LowerContext:

@@ -18,9 +18,10 @@ output's slot at ``b_i - offset(s_i in r_i)``. No descriptor changes, no primiti
 
 Preconditions, each checked per input (``_why_not`` says which failed; ``inspect`` prints it):
 - every slot of the group lies inside ``s_i``'s bytes (nothing else is moved along);
-- the group is neither a graph input, an output nor a constant, and no kernel after ``K``
-  reads or writes it (its lifetime ends at ``K``: after the move its bytes are the output's,
-  which later kernels may overwrite in place);
+- the group is neither a graph input, an output, a constant nor a padded source (its border
+  must keep its fill), and no kernel after ``K`` reads or writes it (its lifetime ends at
+  ``K``: after the move its bytes are the output's, which later kernels may overwrite in
+  place);
 - its writers come before ``K``; another input does not share its group (``concat(x, x)``).
 Regions of distinct inputs are disjoint, so no kernel writes bytes another input still needs.
 
@@ -125,6 +126,8 @@ def _why_not(groups: _Groups, slot: str, view: MemoryDesc, index: int, ends: set
             return "written by the concat itself"
     if any(name in ends for name, _ in groups.members[root]):
         return "a graph input or output"
+    if slots[root].fill is not None:
+        return "a padded source (its border must stay)"
     for name, at in groups.members[root]:
         if at < offset or at + slots[name].md.size > offset + md.size:
             return f"its buffer also holds '{name}' outside its bytes"

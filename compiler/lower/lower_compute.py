@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
-from qfuse.compiler.lower import no_vnni, unfused
+from qfuse.compiler.lower import no_vnni, padded_depthwise, unfused
 from qfuse.compiler.lower.attrs import (
     BuiltAttr,
     RuntimeZeroPoint,
@@ -423,6 +423,29 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
                     f"convolution over the source's channels repeated {reps} times: oneDNN "
                     "has no fast kernel for the grouped one")
         return
+    padded = (padded_depthwise.wanted(ctx, node, xinfo, yinfo, w, g, geometry)
+              if integer and not deconv else None)
+    if padded is not None:
+        restore = ctx.checkpoint()
+        src, wide = padded_depthwise.padded_source(ctx, x, padded)
+        n = len(geometry["padding_l"])
+        meta = {k: v for k, v in node.meta.items() if k != "composed_multiply"}
+        clone = Node(node.name, node.op, replace(attrs, pads=(0,) * (2 * n)),
+                     [src, *node.inputs[1:]], list(node.outputs), list(node.origin), meta,
+                     replace(node.fused, src_zero_point=0))
+        first = len(ctx.kernels)
+        _lower_conv(ctx, clone, w, g, {**geometry, "padding_l": (0,) * n,
+                                       "padding_r": (0,) * n},
+                    src_info=wide, padded=padded)
+        impl = next(k.impl for k in reversed(ctx.kernels) if k.info.node == node.name)
+        if impl.startswith("brdgmm"):
+            _note_since(ctx, node, first, f"over its source padded explicitly with the zero "
+                        f"level {padded.level} (u8): oneDNN's brdgmm depthwise kernel takes no "
+                        "zero point and no s8 source; the zero point's sum subtracted before "
+                        "the scales")
+            return
+        log.info("node %s: over a padded source still %s: not padded", node, impl)
+        restore()  # its other attributes keep it off brdgmm (a sum with a zero point)
     dense = None
     if not deconv and 1 < g <= MAX_DENSE_GROUPS and w.shape[1] * w.shape[2] > 1:
         dense = _dense_if_faster(xinfo, yinfo, w, geometry)
@@ -443,10 +466,11 @@ def _note_since(ctx: LowerContext, node: Node, first: int, note: str) -> None:
 
 
 def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
-                geometry: dict[str, Sequence[int]], *, src_info: TensorInfo | None = None
-                ) -> None:
+                geometry: dict[str, Sequence[int]], *, src_info: TensorInfo | None = None,
+                padded: padded_depthwise.Padded | None = None) -> None:
     """lower_conv once oneDNN's logical weights ``w`` ([G, O/G, I/G, k…] when ``g`` > 1) and
-    the geometry are decided; ``src_info``: the source's when it is not a graph value."""
+    the geometry are decided; ``src_info``: the source's when it is not a graph value;
+    ``padded``: the source is padded_depthwise's (its zero point compensated in post-ops)."""
     deconv = node.op is Op.CONV_TRANSPOSE
     x, y = node.inputs[0], node.outputs[0]
     xinfo, yinfo = src_info or ctx.info(x), ctx.info(y)
@@ -517,6 +541,8 @@ def _lower_conv(ctx: LowerContext, node: Node, w: np.ndarray, g: int,
                               wei_zp=0, wei_mask=wei_mask, exact=exact)
         return
     composed = composed_for(ctx, node, channels, yinfo.dtype)
+    if padded is not None:
+        composed = padded_depthwise.compensated(composed, w, padded)
     if not integer:
         axes = (0, 1) if g > 1 else (0,)
         w = scale_weights(w.astype(F32), composed.wei_scales, axes)

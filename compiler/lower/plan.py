@@ -49,6 +49,10 @@ class Slot:
     const: Memory | None = None  # a constant: its own memory, never pooled
     # A host slot (layouts.is_host): md is flat u8 bytes; numpy sees (shape, dtype).
     host: tuple[tuple[int, ...], np.dtype] | None = None
+    # A padded source (lower_compute.padded_depthwise): its own buffer, every byte set to
+    # ``fill`` once when an execution context is made and never pooled, so the border no
+    # kernel writes keeps that value from run to run; kernels write its interior through views.
+    fill: int | None = None
 
 
 @dataclass
@@ -101,6 +105,7 @@ class BufferPlan:
     buffer_of: dict[str, int]  # root slot -> buffer index
     sizes: list[int]  # bytes per buffer
     lifetimes: dict[str, tuple[int, int]]  # root slot -> (first, last) kernel index
+    fills: dict[int, int] = field(default_factory=dict)  # buffer index -> its initial byte
 
 
 class DynamicOutput:
@@ -175,21 +180,31 @@ def plan_buffers(slots: dict[str, Slot], kernels: list[Kernel], inputs: list[str
     unwritten = sorted(r for r in need if r not in first)
     if unwritten:
         raise RuntimeError(f"plan reads slots that no kernel writes: {unwritten}")
+    sizes: list[int] = []
+    buffer_of: dict[str, int] = {}
+    fills: dict[int, int] = {}
+    for root in sorted(need):  # padded sources: a buffer of their own for the whole run
+        fill = slots[root].fill
+        if fill is not None:
+            buffer_of[root] = len(sizes)
+            fills[len(sizes)] = fill
+            sizes.append(need[root])
+            first[root], last[root] = -1, end
     starts: dict[int, list[str]] = {}
     ends: dict[int, list[str]] = {}
     for root, start in first.items():
+        if root in buffer_of:
+            continue
         starts.setdefault(start, []).append(root)
         ends.setdefault(max(last.get(root, start), start), []).append(root)
-    sizes: list[int] = []
     free: list[int] = []
-    buffer_of: dict[str, int] = {}
     for index in range(-1, end + 1):
         for root in sorted(starts.get(index, ())):
             buffer_of[root] = _take(free, sizes, need[root])
         for root in ends.get(index, ()):
             free.append(buffer_of[root])
     lifetimes = {r: (first[r], max(last.get(r, first[r]), first[r])) for r in first}
-    return BufferPlan(root_of, buffer_of, sizes, lifetimes)
+    return BufferPlan(root_of, buffer_of, sizes, lifetimes, fills)
 
 
 def _take(free: list[int], sizes: list[int], nbytes: int) -> int:

@@ -102,7 +102,8 @@ def _removable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: 
         return None
     b_group, d_group = set(alias_group(slots, source)), set(alias_group(slots, home))
     if (b_group & ends or d_group & ends or slots[source].const is not None
-            or slots[home].const is not None):
+            or slots[home].const is not None or slots[home].fill is not None
+            or slots[root].fill is not None):
         return None
     summing = next((k for k in range(index + 1, len(kernels))
                     if any(_touches(kernels[k], d_group))), None)
