@@ -106,9 +106,11 @@ def _define(ctx: LowerContext, y: str, shape: tuple[int, ...], md: MemoryDesc) -
 
 def _emit(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
           fixed: dict[int, Memory], dst: Quant | None, details: list[str],
-          stats: dict[int, str] | None = None) -> None:
+          stats: dict[int, str] | None = None, in_place: bool = False) -> None:
     """Add the kernel writing the output (through a quantize reorder when split); ``stats``:
-    its MEAN / VARIANCE slots when it takes them as inputs."""
+    its MEAN / VARIANCE slots when it takes them as inputs; ``in_place``: the primitive may
+    write over its source (oneDNN's softmax reads each element before writing it), done when
+    nothing reads the source later and the layouts match."""
     extra = dict(stats or {})
     y, shape = node.outputs[0], ctx.info(node.outputs[0]).shape
     dst_md = pd.dst_md
@@ -125,7 +127,11 @@ def _emit(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
         assert out_md is not None
         _requantize(ctx, node, temp, _define(ctx, y, shape, out_md), Arg.DST, dst)
         return
-    out = _define(ctx, y, shape, dst_md)
+    if (in_place and dst_md.dims == shape and ctx.slots[src].md == dst_md
+            and ctx.may_overwrite(src, node)):
+        out = ctx.define(y, dst_md, alias=src)
+    else:
+        out = _define(ctx, y, shape, dst_md)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): out, **extra}, fixed,
                       info=info)
 
@@ -175,7 +181,9 @@ def lower_softmax(ctx: LowerContext, node: Node) -> None:
     pd, fixed, details = _pick(ctx, node, "softmax", build)
     src_md = pd.src_md
     assert src_md is not None
-    _emit(ctx, node, pd, ctx.source(x, src_md), fixed, dst, details)
+    # in place: 2 MB less memory traffic for PP-OCRv4 rec's 40 x 6625 output (its marginal
+    # cost in the model 60 → 50 us, 2-core AMD EPYC)
+    _emit(ctx, node, pd, ctx.source(x, src_md), fixed, dst, details, in_place=True)
 
 
 def probe_softmax(ctx: LowerContext, node: Node, port: int,

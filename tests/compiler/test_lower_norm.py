@@ -18,9 +18,10 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper
 
-from qfuse.compiler.api import compile_model, import_graph
-from qfuse.compiler.lower import Options, Plan, lower
+from qfuse.compiler.api import compile_model, import_graph, random_inputs
+from qfuse.compiler.lower import Options, Plan, lower, lower_norm
 from qfuse.compiler.lower.no_vnni import EXACT_INT8_ISAS
 from qfuse.compiler.modes import run_passes
 from qfuse.examples import zoo
@@ -44,6 +45,7 @@ from qfuse.runtime.onednn import (
 )
 from qfuse.runtime.reference.ops_mlas import softmax_last_axis
 from tests.compiler.lower_helpers import ref_eval, run_plan
+from tests.compiler.onnx_builders import init, model
 from tests.ort_int8 import qdq_session
 from tests.passes.norm_helpers import norm_graph, random_feeds
 
@@ -235,3 +237,35 @@ def test_transformer_end_to_end_vs_onnxruntime(transformer: dict) -> None:
         ref = ref_eval(fused.compiled_graph, feeds)["output"].astype(np.float64).ravel()
         step = float(np.abs(np.diff(np.unique(ref))).min())
         assert np.abs(got - ref).max() <= step * 1.001
+
+
+# ------------------------------------------------------------------- in place
+def _logits_softmax(reread: bool):
+    """MatMul → Softmax (PP-OCRv4 rec's head); ``reread``: the logits are an output too."""
+    rng = np.random.default_rng(3)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["logits"]),
+             helper.make_node("Softmax", ["logits"], ["p"], axis=-1)]
+    outputs = ["p", "logits"] if reread else ["p"]
+    return model(nodes, {"x": ((1, 40, 24), TensorProto.FLOAT)}, outputs,
+                 [init("w", rng.normal(0, 1, (24, 333)).astype(F32))])
+
+
+@pytest.mark.parametrize("reread", [False, True])
+def test_softmax_writes_over_its_source_when_nothing_reads_it_later(
+        reread: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = _logits_softmax(reread)
+    compiled = compile_model(m)
+    original = lower_norm._emit
+    monkeypatch.setattr(lower_norm, "_emit",
+                        lambda *a, **k: original(*a, **{**k, "in_place": False}))
+    separate = compile_model(m)
+    plan = compiled.plan
+    [kernel] = [k for k in plan.kernels if k.kind == "softmax"]
+    same_buffer = plan.root(kernel.args[int(Arg.SRC)]) == plan.root(kernel.args[int(Arg.DST)])
+    assert same_buffer is not reread
+    for seed in range(2):
+        feeds = random_inputs(compiled, seed=seed)
+        got, want = compiled.run(feeds), separate.run(feeds)
+        assert got.keys() == want.keys()
+        for name in got:
+            np.testing.assert_array_equal(got[name], want[name])
