@@ -219,7 +219,12 @@ def run_view_dequantize(graph: Graph, ctx: PassContext) -> int:
     8 bits): the node's chain ends in that dequantize's exact multiply and writes float32, the
     views move float32, and the dequantize is no kernel. LeViT's attention output, P·V
     transposed and reshaped, then dequantized for its Hardswish: one reorder a block less
-    (the P·V matmul writes the merged heads' float32 itself)."""
+    (the P·V matmul writes the merged heads' float32 itself). Without views, where every
+    reader is a fused node's chain reading the dequantized value as its float32 tensor
+    operand (``_float_operand``): the second factor of a gated product, StarNet's
+    ``relu6(f1(x))·f2(x)``, whose f2 convolution then writes the float32 values the binary
+    post-op reads instead of 8 bits and a dequantize reorder (bit-exact: the same exact
+    multiply)."""
     changed = 0
     for dq in [n for n in graph.topo_order() if n.op is Op.DEQUANTIZE_LINEAR]:
         if not graph.has_node(dq.name):
@@ -257,7 +262,7 @@ def _view_dequantize(graph: Graph, dq: Node, ctx: PassContext
     if any(v.op is Op.TRANSPOSE for v in views[:-1]) or (
             views and views[-1].op is Op.TRANSPOSE and (node is None or node.op is not Op.MATMUL)):
         return None
-    if (not views or node is None or node.fused is None or node.op not in COMPUTE_OPS
+    if (node is None or node.fused is None or node.op not in COMPUTE_OPS
             or len(graph.consumers(value)) != 1 or value in graph.outputs
             or not node.fused.chain or not isinstance(node.fused.chain[-1], Quantize)):
         return None
@@ -266,12 +271,17 @@ def _view_dequantize(graph: Graph, dq: Node, ctx: PassContext
     if (params is None or not params.per_tensor or params.dtype is not info.dtype
             or params.quant() != info.quant):
         return None
-    for reader, _ in graph.consumers(dq.outputs[0]):
+    readers = graph.consumers(dq.outputs[0])
+    operands = [_float_operand(reader, port) for reader, port in readers]
+    if not views and not (readers and all(operands)):
+        return None  # without views: only where chains read it as their float32 operand
+    for (reader, _), operand in zip(readers, operands, strict=True):
         # elementwise float ops only: a LayerNorm or Softmax reads 8 bits itself later
         # (fuse_quantized_norm), a compute node or a quantize reads the integers
         elementwise = activation(reader) is not None or reader.op in (
             Op.MUL, Op.ADD, Op.SUB, Op.DIV)
-        if not elementwise or (reader.fused is not None and reader.fused.src_scale is not None):
+        if not operand and (not elementwise or (
+                reader.fused is not None and reader.fused.src_scale is not None)):
             return None
     if dq.outputs[0] in graph.outputs:
         return None
@@ -283,6 +293,17 @@ def _view_dequantize(graph: Graph, dq: Node, ctx: PassContext
     except ComposeError:
         return None
     return node, views, chain
+
+
+def _float_operand(reader: Node, port: int) -> bool:
+    """``reader`` is a fused Conv / MatMul whose chain reads its input ``port`` as a float32
+    tensor operand (a binary post-op), not as its source or a residual: the second factor
+    of a gated product ``act(x1)·x2`` (StarNet's star blocks, gated MLPs), which oneDNN's
+    binary post-op reads dequantized, having no scale for it."""
+    fused = reader.fused
+    return (fused is not None and reader.op in COMPUTE_OPS and port > 0
+            and any(isinstance(op, TensorOperand) and op.port == port for op in fused.chain)
+            and not any(isinstance(op, Residual) and op.port == port for op in fused.chain))
 
 
 #: readers that, left unfused after the other fusion passes, compute in float32 from a value
