@@ -105,6 +105,42 @@ def test_declined_where_it_does_not_pay(shape: dict) -> None:
                                                  f"{shape['size'] + shape['kernel'] - 1}")
 
 
+def test_a_residual_sum_keeps_the_zero_point_form() -> None:
+    """brdgmm_dw takes no sum post-op: a depthwise convolution summing a residual stays on
+    its zero-point form (the padded attempt is undone: no copy, no padded buffer)."""
+    rng = np.random.default_rng(5)
+    channels, kernel = 24, 5
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("QuantizeLinear", ["r", "rs", "rz"], ["rq"]),
+             helper.make_node("DequantizeLinear", ["rq", "rs", "rz"], ["rd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], name="dw", group=channels,
+                              pads=[2] * 4),
+             helper.make_node("QuantizeLinear", ["c", "cs", "cz"], ["cq"]),
+             helper.make_node("DequantizeLinear", ["cq", "cs", "cz"], ["cd"]),
+             helper.make_node("Add", ["cd", "rd"], ["a"]),
+             helper.make_node("QuantizeLinear", ["a", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    inits = [init("xs", F32(0.02)), init("xz", np.uint8(121)), init("rs", F32(0.03)),
+             init("rz", np.uint8(130)),
+             init("w", rng.integers(-127, 128, (channels, 1, kernel, kernel)).astype(np.int8)),
+             init("ws", rng.uniform(0.0005, 0.002, channels).astype(F32)),
+             init("cs", F32(0.04)), init("cz", np.uint8(125)), init("ys", F32(0.05)),
+             init("yz", np.uint8(128))]
+    shape = (1, channels, 48, 48)
+    m = model(nodes, {"x": (shape, TensorProto.FLOAT), "r": (shape, TensorProto.FLOAT)},
+              ["y"], inits, opset=13)
+    padded, plain = compile_model(m), compile_model(m, composer=OFF)
+    conv = _conv(padded)
+    assert "sum" in conv["post_ops"] and "padded_depthwise" not in conv["optimizations"]
+    assert conv["impl"] == _conv(plain)["impl"] and not padded.plan.buffers.fills
+    assert len(padded.plan.kernels) == len(plain.plan.kernels)
+    for seed in range(2):
+        feeds = random_inputs(padded, seed=seed)
+        np.testing.assert_array_equal(padded.run(feeds)["y"], plain.run(feeds)["y"])
+
+
 def test_the_border_is_the_zero_level_in_every_context() -> None:
     """Fresh contexts whose other buffers start as garbage, and the border of the padded
     buffer: the same outputs as the model's own runs."""
