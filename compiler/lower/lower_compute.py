@@ -445,7 +445,7 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
                         "the scales")
             return
         log.info("node %s: over a padded source still %s: not padded", node, impl)
-        restore()  # its other attributes keep it off brdgmm (a sum with a zero point)
+        restore()  # its other attributes keep it off brdgmm (a sum post-op: it takes none)
     dense = None
     if not deconv and 1 < g <= MAX_DENSE_GROUPS and w.shape[1] * w.shape[2] > 1:
         dense = _dense_if_faster(xinfo, yinfo, w, geometry)

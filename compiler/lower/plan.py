@@ -13,7 +13,9 @@ Kernels are walked in order; before kernel i the groups it starts are given the 
 buffer that fits (or the largest free one, grown, or a new one), after kernel i the groups whose
 last reader it was return their buffer to the pool. A kernel's outputs therefore never share a
 buffer with its inputs except through an explicit alias. All primitives share one scratchpad
-of ``scratchpad_bytes`` (the largest any kernel asks for).
+of ``scratchpad_bytes`` (the largest any kernel asks for). A padded source
+(``Slot.fill``, lower_compute's padded_depthwise) takes a buffer of its own for the whole run,
+never pooled: its border holds the fill byte the execution context sets once.
 
 A Plan, its slots and its kernels are immutable once built (frozen dataclasses): the buffer
 plan and the scratchpad size are computed when the Plan is made, and it holds no buffer,
