@@ -186,6 +186,7 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
     from qfuse.runtime.executor import Executor
 
     work = graph.copy()
+    from qfuse.compiler.lower.lower_compute import depthwise_binary_block
     from qfuse.compiler.lower.no_vnni import isa_is_exact
 
     composer = composer or ComposerOptions()
@@ -193,7 +194,8 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
         composer.on("unsigned_activations") and not isa_is_exact()),
         split_int8_deconvolutions=exact_int8 and not isa_is_exact(),
         pair_input_channels=(composer.on("pair_channels") and exact_int8
-                             and not isa_is_exact()))
+                             and not isa_is_exact()),
+        depthwise_binary_block=depthwise_binary_block())
     results = run_passes(work, mode, ctx)
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
     plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,

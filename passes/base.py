@@ -61,6 +61,11 @@ class PassContext:
     # the same CPUs: channel orders chosen so that fewer int16 pairs of input channels need
     # the excess kernel of pair-safe weights (passes/pair_channels.py)
     pair_input_channels: bool = False
+    # the channel block of oneDNN's int8 depthwise kernel on this CPU where it applies binary
+    # post-ops wrong on a channel tail (AVX2 8, SSE4.1 4; compiler/lower/lower_compute
+    # WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY), else 0: distribute_concat then moves no
+    # per-channel operand into such a convolution (it would run on ref:any)
+    depthwise_binary_block: int = 0
     current: PassResult | None = None
     current_node: Node | None = None
 

@@ -26,7 +26,11 @@ or through a QuantizeLinear → DequantizeLinear pair, so that each copy has a k
 A BatchNormalization (per channel) joins when the Concat is along channels. A pair whose
 dequantized value only such ops read does not end the region (quantize_static quantizes the
 concatenation itself before its batch norm); the region then ends at the next pair, or at
-this one when going on fails. Composer option
+this one when going on fails. Not on a CPU whose oneDNN int8 depthwise kernel applies
+per-channel binary post-ops wrong on a channel tail (AVX2, SSE4.1: ``PassContext.
+depthwise_binary_block``) when an input is such a depthwise convolution and the region
+brings per-channel operands: there the copy would run on ``ref:any`` (MixNet-S's 90-channel
+groups under AVX2), and the region stays one kernel after the Concat. Composer option
 ``distribute_concat`` (on by default).
 """
 
@@ -62,13 +66,37 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if region is None:
             continue
         ctx.visit(concat)
-        if all(_joins_a_kernel(graph, x) for x in concat.inputs):
-            _rewrite(graph, concat, region)
-            changed += 1
-        else:
+        if not all(_joins_a_kernel(graph, x) for x in concat.inputs):
             ctx.decline(concat, "distribute_concat: an input is not a convolution's or "
                         "matmul's output read only by the concat")
+            continue
+        tail = _depthwise_tail(graph, concat, region, ctx.depthwise_binary_block)
+        if tail:
+            ctx.decline(concat, f"distribute_concat: a depthwise convolution of {tail} "
+                        "channels would take per-channel binary post-ops, which oneDNN's "
+                        f"int8 depthwise kernel on this CPU applies wrong unless the channels "
+                        f"are a multiple of {ctx.depthwise_binary_block} (ref:any instead)")
+            continue
+        _rewrite(graph, concat, region)
+        changed += 1
     return changed
+
+
+def _depthwise_tail(graph: Graph, concat: Node, region: list[Node], block: int) -> int:
+    """The channels of a depthwise convolution among the concat's inputs that is not a
+    multiple of ``block`` when the region brings per-channel operands (a batch norm, a
+    per-channel Mul or Add, a per-channel quantizer), else 0."""
+    if not block or not any(node.op is Op.BATCH_NORM or any(
+            (data := constant_value(graph, v)) is not None and data.size > 1
+            for v in node.inputs[1:] if v) for node in region):
+        return 0
+    for value in concat.inputs:
+        node = _kernel_of(graph, value)
+        channels = graph.info(value).shape[1] if node is not None else 0
+        if (node is not None and node.op is Op.CONV and node.attrs.group == channels
+                and graph.info(node.inputs[0]).shape[1] == channels and channels % block):
+            return channels
+    return 0
 
 
 def _region(graph: Graph, concat: Node, *, through: bool) -> list[Node] | None:
@@ -182,14 +210,20 @@ def _joins_a_kernel(graph: Graph, value: str) -> bool:
     directly or through a QuantizeLinear → DequantizeLinear pair read only by each other."""
     if graph.uses(value) != 1 or value in graph.outputs:
         return False
+    return _kernel_of(graph, value) is not None
+
+
+def _kernel_of(graph: Graph, value: str) -> Node | None:
+    """The Conv / ConvTranspose / MatMul writing ``value``, directly or through a
+    QuantizeLinear → DequantizeLinear pair read only by each other, or None."""
     producer = graph.producer(value)
     if producer is not None and producer.op is Op.DEQUANTIZE_LINEAR:
         quantize = graph.producer(producer.inputs[0])
         if quantize is None or quantize.op is not Op.QUANTIZE_LINEAR or graph.uses(
                 producer.inputs[0]) != 1 or graph.uses(quantize.inputs[0]) != 1:
-            return False
+            return None
         producer = graph.producer(quantize.inputs[0])
-    return producer is not None and producer.op in COMPUTE
+    return producer if producer is not None and producer.op in COMPUTE else None
 
 
 def _rewrite(graph: Graph, concat: Node, region: list[Node]) -> None:

@@ -70,6 +70,7 @@ from qfuse.runtime.onednn import (
     PrimitiveDesc,
     convolution,
     deconvolution,
+    effective_cpu_isa,
 )
 
 log = logging.getLogger(__name__)
@@ -171,6 +172,26 @@ WRONG_WITH_NEGATIVE_PADDING_R = ("jit_deconvolution:avx512_core",
 # grouped and regular convs on the same kernels are exact. The next in line is then sse41
 # (C % 4 = 0) or the exact ref:any.
 WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY = {"jit_uni_int8:avx2": 8, "jit_uni_int8:sse41": 4}
+
+
+def depthwise_binary_block() -> int:
+    """The channel block of the int8 depthwise kernel oneDNN picks on this CPU when it is one
+    that applies binary post-ops wrong on a channel tail (WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY),
+    else 0 (passes/distribute_concat.py reads it)."""
+    return _depthwise_binary_block(effective_cpu_isa())
+
+
+@functools.cache
+def _depthwise_binary_block(isa: object) -> int:
+    del isa  # the cache key: oneDNN's dispatch depends on it
+    try:
+        pd = convolution(channels_last((1, 8, 8, 8), DataType.u8),
+                         any_md((8, 1, 1, 3, 3), DataType.s8),
+                         channels_last((1, 8, 8, 8), DataType.u8),
+                         padding_l=(1, 1), padding_r=(1, 1))
+    except DnnlError:
+        return 0
+    return WRONG_DEPTHWISE_CHANNEL_TAIL_BINARY.get(pd.impl_name, 0)
 
 
 def wrong_for(impl: str, kind: str, geometry: dict[str, Sequence[int]], *,

@@ -12,6 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from qfuse.compiler.api import compile_model, random_inputs
+from qfuse.compiler.lower import lower_compute
 from qfuse.ir.postops import ComposerOptions
 from tests.compiler.onnx_builders import init, model
 
@@ -141,3 +142,49 @@ def test_through_the_quantized_concatenation() -> None:
     assert len(on["kernels"]) < len(off["kernels"])
     assert not any(k["primitive"] == "binary" and "BatchNormalization" in k["name"]
                    for k in on["kernels"])
+
+
+def _mixed_depthwise(half: int) -> onnx.ModelProto:
+    """MixNet's form: x → Q/DQ → Split in two halves of ``half`` channels → a depthwise 3x3
+    and a depthwise 5x5 Conv → Q/DQ each → Concat → BatchNormalization → Relu → Q/DQ."""
+    rng = np.random.default_rng(1)
+    nodes, inits = _qdq("x", "x", "xd", 0.02, np.int8(0))
+    nodes.append(helper.make_node("Split", ["xd", "sizes"], ["p0", "p1"], axis=1))
+    inits.append(init("sizes", np.array([half, half], np.int64)))
+    for i, k in enumerate((3, 5)):
+        nodes += [helper.make_node("DequantizeLinear", [f"w{i}", f"w{i}s"], [f"w{i}d"], axis=0),
+                  helper.make_node("Conv", [f"p{i}", f"w{i}d"], [f"c{i}"], group=half,
+                                   pads=[k // 2] * 4)]
+        inits += [init(f"w{i}", rng.integers(-127, 128, (half, 1, k, k)).astype(np.int8)),
+                  init(f"w{i}s", rng.uniform(0.002, 0.01, half).astype(F32))]
+        more, more_inits = _qdq(f"o{i}", f"c{i}", f"d{i}", 0.05 + 0.01 * i, np.int8(0))
+        nodes += more
+        inits += more_inits
+    channels = 2 * half
+    nodes += [helper.make_node("Concat", ["d0", "d1"], ["cat"], axis=1),
+              helper.make_node("BatchNormalization", ["cat", "g", "b", "m", "v"], ["bn"]),
+              helper.make_node("Relu", ["bn"], ["a"])]
+    inits += [init("g", rng.uniform(0.5, 1.5, channels).astype(F32)),
+              init("b", rng.normal(0, 0.2, channels).astype(F32)),
+              init("m", rng.normal(0, 0.2, channels).astype(F32)),
+              init("v", rng.uniform(0.5, 1.5, channels).astype(F32))]
+    more, more_inits = _qdq("a", "a", "y", 0.03, np.uint8(0))
+    return model(nodes + more, {"x": ((1, channels, 12, 12), TensorProto.FLOAT)}, ["y"],
+                 inits + more_inits, opset=13)
+
+
+@pytest.mark.parametrize(("half", "block", "distributed"), [
+    (12, 8, False),  # AVX2's depthwise kernel: 12 channels, a tail of its 8-channel block
+    (16, 8, True),   # whole blocks
+    (12, 0, True),   # a CPU whose depthwise kernel takes the tail right (AVX-512)
+])
+def test_no_per_channel_operands_into_a_depthwise_channel_tail(
+        half: int, block: int, distributed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where oneDNN's int8 depthwise kernel applies binary post-ops wrong on a channel tail
+    (jit_uni_int8:avx2 and :sse41), the batch norm's per-channel multiply and add would send
+    those convolutions to ref:any (MixNet-S's 90-channel groups under AVX2): the region then
+    stays after the Concat."""
+    monkeypatch.setattr(lower_compute, "depthwise_binary_block", lambda: block)
+    on, off = _agree(_mixed_depthwise(half))
+    assert on["passes"].get("distribute_concat", 0) == int(distributed)
+    assert (len(on["kernels"]) < len(off["kernels"])) is distributed
