@@ -77,6 +77,28 @@ def test_plan_buffers_never_shares_live_values(seed: int) -> None:
     assert count <= len(values)
 
 
+def test_a_padded_source_keeps_a_buffer_of_its_own() -> None:
+    """A ``Slot.fill`` root (padded_depthwise's bordered source) gets its own buffer for the
+    whole run with its fill byte, never handed to a value planned after it; the others still
+    share."""
+    f32 = DataType.f32
+    slots = {"in": Slot("in", MemoryDesc.from_tag((64,), f32)),
+             "pad": Slot("pad", MemoryDesc.from_tag((100,), DataType.u8), fill=7),
+             "pad_interior": Slot("pad_interior", MemoryDesc.from_tag((64,), DataType.u8),
+                                  alias="pad", offset=18)}
+    for name in ("a", "b", "c"):
+        slots[name] = Slot(name, MemoryDesc.from_tag((100,), DataType.u8))
+    kernels = [Kernel("copy", "test", ["in"], ["pad_interior"]),
+               Kernel("conv", "test", ["pad"], ["a"]),
+               Kernel("k2", "test", ["a"], ["b"]),
+               Kernel("k3", "test", ["b"], ["c"])]
+    bp = plan_buffers(slots, kernels, ["in"], ["c"])
+    own = bp.buffer_of["pad"]
+    assert bp.fills == {own: 7} and bp.lifetimes["pad"] == (-1, len(kernels))
+    assert [r for r, b in bp.buffer_of.items() if b == own] == ["pad"]
+    assert bp.buffer_of["c"] == bp.buffer_of["a"]  # pooled as before: a is dead before c
+
+
 @one_primitive_per_int8_node
 def test_reorder_counting() -> None:
     """u8 graph input (plain) → int8 conv (channels-last) → Reshape (needs row-major)."""
