@@ -301,7 +301,7 @@ def _float_operand(reader: Node, port: int) -> bool:
     of a gated product ``act(x1)·x2`` (StarNet's star blocks, gated MLPs), which oneDNN's
     binary post-op reads dequantized, having no scale for it."""
     fused = reader.fused
-    return (fused is not None and reader.op in COMPUTE_OPS and port > 0
+    return (fused is not None and reader.op in COMPUTE_OPS
             and any(isinstance(op, TensorOperand) and op.port == port for op in fused.chain)
             and not any(isinstance(op, Residual) and op.port == port for op in fused.chain))
 

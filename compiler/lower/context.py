@@ -191,9 +191,11 @@ class LowerContext:
         return name
 
     def temp(self, base: str, md: MemoryDesc, *, alias: str | None = None,
-             offset: int = 0) -> str:
+             offset: int = 0, fill: int | None = None) -> str:
+        """A slot for an intermediate; ``fill``: a buffer of its own starting at that byte
+        (Slot.fill)."""
         name = self.fresh(base)
-        self.slots[name] = Slot(name, md, alias, offset)
+        self.slots[name] = Slot(name, md, alias, offset, fill=fill)
         return name
 
     def checkpoint(self) -> Callable[[], None]:

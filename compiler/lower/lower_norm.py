@@ -33,6 +33,7 @@ import numpy as np
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.lower_misc import _in_place_or_new
 from qfuse.compiler.lower.layouts import (
     axis_innermost,
     const_memory,
@@ -127,9 +128,8 @@ def _emit(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
         assert out_md is not None
         _requantize(ctx, node, temp, _define(ctx, y, shape, out_md), Arg.DST, dst)
         return
-    if (in_place and dst_md.dims == shape and ctx.slots[src].md == dst_md
-            and ctx.may_overwrite(src, node)):
-        out = ctx.define(y, dst_md, alias=src)
+    if in_place and dst_md.dims == shape:
+        out = _in_place_or_new(ctx, node, src, dst_md)
     else:
         out = _define(ctx, y, shape, dst_md)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): out, **extra}, fixed,

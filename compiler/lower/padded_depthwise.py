@@ -10,8 +10,9 @@ VNNI), 2 threads, one kernel, the padded form including its copy (below): 24 cha
 not pay: channels a multiple of 16 (96 channels 7x7 56x56: 111 against 114 + the copy; 144
 3x3: 38 against 47 + 38), 3x3 kernels (24 channels 28x28: 4.2 against 4.8 + 3.1), small maps
 (120 channels 5x5 14x14: 9.5 against 11.4). So the form is taken for a 2-D depthwise conv with
-``C % 16 != 0``, at least ``MIN_TAPS`` taps and ``MIN_PIXELS`` output pixels, when the probes
-say the present form runs on jit_int8 and the padded one on brdgmm.
+``C % 16 != 0``, at least ``MIN_TAPS`` taps and ``MIN_PIXELS`` output pixels, when a probe says
+the present form runs on jit_int8; lower_compute keeps it only where the finished kernel is
+brdgmm (not with dilation or a sum post-op, which brdgmm does not take).
 
 The form, exact. A source value ``q`` (s8, or u8 with zero point ``zp``) is stored as the u8
 ``u = q + shift`` (shift 128 for s8, else 0): ``q - zp = u - L`` with the zero level
@@ -31,10 +32,9 @@ test_padded_depthwise.py). The copy is one reorder (with dst zero point 128 from
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -61,7 +61,7 @@ MIN_PIXELS = 2048  # output pixels (about 45x45) from which it pays
 S8_SHIFT = 128
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Padded:
     """How one depthwise convolution's source is padded: the zero level ``level`` (u8) of
     the copy, the shift added to each value on the way (128 from s8), and the pads."""
@@ -74,7 +74,8 @@ class Padded:
 def wanted(ctx: LowerContext, node: Node, xinfo: TensorInfo, yinfo: TensorInfo,
            w: np.ndarray, g: int, geometry: dict[str, Sequence[int]]) -> Padded | None:
     """The padding of the form for this convolution, or None where it is not taken (module
-    docstring: shape rule, then one probe of each form)."""
+    docstring: the shape rule, then a probe that the present form runs on jit_int8; whether
+    the padded one runs on brdgmm decides lower_compute.lower_conv, which undoes it if not)."""
     fused = node.fused
     if (fused is None or fused.src_zero_point_port is not None or ctx.options.mode != "fused"
             or not ctx.options.padded_depthwise
@@ -89,23 +90,19 @@ def wanted(ctx: LowerContext, node: Node, xinfo: TensorInfo, yinfo: TensorInfo,
             or math.prod(yinfo.shape[2:]) < MIN_PIXELS or 255 * 127 * taps >= 2 ** 24
             or not 0 <= zp + shift <= 255):
         return None
-    top, left = geometry["padding_l"]
-    bottom, right = geometry["padding_r"]
-    padded = Padded(zp + shift, shift, (top, left, bottom, right))
-    wshape = tuple(w.shape)
     try:
         present = convolution(any_md(xinfo.shape, DataType.s8 if shift else DataType.u8),
-                              any_md(wshape, DataType.s8), any_md(yinfo.shape, DataType.f32),
+                              any_md(tuple(w.shape), DataType.s8),
+                              any_md(yinfo.shape, DataType.f32),
                               attr=PrimitiveAttr().set_zero_points_mask(Arg.SRC, 0)
                               if zp else None, **geometry)
-        form = convolution(channels_last(padded_shape(xinfo.shape, padded), DataType.u8),
-                           any_md(wshape, DataType.s8), any_md(yinfo.shape, DataType.f32),
-                           strides=geometry["strides"], dilation=geometry["dilation"])
     except DnnlError:
         return None
-    if not (present.impl_name.startswith("jit_int8") and form.impl_name.startswith("brdgmm")):
+    if not present.impl_name.startswith("jit_int8"):
         return None
-    return padded
+    top, left = geometry["padding_l"]
+    bottom, right = geometry["padding_r"]
+    return Padded(zp + shift, shift, (top, left, bottom, right))
 
 
 def padded_shape(shape: Sequence[int], padded: Padded) -> tuple[int, int, int, int]:
@@ -127,8 +124,7 @@ def padded_source(ctx: LowerContext, value: str, padded: Padded) -> tuple[str, T
     src_type = DataType.s8 if padded.shift else DataType.u8
     src = ctx.source(value, channels_last(info.shape, src_type))
     buffer_md = channels_last(shape, DataType.u8)
-    buffer = ctx.temp(name, buffer_md)
-    ctx.slots[buffer] = replace(ctx.slots[buffer], fill=padded.level)
+    buffer = ctx.temp(name, buffer_md, fill=padded.level)
     strides = buffer_md.strides
     assert strides is not None
     interior = ctx.temp(f"{name}_interior", MemoryDesc.from_strides(info.shape, DataType.u8,
