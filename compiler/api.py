@@ -184,6 +184,7 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
     from qfuse.compiler.modes import run_passes
     from qfuse.passes.base import PassContext
     from qfuse.runtime.executor import Executor
+    from qfuse.runtime.onednn.threads import team
 
     work = graph.copy()
     from qfuse.compiler.lower.lower_compute import depthwise_binary_block
@@ -198,15 +199,16 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
         depthwise_binary_block=depthwise_binary_block())
     results = run_passes(work, mode, ctx)
     onnx_rounding = not ctx.composer.on("zero_point_before_round")
-    plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,
-                               exact_int8=exact_int8,
-                               in_place_concat=ctx.composer.on("in_place_concat"),
-                               merge_copies=ctx.composer.on("merge_copies"),
-                               sum_in_place=ctx.composer.on("sum_in_place"),
-                               direct_int8=ctx.composer.on("direct_int8"),
-                               linear_resampling=ctx.composer.on("linear_resampling"),
-                               padded_depthwise=ctx.composer.on("padded_depthwise")))
-    executor = Executor(plan, threads)
+    with team(threads):  # the primitives are made for the threads they will run with
+        plan = lower(work, Options(mode=mode, threads=threads, onnx_rounding=onnx_rounding,
+                                   exact_int8=exact_int8,
+                                   in_place_concat=ctx.composer.on("in_place_concat"),
+                                   merge_copies=ctx.composer.on("merge_copies"),
+                                   sum_in_place=ctx.composer.on("sum_in_place"),
+                                   direct_int8=ctx.composer.on("direct_int8"),
+                                   linear_resampling=ctx.composer.on("linear_resampling"),
+                                   padded_depthwise=ctx.composer.on("padded_depthwise")))
+        executor = Executor(plan, threads)
     from qfuse.compiler.concat_report import concat_report
 
     dropped = not_fused(work, results)

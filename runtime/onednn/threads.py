@@ -17,6 +17,8 @@ returns invalid_arguments and this raises DnnlError.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from ctypes import byref, c_int
 from dataclasses import dataclass
 
@@ -55,6 +57,25 @@ def set_num_threads(count: int) -> None:
         raise ValueError(f"thread count must be 1..{MAX_THREADS}, got {count}")
     C.omp_set_num_threads(int(count))
     log.debug("oneDNN threads set to %d", count)
+
+
+@contextmanager
+def team(count: int | None) -> Iterator[None]:
+    """Within the block, oneDNN parallel regions started from this thread use ``count``
+    threads (None: unchanged); the team size before it is restored after. Primitives are
+    created inside it for a plan that runs at ``count`` threads: oneDNN sizes a primitive's
+    work split (a convolution's thread blocking, a reorder's balance of kernel and driver
+    loops) and scratchpad for the threads there are when it is created, and runs correctly
+    only with those threads (https://github.com/uxlfoundation/oneDNN/issues/1201)."""
+    if count is None:
+        yield
+        return
+    before = get_num_threads()
+    set_num_threads(count)
+    try:
+        yield
+    finally:
+        set_num_threads(before)
 
 
 def primitive_cache_capacity() -> int:

@@ -96,3 +96,26 @@ def test_run_all_from_threads_matches_run() -> None:
         assert values.keys() == expected.keys()
         for name, value in values.items():
             np.testing.assert_array_equal(value, expected[name], err_msg=name)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_primitives_are_made_for_the_threads_they_run_with(monkeypatch, threads: int) -> None:
+    """oneDNN fixes a primitive's work split and scratchpad for the team size there is when
+    it is made: the lowering runs under the plan's thread count, and the caller's is back
+    after (a plan for 1 thread made under 2 ran its convolutions on 2)."""
+    import qfuse.compiler.lower as lowering
+    from qfuse.runtime.onednn import set_num_threads
+    from qfuse.runtime.onednn.threads import get_num_threads
+
+    seen: list[int] = []
+    real = lowering.lower
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.append(get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lowering, "lower", spy)
+    set_num_threads(2)
+    compile_model(zoo.model_path("resnet", quantized=True), threads=threads)
+    assert seen == [threads]
+    assert get_num_threads() == 2
