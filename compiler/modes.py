@@ -27,7 +27,7 @@ from qfuse.passes.base import PassContext, PassResult, run_pass
 log = logging.getLogger(__name__)
 
 FP32_CLEANUP = ("drop_identity", "constant_fold", "merge_duplicates", "fold_batchnorm",
-                "gemm_to_matmul", "canonicalize_arith")
+                "gemm_to_matmul", "canonicalize_arith", "whole_sample_norm")
 FP32_FUSION = ("fuse_bias", "fuse_post_ops", "compose_post_ops", "deconv_as_depth_to_space",
                "flatten_matmul_rows", "strided_pointwise_conv", "merge_split_concat")
 

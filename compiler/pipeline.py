@@ -39,6 +39,7 @@ from qfuse.passes import (
     strip_quantization,
     table_lookup,
     vector_matmul_as_conv,
+    whole_sample_norm,
     widen_gate,
 )
 from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
@@ -58,6 +59,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("decompose_batchnorm", decompose_batchnorm.run),
     ("gemm_to_matmul", gemm_to_matmul.run),
     ("canonicalize_arith", canonicalize_arith.run),
+    # GroupNorm(1): the norm of a Reshape to one row per sample as the norm of the sample
+    ("whole_sample_norm", whole_sample_norm.run),
     # an 8-bit tensor's elementwise chain with an island (quantize_static's GELU), up to a
     # quantize, as a table of its 256 values
     ("table_lookup", table_lookup.run),

@@ -64,6 +64,7 @@ OPTIMIZATIONS = (
     "pair_channels",
     "requantize_before_resize",
     "padded_depthwise",
+    "whole_sample_norm",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",
                          "scale_past_bias"})

@@ -96,22 +96,28 @@ def _requantize(ctx: LowerContext, node: Node, src: str, dst: str, side: int, q:
     ctx.add_reorder(src, dst, attr=attr, fixed=fixed, role="op", node=node)
 
 
-def _define(ctx: LowerContext, y: str, shape: tuple[int, ...], md: MemoryDesc) -> str:
+def _define(ctx: LowerContext, y: str, shape: tuple[int, ...], md: MemoryDesc,
+            laid: MemoryDesc | None = None) -> str:
     """The output's slot as the primitive sees it: ``md`` of the (flattened) dims; when those
-    are not the output's shape, a view of a row-major slot of the output's shape."""
-    if md.dims == shape:
+    are not the output's shape, a view of a slot of the output's shape, row-major or laid
+    out as ``laid`` (a norm reading its source's bytes in their own order)."""
+    if md.dims == shape and laid is None:
         return ctx.define(y, md)
-    out = ctx.define(y, plain_md(shape, md.dtype))
+    home = plain_md(shape, md.dtype) if laid is None else md_like(laid, md.dtype)
+    assert home is not None
+    out = ctx.define(y, home)
     return ctx.temp(f"{y}@flat", md, alias=out)
 
 
 def _emit(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
           fixed: dict[int, Memory], dst: Quant | None, details: list[str],
-          stats: dict[int, str] | None = None, in_place: bool = False) -> None:
+          stats: dict[int, str] | None = None, in_place: bool = False,
+          laid: MemoryDesc | None = None) -> None:
     """Add the kernel writing the output (through a quantize reorder when split); ``stats``:
     its MEAN / VARIANCE slots when it takes them as inputs; ``in_place``: the primitive may
     write over its source (oneDNN's softmax reads each element before writing it), done when
-    nothing reads the source later and the layouts match."""
+    nothing reads the source later and the layouts match; ``laid``: the output's layout when
+    the primitive writes its bytes in that order (``_sample_layout``)."""
     extra = dict(stats or {})
     y, shape = node.outputs[0], ctx.info(node.outputs[0]).shape
     dst_md = pd.dst_md
@@ -126,12 +132,12 @@ def _emit(ctx: LowerContext, node: Node, pd: PrimitiveDesc, src: str,
                           fixed, info=info)
         out_md = md_like(dst_md, dnnl_type(ctx.info(y).dtype))
         assert out_md is not None
-        _requantize(ctx, node, temp, _define(ctx, y, shape, out_md), Arg.DST, dst)
+        _requantize(ctx, node, temp, _define(ctx, y, shape, out_md, laid), Arg.DST, dst)
         return
     if in_place and dst_md.dims == shape:
         out = _in_place_or_new(ctx, node, src, dst_md)
     else:
-        out = _define(ctx, y, shape, dst_md)
+        out = _define(ctx, y, shape, dst_md, laid)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): out, **extra}, fixed,
                       info=info)
 
@@ -230,8 +236,14 @@ def lower_layer_norm(ctx: LowerContext, node: Node) -> None:
         channels = dims[-1]
         if bias is not None:
             bias = np.asarray(bias, F32).ravel()[:1]
+    laid = _sample_layout(ctx, x, axis, scale, bias)
     view = x if dims == shape else f"{x}@ln{len(dims)}"
-    if view != x and view not in ctx.home:
+    if laid is not None:  # the sample's bytes in their own order, the output laid out alike
+        view = f"{x}@sample{len(dims)}"
+        if view not in ctx.home:
+            ctx.home[view] = ctx.temp(view, plain_md(dims, laid.dtype),
+                                      alias=ctx.home_slot(x))
+    elif view != x and view not in ctx.home:
         ctx.home[view] = ctx.view(x, dims, row_major=True)
     home = ctx.md_of(view)
 
@@ -281,7 +293,30 @@ def lower_layer_norm(ctx: LowerContext, node: Node) -> None:
         details.append(f"statistics_over_{parts}_parts_per_row")
     else:
         stats = {}
-    _emit(ctx, node, pd, src, fixed, dst, details, stats)
+    if laid is not None:
+        details.append("whole_sample_norm")
+    _emit(ctx, node, pd, src, fixed, dst, details, stats, laid=laid)
+
+
+def _sample_layout(ctx: LowerContext, x: str, axis: int, scale: np.ndarray | None,
+                   bias: np.ndarray | None) -> MemoryDesc | None:
+    """x's layout when the norm may read its bytes in their own order, else None: it
+    normalizes each sample over all its values (axis 0 or 1; passes/whole_sample_norm.py)
+    with no scale and one bias for all, which maps each value by the sample's two moments
+    alone, wherever it lies; and x's layout is dense with the batch outermost (each sample's
+    values are one run of bytes)."""
+    md = ctx.md_of(x)
+    shape = ctx.info(x).shape
+    if (axis > 1 or len(shape) < 3 or scale is not None
+            or (bias is not None and np.unique(bias).size > 1)):
+        return None
+    if not md.is_plain or md.size != md.nelems * md.numpy_dtype.itemsize:
+        return None  # blocked, or with gaps
+    if md.strides[0] * shape[0] != md.nelems:
+        return None  # the batch is not the outermost dim
+    if md.strides == plain_md(shape, md.dtype).strides:
+        return None  # row-major already: the plain view is this one
+    return md
 
 
 # A LayerNormalization with fewer rows than this and rows at least WIDE_ROW long is split
