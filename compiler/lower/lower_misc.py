@@ -122,9 +122,13 @@ def _float_inputs(ctx: LowerContext, node: Node) -> bool:
 
 
 def _in_place_or_new(ctx: LowerContext, node: Node, src_slot: str, md: MemoryDesc) -> str:
-    """The dst slot: the src's own buffer when nothing reads it later."""
+    """The dst slot: the src's own buffer when nothing reads it later and the node reads no
+    other value in that buffer (``x · xᵀ`` with the Transpose a view: writing over x would
+    change elements xᵀ has not read yet; found by the fuzzer, seed 267204)."""
     y = node.outputs[0]
-    if ctx.slots[src_slot].md == md and ctx.may_overwrite(src_slot, node):
+    group = set(ctx.group(src_slot))
+    shared = {v for v in node.inputs if v and v in group}
+    if ctx.slots[src_slot].md == md and len(shared) <= 1 and ctx.may_overwrite(src_slot, node):
         return ctx.define(y, md, alias=src_slot)
     return ctx.define(y, md)
 
