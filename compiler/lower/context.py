@@ -43,6 +43,7 @@ from qfuse.compiler.lower.in_place_concat import place_concats
 from qfuse.compiler.lower.merge_copies import merge_copies
 from qfuse.compiler.lower.sum_in_place import sum_in_place
 from qfuse.compiler.lower.plan import DynamicOutput, Kernel, KernelInfo, NumpyFn, Plan, Slot
+from qfuse.compiler.lower.reorder_check import keeps_zero_points
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.mode import Mode
 from qfuse.runtime.onednn import (
@@ -408,7 +409,17 @@ class LowerContext:
     def add_reorder(self, src: str, dst: str, *, attr: PrimitiveAttr | None = None,
                     fixed: dict[int, Memory] | None = None, role: str = "reorder",
                     node: Node | None = None, note: str = "") -> Kernel:
-        pd = reorder(self.slots[src].md, self.slots[dst].md, attr=attr)
+        src_md, dst_md = self.slots[src].md, self.slots[dst].md
+        if not keeps_zero_points(src_md, dst_md, attr, fixed or {}):
+            # oneDNN 3.2 drops the zero point of this layout change (reorder_check.py): the
+            # scales and zero points in the source's layout, then a plain copy
+            middle = self.temp(f"{dst}@zero_point", md_like(src_md, dst_md.dtype))
+            first = self.add_reorder(src, middle, attr=attr, fixed=fixed, role=role,
+                                     node=node, note=note)
+            self.add_reorder(middle, dst, note="a layout change without the zero point, "
+                             "which oneDNN 3.2's reorder drops here (reorder_check.py)")
+            return first
+        pd = reorder(src_md, dst_md, attr=attr)
         if role == "reorder":
             self.reorders += 1
         elif role == "io":

@@ -15,8 +15,9 @@ Where it matters: attention heads whose probabilities are a MatMul's weights (Ef
 LeViT): a Transpose of the Softmax output, then the u8 → s8 shift oneDNN's int8 matmul needs
 for its weights — two kernels per head, one after this. Preconditions (each checked): R1 has no
 scales, zero points or post-ops and keeps the data type; R2 has no post-ops; nothing else reads
-or writes the bytes of S, and they are no graph input or output (``ends``); S and D are plain.
-Runs on the lowered plan, after in-place concats and before buffers are planned.
+or writes the bytes of S, and they are no graph input or output (``ends``); S and D are plain;
+R2 on the view keeps its zero points (oneDNN 3.2 drops them on some layout changes:
+reorder_check.py). Runs on the lowered plan, after in-place concats and before buffers are planned.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 import numpy as np
 
 from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
+from qfuse.compiler.lower.reorder_check import keeps_zero_points
 from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, PrimitiveAttr, PrimitiveDesc, reorder
 
 log = logging.getLogger(__name__)
@@ -49,13 +51,17 @@ def merge_copies(slots: dict[str, Slot], kernels: list[Kernel], ends: set[str]
         source = reader.args[int(Arg.SRC)]
         copy = kernels[first]
         view = views[source]
+        attr = _attr(reader)
+        if not keeps_zero_points(view, slots[reader.args[int(Arg.DST)]].md, attr,
+                                 reader.fixed):
+            index += 1  # oneDNN 3.2 would drop its zero point on this layout change
+            continue
         origin, written = copy.args[int(Arg.SRC)], copy.args[int(Arg.DST)]
         if written not in views:  # the home of the copied value (run_all reads it): over A
             d = slots[written].md
             views = {**views, written: _through(d, d, slots[origin].md)}
         for name, member in views.items():  # S and the other views of its bytes: over A
             slots[name] = Slot(name, member, alias=origin)
-        attr = _attr(reader)
         pd = reorder(view, slots[reader.args[int(Arg.DST)]].md, attr=attr)
         note = f"reads '{copy.info.node or copy.name}''s source, not its copy"
         kernels[index] = dataclasses.replace(
