@@ -93,7 +93,8 @@ def _match(graph: Graph, norm: Node) -> tuple[Node, list[Node], list[Node], Node
             return None
         before.insert(0, first)
         first = graph.producer(first.inputs[0])
-    if first is None or first.op is not Op.RESHAPE or graph.uses(first.outputs[0]) != 1:
+    if (first is None or first.op is not Op.RESHAPE or graph.uses(first.outputs[0]) != 1
+            or first.outputs[0] in graph.outputs):
         return None
     shape = graph.info(first.inputs[0]).shape
     if len(shape) < 3 or graph.info(norm.inputs[0]).shape != (shape[0], 1, math.prod(shape[1:])):
@@ -111,8 +112,8 @@ def _match(graph: Graph, norm: Node) -> tuple[Node, list[Node], list[Node], Node
             return None
         after.append(reader)
         value = reader.outputs[0]
-    if graph.info(reader.outputs[0]).shape != shape:
-        return None
+    if graph.info(reader.outputs[0]).shape != shape or reader.outputs[0] in graph.outputs:
+        return None  # (a graph output keeps its name: its Reshape stays)
     return first, before, after, reader
 
 

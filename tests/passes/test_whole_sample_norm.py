@@ -130,3 +130,27 @@ def test_norm_runs_in_the_convolutions_layout(batch: int, both_sides: bool) -> N
             # apart (module docstring); one step of the output is 0.2
             steps = np.abs(got - want) / np.float32(0.2)
             assert steps.max() <= 1.0 + 1e-4 and np.mean(steps > 0.5) <= 0.01
+
+
+def test_a_norm_ending_the_graph_keeps_the_output_name() -> None:
+    """The Reshape back writing a graph output stays (removing it would rename the output)."""
+    shape = [1, 8, 6, 6]
+    inits = [numpy_helper.from_array(np.array([1, 1, -1], np.int64), "g"),
+             numpy_helper.from_array(np.array(shape, np.int64), "s"),
+             numpy_helper.from_array(np.ones(1, np.float32), "one"),
+             numpy_helper.from_array(np.zeros(1, np.float32), "zero")]
+    nodes = [helper.make_node("Relu", ["x"], ["r0"]),
+             helper.make_node("Reshape", ["r0", "g"], ["r"]),
+             helper.make_node("InstanceNormalization", ["r", "one", "zero"], ["n"]),
+             helper.make_node("Reshape", ["n", "s"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "ends", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(),
+                                providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for mode in ("fused", "fp32"):
+        got = qfuse.compile_model(model, mode=mode).run({"x": x})
+        assert list(got) == ["y"], mode
+        np.testing.assert_allclose(got["y"], want, rtol=0, atol=1e-5, err_msg=mode)
