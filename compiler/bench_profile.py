@@ -102,17 +102,16 @@ def measured_int8_tops(threads: int, size: int = PEAK_MATMUL, runs: int = 7) -> 
     ``size``^3 MACs at ``threads`` threads (after one warm-up run that JITs the kernel)."""
     from qfuse.runtime.onednn import DataType, Memory, MemoryDesc, default_stream, filled, matmul
     from qfuse.runtime.onednn.enums import Arg, FormatTag, Query
-    from qfuse.runtime.onednn.threads import get_num_threads, set_num_threads
+    from qfuse.runtime.onednn.threads import team
 
     rng = np.random.default_rng(0)
     src = Memory.from_array(rng.integers(0, 256, (size, size), dtype=np.uint8))
     dst = Memory(MemoryDesc.from_tag((size, size), DataType.s32))
     wei_md = MemoryDesc.from_tag((size, size), DataType.s8, FormatTag.any)
-    pd = matmul(src.md, wei_md, dst.md)
-    wei = filled(pd.md(Query.weights_md), rng.integers(-128, 128, (size, size), dtype=np.int8))
-    before = get_num_threads()
-    set_num_threads(threads)
-    try:
+    with team(threads):  # made and run at the threads it measures
+        pd = matmul(src.md, wei_md, dst.md)
+        wei = filled(pd.md(Query.weights_md),
+                     rng.integers(-128, 128, (size, size), dtype=np.int8))
         prim = pd.create()
         run = prim.bind(prim.with_scratchpad({int(Arg.SRC): src, int(Arg.WEIGHTS): wei,
                                               int(Arg.DST): dst})).runner(default_stream())
@@ -124,8 +123,6 @@ def measured_int8_tops(threads: int, size: int = PEAK_MATMUL, runs: int = 7) -> 
             stream.wait()
             if i:  # the first run generates the kernel
                 best = min(best, time.perf_counter() - start)
-    finally:
-        set_num_threads(before)
     return 2 * size**3 / best / 1e12, pd.impl_name
 
 

@@ -32,13 +32,13 @@ Composer option ``whole_sample_norm`` (on by default).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
 import numpy as np
 
 from qfuse.ir import Graph, Node, Op
-from qfuse.ir.ops import LayerNormAttrs
 from qfuse.passes.base import PassContext
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
         shape = graph.info(x).shape
         head = before[0] if before else norm
         graph.set_inputs(head, [x, *head.inputs[1:]])
-        norm.attrs = LayerNormAttrs(1, norm.attrs.epsilon)
+        norm.attrs = dataclasses.replace(norm.attrs, axis=1)
         for node in (*before, norm, *after):
             value = node.outputs[0]
             graph.set_info(value, graph.info(value).with_shape(shape))

@@ -43,7 +43,7 @@ from qfuse.compiler.lower.in_place_concat import place_concats
 from qfuse.compiler.lower.merge_copies import merge_copies
 from qfuse.compiler.lower.sum_in_place import sum_in_place
 from qfuse.compiler.lower.plan import DynamicOutput, Kernel, KernelInfo, NumpyFn, Plan, Slot
-from qfuse.compiler.lower.reorder_check import keeps_zero_points
+from qfuse.compiler.lower.reorder_check import two_step_middle
 from qfuse.ir import DType, Graph, Node, Op, TensorInfo
 from qfuse.ir.mode import Mode
 from qfuse.runtime.onednn import (
@@ -410,10 +410,11 @@ class LowerContext:
                     fixed: dict[int, Memory] | None = None, role: str = "reorder",
                     node: Node | None = None, note: str = "") -> Kernel:
         src_md, dst_md = self.slots[src].md, self.slots[dst].md
-        if not keeps_zero_points(src_md, dst_md, attr, fixed or {}):
+        middle_md = two_step_middle(src_md, dst_md, attr, fixed or {})
+        if middle_md is not None:
             # oneDNN 3.2 drops the zero point of this layout change (reorder_check.py): the
             # scales and zero points in the source's layout, then a plain copy
-            middle = self.temp(f"{dst}@zero_point", md_like(src_md, dst_md.dtype))
+            middle = self.temp(f"{dst}@zero_point", middle_md)
             first = self.add_reorder(src, middle, attr=attr, fixed=fixed, role=role,
                                      node=node, note=note)
             self.add_reorder(middle, dst, note="a layout change without the zero point, "

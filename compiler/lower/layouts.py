@@ -53,6 +53,11 @@ def is_row_major(md: MemoryDesc) -> bool:
                                                                            md.dims))
 
 
+def gapless(md: MemoryDesc) -> bool:
+    """A plain layout without gaps: its bytes are its elements in some order."""
+    return md.is_plain and md.size == md.nelems * md.numpy_dtype.itemsize
+
+
 def _dense(strides: Sequence[int], dims: Sequence[int]) -> tuple[int, ...]:
     # size-1 dims may carry any stride: ignore them in comparisons
     return tuple(s for s, d in zip(strides, dims, strict=True) if d != 1)

@@ -20,7 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import dnnl_type, is_row_major, md_like, plain_md
+from qfuse.compiler.lower.layouts import dnnl_type, gapless, is_row_major, md_like, plain_md
 from qfuse.compiler.lower.lower_rnn import lower_recurrent
 from qfuse.compiler.lower.plan import DynamicOutput
 from qfuse.ir import Node
@@ -46,14 +46,9 @@ def _any_order(ctx: LowerContext, node: Node) -> MemoryDesc | None:
             x).dtype is not ctx.info(y).dtype:
         return None
     md = ctx.md_of(x)
-    if not _dense(md) or is_row_major(md):
+    if not gapless(md) or is_row_major(md):
         return None
     return md
-
-
-def _dense(md: MemoryDesc) -> bool:
-    """A plain layout without gaps: its bytes are its elements in some order."""
-    return md.is_plain and md.size == md.nelems * md.numpy_dtype.itemsize
 
 
 def _flat_views(ctx: LowerContext, x: str, y: str, md: MemoryDesc, y_type: DataType
@@ -199,7 +194,7 @@ def lower_table(ctx: LowerContext, node: Node) -> None:
     attrs: TableAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     md = ctx.md_of(x)
-    if _dense(md):
+    if gapless(md):
         src, dst = _flat_views(ctx, x, y, md, dnnl_type(attrs.info.dtype))
     else:
         src, dst = ctx.plain_source(x), ctx.define_plain(y)

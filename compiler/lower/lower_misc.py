@@ -126,10 +126,10 @@ def _in_place_or_new(ctx: LowerContext, node: Node, src_slot: str, md: MemoryDes
     other value in that buffer (``x · xᵀ`` with the Transpose a view: writing over x would
     change elements xᵀ has not read yet; found by the fuzzer, seed 267204)."""
     y = node.outputs[0]
-    group = set(ctx.group(src_slot))
-    shared = {v for v in node.inputs if v and v in group}
-    if ctx.slots[src_slot].md == md and len(shared) <= 1 and ctx.may_overwrite(src_slot, node):
-        return ctx.define(y, md, alias=src_slot)
+    if ctx.slots[src_slot].md == md and ctx.may_overwrite(src_slot, node):
+        group = set(ctx.group(src_slot))
+        if len({v for v in node.inputs if v and v in group}) <= 1:  # the source alone
+            return ctx.define(y, md, alias=src_slot)
     return ctx.define(y, md)
 
 

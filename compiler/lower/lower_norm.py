@@ -38,6 +38,8 @@ from qfuse.compiler.lower.layouts import (
     axis_innermost,
     const_memory,
     dnnl_type,
+    gapless,
+    is_row_major,
     is_slow,
     md_like,
     plain_md,
@@ -237,14 +239,17 @@ def lower_layer_norm(ctx: LowerContext, node: Node) -> None:
         if bias is not None:
             bias = np.asarray(bias, F32).ravel()[:1]
     laid = _sample_layout(ctx, x, axis, scale, bias)
-    view = x if dims == shape else f"{x}@ln{len(dims)}"
     if laid is not None:  # the sample's bytes in their own order, the output laid out alike
         view = f"{x}@sample{len(dims)}"
         if view not in ctx.home:
             ctx.home[view] = ctx.temp(view, plain_md(dims, laid.dtype),
                                       alias=ctx.home_slot(x))
-    elif view != x and view not in ctx.home:
-        ctx.home[view] = ctx.view(x, dims, row_major=True)
+    elif dims == shape:
+        view = x
+    else:
+        view = f"{x}@ln{len(dims)}"
+        if view not in ctx.home:
+            ctx.home[view] = ctx.view(x, dims, row_major=True)
     home = ctx.md_of(view)
 
     def build(split: bool) -> tuple[PrimitiveDesc, dict[int, Memory], list[str]]:
@@ -310,12 +315,10 @@ def _sample_layout(ctx: LowerContext, x: str, axis: int, scale: np.ndarray | Non
     if (axis > 1 or len(shape) < 3 or scale is not None
             or (bias is not None and np.unique(bias).size > 1)):
         return None
-    if not md.is_plain or md.size != md.nelems * md.numpy_dtype.itemsize:
-        return None  # blocked, or with gaps
+    if not gapless(md) or is_row_major(md):
+        return None  # blocked or with gaps; or row-major, where the plain view is this one
     if md.strides[0] * shape[0] != md.nelems:
         return None  # the batch is not the outermost dim
-    if md.strides == plain_md(shape, md.dtype).strides:
-        return None  # row-major already: the plain view is this one
     return md
 
 

@@ -28,7 +28,7 @@ import logging
 import numpy as np
 
 from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
-from qfuse.compiler.lower.reorder_check import keeps_zero_points
+from qfuse.compiler.lower.reorder_check import two_step_middle
 from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, PrimitiveAttr, PrimitiveDesc, reorder
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,8 @@ def merge_copies(slots: dict[str, Slot], kernels: list[Kernel], ends: set[str]
         copy = kernels[first]
         view = views[source]
         attr = _attr(reader)
-        if not keeps_zero_points(view, slots[reader.args[int(Arg.DST)]].md, attr,
-                                 reader.fixed):
+        if two_step_middle(view, slots[reader.args[int(Arg.DST)]].md, attr,
+                           reader.fixed) is not None:
             index += 1  # oneDNN 3.2 would drop its zero point on this layout change
             continue
         origin, written = copy.args[int(Arg.SRC)], copy.args[int(Arg.DST)]

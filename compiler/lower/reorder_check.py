@@ -7,7 +7,7 @@ AVX-512, 1x{1..69}x8x8: every such count from 17 on wrong, by exactly the zero p
 nchw, and the same layout on both sides, right). qfuse's dequantize of a Concat's nchw output
 into the nhwc a convolution reads was 4 steps off everywhere (the fuzzer's seed 291980).
 
-``keeps_zero_points`` runs the reorder once on deterministic data of its own descriptors
+``two_step_middle`` runs the reorder once on deterministic data of its own descriptors
 against the same reorder in two steps — the scales and zero points in the source's layout,
 then a plain copy into the destination's — and compares the bytes. The lowering uses the two
 steps wherever the one disagrees (LowerContext.add_reorder), and merge_copies does not merge a
@@ -34,38 +34,31 @@ from qfuse.runtime.onednn.memory import default_stream
 from qfuse.runtime.onednn.primitive import Primitive
 
 
-def has_zero_points(fixed: dict[int, Memory]) -> bool:
-    return any(int(arg) & int(Arg.ATTR_ZERO_POINTS) for arg in fixed)
-
-
-def layouts_differ(src: MemoryDesc, dst: MemoryDesc) -> bool:
-    return not (src.is_plain and dst.is_plain and src.strides == dst.strides)
-
-
-def keeps_zero_points(src_md: MemoryDesc, dst_md: MemoryDesc, attr: PrimitiveAttr | None,
-                      fixed: dict[int, Memory]) -> bool:
-    """True when the reorder ``src_md → dst_md`` with ``attr`` and its ``fixed`` scale and
-    zero-point arguments writes what the same reorder in two steps writes (module
-    docstring); True too when it needs no check (no zero point, no layout change, or a
-    blocked source)."""
-    if not has_zero_points(fixed) or not layouts_differ(src_md, dst_md):
-        return True
+def two_step_middle(src_md: MemoryDesc, dst_md: MemoryDesc, attr: PrimitiveAttr | None,
+                    fixed: dict[int, Memory]) -> MemoryDesc | None:
+    """The descriptor between the two steps — the source's layout, the destination's data
+    type — when the reorder ``src_md → dst_md`` with ``attr`` and its ``fixed`` scale and
+    zero-point arguments writes other bytes than those two steps (module docstring), else
+    None. No run where there is nothing to check: no zero point, no layout change, or a
+    blocked source."""
+    if not any(int(arg) & int(Arg.ATTR_ZERO_POINTS) for arg in fixed) or (
+            src_md.is_plain and dst_md.is_plain and src_md.strides == dst_md.strides):
+        return None
     middle = md_like(src_md, dst_md.dtype)
     if middle is None:
-        return True
+        return None
     stream = default_stream()
     source = Memory(src_md, _data(src_md))
     one_bytes, two_bytes = np.zeros(dst_md.size, np.uint8), np.zeros(dst_md.size, np.uint8)
-    one = Memory(dst_md, one_bytes)
-    _run(reorder(src_md, dst_md, attr=attr), {int(Arg.SRC): source, int(Arg.DST): one},
-         fixed, stream)
+    _run(reorder(src_md, dst_md, attr=attr),
+         {int(Arg.SRC): source, int(Arg.DST): Memory(dst_md, one_bytes)}, fixed, stream)
     step = Memory(middle, np.zeros(middle.size, np.uint8))
-    two = Memory(dst_md, two_bytes)
     _run(reorder(src_md, middle, attr=attr), {int(Arg.SRC): source, int(Arg.DST): step},
          fixed, stream)
-    _run(reorder(middle, dst_md), {int(Arg.SRC): step, int(Arg.DST): two}, {}, stream)
+    _run(reorder(middle, dst_md), {int(Arg.SRC): step, int(Arg.DST): Memory(dst_md, two_bytes)},
+         {}, stream)
     stream.wait()
-    return bool(np.array_equal(one_bytes, two_bytes))
+    return None if np.array_equal(one_bytes, two_bytes) else middle
 
 
 def _data(md: MemoryDesc) -> np.ndarray:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from qfuse.compiler.lower.reorder_check import keeps_zero_points
+from qfuse.compiler.lower import reorder_check
+from qfuse.compiler.lower.reorder_check import two_step_middle
 from qfuse.runtime.onednn import Arg, DataType, Memory, MemoryDesc, PrimitiveAttr, reorder
 from qfuse.runtime.onednn.memory import default_stream
 from qfuse.runtime.onednn.primitive import Primitive
@@ -45,13 +46,22 @@ def test_the_check_says_whether_the_reorder_keeps_its_zero_point(channels: int) 
     src_md, dst_md = _mds(channels)
     attr = PrimitiveAttr().set_zero_points_mask(int(Arg.SRC), 0)
     fixed = {int(Arg.ATTR_ZERO_POINTS | Arg.SRC): Memory.zero_points(ZP)}
-    assert keeps_zero_points(src_md, dst_md, attr, fixed) == _single_reorder_right(channels)
+    middle = two_step_middle(src_md, dst_md, attr, fixed)
+    assert (middle is None) == _single_reorder_right(channels)
+    if middle is not None:  # the source's layout in the destination's type
+        assert middle.strides == src_md.strides and middle.dtype == DataType.f32
 
 
-def test_no_zero_point_or_no_layout_change_needs_no_check() -> None:
+def test_no_zero_point_or_no_layout_change_runs_nothing(monkeypatch) -> None:
+    """The check runs reorders at compile time only where a zero point meets a layout
+    change: a reorder without zero points, or into the same layout, is not run."""
+    def refuse(*args: object) -> None:
+        raise AssertionError("a reorder ran")
+
+    monkeypatch.setattr(reorder_check, "_run", refuse)
     src_md, dst_md = _mds(21)
-    assert keeps_zero_points(src_md, dst_md, None, {})
+    assert two_step_middle(src_md, dst_md, None, {}) is None
     same = MemoryDesc.from_strides(src_md.dims, DataType.f32, src_md.strides)
     attr = PrimitiveAttr().set_zero_points_mask(int(Arg.SRC), 0)
-    assert keeps_zero_points(src_md, same, attr,
-                             {int(Arg.ATTR_ZERO_POINTS | Arg.SRC): Memory.zero_points(ZP)})
+    assert two_step_middle(src_md, same, attr,
+                           {int(Arg.ATTR_ZERO_POINTS | Arg.SRC): Memory.zero_points(ZP)}) is None

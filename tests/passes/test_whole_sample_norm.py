@@ -115,8 +115,6 @@ def test_norm_runs_in_the_convolutions_layout(batch: int, both_sides: bool) -> N
     without = qfuse.compile_model(model, composer=ComposerOptions().without(
         "whole_sample_norm"))
     assert [k for k in without.inspect()["kernels"] if k["role"] == "reorder"]
-    session = ort.InferenceSession(model.SerializeToString(),
-                                   providers=["CPUExecutionProvider"])
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), so,
