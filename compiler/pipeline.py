@@ -17,6 +17,7 @@ from qfuse.passes import (
     drop_identity,
     eliminate_requantize,
     fold_batchnorm,
+    fold_float_constants,
     fold_weight_quantize,
     fuse_bias,
     fuse_gated_activation,
@@ -68,6 +69,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("qdq_to_fake_quantize", qdq_to_fake_quantize.run),
     ("decompose_fake_quantize", decompose_fake_quantize.run),
     ("fold_weight_quantize", fold_weight_quantize.run),
+    # a quantized constant no kernel reads in integers (NNCF's attention-bias tables, then a
+    # Gather and Slices of them) as float32 constants: the fusion passes see constant operands
+    ("fold_float_constants", fold_float_constants.run),
     ("quantize_before_reshape", quantize_before_reshape.run),
     # x·sigmoid(x), x·hardsigmoid(x), x·relu6(x + 3)/6 as one activation the producer absorbs
     ("fuse_gated_activation", fuse_gated_activation.run),

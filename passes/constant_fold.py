@@ -41,7 +41,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if not _foldable(graph, node):
             continue
         ctx.visit(node)
-        values = _evaluate(graph, node)
+        values = evaluate(graph, node)
         if values is None:
             continue
         outputs = list(node.outputs)
@@ -79,7 +79,7 @@ def _feeds_quantization(graph: Graph, node: Node) -> bool:
                for out in node.outputs for reader, _ in graph.consumers(out))
 
 
-def _evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
+def evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
     """The node's outputs conformed to their infos, or None when they do not fit."""
     args: list[np.ndarray | None] = [graph.constant(name) if name else None
                                      for name in node.inputs]
