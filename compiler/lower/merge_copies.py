@@ -7,13 +7,16 @@ the next kernel), R2 can read A itself: R1 moved every element unchanged, so the
 reads at index ``i`` of its source slot S sits in A at the index R1 took it from. When S and D
 cover the same bytes and every dim of S that is not 1 has a dim of D of the same size and
 stride (a permutation of D's dims, as a Transpose written into its output's row-major buffer
-gives), S becomes a view of A with A's strides of the matching dims; R2 is recreated on it with
-its own scales and zero points, and R1 goes. Exact: no arithmetic moves, R2 computes the same
-thing from the same numbers.
+gives), or runs through consecutive dims of D that A lays out as one run too (a Reshape of a
+channels-last Split part to ``[1, C, H·W]``), S becomes a view of A with A's strides of the
+matching dims; R2 is recreated on it with its own scales and zero points, and R1 goes. Exact:
+no arithmetic moves, R2 computes the same thing from the same numbers.
 
 Where it matters: attention heads whose probabilities are a MatMul's weights (EfficientViT-M,
 LeViT): a Transpose of the Softmax output, then the u8 → s8 shift oneDNN's int8 matmul needs
-for its weights — two kernels per head, one after this. Preconditions (each checked): R1 has no
+for its weights — two kernels per head, one after this; EfficientViT-M's keys, a Split part of
+the channels-last qkv convolution seen as ``[1, C, H·W]``, then the same shift (QDQ 452 → 428
+kernels). Preconditions (each checked): R1 has no
 scales, zero points or post-ops and keeps the data type; R2 has no post-ops; nothing else reads
 or writes the bytes of S, and they are no graph input or output (``ends``); S and D are plain;
 R2 on the view keeps its zero points (oneDNN 3.2 drops them on some layout changes:
@@ -115,20 +118,46 @@ def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: 
 
 def _through(s: MemoryDesc, d: MemoryDesc, a: MemoryDesc) -> MemoryDesc | None:
     """The view of A (the copy's source, D's dims) with S's dims when S and D describe the
-    same bytes with permuted dims: S dim k takes A's stride of the D dim of equal size and
-    stride; None when the dims do not match one to one."""
+    same bytes with D's dims permuted, or runs of them merged (a Reshape of a channels-last
+    ``[1, C, H, W]`` to ``[1, C, H·W]``): S dim k takes A's stride of the D dim of equal size
+    and stride, or of the innermost of D dims that S's dim runs through in D's memory order,
+    when A lays those out as one run too; None when the dims do not match so."""
     free = [m for m, size in enumerate(d.dims) if size > 1]
+    d_strides, a_strides = d.strides or (), a.strides or ()
     strides: list[int] = []
     for size, stride in zip(s.dims, s.strides or (), strict=True):
         if size == 1:
             strides.append(0)
             continue
-        match = [m for m in free if d.dims[m] == size and (d.strides or ())[m] == stride]
-        if not match:
+        run = _run_of(size, stride, free, d.dims, d_strides)
+        if run is None or any(a_strides[outer] != a_strides[inner] * d.dims[inner]
+                              for inner, outer in zip(run, run[1:])):
             return None
-        free.remove(match[0])
-        strides.append((a.strides or ())[match[0]])
+        for m in run:
+            free.remove(m)
+        strides.append(a_strides[run[0]])
     return None if free else MemoryDesc.from_strides(s.dims, a.dtype, strides)
+
+
+def _run_of(size: int, stride: int, free: list[int], dims: tuple[int, ...],
+            strides: tuple[int, ...]) -> list[int] | None:
+    """D dims (innermost first) that one dim of ``size`` and ``stride`` runs through: a dim of
+    that stride, then one whose stride is its extent, and so on up to ``size`` elements; a dim
+    of equal size and stride alone first."""
+    exact = [m for m in free if dims[m] == size and strides[m] == stride]
+    if exact:
+        return exact[:1]
+    run: list[int] = []
+    covered, step = 1, stride
+    while covered < size:
+        nxt = [m for m in free if m not in run and strides[m] == step and dims[m] > 1
+               and size % (covered * dims[m]) == 0]
+        if not nxt:
+            return None
+        run.append(nxt[0])
+        covered *= dims[nxt[0]]
+        step = strides[nxt[0]] * dims[nxt[0]]
+    return run
 
 
 def _agrees(copy: Kernel, reader: Kernel, slots: dict[str, Slot], view: MemoryDesc) -> bool:

@@ -159,3 +159,61 @@ def test_other_views_of_the_copy_follow_it() -> None:
     assert {"vt_q_0", "vr_q", "o"} <= everything.keys() & reference.keys()
     assert all(np.array_equal(everything[k], reference[k])
                for k in everything.keys() & reference.keys())
+
+
+def _keys_from_channels_last() -> onnx.ModelProto:
+    """EfficientViT-M's keys in small: a 1x1 Conv writes q, k, v channels-last ([1, 64, 7, 7]
+    u8), a Split takes k (16 channels), a Reshape sees it as [1, 16, 49] — the rows of a
+    MatMul's weights, which oneDNN's int8 matmul takes as s8: the Split's copy, then a u8 → s8
+    shift."""
+    f = TensorProto.FLOAT
+    rng = np.random.default_rng(2)
+    nodes, inits = _qdq("x", "x", 0.05, 128)
+    inits += [init("w", rng.uniform(-0.3, 0.3, (64, 16, 1, 1)).astype(np.float32)),
+              init("w2", rng.uniform(-0.3, 0.3, (8, 48, 1, 1)).astype(np.float32)),
+              init("split", np.array([16, 48], np.int64)),
+              init("rows", np.array([1, 16, 49], np.int64))]
+    nodes += [helper.make_node("Conv", ["x_dq", "w"], ["c"])]
+    more, more_inits = _qdq("c", "c", 0.1, 120)
+    nodes += more + [helper.make_node("Split", ["c_dq", "split"], ["k", "rest"], axis=1),
+                     helper.make_node("Reshape", ["k", "rows"], ["kr"]),
+                     helper.make_node("Conv", ["rest", "w2"], ["o2"])]
+    more2, more_inits2 = _qdq("a", "a", 0.02, 128)
+    nodes += more2 + [helper.make_node("MatMul", ["a_dq", "kr"], ["o"])]
+    return model(nodes, {"x": ([1, 16, 7, 7], f), "a": ([1, 49, 16], f)}, ["o", "o2"],
+                 inits + more_inits + more_inits2)
+
+
+def test_a_reshape_of_a_channels_last_part_reads_the_part() -> None:
+    """The shift reads k in the convolution's output through a [1, 16, 49] view whose token
+    dim runs through H and W of the channels-last bytes (stride 64: the 64 channels)."""
+    on, off = compile_model(_keys_from_channels_last()), compile_model(
+        _keys_from_channels_last(), composer=OFF)
+    # both parts: k's shift, and the dequantize of the other part the float Conv reads
+    assert on.plan.notes["merged_copies"] == 2 and off.plan.notes["merged_copies"] == 0
+    assert len(on.plan.kernels) == len(off.plan.kernels) - 2
+    [merged] = [k for k in on.plan.kernels if "not its copy" in k.info.note
+                and on.plan.slots[k.reads[0]].md.dims == (1, 16, 49)]
+    assert on.plan.slots[merged.reads[0]].md.strides[1:] == (1, 64)
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        assert all(np.array_equal(a, b) for a, b in zip(on.run(feeds).values(),
+                                                        off.run(feeds).values(), strict=True))
+
+
+def test_a_merged_run_needs_one_run_in_the_source_too() -> None:
+    """S's token dim runs through D's H and W; in A they are one run (H stride = 7 x W stride)
+    or not (rows padded to 8 pixels): a view, or None."""
+    from qfuse.compiler.lower.merge_copies import _through
+    from qfuse.runtime.onednn import DataType, MemoryDesc
+
+    def md(dims: tuple, strides: tuple) -> MemoryDesc:
+        return MemoryDesc.from_strides(dims, DataType.u8, strides)
+
+    s = md((1, 16, 49), (784, 1, 16))
+    d = md((1, 16, 7, 7), (784, 1, 112, 16))
+    view = _through(s, d, md((1, 16, 7, 7), (3136, 1, 448, 64)))
+    assert view is not None and view.strides[1:] == (1, 64)
+    assert _through(s, d, md((1, 16, 7, 7), (3584, 1, 512, 64))) is None
+    assert _through(md((1, 16, 49), (784, 49, 1)), d, md((1, 16, 7, 7), (3136, 1, 448, 64))) \
+        is None  # S row-major over D's channels-last bytes: no run
