@@ -137,10 +137,11 @@ class Quantize:
 
 @dataclass(frozen=True)
 class TensorOperand:
-    """x · r or x + r (``alg`` "mul" / "add"), r = the node's input ``port``: a float32
-    tensor of the output's shape or one that broadcasts to it (a gate: x·Q(sigmoid(x)) when
-    the node is the Sigmoid; a squeeze-excitation's per-channel gate; the float residual of
-    an elementwise chain). oneDNN: a binary post-op reading r."""
+    """x · r, x + r, x − r or x / r (``alg`` "mul" / "add" / "sub" / "div"), r = the node's
+    input ``port``: a float32 tensor of the output's shape or one that broadcasts to it (a
+    gate: x·Q(sigmoid(x)) when the node is the Sigmoid; a squeeze-excitation's per-channel
+    gate; the float residual of an elementwise chain; F.normalize's norm, the divisor of a
+    Div gate chain). oneDNN: a binary post-op reading r."""
 
     port: int
     alg: str = "mul"

@@ -380,9 +380,9 @@ def _commit_quantize(graph: Graph, ctx: PassContext, fq: Node, state: _State,
 
 def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | None:
     """(inputs with x first, first chain items) when ``node`` is a float elementwise op on
-    one tensor x that a gate chain can start with: an activation, or an Add / Mul by a
+    one tensor x that a gate chain can start with: an activation, an Add / Mul by a
     constant (per tensor or per channel; the constant stays as input 1, unread) — x + 3 of
-    x·relu6(x + 3)/6."""
+    x·relu6(x + 3)/6 —, or an Add / Mul / Sub / Div of two run-time tensors."""
     out = node.outputs[0]
     info = graph.info(out)
     if info.dtype is not DType.F32 or info.rank < 2 or not node.inputs:
@@ -418,6 +418,17 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
                 return None
             items = [TensorOperand(1, alg)]
         x, inputs = a, [a, b]
+    elif node.op in (Op.SUB, Op.DIV) and len(node.inputs) == 2:
+        # x − r, x / r of two run-time tensors (F.normalize's x / max(‖x‖, ε), XCiT's and
+        # Swin-V2's q and k): the binary primitive's own operation, r broadcast or not;
+        # a constant r is canonicalize_arith's Add / Mul
+        a, b = node.inputs
+        if (graph.constant(a) is not None or constant_operand(graph, b)[0] is not None
+                or graph.info(a).shape != info.shape or not _broadcast_f32(graph.info(b),
+                                                                           info.shape)):
+            return None
+        x, inputs = a, [a, b]
+        items = [TensorOperand(1, "sub" if node.op is Op.SUB else "div")]
     else:
         return None
     xinfo = graph.info(x)
@@ -427,8 +438,9 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
 
 
 def _is_gate(node: Node) -> bool:
-    """A node whose chain ``_fuse_gate`` builds (an activation or Add / Mul start)."""
-    return node.op in (Op.ADD, Op.MUL) or activation(node) is not None
+    """A node whose chain ``_fuse_gate`` builds (an activation or Add / Mul / Sub / Div
+    start)."""
+    return node.op in (Op.ADD, Op.MUL, Op.SUB, Op.DIV) or activation(node) is not None
 
 
 def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
@@ -652,9 +664,13 @@ def _float_readers(graph: Graph, value: str) -> bool:
 
 def _broadcast_operand(graph: Graph, reader: Node | None, value: str) -> bool:
     """``value`` is read only by ``reader``, a Mul or Add that broadcasts it over a larger
-    tensor: a squeeze-excitation's gate (quantize_static's HardSigmoid → Q → DQ → Mul), which
-    that Mul's kernel reads as a float32 binary operand."""
-    if reader is None or reader.op not in (Op.MUL, Op.ADD) or value in graph.outputs:
+    tensor, or a Div or Sub that takes it as its second operand so: a squeeze-excitation's
+    gate (quantize_static's HardSigmoid → Q → DQ → Mul), F.normalize's clipped norm (NNCF's
+    XCiT: ReduceL2 → Clip → Q → DQ → Div), which that node's kernel reads as a float32
+    binary operand."""
+    if reader is None or value in graph.outputs or not (
+            reader.op in (Op.MUL, Op.ADD) or (reader.op in (Op.DIV, Op.SUB)
+                                              and reader.inputs[1:] == [value])):
         return False
     readers = graph.consumers(value)
     return (len(readers) == 1 and reader.inputs.count(value) == 1

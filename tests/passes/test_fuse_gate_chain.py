@@ -329,3 +329,50 @@ def test_dequantized_operand_also_requantized_says_why() -> None:
     assert any(r.startswith("dequantizes the second run-time operand")
                and r.endswith("requantize those float32 values)") for r in reasons.values()), \
         reasons
+
+
+@pytest.mark.parametrize("op", ["Div", "Sub", "Sub+residual"])
+def test_two_run_time_tensors_divided_then_quantized_are_one_kernel(op: str) -> None:
+    """F.normalize as XCiT's and Swin-V2's attention write it for q and k: x / max(‖x‖₂, ε)
+    along the tokens (a run-time operand broadcast along the last dim), then a quantize; and
+    x − mean(x) alike: one binary primitive x ∘ r with the quantize as post-ops, where the
+    Div / Sub and its quantize were two kernels. Then a residual Add of x (PoolFormer's and
+    FastViT's ``x + (pool(x) − x)``): x a binary post-op operand too (a binary primitive
+    takes no sum post-op). Bit-exact with the pass off and with the unfused mode."""
+    residual = op.endswith("+residual")
+    op = op.removesuffix("+residual")
+    shape = [1, 4, 8, 20]
+    rng = np.random.default_rng(11)
+    inits = [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y),
+             h.make_tensor("eps", TensorProto.FLOAT, [], [1e-12]),
+             h.make_tensor("axes", TensorProto.INT64, [1], [-1])]
+    inits += _params("n", 0.1, 0)
+    # NNCF quantizes the clipped norm (Q/DQ): its Clip's kernel then writes the dequantized
+    # float32 values the Div reads, no dequantize kernel of its own
+    r = ([h.make_node("ReduceL2", ["x", "axes"], ["n"], keepdims=1),
+          h.make_node("Clip", ["n", "eps"], ["c"]), *_qdq("n", 0.1, 0, "c", "r")]
+         if op == "Div" else [h.make_node("ReduceMean", ["x", "axes"], ["r"], keepdims=1)])
+    nodes = [*_qdq("x", S_X, ZP_X, "input", "x"), *r, h.make_node(op, ["x", "r"], ["m"]),
+             *_qdq("y", S_Y, ZP_Y, "m", "md")]
+    if residual:
+        inits += _params("z", 0.07, 3)
+        nodes += [h.make_node("Add", ["md", "x"], ["a"]), *_qdq("z", 0.07, 3, "a", "md2")]
+    nodes.append(h.make_node("Relu", ["md2" if residual else "md"], ["out"]))
+    graph = h.make_graph(nodes, "normalize", [h.make_tensor_value_info(
+        "input", TensorProto.FLOAT, shape)], [h.make_tensor_value_info(
+            "out", TensorProto.FLOAT, shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=WITHOUT_GATES)
+    [kernel] = [k for k in kernels if any(a.startswith(op) for a in k.info.absorbed)]
+    assert kernel.kind == "binary" and len(kernel.info.absorbed) >= 2, kernel.info.absorbed
+    assert not [k.name for k in kernels
+                if k.primitive is None or "ref" in k.primitive.pd.impl_name]
+    assert len(kernels) < len(old)
+    if op == "Div":  # the norm's dequantize (node 5) is the Clip's: no kernel of its own
+        [clip] = [k for k in kernels if "Clip_3" in k.info.absorbed]
+        assert "DequantizeLinear_5" in clip.info.absorbed, clip.info.absorbed
+    np.testing.assert_array_equal(fused, before)
+    unfused, _ = _run(model, feeds, mode="unfused")
+    np.testing.assert_array_equal(fused, unfused)
