@@ -128,11 +128,11 @@ def test_view_overwritten_in_place_is_read_before() -> None:
     sum_kernel = [k for k in plan.kernels if k.name.startswith("MatMul")][-1]
     (dst,) = sum_kernel.writes
     if isa_is_exact():  # (without VNNI the weights are split and the residual is an operand)
-        assert plan.root(dst)[0] == plan.root(plan.homes["t_q"])[0]  # the sum writes the view
+        assert plan.root(dst)[0] == plan.root(plan.homes["tq"])[0]  # the sum writes the view
         assert "sum" in compiled.inspect()["kernels"][plan.kernels.index(sum_kernel)]["post_ops"]
     check = check_op_by_op(m, feeds, compiled=compiled)
     rows = {r.tensor: r for r in check.ints}
-    assert rows["t_q"].differing == 0 and rows["fl_q"].differing == 0, format_text(check)
+    assert rows["tq"].differing == 0 and rows["fl_q"].differing == 0, format_text(check)
     assert check.max_lsb <= 1, format_text(check)
 
 

@@ -259,3 +259,41 @@ def test_a_per_channel_requantize_stays_after_a_resize_of_the_channels() -> None
     [resize] = [n for n in graph.topo_order() if n.op is Op.RESIZE]
     assert [n.op for n, _ in graph.consumers(resize.outputs[0])] == [Op.DEQUANTIZE_LINEAR]
     assert quantize_before_reshape.run_requantize(graph, PassContext()) == 0
+
+
+def _normalized_keys() -> onnx.ModelProto:
+    """XCiT's keys in quantize_static's form: k / ‖k‖ (a Div of two run-time tensors), then a
+    Transpose, then the quantize the q·kᵀ MatMul reads."""
+    inits = [nh.from_array(np.float32(0.05), "ks"), nh.from_array(np.uint8(128), "kz"),
+             nh.from_array(np.float32(0.01), "ts"), nh.from_array(np.uint8(128), "tz"),
+             nh.from_array(np.array([-1], np.int64), "axes"),
+             nh.from_array(np.float32(1e-12), "eps")]
+    nodes = [h.make_node("QuantizeLinear", ["k", "ks", "kz"], ["kq"]),
+             h.make_node("DequantizeLinear", ["kq", "ks", "kz"], ["kd"]),
+             h.make_node("ReduceL2", ["kd", "axes"], ["n"], keepdims=1),
+             h.make_node("Clip", ["n", "eps"], ["nc"]),
+             h.make_node("Div", ["kd", "nc"], ["u"]),
+             h.make_node("Transpose", ["u"], ["t"], perm=[0, 1, 3, 2]),
+             h.make_node("QuantizeLinear", ["t", "ts", "tz"], ["tq"]),
+             h.make_node("DequantizeLinear", ["tq", "ts", "tz"], ["y"])]
+    graph = h.make_graph(nodes, "keys",
+                         [h.make_tensor_value_info("k", TensorProto.FLOAT, [1, 4, 8, 20])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 20, 8])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+
+
+def test_quantize_moves_before_a_transpose_exactly() -> None:
+    """The Transpose then moves 8-bit values, and the Div's chain ends in the quantize: one
+    kernel for the Div and its quantize. Bit-identical to the reference before the pass."""
+    graph = import_graph(_normalized_keys())
+    feeds = [{"k": np.random.default_rng(s).normal(0, 2, (1, 4, 8, 20)).astype(np.float32)}
+             for s in range(3)]
+    before = [evaluate(graph, f)["y"] for f in feeds]
+    results = {r.name: r for r in run_pipeline(graph, PassContext(),
+                                                until="quantize_before_reshape")}
+    assert results["quantize_before_reshape"].changed == 1
+    for f, want in zip(feeds, before, strict=True):
+        np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
+    kernels = compile_model(_normalized_keys()).inspect()["kernels"]
+    [div] = [k for k in kernels if "Div_4" in k["absorbed"]]
+    assert "QuantizeLinear_6" in div["absorbed"], div["absorbed"]
