@@ -394,9 +394,10 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
         x, items, inputs = node.inputs[0], [act], list(node.inputs)
     elif node.op in (Op.ADD, Op.MUL) and len(node.inputs) == 2:
         a, b = node.inputs
-        if graph.constant(a) is not None and graph.constant(b) is None:
+        # a constant first (ResMLP's γ · x, the γ a DequantizeLinear of constants) goes second
+        if constant_operand(graph, a)[0] is not None and constant_operand(graph, b)[0] is None:
             a, b = b, a
-        if graph.constant(a) is not None:
+        if constant_operand(graph, a)[0] is not None:
             return None
         data, _ = constant_operand(graph, b)
         alg = "add" if node.op is Op.ADD else "mul"

@@ -376,3 +376,35 @@ def test_two_run_time_tensors_divided_then_quantized_are_one_kernel(op: str) -> 
     np.testing.assert_array_equal(fused, before)
     unfused, _ = _run(model, feeds, mode="unfused")
     np.testing.assert_array_equal(fused, unfused)
+
+
+def test_a_dequantized_constant_first_operand_goes_second() -> None:
+    """ResMLP's layer scale as quantize_static writes it: Mul(DQ(γ_q), x), γ along the last
+    dim of [N, T, C], the constant first: the same chain as x·γ (the binary primitive's own
+    broadcast operand, then the quantize), one kernel instead of the Mul and its quantize."""
+    rng = np.random.default_rng(6)
+    shape = [1, 10, 16]
+    gamma = rng.integers(-100, 100, [16]).astype(np.int8)
+    inits = [*_params("x", S_X, ZP_X), *_params("y", S_Y, ZP_Y),
+             h.make_tensor("g_q", TensorProto.INT8, [16], gamma.tolist()),
+             h.make_tensor("g_s", TensorProto.FLOAT, [], [0.01]),
+             h.make_tensor("g_z", TensorProto.INT8, [], [0])]
+    nodes = [*_qdq("x", S_X, ZP_X, "input", "x"),
+             h.make_node("DequantizeLinear", ["g_q", "g_s", "g_z"], ["g"]),
+             h.make_node("Mul", ["g", "x"], ["m"]), *_qdq("y", S_Y, ZP_Y, "m", "md"),
+             h.make_node("Relu", ["md"], ["out"])]
+    graph = h.make_graph(nodes, "scale", [h.make_tensor_value_info(
+        "input", TensorProto.FLOAT, shape)], [h.make_tensor_value_info(
+            "out", TensorProto.FLOAT, shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=WITHOUT_GATES)
+    [mul] = [k for k in kernels if "Mul_3" in k.info.absorbed]
+    assert "QuantizeLinear_4" in mul.info.absorbed, mul.info.absorbed
+    assert not [k.name for k in kernels
+                if k.primitive is None or "ref" in k.primitive.pd.impl_name]
+    assert len(kernels) < len(old)
+    np.testing.assert_array_equal(fused, before)
+    unfused, _ = _run(model, feeds, mode="unfused")
+    np.testing.assert_array_equal(fused, unfused)
