@@ -331,6 +331,26 @@ def test_dequantized_operand_also_requantized_says_why() -> None:
         reasons
 
 
+def _fewer_kernels_bit_exact(nodes: list[onnx.NodeProto], inits: list[onnx.TensorProto],
+                             shape: list[int], rng: np.random.Generator, opset: int) -> list:
+    """'input' → ``nodes`` → 'out' fused: fewer kernels than with fuse_gate_chain off, none on
+    ``ref``, bit-identical to that plan and to the unfused mode. Returns the fused kernels."""
+    graph = h.make_graph(nodes, "chain", [h.make_tensor_value_info(
+        "input", TensorProto.FLOAT, shape)], [h.make_tensor_value_info(
+            "out", TensorProto.FLOAT, shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
+    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
+    fused, kernels = _run(model, feeds)
+    before, old = _run(model, feeds, disabled=WITHOUT_GATES)
+    assert not [k.name for k in kernels
+                if k.primitive is None or "ref" in k.primitive.pd.impl_name]
+    assert len(kernels) < len(old)
+    np.testing.assert_array_equal(fused, before)
+    unfused, _ = _run(model, feeds, mode="unfused")
+    np.testing.assert_array_equal(fused, unfused)
+    return kernels
+
+
 @pytest.mark.parametrize("op", ["Div", "Sub", "Sub+residual"])
 def test_two_run_time_tensors_divided_then_quantized_are_one_kernel(op: str) -> None:
     """F.normalize as XCiT's and Swin-V2's attention write it for q and k: x / max(‖x‖₂, ε)
@@ -358,24 +378,12 @@ def test_two_run_time_tensors_divided_then_quantized_are_one_kernel(op: str) -> 
         inits += _params("z", 0.07, 3)
         nodes += [h.make_node("Add", ["md", "x"], ["a"]), *_qdq("z", 0.07, 3, "a", "md2")]
     nodes.append(h.make_node("Relu", ["md2" if residual else "md"], ["out"]))
-    graph = h.make_graph(nodes, "normalize", [h.make_tensor_value_info(
-        "input", TensorProto.FLOAT, shape)], [h.make_tensor_value_info(
-            "out", TensorProto.FLOAT, shape)], inits)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
-    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
-    fused, kernels = _run(model, feeds)
-    before, old = _run(model, feeds, disabled=WITHOUT_GATES)
+    kernels = _fewer_kernels_bit_exact(nodes, inits, shape, rng, opset=18)
     [kernel] = [k for k in kernels if any(a.startswith(op) for a in k.info.absorbed)]
     assert kernel.kind == "binary" and len(kernel.info.absorbed) >= 2, kernel.info.absorbed
-    assert not [k.name for k in kernels
-                if k.primitive is None or "ref" in k.primitive.pd.impl_name]
-    assert len(kernels) < len(old)
     if op == "Div":  # the norm's dequantize (node 5) is the Clip's: no kernel of its own
         [clip] = [k for k in kernels if "Clip_3" in k.info.absorbed]
         assert "DequantizeLinear_5" in clip.info.absorbed, clip.info.absorbed
-    np.testing.assert_array_equal(fused, before)
-    unfused, _ = _run(model, feeds, mode="unfused")
-    np.testing.assert_array_equal(fused, unfused)
 
 
 def test_a_dequantized_constant_first_operand_goes_second() -> None:
@@ -393,18 +401,6 @@ def test_a_dequantized_constant_first_operand_goes_second() -> None:
              h.make_node("DequantizeLinear", ["g_q", "g_s", "g_z"], ["g"]),
              h.make_node("Mul", ["g", "x"], ["m"]), *_qdq("y", S_Y, ZP_Y, "m", "md"),
              h.make_node("Relu", ["md"], ["out"])]
-    graph = h.make_graph(nodes, "scale", [h.make_tensor_value_info(
-        "input", TensorProto.FLOAT, shape)], [h.make_tensor_value_info(
-            "out", TensorProto.FLOAT, shape)], inits)
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
-    feeds = {"input": rng.uniform(-6, 6, shape).astype(np.float32)}
-    fused, kernels = _run(model, feeds)
-    before, old = _run(model, feeds, disabled=WITHOUT_GATES)
+    kernels = _fewer_kernels_bit_exact(nodes, inits, shape, rng, opset=17)
     [mul] = [k for k in kernels if "Mul_3" in k.info.absorbed]
     assert "QuantizeLinear_4" in mul.info.absorbed, mul.info.absorbed
-    assert not [k.name for k in kernels
-                if k.primitive is None or "ref" in k.primitive.pd.impl_name]
-    assert len(kernels) < len(old)
-    np.testing.assert_array_equal(fused, before)
-    unfused, _ = _run(model, feeds, mode="unfused")
-    np.testing.assert_array_equal(fused, unfused)
