@@ -42,20 +42,18 @@ def run(graph: Graph, ctx: PassContext) -> int:
     count = 0
     for node in graph.topo_order():
         if (node.op not in QUANTIZATION_OPS or node.fused is not None
-                or not graph.has_node(node.name)
                 or any(graph.constant(v) is None for v in node.inputs if v)):
             continue
         ctx.visit(node)
         after = _computed_from(graph, node)
         if not after:  # weights (None), or read directly by run-time nodes: not declines
             continue
-        folded = [n.name for n in (node, *after)]
         for member in (node, *after):
             if not _fold(graph, member):
                 log.debug("%s: %s does not evaluate to its TensorInfo", node, member)
                 break
         else:
-            log.debug("folded %s", folded)
+            log.debug("folded %s and %s", node, [n.name for n in after])
             count += 1
     if count:
         graph.remove_unused()
@@ -63,20 +61,22 @@ def run(graph: Graph, ctx: PassContext) -> int:
 
 
 def _computed_from(graph: Graph, node: Node) -> list[Node] | None:
-    """The nodes after ``node`` computing from its outputs and constants alone, in topological
-    order; None when any of those values is read by an ``_INTEGER_READERS`` op."""
+    """The nodes after ``node`` computing from its outputs and constants alone, each after
+    the members it reads (a topological order); None when any of those values is read by an
+    ``_INTEGER_READERS`` op. Walks the readers only (a weight's quantizer: one step)."""
     known = set(node.outputs)
     members: list[Node] = []
-    for reader in graph.topo_order():
-        reads = [v for v in reader.inputs if v]
-        if not any(v in known for v in reads):
-            continue
-        if reader.op in _INTEGER_READERS:
-            return None
-        if reader.fused is None and all(v in known or graph.constant(v) is not None
-                                        for v in reads):
+    waiting = list(node.outputs)
+    while waiting:
+        for reader, _ in graph.consumers(waiting.pop()):
+            if reader.op in _INTEGER_READERS:
+                return None
+            if reader in members or reader.fused is not None or not all(
+                    v in known or graph.constant(v) is not None for v in reader.inputs if v):
+                continue  # (one waiting for another member is met again from that one)
             members.append(reader)
             known.update(reader.outputs)
+            waiting.extend(reader.outputs)
     return members
 
 
