@@ -31,8 +31,8 @@ import logging
 import numpy as np
 
 from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
-from qfuse.compiler.lower.reorder_check import two_step_middle
-from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, PrimitiveAttr, PrimitiveDesc, reorder
+from qfuse.compiler.lower.reorder_check import run_once, two_step_middle
+from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, PrimitiveAttr, reorder
 
 log = logging.getLogger(__name__)
 
@@ -173,22 +173,14 @@ def _agrees(copy: Kernel, reader: Kernel, slots: dict[str, Slot], view: MemoryDe
     source = np.random.default_rng(0).integers(0, 256, a.size, dtype=np.uint8)
     middle = np.zeros(s.size, np.uint8)
     want, got = np.zeros(out_md.size, np.uint8), np.zeros(out_md.size, np.uint8)
-    _execute(reorder(a, d), {int(Arg.SRC): Memory(a, source), int(Arg.DST): Memory(d, middle)})
-    _execute(reorder(s, out_md, attr=_attr(reader)),
+    run_once(reorder(a, d), {int(Arg.SRC): Memory(a, source), int(Arg.DST): Memory(d, middle)})
+    run_once(reorder(s, out_md, attr=_attr(reader)),
              {int(Arg.SRC): Memory(s, middle), int(Arg.DST): Memory(out_md, want),
               **reader.fixed})
-    _execute(reorder(view, out_md, attr=_attr(reader)),
+    run_once(reorder(view, out_md, attr=_attr(reader)),
              {int(Arg.SRC): Memory(view, source[:view.size]), int(Arg.DST): Memory(out_md, got),
               **reader.fixed})
     return bool(np.array_equal(want, got))
-
-
-def _execute(pd: PrimitiveDesc, args: dict[int, Memory]) -> None:
-    primitive = pd.create()
-    scratchpad = primitive.scratchpad()
-    if scratchpad is not None:
-        args[int(Arg.SCRATCHPAD)] = scratchpad
-    primitive.execute(args)
 
 
 def _attr(kernel: Kernel) -> PrimitiveAttr:

@@ -27,10 +27,8 @@ from qfuse.runtime.onednn import (
     MemoryDesc,
     PrimitiveAttr,
     PrimitiveDesc,
-    Stream,
     reorder,
 )
-from qfuse.runtime.onednn.memory import default_stream
 from qfuse.runtime.onednn.primitive import Primitive
 
 
@@ -47,17 +45,15 @@ def two_step_middle(src_md: MemoryDesc, dst_md: MemoryDesc, attr: PrimitiveAttr 
     middle = md_like(src_md, dst_md.dtype)
     if middle is None:
         return None
-    stream = default_stream()
     source = Memory(src_md, _data(src_md))
     one_bytes, two_bytes = np.zeros(dst_md.size, np.uint8), np.zeros(dst_md.size, np.uint8)
-    _run(reorder(src_md, dst_md, attr=attr),
-         {int(Arg.SRC): source, int(Arg.DST): Memory(dst_md, one_bytes)}, fixed, stream)
+    run_once(reorder(src_md, dst_md, attr=attr),
+             {int(Arg.SRC): source, int(Arg.DST): Memory(dst_md, one_bytes), **fixed})
     step = Memory(middle, np.zeros(middle.size, np.uint8))
-    _run(reorder(src_md, middle, attr=attr), {int(Arg.SRC): source, int(Arg.DST): step},
-         fixed, stream)
-    _run(reorder(middle, dst_md), {int(Arg.SRC): step, int(Arg.DST): Memory(dst_md, two_bytes)},
-         {}, stream)
-    stream.wait()
+    run_once(reorder(src_md, middle, attr=attr),
+             {int(Arg.SRC): source, int(Arg.DST): step, **fixed})
+    run_once(reorder(middle, dst_md),
+             {int(Arg.SRC): step, int(Arg.DST): Memory(dst_md, two_bytes)})
     return None if np.array_equal(one_bytes, two_bytes) else middle
 
 
@@ -71,7 +67,8 @@ def _data(md: MemoryDesc) -> np.ndarray:
     return rng.integers(0, 256, md.size, dtype=np.uint8)
 
 
-def _run(pd: PrimitiveDesc, args: dict[int, Memory], fixed: dict[int, Memory],
-         stream: Stream) -> None:
+def run_once(pd: PrimitiveDesc, args: dict[int, Memory]) -> None:
+    """Create ``pd``'s primitive and run it once on ``args`` (a scratchpad added), waiting:
+    the compile-time checks that run a kernel on probe data (here, merge_copies)."""
     primitive = Primitive(pd)
-    primitive.execute(primitive.with_scratchpad({**args, **fixed}), stream)
+    primitive.execute(primitive.with_scratchpad(args))

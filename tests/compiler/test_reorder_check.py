@@ -58,7 +58,7 @@ def test_no_zero_point_or_no_layout_change_runs_nothing(monkeypatch) -> None:
     def refuse(*args: object) -> None:
         raise AssertionError("a reorder ran")
 
-    monkeypatch.setattr(reorder_check, "_run", refuse)
+    monkeypatch.setattr(reorder_check, "run_once", refuse)
     src_md, dst_md = _mds(21)
     assert two_step_middle(src_md, dst_md, None, {}) is None
     same = MemoryDesc.from_strides(src_md.dims, DataType.f32, src_md.strides)
