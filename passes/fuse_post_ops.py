@@ -390,46 +390,45 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
     if single_pixel_batch(info.shape):  # oneDNN's binary post-op bug (docs/onednn.md)
         return None
     act = activation(node)
+    items: list[ChainOp]
     if act is not None:
         x, items, inputs = node.inputs[0], [act], list(node.inputs)
-    elif node.op in (Op.ADD, Op.MUL) and len(node.inputs) == 2:
+    elif node.op in (Op.ADD, Op.MUL, Op.SUB, Op.DIV) and len(node.inputs) == 2:
         a, b = node.inputs
-        # a constant first (ResMLP's γ · x, the γ a DequantizeLinear of constants) goes second
-        if constant_operand(graph, a)[0] is not None and constant_operand(graph, b)[0] is None:
-            a, b = b, a
-        if constant_operand(graph, a)[0] is not None:
-            return None
-        data, _ = constant_operand(graph, b)
-        alg = "add" if node.op is Op.ADD else "mul"
-        values = channel_values(data, info.shape, 1)[0] if data is not None else None
-        if values is not None:
-            items: list[ChainOp] = [Shift.of(values) if alg == "add" else Scale.of(values)]
-        elif data is not None:
-            # a constant along other axes (attention's position bias [1, H, N, N], LayerNorm's
-            # γ / β on [N, T, C]): the binary primitive's own second operand, broadcast
-            # (compiler/lower/lower_gate.py), as a standalone Add / Mul reads it
-            if graph.info(a).shape != info.shape or not _broadcast_f32(
-                    graph.info(b), info.shape, lower_rank=True):
+        # a constant is a plain one or a DequantizeLinear of constants (ResMLP's γ · x)
+        data_a, data = (constant_operand(graph, v)[0] for v in (a, b))
+        if node.op in (Op.SUB, Op.DIV):
+            # x − r, x / r of two run-time tensors (F.normalize's x / max(‖x‖, ε), XCiT's and
+            # Swin-V2's q and k): the binary primitive's own operation, r broadcast or not;
+            # a constant r is canonicalize_arith's Add / Mul
+            if (data_a is not None or data is not None or graph.info(a).shape != info.shape
+                    or not _broadcast_f32(graph.info(b), info.shape)):
                 return None
-            items = [TensorOperand(1, alg)]  # a lower-rank one is padded (_fuse_gate)
-        else:  # two run-time tensors: x is the one of the output's shape
-            if graph.info(a).shape != info.shape:
-                a, b = b, a
-            if not _broadcast_f32(graph.info(b), info.shape):
-                return None
-            items = [TensorOperand(1, alg)]
+            items = [TensorOperand(1, "sub" if node.op is Op.SUB else "div")]
+        else:
+            if data_a is not None:  # a constant first goes second
+                if data is not None:
+                    return None
+                a, b, data = b, a, data_a
+            alg = "add" if node.op is Op.ADD else "mul"
+            values = channel_values(data, info.shape, 1)[0] if data is not None else None
+            if values is not None:
+                items = [Shift.of(values) if alg == "add" else Scale.of(values)]
+            elif data is not None:
+                # a constant along other axes (attention's position bias [1, H, N, N],
+                # LayerNorm's γ / β on [N, T, C]): the binary primitive's own second operand,
+                # broadcast (compiler/lower/lower_gate.py), as a standalone Add / Mul reads it
+                if graph.info(a).shape != info.shape or not _broadcast_f32(
+                        graph.info(b), info.shape, lower_rank=True):
+                    return None
+                items = [TensorOperand(1, alg)]  # a lower-rank one is padded (_fuse_gate)
+            else:  # two run-time tensors: x is the one of the output's shape
+                if graph.info(a).shape != info.shape:
+                    a, b = b, a
+                if not _broadcast_f32(graph.info(b), info.shape):
+                    return None
+                items = [TensorOperand(1, alg)]
         x, inputs = a, [a, b]
-    elif node.op in (Op.SUB, Op.DIV) and len(node.inputs) == 2:
-        # x − r, x / r of two run-time tensors (F.normalize's x / max(‖x‖, ε), XCiT's and
-        # Swin-V2's q and k): the binary primitive's own operation, r broadcast or not;
-        # a constant r is canonicalize_arith's Add / Mul
-        a, b = node.inputs
-        if (graph.constant(a) is not None or constant_operand(graph, b)[0] is not None
-                or graph.info(a).shape != info.shape or not _broadcast_f32(graph.info(b),
-                                                                           info.shape)):
-            return None
-        x, inputs = a, [a, b]
-        items = [TensorOperand(1, "sub" if node.op is Op.SUB else "div")]
     else:
         return None
     xinfo = graph.info(x)

@@ -150,7 +150,7 @@ def _run_of(size: int, stride: int, free: list[int], dims: tuple[int, ...],
     run: list[int] = []
     covered, step = 1, stride
     while covered < size:
-        nxt = [m for m in free if m not in run and strides[m] == step and dims[m] > 1
+        nxt = [m for m in free if m not in run and strides[m] == step
                and size % (covered * dims[m]) == 0]
         if not nxt:
             return None

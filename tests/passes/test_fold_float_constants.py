@@ -72,6 +72,12 @@ def test_the_bias_table_becomes_one_constant() -> None:
     bias = graph.constant(add.inputs[1])
     assert bias is not None and bias.shape == (TOKENS, TOKENS)
     assert not [n for n in graph.topo_order() if n.op is Op.ISLAND or n.op is Op.SLICE]
+    # the values: head 1's row of the table, quantized and dequantized as ONNX does, gathered
+    model = _attention_logits()
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    s_t = inits["s_t"]
+    levels = np.clip(np.rint(inits["table"] / s_t), -128, 127).astype(np.int8)
+    np.testing.assert_array_equal(bias, (levels.astype(np.float32) * s_t)[1][inits["index"]])
 
 
 def test_the_logits_matmul_takes_the_bias_add() -> None:
