@@ -396,16 +396,18 @@ def _gate_start(graph: Graph, node: Node) -> tuple[list[str], list[ChainOp]] | N
     elif node.op in (Op.ADD, Op.MUL, Op.SUB, Op.DIV) and len(node.inputs) == 2:
         a, b = node.inputs
         # a constant is a plain one or a DequantizeLinear of constants (ResMLP's γ · x)
-        data_a, data = (constant_operand(graph, v)[0] for v in (a, b))
+        data = constant_operand(graph, b)[0]
         if node.op in (Op.SUB, Op.DIV):
-            # x − r, x / r of two run-time tensors (F.normalize's x / max(‖x‖, ε), XCiT's and
-            # Swin-V2's q and k): the binary primitive's own operation, r broadcast or not;
-            # a constant r is canonicalize_arith's Add / Mul
-            if (data_a is not None or data is not None or graph.info(a).shape != info.shape
+            # x − r, x / r with r a run-time tensor (F.normalize's x / max(‖x‖, ε), XCiT's
+            # and Swin-V2's q and k; YOLOv8's anchors − distances): the binary primitive's own
+            # operation, r broadcast or not; a constant r is canonicalize_arith's Add / Mul
+            if (graph.constant(a) is not None or data is not None
+                    or graph.info(a).shape != info.shape
                     or not _broadcast_f32(graph.info(b), info.shape)):
                 return None
             items = [TensorOperand(1, "sub" if node.op is Op.SUB else "div")]
         else:
+            data_a = constant_operand(graph, a)[0]
             if data_a is not None:  # a constant first goes second
                 if data is not None:
                     return None
