@@ -38,7 +38,14 @@ run (a pixel of one input), a reorder about 3-5 us to start: with fewer than ``W
 runs per input the concat kernel is as fast or faster (eight inputs of 28 channels at 28x28,
 784 runs each: 22 against 42 us; two of 64 at 28x28: 7.9 against 8.4 us), just above it the
 words win (two of 16 at 40x40, 1600 runs: 11.1 against 7.9 us), so below it the concat kernel
-stays when no input is placed. An input whose producer only moves bytes and that nothing else
+stays when no input is placed. Runs that are not whole words are copied the same way, by one
+reorder of the input's own data type into its strided view, when oneDNN has a jit reorder for
+it (``_jit_copies``): the concat kernel's cost per run does not depend on the run's length, so
+short runs are where it loses most. EVA-02's rotary embedding stacks ``(-x2, x1)`` along a new
+last axis, an interleave of 1-byte runs: two s8 inputs of (1, 3, 256, 32, 1) took the concat
+kernel 109 us, two jit reorders into stride-2 views 12 us; four inputs of 6 s8 channels at
+48x40 (6-byte runs): 26 against 17 us; at 24x20 (480 runs, below ``WORD_COPY_RUNS``): 8.4
+against 12.3 us. An input whose producer only moves bytes and that nothing else
 reads is not copied at all: the producer writes its region (``_producer_move``); then the
 concat kernel goes whenever one input at most is left to copy.
 
@@ -198,9 +205,10 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
     left = [i for i in rest if i not in moves]
     words = _word_views(slots, [srcs[i] for i in left], out_md, axis)
     many_runs = out_md.nelems >= WORD_COPY_RUNS * out_md.dims[axis]
-    # no more kernels than before (one copy at most), or big inputs copied faster as words
-    if not ((len(left) <= 1 and (result.in_place or moves)) or (words is not None
-                                                                  and many_runs)):
+    copies = many_runs and (words is not None or _jit_copies(
+        slots, [srcs[i] for i in left], [views[i][0] for i in left]))
+    # no more kernels than before (one copy at most), or inputs of many runs copied faster
+    if not ((len(left) <= 1 and (result.in_place or moves)) or copies):
         return result
     for i in result.in_place:
         root, offset = root_slot(slots, srcs[i])
@@ -337,6 +345,19 @@ def _word_views(slots: dict[str, Slot], srcs: list[str], out_md: MemoryDesc, axi
         found.append((words, MemoryDesc.from_strides(words.dims, DataType.s32,
                                                      out_words.strides or ())))
     return found
+
+
+def _jit_copies(slots: dict[str, Slot], srcs: list[str], views: list[MemoryDesc]) -> bool:
+    """Whether each input can be copied into its region of the output by one of oneDNN's jit
+    reorders (not a constant or host input; not a ``simple:`` / ``ref:`` reorder, which copy
+    an element at a time like the concat kernel)."""
+    for src, view in zip(srcs, views):
+        slot = slots[src]
+        if slot.const is not None or slot.host is not None:
+            return False
+        if not reorder(slot.md, view).impl_name.startswith("jit"):
+            return False
+    return True
 
 
 def _as_words(md: MemoryDesc, axis: int) -> MemoryDesc | None:
