@@ -75,6 +75,20 @@ def test_zero_initialized_weights_are_revived() -> None:
     assert arch_sweep._revive_zero_init(model) == []
 
 
+def test_layer_scales_are_revived() -> None:
+    """A layer scale left at its tiny initial constant (CaiT's 1e-5) gets a trained network's
+    order of value; a parameter of distinct small values, or of one ordinary value, stays."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Module()
+    model.gamma = torch.nn.Parameter(1e-5 * torch.ones(8))
+    model.small = torch.nn.Parameter(torch.linspace(1e-5, 2e-5, 8))
+    model.ones = torch.nn.Parameter(torch.ones(8))
+    small = model.small.detach().clone()
+    assert arch_sweep._revive_zero_init(model) == ["gamma"]
+    assert torch.all(model.gamma == arch_sweep.LAYER_SCALE)
+    assert torch.equal(model.small, small) and torch.all(model.ones == 1)
+
+
 def test_a_row_onnxruntime_refused_keeps_its_other_columns() -> None:
     """ONNX Runtime's own int8 kernels may refuse a model its reference run takes (NNCF's
     per-channel activation zero points in a QLinearConv its optimizer fuses): the row shows
