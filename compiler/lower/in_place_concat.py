@@ -60,7 +60,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qfuse.compiler.lower.layouts import same_bytes
+from qfuse.compiler.lower.layouts import repeating_views, same_bytes
 from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
 from qfuse.ir import Graph
 from qfuse.ir.ops import Op, ResizeMode
@@ -291,7 +291,7 @@ def _producer_move(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], 
         if words[0] is not None and words[1] is not None:
             source_md, region = words
         if resize:
-            source_md, region = _repeating(source_md, region)
+            source_md, region = repeating_views(source_md, region)
         reads = source
         if source_md is not slots[source].md:
             reads = _fresh(slots, f"{source}@{'repeated' if resize else 'words'}")
@@ -308,23 +308,6 @@ def _producer_move(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], 
         slots[src] = Slot(src, view, alias=dst, offset=byte)
 
     return move
-
-
-def _repeating(source: MemoryDesc, region: MemoryDesc) -> tuple[MemoryDesc, MemoryDesc]:
-    """(source, region) of a nearest enlargement by whole factors as equal-dims views: each
-    spatial dim of size ``n`` enlarged ``k`` times is split into (n, k), the source's k-dim
-    with stride 0."""
-    dims, src_strides = list(region.dims[:2]), list((source.strides or ())[:2])
-    dst_strides = list((region.strides or ())[:2])
-    for size, out, src_stride, dst_stride in zip(source.dims[2:], region.dims[2:],
-                                                 (source.strides or ())[2:],
-                                                 (region.strides or ())[2:]):
-        factor = out // size
-        dims += [size, factor]
-        src_strides += [src_stride, 0]
-        dst_strides += [dst_stride * factor, dst_stride]
-    return (MemoryDesc.from_strides(dims, source.dtype, src_strides),
-            MemoryDesc.from_strides(dims, region.dtype, dst_strides))
 
 
 def _word_views(slots: dict[str, Slot], srcs: list[str], out_md: MemoryDesc, axis: int

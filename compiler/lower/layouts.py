@@ -281,3 +281,19 @@ def axis_innermost(md: MemoryDesc, axis: int) -> MemoryDesc:
     return MemoryDesc.from_strides(tuple(dims), md.dtype,
                                    ordered_strides(dims, [*order, axis]))
 
+
+def repeating_views(source: MemoryDesc, region: MemoryDesc) -> tuple[MemoryDesc, MemoryDesc]:
+    """(source, region) of a nearest enlargement by whole factors as equal-dims views: each
+    spatial dim of size ``n`` enlarged ``k`` times is split into (n, k), the source's k-dim
+    with stride 0."""
+    dims, src_strides = list(region.dims[:2]), list((source.strides or ())[:2])
+    dst_strides = list((region.strides or ())[:2])
+    for size, out, src_stride, dst_stride in zip(source.dims[2:], region.dims[2:],
+                                                 (source.strides or ())[2:],
+                                                 (region.strides or ())[2:]):
+        factor = out // size
+        dims += [size, factor]
+        src_strides += [src_stride, 0]
+        dst_strides += [dst_stride * factor, dst_stride]
+    return (MemoryDesc.from_strides(dims, source.dtype, src_strides),
+            MemoryDesc.from_strides(dims, region.dtype, dst_strides))

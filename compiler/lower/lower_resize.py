@@ -81,7 +81,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -98,6 +98,7 @@ from qfuse.compiler.lower.layouts import (
     dense_in_order,
     dim_order,
     dnnl_type,
+    repeating_views,
     memory_order_groups,
     plain_md,
     row_major,
@@ -106,7 +107,18 @@ from qfuse.ir import DType, Graph, Node, Op
 from qfuse.runtime.reference.interpreter import run_node
 from qfuse.ir.postops import Composed
 from qfuse.ir.ops import ResizeAttrs, ResizeMode
-from qfuse.runtime.onednn import Alg, Arg, DataType, MemoryDesc, PrimitiveDesc, resampling
+from qfuse.ir.chain import Scale, Shift
+from qfuse.runtime.onednn import (
+    Alg,
+    Arg,
+    DataType,
+    Memory,
+    MemoryDesc,
+    PrimitiveAttr,
+    PrimitiveDesc,
+    reorder,
+    resampling,
+)
 from qfuse.runtime.onednn.reference import resampling_linear_taps
 from qfuse.runtime.reference.ops_island import runner_into
 from qfuse.runtime.reference.ops_shape import (
@@ -333,6 +345,8 @@ def _lower_nearest(ctx: LowerContext, node: Node, note: str,
     """resampling_nearest (or linear, no chain) in the input's own layout (the output in the
     same dim order); a fused chain (the dequantize of passes/fold_resize_dequantize.py) as
     post-ops, or in the unfused mode one primitive per operation after the resampling."""
+    if alg is Alg.resampling_nearest and _repeat_dequantize(ctx, node, note):
+        return
     x, y = node.inputs[0], node.outputs[0]
     out = ctx.info(y).shape
     chain_apart = node.fused is not None and ctx.options.mode == "unfused"
@@ -362,6 +376,54 @@ def _lower_nearest(ctx: LowerContext, node: Node, note: str,
     info = ctx.info_for(node, note=note) if built is None else ctx.info_for(
         node, note=note, post_ops=built.names, post_op_details=built.details)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst}, fixed, info=info)
+
+
+def _repeat_dequantize(ctx: LowerContext, node: Node, note: str) -> bool:
+    """A nearest enlargement by whole factors whose chain is a dequantize with zero point 0
+    (passes/fold_resize_dequantize.py) as one reorder: from a view of x that repeats each
+    element along the enlarged dims (stride 0: output index ``o`` of a dim enlarged k times
+    reads ``o // k``, the index oneDNN's nearest and ONNX's read here, module docstring) into
+    y, float32, in x's dim order, the scale as the reorder's source scale — ``f32(q)·s``
+    rounded once, what the dequantize computes. False (nothing added) where it does not apply:
+    the unfused mode, another chain, a zero point, a blocked source, a factor that is not
+    whole, or no jit reorder for the views. The resampling with the dequantize as post-ops
+    took 1.38 ms on PP-OCRv4 det's 96 x 60 x 80 map (AVX2); the dequantize before it on the
+    small map and the float32 resampling 50 + 51 us, the one reorder 59 us (AVX-512)."""
+    if ctx.options.mode == "unfused" or node.fused is None:
+        return False
+    scale = _dequantize_scale(node.fused.chain)
+    x, y = node.inputs[0], node.outputs[0]
+    shape, out = ctx.info(x).shape, ctx.info(y).shape
+    home = ctx.md_of(x)
+    if (scale is None or len(shape) < 3 or shape[:2] != out[:2] or out == shape
+            or any(o % i for o, i in zip(out[2:], shape[2:])) or not home.is_plain
+            or scale.size not in (1, shape[1])):
+        return False
+    dst_md = dense_in_order(home, out, DataType.f32)
+    src_view, dst_view = repeating_views(home, dst_md)
+    attr = PrimitiveAttr()
+    attr.set_scales_mask(Arg.SRC, 0 if scale.size == 1 else 1 << 1)
+    pd = reorder(src_view, dst_view, attr=attr)
+    if not pd.impl_name.startswith("jit"):
+        return False
+    src = ctx.temp(f"{x}@repeated", src_view, alias=ctx.source(x, home))
+    dst = ctx.define(y, dst_md)
+    into = ctx.temp(f"{y}@repeated", dst_view, alias=dst)
+    fixed = {int(Arg.scales(Arg.SRC)): Memory.scales(scale)}
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): into}, fixed,
+                      info=ctx.info_for(node, note=f"{note}; one reorder repeating x's "
+                                                   f"elements, the dequantize its source "
+                                                   f"scale"))
+    return True
+
+
+def _dequantize_scale(chain: Sequence[object]) -> np.ndarray | None:
+    """The scale of a chain that is exactly a dequantize with zero point 0 (``Shift(0)``,
+    then an exact ``Scale``), float32; None for any other chain."""
+    if (len(chain) != 2 or not isinstance(chain[0], Shift) or not isinstance(chain[1], Scale)
+            or any(v != 0 for v in chain[0].values) or not chain[1].exact):
+        return None
+    return np.asarray(chain[1].values, F32)
 
 
 def _chain_attr(ctx: LowerContext, node: Node) -> BuiltAttr | None:

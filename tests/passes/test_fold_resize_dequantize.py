@@ -22,7 +22,8 @@ C, H, W = 8, 6, 5
 
 def _model(*, per_channel: bool = False, mode: str = "asymmetric",
            scales: tuple[float, float] = (2.0, 2.0), readers: int = 1,
-           requantize: bool = False, nearest_mode: str = "floor") -> onnx.ModelProto:
+           requantize: bool = False, nearest_mode: str = "floor",
+           zero_point: int = 7) -> onnx.ModelProto:
     """x → Q/DQ → Conv → Q/DQ(a) → Resize nearest → + sigmoid(g) → out (float).
 
     ``readers`` 2: an int8 Conv also reads the resized values (the fold must not happen).
@@ -32,7 +33,7 @@ def _model(*, per_channel: bool = False, mode: str = "asymmetric",
     out_hw = (int(H * scales[0]), int(W * scales[1]))
     a_scale = (rng.uniform(0.02, 0.05, C).astype(np.float32) if per_channel
                else np.float32(0.03))
-    a_zp = np.full(C, 7, np.uint8) if per_channel else np.uint8(7)
+    a_zp = np.full(C, zero_point, np.uint8) if per_channel else np.uint8(zero_point)
     inits = [init("xs", np.float32(0.02)), init("xz", np.uint8(128)),
              init("as", a_scale), init("az", a_zp),
              init("w", rng.integers(-90, 91, (C, C, 3, 3)).astype(np.int8)),
@@ -101,6 +102,29 @@ def test_an_enlarging_resize_moves_float32_values_dequantized_first(per_channel:
     assert not resize["impl"].startswith("ref") and not resize["post_ops"], resize
     assert resize["src_dtype"] == resize["dst_dtype"] == "f32"
     _same_in_every_mode(m, on, off)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("scales", [(2.0, 2.0), (3.0, 2.0)])
+def test_a_whole_factor_enlargement_with_zero_point_0_is_one_reorder(
+        per_channel: bool, scales: tuple[float, float]) -> None:
+    """Zero point 0 (NNCF's activations), whole factors: the dequantize stays with the Resize
+    and both are one jit reorder from a view of the u8 map repeating each element, the scale
+    as its source scale (lower_resize ``_repeat_dequantize``): one kernel instead of a
+    dequantize and a float32 resampling, bit-exact in every mode."""
+    m = _model(per_channel=per_channel, scales=scales, zero_point=0)
+    on, off = compile_model(m), compile_model(m, composer=OFF)
+    assert on.inspect()["passes"]["fold_resize_dequantize"] == 1
+    assert not _dequantize_kernels(on) and len(_dequantize_kernels(off)) == 1
+    assert len(on.inspect()["kernels"]) == len(off.inspect()["kernels"]) - 1
+    resize = next(k for k in on.inspect()["kernels"] if k["op"] == "Resize")
+    assert resize["primitive"] == "reorder" and resize["impl"].startswith("jit"), resize
+    assert resize["src_dtype"] == "u8" and resize["dst_dtype"] == "f32"
+    assert any("DequantizeLinear" in a for a in resize["absorbed"]), resize["absorbed"]
+    _same_in_every_mode(m, on, off)
+    feeds = _feeds(m)
+    feeds["x"] *= 30  # every byte value of the resized map
+    np.testing.assert_array_equal(on.run(feeds)["out"], off.run(feeds)["out"])
 
 
 @pytest.mark.parametrize("per_channel", [False, True])
