@@ -25,16 +25,17 @@ the dequantize as post-ops, 0.39 ms without them, the f32 copy 0.13–0.22 ms an
 dequantize reorder on the small map 0.16 ms (2 threads, AVX2). PP-OCRv4 det NNCF 0.95x, QDQ
 0.98x, PP-OCRv5 det 0.96x, PP-OCRv6 det 0.97–0.98x (interleaved); bit-identical.
 
-Except where the enlargement is by whole factors of the spatial dims and the zero point is 0
-(NNCF's activations): the dequantize then stays with the Resize, and the lowering
+Except where the enlargement is by whole factors of the spatial dims and the dequantize has
+one zero point: the dequantize then stays with the Resize, and the lowering
 (compiler/lower/lower_resize.py ``_repeat_dequantize``) runs both as one reorder from a view of
 the 8-bit map that repeats each element (stride 0; output index ``o`` of a dim enlarged k
 times reads ``o // k``, the index oneDNN's and ONNX's nearest read there) into the float32
-output, the scale as the reorder's source scale: ``f32(q)·s`` rounded once, as the
-dequantize. 96 channels 60x80 → 2x: the dequantize on the small map and the float32
-resampling 50 + 51 us, the one reorder 59 us (2-core AVX-512 EPYC). A zero point would be the
-reorder's too, which oneDNN 3.2 drops in some layout changes (compiler/lower/reorder_check.py):
-those keep the two kernels.
+output, the zero point and scale as the reorder's own: ``f32(q - zp)·s`` rounded once, as the
+dequantize (a zero point is checked once at compile time against numpy on every byte value:
+oneDNN 3.2's reorders drop it in some layout changes, compiler/lower/reorder_check.py; where
+the check fails the resampling takes the chain as post-ops). 96 channels 60x80 → 2x: the
+dequantize on the small map and the float32 resampling 50 + 51 us, the one reorder 59 us
+(2-core AVX-512 EPYC).
 
 Runs after every pass that could take the DQ itself (fuse_post_ops' residual sums and
 requantizations, fuse_quantized_norm's integer-source norms): a DQ still standing then is a
@@ -105,12 +106,12 @@ def _enlarges(graph: Graph, resize: Node) -> bool:
 
 
 def _repeats(graph: Graph, resize: Node, p: DqParams) -> bool:
-    """An enlargement by whole factors of the spatial dims whose dequantize has zero point 0:
-    the lowering copies and dequantizes in one reorder (lower_resize ``_repeat_dequantize``),
-    so the dequantize stays with the Resize."""
+    """An enlargement by whole factors of the spatial dims whose dequantize has one zero
+    point: the lowering copies and dequantizes in one reorder (lower_resize
+    ``_repeat_dequantize``), so the dequantize stays with the Resize."""
     shape = graph.info(resize.inputs[0]).shape
     out = graph.info(resize.outputs[0]).shape
-    return (len(shape) >= 3 and shape[:2] == out[:2] and not np.any(p.zero_point)
+    return (len(shape) >= 3 and shape[:2] == out[:2] and np.unique(p.zero_point).size == 1
             and all(o % i == 0 for o, i in zip(out[2:], shape[2:])))
 
 

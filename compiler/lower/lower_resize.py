@@ -92,6 +92,7 @@ from qfuse.compiler.lower import unfused
 from qfuse.compiler.lower.attrs import BuiltAttr, as_float_post_ops, build_attr
 from qfuse.compiler.lower.context import LowerContext
 from qfuse.compiler.lower.fallback import lower_numpy
+from qfuse.compiler.lower.reorder_check import run_once
 from qfuse.compiler.lower.layouts import (
     any_md,
     channels_last,
@@ -379,37 +380,46 @@ def _lower_nearest(ctx: LowerContext, node: Node, note: str,
 
 
 def _repeat_dequantize(ctx: LowerContext, node: Node, note: str) -> bool:
-    """A nearest enlargement by whole factors whose chain is a dequantize with zero point 0
+    """A nearest enlargement by whole factors whose chain is a dequantize with one zero point
     (passes/fold_resize_dequantize.py) as one reorder: from a view of x that repeats each
     element along the enlarged dims (stride 0: output index ``o`` of a dim enlarged k times
     reads ``o // k``, the index oneDNN's nearest and ONNX's read here, module docstring) into
-    y, float32, in x's dim order, the scale as the reorder's source scale — ``f32(q)·s``
-    rounded once, what the dequantize computes. False (nothing added) where it does not apply:
-    the unfused mode, another chain, a zero point, a blocked source, a factor that is not
-    whole, or no jit reorder for the views. The resampling with the dequantize as post-ops
-    took 1.38 ms on PP-OCRv4 det's 96 x 60 x 80 map (AVX2); the dequantize before it on the
-    small map and the float32 resampling 50 + 51 us, the one reorder 59 us (AVX-512)."""
+    y, float32, in x's dim order, the dequantize as the reorder's source zero point and scale
+    — ``f32(q - zp)·s`` rounded once, what the dequantize computes. A zero point is checked
+    once at compile time on every byte value (oneDNN 3.2's reorders drop it in some layout
+    changes, compiler/lower/reorder_check.py). False (nothing added) where it does not apply:
+    the unfused mode, another chain, per-channel zero points, a blocked source, a factor that
+    is not whole, no jit reorder for the views, or a check that fails. The resampling with the
+    dequantize as post-ops took 1.38 ms on PP-OCRv4 det's 96 x 60 x 80 map (AVX2); the
+    dequantize before it on the small map and the float32 resampling 51 + 53 us, the one
+    reorder 60 us (AVX-512)."""
     if ctx.options.mode == "unfused" or node.fused is None:
         return False
-    scale = _dequantize_scale(node.fused.chain)
+    found = _dequantize_params(node.fused.chain)
     x, y = node.inputs[0], node.outputs[0]
     shape, out = ctx.info(x).shape, ctx.info(y).shape
     home = ctx.md_of(x)
-    if (scale is None or len(shape) < 3 or shape[:2] != out[:2] or out == shape
+    if (found is None or len(shape) < 3 or shape[:2] != out[:2] or out == shape
             or any(o % i for o, i in zip(out[2:], shape[2:])) or not home.is_plain
-            or scale.size not in (1, shape[1])):
+            or found[0].size not in (1, shape[1])):
         return False
+    scale, zero_point = found
     dst_md = dense_in_order(home, out, DataType.f32)
     src_view, dst_view = repeating_views(home, dst_md)
     attr = PrimitiveAttr()
     attr.set_scales_mask(Arg.SRC, 0 if scale.size == 1 else 1 << 1)
+    fixed = {int(Arg.scales(Arg.SRC)): Memory.scales(scale)}
+    if zero_point:
+        attr.set_zero_points_mask(Arg.SRC, 0)
+        fixed[int(Arg.zero_points(Arg.SRC))] = Memory.zero_points(zero_point)
     pd = reorder(src_view, dst_view, attr=attr)
-    if not pd.impl_name.startswith("jit"):
+    if not pd.impl_name.startswith("jit") or (
+            zero_point and not _repeats_exactly(pd, src_view, dst_view, fixed, scale,
+                                                zero_point)):
         return False
     src = ctx.temp(f"{x}@repeated", src_view, alias=ctx.source(x, home))
     dst = ctx.define(y, dst_md)
     into = ctx.temp(f"{y}@repeated", dst_view, alias=dst)
-    fixed = {int(Arg.scales(Arg.SRC)): Memory.scales(scale)}
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): into}, fixed,
                       info=ctx.info_for(node, note=f"{note}; one reorder repeating x's "
                                                    f"elements, the dequantize its source "
@@ -417,13 +427,35 @@ def _repeat_dequantize(ctx: LowerContext, node: Node, note: str) -> bool:
     return True
 
 
-def _dequantize_scale(chain: Sequence[object]) -> np.ndarray | None:
-    """The scale of a chain that is exactly a dequantize with zero point 0 (``Shift(0)``,
-    then an exact ``Scale``), float32; None for any other chain."""
+def _dequantize_params(chain: Sequence[object]) -> tuple[np.ndarray, int] | None:
+    """(scale as float32, zero point) of a chain that is exactly a dequantize with one zero
+    point (``Shift(-zp)``, then an exact ``Scale``); None for any other chain."""
     if (len(chain) != 2 or not isinstance(chain[0], Shift) or not isinstance(chain[1], Scale)
-            or any(v != 0 for v in chain[0].values) or not chain[1].exact):
+            or not chain[1].exact or len(set(chain[0].values)) != 1):
         return None
-    return np.asarray(chain[1].values, F32)
+    shift = float(chain[0].values[0])
+    if shift != round(shift):
+        return None
+    return np.asarray(chain[1].values, F32), -int(shift)
+
+
+def _repeats_exactly(pd: PrimitiveDesc, src_view: MemoryDesc, dst_view: MemoryDesc,
+                     fixed: dict[int, Memory], scale: np.ndarray, zero_point: int) -> bool:
+    """Run the repeating reorder once on a source holding every byte value and compare its
+    output with ``f32(q - zp)·s`` computed by numpy, bit for bit."""
+    source = np.resize(np.arange(256, dtype=np.uint8), src_view.size)
+    target = np.zeros(dst_view.size, np.uint8)
+    run_once(pd, {int(Arg.SRC): Memory(src_view, source),
+                  int(Arg.DST): Memory(dst_view, target), **fixed})
+    itemsize = np.dtype(src_view.numpy_dtype).itemsize
+    q = np.lib.stride_tricks.as_strided(
+        source.view(src_view.numpy_dtype), src_view.dims,
+        [st * itemsize for st in (src_view.strides or ())])
+    got = np.lib.stride_tricks.as_strided(
+        target.view(F32), dst_view.dims, [st * 4 for st in (dst_view.strides or ())])
+    per = scale.reshape((1, -1) + (1,) * (len(src_view.dims) - 2)) if scale.size > 1 else scale
+    want = (q.astype(F32) - F32(zero_point)) * per.astype(F32)
+    return bool(np.array_equal(got, want))
 
 
 def _chain_attr(ctx: LowerContext, node: Node) -> BuiltAttr | None:

@@ -23,7 +23,7 @@ C, H, W = 8, 6, 5
 def _model(*, per_channel: bool = False, mode: str = "asymmetric",
            scales: tuple[float, float] = (2.0, 2.0), readers: int = 1,
            requantize: bool = False, nearest_mode: str = "floor",
-           zero_point: int = 7) -> onnx.ModelProto:
+           zero_point: int = 7, distinct_zero_points: bool = False) -> onnx.ModelProto:
     """x → Q/DQ → Conv → Q/DQ(a) → Resize nearest → + sigmoid(g) → out (float).
 
     ``readers`` 2: an int8 Conv also reads the resized values (the fold must not happen).
@@ -34,6 +34,8 @@ def _model(*, per_channel: bool = False, mode: str = "asymmetric",
     a_scale = (rng.uniform(0.02, 0.05, C).astype(np.float32) if per_channel
                else np.float32(0.03))
     a_zp = np.full(C, zero_point, np.uint8) if per_channel else np.uint8(zero_point)
+    if distinct_zero_points:  # per channel, each its own
+        a_zp = np.arange(zero_point, zero_point + C).astype(np.uint8)
     inits = [init("xs", np.float32(0.02)), init("xz", np.uint8(128)),
              init("as", a_scale), init("az", a_zp),
              init("w", rng.integers(-90, 91, (C, C, 3, 3)).astype(np.int8)),
@@ -86,15 +88,15 @@ def _same_in_every_mode(m: onnx.ModelProto, on: object, off: object) -> None:
                                       compile_model(m, mode=mode, composer=OFF).run(feeds)["out"])
 
 
-@pytest.mark.parametrize("per_channel", [False, True])
-def test_an_enlarging_resize_moves_float32_values_dequantized_first(per_channel: bool) -> None:
-    """x2: the dequantize runs on the small map (a reorder of a quarter of the elements) and
-    the Resize copies float32 values with no post-ops — oneDNN 3.2's jit resampling with the
+def test_an_enlarging_resize_moves_float32_values_dequantized_first() -> None:
+    """x2 with a zero point per channel (no reorder of the repeated map takes them): the
+    dequantize runs on the small map (its kernels over a quarter of the elements) and the
+    Resize copies float32 values with no post-ops — oneDNN 3.2's jit resampling with the
     dequantize as post-ops took 3.5x a bare one (module docstring of the pass)."""
-    m = _model(per_channel=per_channel)
+    m = _model(per_channel=True, distinct_zero_points=True)
     on, off = compile_model(m), compile_model(m, composer=OFF)
     assert on.inspect()["passes"]["fold_resize_dequantize"] == 1
-    assert len(_dequantize_kernels(on)) == len(_dequantize_kernels(off)) == 1
+    assert len(_dequantize_kernels(on)) == len(_dequantize_kernels(off)) >= 1
     shapes = [[c.compiled_graph.info(n.outputs[0]).shape for n in c.compiled_graph.topo_order()
                if n.op is Op.DEQUANTIZE_LINEAR] for c in (on, off)]
     assert shapes == [[(1, C, H, W)], [(1, C, 2 * H, 2 * W)]]
@@ -106,13 +108,14 @@ def test_an_enlarging_resize_moves_float32_values_dequantized_first(per_channel:
 
 @pytest.mark.parametrize("per_channel", [False, True])
 @pytest.mark.parametrize("scales", [(2.0, 2.0), (3.0, 2.0)])
-def test_a_whole_factor_enlargement_with_zero_point_0_is_one_reorder(
-        per_channel: bool, scales: tuple[float, float]) -> None:
-    """Zero point 0 (NNCF's activations), whole factors: the dequantize stays with the Resize
-    and both are one jit reorder from a view of the u8 map repeating each element, the scale
-    as its source scale (lower_resize ``_repeat_dequantize``): one kernel instead of a
-    dequantize and a float32 resampling, bit-exact in every mode."""
-    m = _model(per_channel=per_channel, scales=scales, zero_point=0)
+@pytest.mark.parametrize("zero_point", [0, 7])
+def test_a_whole_factor_enlargement_is_one_reorder(
+        per_channel: bool, scales: tuple[float, float], zero_point: int) -> None:
+    """Whole factors, one zero point: the dequantize stays with the Resize and both are one
+    jit reorder from a view of the u8 map repeating each element, the zero point and scale
+    its own (lower_resize ``_repeat_dequantize``): one kernel instead of a dequantize and a
+    float32 resampling, bit-exact in every mode."""
+    m = _model(per_channel=per_channel, scales=scales, zero_point=zero_point)
     on, off = compile_model(m), compile_model(m, composer=OFF)
     assert on.inspect()["passes"]["fold_resize_dequantize"] == 1
     assert not _dequantize_kernels(on) and len(_dequantize_kernels(off)) == 1
