@@ -66,7 +66,10 @@ from qfuse.ir.ops import ResizeAttrs, ResizeMode
 from qfuse.passes.base import PassContext
 from qfuse.passes.post_op_match import retarget
 from qfuse.passes.quant_utils import DqParams, dq_params, move_before, per_tensor_quantize
-from qfuse.runtime.reference.ops_shape import onednn_nearest_mismatch
+from qfuse.runtime.reference.ops_shape import (
+    onednn_nearest_mismatch,
+    whole_factor_enlargement,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +112,8 @@ def _repeats(graph: Graph, resize: Node, p: DqParams) -> bool:
     """An enlargement by whole factors of the spatial dims whose dequantize has one zero
     point: the lowering copies and dequantizes in one reorder (lower_resize
     ``_repeat_dequantize``), so the dequantize stays with the Resize."""
-    shape = graph.info(resize.inputs[0]).shape
-    out = graph.info(resize.outputs[0]).shape
-    return (len(shape) >= 3 and shape[:2] == out[:2] and np.unique(p.zero_point).size == 1
-            and all(o % i == 0 for o, i in zip(out[2:], shape[2:])))
+    return np.unique(p.zero_point).size == 1 and whole_factor_enlargement(
+        graph.info(resize.inputs[0]).shape, graph.info(resize.outputs[0]).shape)
 
 
 Requantize = tuple[Node, Quantize] | None

@@ -64,7 +64,8 @@ from qfuse.compiler.lower.layouts import repeating_views, same_bytes
 from qfuse.compiler.lower.plan import Kernel, Slot, alias_group, moves_bytes_only, root_slot
 from qfuse.ir import Graph
 from qfuse.ir.ops import Op, ResizeMode
-from qfuse.runtime.onednn import Arg, DataType, MemoryDesc, reorder
+from qfuse.runtime.onednn import Arg, DataType, MemoryDesc, PrimitiveDesc, reorder
+from qfuse.runtime.reference.ops_shape import whole_factor_enlargement
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,10 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
     left = [i for i in rest if i not in moves]
     words = _word_views(slots, [srcs[i] for i in left], out_md, axis)
     many_runs = out_md.nelems >= WORD_COPY_RUNS * out_md.dims[axis]
-    copies = many_runs and (words is not None or _jit_copies(
-        slots, [srcs[i] for i in left], [views[i][0] for i in left]))
+    # each input left in its own type, where not as words: probed once, kept for the copies
+    typed = None if words is not None or not many_runs else _jit_copies(
+        slots, [srcs[i] for i in left], [views[i][0] for i in left])
+    copies = many_runs and (words is not None or typed is not None)
     # no more kernels than before (one copy at most), or inputs of many runs copied faster
     if not ((len(left) <= 1 and (result.in_place or moves)) or copies):
         return result
@@ -234,7 +237,7 @@ def _place_one(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], inde
             what += " as 4-byte words"
         name = _fresh(slots, f"{dst}@input{i}")
         slots[name] = Slot(name, view, alias=dst, offset=byte)
-        pd = reorder(slots[src].md, view)
+        pd = typed[n] if typed is not None else reorder(slots[src].md, view)
         placed = (f" (inputs {result.in_place} written in place)" if result.in_place
                   else "")
         info = dataclasses.replace(kernel.info, note=f"copies {what} into its part of the "
@@ -280,9 +283,8 @@ def _producer_move(graph: Graph, slots: dict[str, Slot], kernels: list[Kernel], 
               and node.attrs.mode is ResizeMode.NEAREST)
     if not resize and writer.kind != "reorder":
         return None
-    if resize and (axis != 1 or not slots[source].md.is_plain or any(
-            out % size for out, size in zip(slots[src].md.dims[2:],
-                                            slots[source].md.dims[2:]))):
+    if resize and (axis != 1 or not slots[source].md.is_plain or not whole_factor_enlargement(
+            slots[source].md.dims, slots[src].md.dims)):
         return None
 
     def move(view: MemoryDesc, dst: str, byte: int) -> None:
@@ -330,17 +332,21 @@ def _word_views(slots: dict[str, Slot], srcs: list[str], out_md: MemoryDesc, axi
     return found
 
 
-def _jit_copies(slots: dict[str, Slot], srcs: list[str], views: list[MemoryDesc]) -> bool:
-    """Whether each input can be copied into its region of the output by one of oneDNN's jit
-    reorders (not a constant or host input; not a ``simple:`` / ``ref:`` reorder, which copy
-    an element at a time like the concat kernel)."""
+def _jit_copies(slots: dict[str, Slot], srcs: list[str], views: list[MemoryDesc]
+                ) -> list[PrimitiveDesc] | None:
+    """Per input, the reorder copying it into its region of the output, when each is one of
+    oneDNN's jit reorders (not a constant or host input; not a ``simple:`` / ``ref:`` reorder,
+    which copy an element at a time like the concat kernel); None otherwise."""
+    pds = []
     for src, view in zip(srcs, views):
         slot = slots[src]
         if slot.const is not None or slot.host is not None:
-            return False
-        if not reorder(slot.md, view).impl_name.startswith("jit"):
-            return False
-    return True
+            return None
+        pd = reorder(slot.md, view)
+        if not pd.impl_name.startswith("jit"):
+            return None
+        pds.append(pd)
+    return pds
 
 
 def _as_words(md: MemoryDesc, axis: int) -> MemoryDesc | None:

@@ -127,6 +127,7 @@ from qfuse.runtime.reference.ops_shape import (
     linear_taps,
     nearest_indices,
     onednn_nearest_mismatch,
+    whole_factor_enlargement,
 )
 
 log = logging.getLogger(__name__)
@@ -265,7 +266,8 @@ def lower_resize(ctx: LowerContext, node: Node) -> None:
     if decision.how == "alias":
         ctx.home[y] = ctx.home_slot(x)
     elif decision.how == "onednn":
-        _lower_nearest(ctx, node, decision.note)
+        if not _repeat_dequantize(ctx, node, decision.note):
+            _lower_nearest(ctx, node, decision.note)
     elif decision.how == "onednn_linear":
         _lower_nearest(ctx, node, decision.note, Alg.resampling_linear)
     elif decision.how == "numpy_cl":
@@ -346,8 +348,6 @@ def _lower_nearest(ctx: LowerContext, node: Node, note: str,
     """resampling_nearest (or linear, no chain) in the input's own layout (the output in the
     same dim order); a fused chain (the dequantize of passes/fold_resize_dequantize.py) as
     post-ops, or in the unfused mode one primitive per operation after the resampling."""
-    if alg is Alg.resampling_nearest and _repeat_dequantize(ctx, node, note):
-        return
     x, y = node.inputs[0], node.outputs[0]
     out = ctx.info(y).shape
     chain_apart = node.fused is not None and ctx.options.mode == "unfused"
@@ -399,8 +399,7 @@ def _repeat_dequantize(ctx: LowerContext, node: Node, note: str) -> bool:
     x, y = node.inputs[0], node.outputs[0]
     shape, out = ctx.info(x).shape, ctx.info(y).shape
     home = ctx.md_of(x)
-    if (found is None or len(shape) < 3 or shape[:2] != out[:2] or out == shape
-            or any(o % i for o, i in zip(out[2:], shape[2:])) or not home.is_plain
+    if (found is None or not whole_factor_enlargement(shape, out) or not home.is_plain
             or found[0].size not in (1, shape[1])):
         return False
     scale, zero_point = found
@@ -423,6 +422,7 @@ def _repeat_dequantize(ctx: LowerContext, node: Node, note: str) -> bool:
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): into}, fixed,
                       info=ctx.info_for(node, note=f"{note}; one reorder repeating x's "
                                                    f"elements, the dequantize its source "
+                                                   f"{'zero point and ' * bool(zero_point)}"
                                                    f"scale"))
     return True
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -287,6 +288,16 @@ def onednn_nearest_mismatch(attrs: ResizeAttrs, shape: tuple[int, ...]) -> str |
                     f"{int(theirs[o])}, oneDNN's nearest would read {int(ours[o])} "
                     f"({wrong.size} of {out} indices differ)")
     return None
+
+
+def whole_factor_enlargement(shape: Sequence[int], out: Sequence[int]) -> bool:
+    """``shape`` → ``out`` enlarges only spatial dims (N and C kept, rank 3 or more), each by a
+    whole factor: a nearest Resize there (where oneDNN's indices are ONNX's) reads source
+    index ``o // k`` at output ``o`` of a dim enlarged k times, so it is a copy from a view of
+    the source repeating each element (compiler/lower/layouts.py ``repeating_views``)."""
+    return (len(shape) >= 3 and tuple(shape[:2]) == tuple(out[:2])
+            and tuple(shape) != tuple(out)
+            and all(o % i == 0 for o, i in zip(out[2:], shape[2:])))
 
 
 def linear_taps(attrs: ResizeAttrs, shape: tuple[int, ...]

@@ -35,6 +35,7 @@ from qfuse.runtime.executor import Executor
 from qfuse.runtime.numerics import cosine
 from qfuse.runtime.onednn import Alg, Arg, DataType, FormatTag, Memory, MemoryDesc, resampling
 from qfuse.runtime.reference import IMPLS
+from qfuse.runtime.reference.ops_shape import whole_factor_enlargement
 from tests.compiler.lower_helpers import (
     Agreement,
     add_int8_conv,
@@ -412,3 +413,17 @@ def test_onednn_linear_misses_the_bar_on_unet(unet: dict) -> None:
         total += q_ref.size
     assert worst <= 1
     assert same / total < 0.999  # if this fails, oneDNN got closer: revisit LINEAR_NOTE
+
+
+@pytest.mark.parametrize("shape, out, whole", [
+    ((1, 8, 6, 5), (1, 8, 12, 15), True),  # x2, x3
+    ((1, 8, 6), (1, 8, 24), True),  # one spatial dim
+    ((1, 8, 6, 5), (1, 8, 12, 11), False),  # 5 → 11 is not a whole factor
+    ((1, 8, 6, 5), (1, 16, 12, 10), False),  # the channels change
+    ((1, 8, 6, 5), (1, 8, 6, 5), False),  # nothing enlarged
+    ((8, 6), (8, 12), False)])  # no spatial dim
+def test_whole_factor_enlargement(shape: tuple[int, ...], out: tuple[int, ...],
+                                  whole: bool) -> None:
+    """The one test of when a nearest Resize is a copy from a repeating view, shared by
+    fold_resize_dequantize, lower_resize and in_place_concat."""
+    assert whole_factor_enlargement(shape, out) is whole
