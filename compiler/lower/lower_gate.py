@@ -25,7 +25,9 @@ A chain whose first item is an Add / Mul reading a second tensor (a run-time one
 constant along other axes than the channels: attention's position bias, a LayerNorm's γ / β
 on [N, T, C]) makes that the primitive's own operation, ``x ∘ r`` with r its second operand:
 oneDNN's binary primitive broadcasts its operand on jit kernels where a binary *post-op*
-with such a broadcast runs on ``ref:any`` (measured: [1, 1, C] on [1, T, C]).
+with such a broadcast runs on ``ref:any`` (measured: [1, 1, C] on [1, T, C]). A chain
+starting with ``x − r`` or ``x / r`` does the same where r as a post-op would run on a
+reference kernel and regrouping declines (``_slow_as_post_op``).
 
 When that first operation's second tensor is itself a dequantized 8-bit tensor and both
 dequantizes are per tensor with zero point 0 (a residual Add of two symmetric int8 branches:
@@ -166,7 +168,7 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
 
     first = finish.post_ops[0] if finish.post_ops else None
     own = (not int_source and isinstance(first, TensorBinary) and first.port != 0
-           and first.alg in ("add", "mul"))
+           and (first.alg in ("add", "mul") or _slow_as_post_op(ctx, node, finish, f32)))
     if own:  # the chain's first x ∘ r is the primitive's operation (module docstring)
         assert isinstance(first, TensorBinary)
         finish = replace(finish, post_ops=finish.post_ops[1:])
@@ -214,6 +216,16 @@ def lower_gate(ctx: LowerContext, node: Node) -> None:
     info = ctx.info_for(node, optimizations=list(composed.fired), post_ops=names,
                         post_op_details=details, rounding=composed.rounding())
     ctx.add_primitive(node.name, pd, args, fixed, info=info)
+
+
+def _slow_as_post_op(ctx: LowerContext, node: Node, finish: Composed,
+                     f32: MemoryDesc) -> bool:
+    """Does a chain starting with ``x − r`` / ``x / r`` (a float32 source) run on a reference
+    kernel with r a binary post-op of ``x·1``? It then takes r as the primitive's own operand,
+    as an Add / Mul always does (the same float32 operation; magika's LayerNorm written out,
+    ``x − mean`` with the mean [1, 1, C] on [1, T, C]: 11 ms on ``ref:any``)."""
+    ports = _operand_ports(finish, None)
+    return ports is not None and _slow_as_laid_out(ctx, node, finish, None, ports, f32, None)
 
 
 def _too_long(node: Node) -> str:
