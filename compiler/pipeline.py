@@ -41,6 +41,7 @@ from qfuse.passes import (
     table_lookup,
     vector_matmul_as_conv,
     whole_sample_norm,
+    wide_conv,
     widen_gate,
 )
 from qfuse.passes.base import PassContext, PassFn, PassResult, run_pass
@@ -124,6 +125,8 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # a 1x1 conv with strides reads a strided Slice (oneDNN's own copy for it goes wrong);
     # last, so the Slice changes no fusion decision (nodes are visited in topological order)
     ("strided_pointwise_conv", strided_pointwise_conv.run),
+    # an int8 conv over an (H, 1) image as one over (1, H): oneDNN blocks the output width
+    ("wide_conv", wide_conv.run),
 ]
 
 

@@ -55,6 +55,7 @@ OPTIMIZATIONS = (
     "flatten_matmul_rows",
     "vector_matmul_as_conv",
     "patch_conv",
+    "wide_conv",
     "deconv_as_depth_to_space",
     "merge_split_concat",
     "distribute_concat",

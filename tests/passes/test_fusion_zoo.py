@@ -52,7 +52,7 @@ FUSION_PASSES = ("fuse_bias", "fuse_post_ops", "fuse_gate_chain", "fold_view_deq
                  "fuse_fake_quantize", "merge_split_concat", "pair_channels",
                  "compose_post_ops", "widen_gate", "deconv_as_depth_to_space",
                  "flatten_matmul_rows",
-                 "vector_matmul_as_conv", "patch_conv", "strided_pointwise_conv")
+                 "vector_matmul_as_conv", "patch_conv", "strided_pointwise_conv", "wide_conv")
 OTHER_PASSES_LSB = 3  # the measured worst (module docstring); not this file's passes
 
 
