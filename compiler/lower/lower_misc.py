@@ -328,6 +328,10 @@ def _views(ctx: LowerContext, node: Node, source: str,
 
 
 PAD_TYPES = {DataType.f32: np.float32, DataType.u8: np.uint8, DataType.s8: np.int8}
+# Most rows a reflect Pad copies one reorder each (lower_pad); more run in numpy: silero-vad's
+# STFT reflects 32 samples on each side of a 512-sample chunk, 64 reorders of one sample,
+# ~100 us, where numpy's copy (ops_shape.mirrored) takes a few.
+MAX_REFLECT_ROWS = 16
 
 
 def lower_pad(ctx: LowerContext, node: Node) -> None:
@@ -342,7 +346,8 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
     mirror of the mirror. No numpy kernel: each is a jit reorder with no host round trip and
     no layout change around it (Swin-V2-T pads each window stage: its 10 constant Pads 1.66 →
     0.36 ms; TResNet-M's anti-aliasing reflect Pads ran in numpy between two reorders,
-    ~0.35 ms each). Crops and reflect pads as long as the axis run in numpy."""
+    ~0.35 ms each). Crops, reflect pads as long as the axis and reflections of more than
+    MAX_REFLECT_ROWS rows run in numpy."""
     attrs: PadAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     shape, out_shape = ctx.info(x).shape, ctx.info(y).shape
@@ -350,6 +355,10 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
     dtype = dnnl_type(ctx.info(y).dtype)
     np_type = PAD_TYPES.get(dtype)
     begins, ends = attrs.pads[:rank], attrs.pads[rank:]
+    if attrs.mode is PadMode.REFLECT and sum(attrs.pads) > MAX_REFLECT_ROWS:
+        lower_numpy(ctx, node, note=f"a reflection of {sum(attrs.pads)} rows: one reorder a "
+                                    f"row passes numpy's copy from {MAX_REFLECT_ROWS}")
+        return
     if np_type is None or any(p < 0 for p in attrs.pads) or 0 in shape or not (
             (attrs.mode is PadMode.CONSTANT and np_type(attrs.value) == attrs.value)
             or attrs.mode is PadMode.EDGE

@@ -319,6 +319,19 @@ def test_reflect_and_edge_pads_are_reorders_bit_exact(mode: PadMode, dtype: DTyp
     np.testing.assert_array_equal(want, ref_eval(g, feeds)["p"])
 
 
+def test_a_long_reflection_runs_in_numpy() -> None:
+    """silero-vad's STFT reflects 32 samples on each side of its 512-sample chunk: 64 one-sample
+    reorders (~100 us) → one numpy kernel (MAX_REFLECT_ROWS), the same values."""
+    g = _graph({"x": (1, 512)})
+    g.add_node(Op.PAD, ["x"], ["p"], PadAttrs((0, 32, 0, 32), PadMode.REFLECT, 0.0),
+               infos=[TensorInfo((1, 576), DType.F32)])
+    g.outputs.append("p")
+    feeds = _feeds(g)
+    got, plan = run_plan(g, feeds)
+    assert [k.kind for k in plan.kernels] == ["numpy"], [k.kind for k in plan.kernels]
+    np.testing.assert_array_equal(got["p"], np.pad(feeds["x"], [(0, 0), (32, 32)], "reflect"))
+
+
 def test_a_pad_read_by_a_convolution_is_written_in_its_layout() -> None:
     """TResNet's anti-aliasing: a reflect Pad between two convolutions ran in numpy, with a
     reorder to row-major before it and one back after it; now its reorders read the

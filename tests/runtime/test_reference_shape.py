@@ -178,3 +178,21 @@ def _onnx_type(dtype: DType) -> int:
     from onnx import helper
 
     return helper.np_dtype_to_tensor_dtype(dtype.np)
+
+
+@pytest.mark.parametrize("reflect", [True, False])
+def test_mirrored_is_numpy_pad(reflect: bool) -> None:
+    """ops_shape.mirrored (a take of source rows per axis) is numpy.pad's reflect / edge for
+    pads shorter than their axis, on random shapes and widths, every dtype byte kept."""
+    from qfuse.runtime.reference.ops_shape import mirrored
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        shape = tuple(int(n) for n in rng.integers(1, 7, rng.integers(1, 5)))
+        widths = [(int(rng.integers(0, n if reflect else 5)),
+                   int(rng.integers(0, n if reflect else 5))) for n in shape]
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = np.pad(x, widths, mode="reflect" if reflect else "edge")
+        got = mirrored(x, widths, reflect)
+        assert got.shape == want.shape and np.array_equal(got.view(np.uint32),
+                                                          want.view(np.uint32))
