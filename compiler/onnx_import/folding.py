@@ -9,7 +9,8 @@ the IR has no such ops.
 
 Not folded: DequantizeLinear (an integer weight and its scale must reach the passes as they
 are), QuantizeLinear (its converter folds it and records the QuantParams of the result),
-nondeterministic ops and control flow.
+nondeterministic ops and control flow (an If whose condition folds is replaced by the branch it
+takes: ``_inline_if`` in __init__.py).
 """
 
 from __future__ import annotations

@@ -208,3 +208,60 @@ def test_string_constant_is_unsupported() -> None:
     with pytest.raises(UnsupportedModelError, match=r"'cs' \(Constant\): Constant with "
                                                     r"attribute 'value_string'"):
         import_model(model(nodes, {"x": ([1], FLOAT)}, ["y"]))
+
+
+def _if_on_batch(batch: int | None = None) -> object:
+    """x [2, 8, 6, 6] quantized → Conv → If(Shape(x)[0] == ``batch``, or a run-time test
+    x's largest element > 0 when None): then Relu(conv), else Neg(conv), both reading the
+    outer conv output; → quantized."""
+    rng = np.random.default_rng(2)
+    then_g = helper.make_graph([helper.make_node("Relu", ["c"], ["t"], name="relu")], "then",
+                               [], [helper.make_tensor_value_info("t", FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["c"], ["e"], name="neg")], "else",
+                               [], [helper.make_tensor_value_info("e", FLOAT, None)])
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["c"], pads=[1, 1, 1, 1])]
+    if batch is None:
+        nodes += [helper.make_node("ReduceMax", ["x"], ["mx"], keepdims=0),
+                  helper.make_node("Greater", ["mx", "zero_f"], ["cond"])]
+    else:
+        nodes += [helper.make_node("Shape", ["x"], ["shape"]),
+                  helper.make_node("Gather", ["shape", "zero"], ["b"], axis=0),
+                  helper.make_node("Equal", ["b", "want"], ["cond"])]
+    nodes += [helper.make_node("If", ["cond"], ["r"], name="if", then_branch=then_g,
+                               else_branch=else_g),
+              helper.make_node("QuantizeLinear", ["r", "ys", "yz"], ["yq"]),
+              helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    inits = [init("w", rng.integers(-127, 128, (8, 8, 3, 3)).astype(np.int8)),
+             init("ws", rng.uniform(0.001, 0.003, 8).astype(F)), init("wz", np.zeros(8, np.int8)),
+             init("xs", F(0.02)), init("xz", np.uint8(128)), init("ys", F(0.05)),
+             init("yz", np.uint8(128)), init("zero", np.array(0, I64)),
+             init("want", np.array(batch or 0, I64)), init("zero_f", F(0))]
+    return model(nodes, {"x": ([2, 8, 6, 6], FLOAT)}, ["y"], inits, opset=13)
+
+
+@pytest.mark.parametrize("batch", [2, 3])
+def test_an_if_on_a_static_shape_is_its_branch(batch: int) -> None:
+    """An If whose condition folds (a test on a static shape, as exporters write for dynamic
+    batches) is the branch it takes, inlined: no island, the branch's Relu / Neg fused or
+    lowered like any node; the outputs are onnxruntime's within a rounding step."""
+    import qfuse
+    from qfuse.runtime.numerics import step_diff
+
+    m = _if_on_batch(batch)
+    assert not islands(import_model(m))
+    compiled = qfuse.compile_model(m)
+    kernels = compiled.inspect()["kernels"]
+    assert not [k for k in kernels if k["primitive"] == "island"], kernels
+    if batch == 2:  # Relu: in the convolution's chain
+        assert any("eltwise_relu" in k.get("post_ops", []) for k in kernels), kernels
+    x = np.random.default_rng(0).normal(0, 1, (2, 8, 6, 6)).astype(F)
+    want = run_ort(m, {"x": x})[0]
+    assert step_diff(compiled.run({"x": x})["y"], want, 0.05).max_steps <= 1
+
+
+def test_an_if_on_a_run_time_value_stays_an_island() -> None:
+    m = _if_on_batch(None)
+    assert [n.op for n in islands(import_model(m))]
