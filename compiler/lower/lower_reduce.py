@@ -115,6 +115,8 @@ def _int8_pick(ctx: LowerContext, node: Node) -> bool:
 
 
 def lower_reduce(ctx: LowerContext, node: Node) -> None:
+    if _over_ones(ctx, node):
+        return
     int8 = _int8_pick(ctx, node)
     if not int8 and not _float_only(ctx, node):
         lower_numpy(ctx, node, note="integer reduction other than an int8 max / min")
@@ -152,6 +154,33 @@ def lower_reduce(ctx: LowerContext, node: Node) -> None:
         dst = ctx.temp(f"{y}@kept", dst_md, alias=ctx.define(y, plain_md(shape, dtype)))
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst},
                       info=ctx.info_for(node))
+
+
+def _over_ones(ctx: LowerContext, node: Node) -> bool:
+    """A ReduceMax / Min / Prod / Mean / Sum whose reduced axes all have size 1 (oneDNN's
+    reduction refuses a dst of src's dims; silero-vad's ReduceMean over its one output) is its
+    input: max, min and the product of one value are that value, a view; the sum and the mean
+    are ``x + 0`` (a float32 -0 becomes +0, as numpy's and oneDNN's sums start from 0), one
+    eltwise_linear(1, 0) kernel. False for other reductions and host values."""
+    attrs: ReduceAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    info = ctx.info(x)
+    if (node.op not in (Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_PROD, Op.REDUCE_MEAN,
+                        Op.REDUCE_SUM)
+            or any(info.shape[a] != 1 for a in attrs.axes) or ctx.slots[ctx.home_slot(x)].host
+            or ctx.const(x) is not None):
+        return False
+    shape = ctx.info(y).shape
+    if node.op in (Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_PROD) or info.dtype is not DType.F32:
+        ctx.home[y] = ctx.view(x, shape, base=y)
+        return True
+    src = ctx.plain_source(x)
+    md = ctx.slots[src].md
+    dst = ctx.temp(f"{y}@same", md, alias=ctx.define(y, plain_md(shape, DataType.f32)))
+    ctx.add_primitive(node.name, eltwise(Alg.eltwise_linear, md, md, alpha=1.0, beta=0.0),
+                      {int(Arg.SRC): src, int(Arg.DST): dst},
+                      info=ctx.info_for(node, note="over axes of size 1: x + 0"))
+    return True
 
 
 # a reduction over one short axis as a binary primitive over its slices: op -> its algorithm

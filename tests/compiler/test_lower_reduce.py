@@ -153,6 +153,26 @@ def test_reduce_with_empty_axes_and_noop_is_the_input() -> None:
     assert y.shape == () and abs(float(y) - float(x.astype(np.float64).sum())) <= 12 * EPS * 6
 
 
+@pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
+                                "ReduceProd"])
+@pytest.mark.parametrize("keepdims", [1, 0])
+def test_a_reduction_over_axes_of_size_one_is_its_input(op: str, keepdims: int) -> None:
+    """oneDNN's reduction refuses a dst of src's dims (this ran in numpy: silero-vad's
+    ReduceMean over its one output): max, min and prod are a view of x, mean and sum x + 0
+    (a -0 becomes +0, as the reference's sum). Bit-identical to ONNX's reference, -0
+    included."""
+    m = _reduce_model(op, (2, 1, 3, 1), (1, 3), keepdims, 13)
+    compiled = compile_model(m)
+    kinds = _kernels(compiled)
+    assert "numpy" not in kinds and "reduction" not in kinds, kinds
+    assert kinds == ([] if op in ("ReduceMax", "ReduceMin", "ReduceProd") else ["eltwise"])
+    x = RNG.standard_normal((2, 1, 3, 1)).astype(F32)
+    x[0, 0, 0, 0] = -0.0
+    got, want = compiled.run({"x": x})["y"], run_reference(m, {"x": x})[0]
+    assert got.shape == want.shape
+    assert np.array_equal(got.view(np.uint32), want.astype(F32).view(np.uint32))
+
+
 @pytest.mark.parametrize(("m", "reason"), [
     (single("ReduceLogSumExp", (2, 3), axes=[1], opset=13), "no algorithm for ReduceLogSumExp"),
     (single("ReduceSum", (2, 3), elem_type=TensorProto.INT32, opset=13),
