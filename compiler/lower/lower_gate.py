@@ -42,6 +42,7 @@ The unfused mode runs the chain one primitive per basic operation on a copy of x
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -95,6 +96,8 @@ from qfuse.runtime.onednn import (
 )
 from qfuse.runtime.onednn.attr import MAX_POST_OPS
 
+log = logging.getLogger(__name__)
+
 
 def lower_activation(ctx: LowerContext, node: Node) -> None:
     if node.fused is None:
@@ -121,30 +124,66 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
 
 
 def lower_gate(ctx: LowerContext, node: Node) -> None:
-    x, y = node.inputs[0], node.outputs[0]
-    yinfo = ctx.info(y)
+    """The chain as one kernel (``_lower_gate``), or op by op where that kernel, whatever the
+    layouts and splits tried, still runs on a reference kernel and the ops alone do not: the
+    unfused mode's kernels, the same operations (bit-identical), each a jit kernel — a few
+    microseconds each against milliseconds for a reference binary with post-ops."""
+    if ctx.options.mode != "fused":
+        _lower_gate(ctx, node)
+        return
+    restore, first = ctx.checkpoint(), len(ctx.kernels)
+    _lower_gate(ctx, node)
+    slow = [k.impl for k in ctx.kernels[first:] if is_slow(k.impl, k.kind)]
+    if not slow:
+        return
+    restore()
+    _op_by_op(ctx, node, f"the chain as one kernel runs on {slow[0]}: op by op")
+    if not [k for k in ctx.kernels[first:] if is_slow(k.impl, k.kind)]:
+        log.info("node %s: chain op by op (as one kernel on %s)", node, slow[0])
+        return
+    restore()  # no better op by op
+    _lower_gate(ctx, node)
+
+
+def _chain_layout(ctx: LowerContext, x: str) -> MemoryDesc:
+    """The float32 layout a chain on ``x`` runs in: x's own, unless blocked (an f32 conv's
+    nChw8c output; the 8-bit dst keeps the source's layout), oneDNN's per-channel bug, or the
+    same bytes as row-major (a 1x1 image in acdb strides takes a per-channel binary post-op
+    only on ref:any, in abcd on jit)."""
     home = ctx.md_of(x)
     plain = plain_md(home.dims, DataType.f32)
     f32 = md_like(home, DataType.f32)
-    # x's own layout, unless: blocked (an f32 conv's nChw8c output; the 8-bit dst keeps the
-    # source's layout), oneDNN's per-channel bug, or the same bytes as row-major (a 1x1 image
-    # in acdb strides takes a per-channel binary post-op only on ref:any, in abcd on jit)
     if (f32 is None or not f32.is_plain or channel_in_the_middle(f32.dims, f32.strides or ())
             or same_bytes(f32, plain)):
-        f32 = plain
+        return plain
+    return f32
+
+
+def _op_by_op(ctx: LowerContext, node: Node, note: str) -> None:
+    """The chain one oneDNN primitive an operation on a float32 copy of x (the unfused
+    mode's kernels)."""
+    x, y = node.inputs[0], node.outputs[0]
+    f32 = _chain_layout(ctx, x)
+    fused = node.fused
+    if fused is not None and fused.src_scale is not None:
+        src, _ = unfused.dequantized(ctx, x, fused.src_scale, fused.src_zero_point, f32)
+    else:
+        src = ctx.source(x, f32)
+    work = ctx.temp(f"{y}@chain", f32)
+    ctx.add_reorder(src, work, role="op", note=note)
+    unfused.finish_chain(ctx, node, work, channel_axis=1)
+
+
+def _lower_gate(ctx: LowerContext, node: Node) -> None:
+    x, y = node.inputs[0], node.outputs[0]
+    yinfo = ctx.info(y)
+    home = ctx.md_of(x)
+    f32 = _chain_layout(ctx, x)
     fused = node.fused
     int_source = fused is not None and fused.src_scale is not None
     too_long = _too_long(node) if int_source else ""
     if ctx.options.mode == "unfused" or too_long:
-        if int_source:
-            assert fused is not None and fused.src_scale is not None
-            src, _ = unfused.dequantized(ctx, x, fused.src_scale, fused.src_zero_point, f32)
-        else:
-            src = ctx.source(x, f32)
-        work = ctx.temp(f"{y}@chain", f32)
-        ctx.add_reorder(src, work, role="op", note=too_long or f"unfused copy of the input of "
-                                                             f"{node}")
-        unfused.finish_chain(ctx, node, work, channel_axis=1)
+        _op_by_op(ctx, node, too_long or f"unfused copy of the input of {node}")
         return
     composed = node.meta.get("composed")
     assert isinstance(composed, Composed), f"{node}: no composed attributes (compose_post_ops)"

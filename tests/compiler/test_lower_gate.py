@@ -140,3 +140,20 @@ def test_a_chain_from_x_minus_a_broadcast_operand_takes_it_as_its_own(op: str) -
     feeds = _feeds(model)
     assert np.array_equal(compiled.run(feeds)["y"],
                           qfuse.compile_model(model, mode="unfused").run(feeds)["y"])
+
+
+def test_a_chain_still_on_a_reference_kernel_runs_op_by_op(monkeypatch) -> None:
+    """The safety net: with the own-operand rule above switched off, the chain's one kernel
+    runs on ``ref:any``; lower_gate then emits it op by op (the unfused mode's kernels, each
+    jit) and says so. Bit-identical to the unfused mode."""
+    from qfuse.compiler.lower import lower_gate
+
+    monkeypatch.setattr(lower_gate, "_slow_as_post_op", lambda *args: False)
+    model = _centered("Sub")
+    compiled = qfuse.compile_model(model)
+    kernels = compiled.inspect()["kernels"]
+    assert not [k for k in kernels if k["impl"].startswith("ref")], kernels
+    assert any("runs on ref:any: op by op" in k.get("note", "") for k in kernels), kernels
+    feeds = _feeds(model)
+    assert np.array_equal(compiled.run(feeds)["y"],
+                          qfuse.compile_model(model, mode="unfused").run(feeds)["y"])
