@@ -81,6 +81,8 @@ _DEFAULT: dict[str, Converter] = {
     "HardSwish": convert_math.unary,
     "Identity": convert_math.unary,
     "Clip": convert_math.clip,
+    "Max": convert_math.max_min,
+    "Min": convert_math.max_min,
     "LeakyRelu": convert_math.leaky_relu,
     "PRelu": convert_math.prelu,
     "HardSigmoid": convert_math.hard_sigmoid,

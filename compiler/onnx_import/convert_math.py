@@ -96,6 +96,32 @@ def clip(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.CLIP, node.inputs[:1], ClipAttrs(bounds[0], bounds[1]))
 
 
+def max_min(ctx: Context, node: NodeView) -> None:
+    """Max / Min of a tensor and one constant value: a Clip with that bound (TensorFlow's
+    ``tf.maximum(x, c)`` after a LeakyRelu, openWakeWord's embedding model: 19 onnxruntime
+    islands). The reference computes both as ``numpy.maximum(x, c)``; a zero constant given
+    first keeps the op (``numpy.maximum(0, -0)`` is -0, the Clip's +0). Other forms have no
+    native lowering (an island)."""
+    inputs = [name for name in node.inputs if name]
+    consts = [name for name in inputs if ctx.is_const(name)]
+    if len(inputs) != 2 or len(consts) != 1:
+        raise ctx.unsupported(node, f"op {node.op_type} of {len(inputs)} inputs, {len(consts)} "
+                                    "of them constant, has no native lowering (one tensor and "
+                                    "one constant value is a Clip)")
+    x = next(name for name in inputs if name not in consts)
+    value = np.asarray(ctx.consts[consts[0]])
+    rank = len(ctx.info(node, x).shape)
+    if value.size != 1 or value.ndim > rank or value.dtype != np.float32:
+        raise ctx.unsupported(node, f"op {node.op_type} with a constant of shape "
+                                    f"{list(value.shape)} ({value.dtype}) has no native lowering")
+    bound = float(value.reshape(()))
+    if math.isnan(bound) or (bound == 0 and inputs[0] == consts[0]):
+        raise ctx.unsupported(node, f"op {node.op_type} with the constant {bound} first has no "
+                                    "native lowering")
+    bounds = (bound, math.inf) if node.op_type == "Max" else (-math.inf, bound)
+    ctx.emit(node, Op.CLIP, [x], ClipAttrs(*bounds))
+
+
 def gelu(ctx: Context, node: NodeView) -> None:
     """The opset 20 Gelu op, or a decomposed GELU recognized by patterns.fuse_gelu."""
     approximate = str(node.attr("approximate", "none"))

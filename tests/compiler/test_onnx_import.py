@@ -209,6 +209,41 @@ def test_clip_with_a_computed_bound_is_an_island() -> None:
     assert_island(m, {"Clip"}, r"^min 'lo' must be a constant")
 
 
+C = float(F(-0.4))
+
+
+@pytest.mark.parametrize(("op", "inputs", "expected"), [
+    ("Max", ["x", "c"], ClipAttrs(C, math.inf)), ("Max", ["c", "x"], ClipAttrs(C, math.inf)),
+    ("Min", ["x", "c"], ClipAttrs(-math.inf, C)), ("Max", ["x", "z"], ClipAttrs(0.0, math.inf)),
+])
+def test_max_min_of_a_tensor_and_one_constant_is_a_clip(op: str, inputs: list[str],
+                                                        expected: ClipAttrs) -> None:
+    """tf.maximum(x, c) (openWakeWord's embedding model: 19 islands before); the same values as
+    onnxruntime's Max / Min."""
+    inits = [init("c", np.full((1, 1, 1), -0.4, F)), init("z", np.array(0.0, F))]
+    m = single(op, [2, 3, 4], inits, inputs=inputs, opset=13)
+    node = only(import_model(m))
+    assert node.op is Op.CLIP and node.attrs == expected and node.inputs == ["x"]
+    import qfuse
+
+    x = np.random.default_rng(0).normal(0, 1, (2, 3, 4)).astype(F)
+    np.testing.assert_array_equal(qfuse.compile_model(m).run({"x": x})["y"],
+                                  run_ort(m, {"x": x})[0])
+
+
+@pytest.mark.parametrize("case", ["zero first", "two tensors", "per-channel constant"])
+def test_other_max_min_are_islands(case: str) -> None:
+    inits = {"zero first": [init("z", np.array(0.0, F))], "two tensors": [],
+             "per-channel constant": [init("c", np.full((3, 1), 0.5, F))]}[case]
+    inputs = {"zero first": ["z", "x"], "two tensors": ["x", "w"],
+              "per-channel constant": ["x", "c"]}[case]
+    feeds = {"x": ([2, 3, 4], TensorProto.FLOAT)}
+    if case == "two tensors":
+        feeds["w"] = ([2, 3, 4], TensorProto.FLOAT)
+    m = model([helper.make_node("Max", inputs, ["y"], name="max")], feeds, ["y"], inits)
+    assert_island(m, {"Max"}, r"no native lowering", run=False)
+
+
 @pytest.mark.parametrize(("approximate", "mode"), [("none", GeluApprox.NONE),
                                                    ("tanh", GeluApprox.TANH)])
 def test_gelu_op(approximate: str, mode: GeluApprox) -> None:
