@@ -215,6 +215,12 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
     details = {"mode": mode, **plan.inspect(), "not_fused": dropped,
                "concats": concat_report(work, plan.notes.get("concats", []), dropped),
                "passes": {r.name: r.changed for r in results}, "islands": islands(work)}
+    native = {k["node"]: k for k in details["kernels"]
+              if k["primitive"] not in ("island", "numpy", "onnxruntime")}
+    for island in details["islands"]:  # lowered after all (an LSTM as oneDNN's RNN)
+        kernel = native.get(island["name"])
+        if kernel is not None:
+            island["engine"] = f"oneDNN {kernel['primitive']} ({kernel['impl']})"
     for kernel in details["kernels"]:  # no VNNI: how each int8 kernel stays exact
         if kernel["name"] in details.get("exact_int8", {}):
             kernel["exact_int8"] = details["exact_int8"][kernel["name"]]

@@ -430,6 +430,9 @@ def _inline_if(ctx: Context, node: NodeView) -> bool:
 def _why_unsupported(ctx: Context, node: NodeView, domain: str) -> str:
     if domain:
         return f"op {node.op_type} of domain '{domain}' has no native lowering"
+    if node.op_type in ("LSTM", "GRU", "RNN"):
+        return (f"the IR has no {node.op_type} op: oneDNN's RNN primitive runs it where it can "
+                "(compiler/lower/lower_rnn.py), else onnxruntime")
     return f"op {node.op_type} has no native lowering"
 
 
