@@ -207,7 +207,8 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
                                    sum_in_place=ctx.composer.on("sum_in_place"),
                                    direct_int8=ctx.composer.on("direct_int8"),
                                    linear_resampling=ctx.composer.on("linear_resampling"),
-                                   padded_depthwise=ctx.composer.on("padded_depthwise")))
+                                   padded_depthwise=ctx.composer.on("padded_depthwise"),
+                                   conv_windows=ctx.composer.on("conv_windows")))
         executor = Executor(plan, threads)
     from qfuse.compiler.concat_report import concat_report
 

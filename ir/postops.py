@@ -65,6 +65,7 @@ OPTIMIZATIONS = (
     "pair_channels",
     "requantize_before_resize",
     "padded_depthwise",
+    "conv_windows",
     "whole_sample_norm",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
-from qfuse.compiler.lower import no_vnni, padded_depthwise, unfused
+from qfuse.compiler.lower import conv_windows, no_vnni, padded_depthwise, unfused
 from qfuse.compiler.lower.attrs import (
     BuiltAttr,
     RuntimeZeroPoint,
@@ -443,6 +443,24 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         _note_since(ctx, node, first, f"{g} groups of {reps} output channels as a depthwise "
                     f"convolution over the source's channels repeated {reps} times: oneDNN "
                     "has no fast kernel for the grouped one")
+        return
+    windows = (conv_windows.wanted(xinfo, yinfo, w, g, geometry)
+               if not deconv and ctx.options.conv_windows else None)
+    if windows is not None:
+        src, wide = conv_windows.windows_source(ctx, x, windows)
+        n = len(windows.kernel)
+        ones, zeros = (1,) * n, (0,) * n
+        clone = Node(node.name, node.op, replace(attrs, kernel_shape=ones, strides=ones,
+                                                 pads=zeros * 2, dilations=ones),
+                     [src, *node.inputs[1:]], list(node.outputs), list(node.origin), node.meta,
+                     node.fused)
+        first = len(ctx.kernels)
+        _lower_conv(ctx, clone, w.reshape(w.shape[0], -1, *ones), 1,
+                    {"strides": ones, "padding_l": zeros, "padding_r": zeros,
+                     "dilation": zeros}, src_info=wide)
+        _note_since(ctx, node, first, f"a 1x1 convolution over its {windows.blocks}-block "
+                    f"copy of the source's windows: oneDNN's kernels for {xinfo.shape[1]} "
+                    "input channel(s) are slow")
         return
     padded = (padded_depthwise.wanted(ctx, node, xinfo, yinfo, w, g, geometry)
               if integer and not deconv else None)

@@ -1,0 +1,131 @@
+"""An int8 convolution of few input channels and a long, overlapping kernel as a 1x1
+convolution over its windows (an STFT written as a Conv1d).
+
+``Conv(x, W)`` over ``x[N, C, L]`` with a kernel of k taps, stride s < k, no padding and no
+dilation reads, for output position t, the window ``x[:, t·s : t·s + k]``. Laid out as
+``P[n, c·k + j, t] = x[n, c, t·s + j]`` (the windows side by side, channels-last) it is the
+1x1 convolution of P with the weights viewed as ``[O, C·k, 1]``: the same integer products,
+summed exactly in int32, with the same chain: bit-exact. Likewise in 2-D, per spatial dim.
+
+The windows overlap (k > s) and oneDNN's memory descriptors take no overlapping strides, so P
+is copied in ⌈k/s⌉ column blocks (per dim; their product in 2-D): block a holds the taps
+``a·s … a·s + s − 1`` of every window, and for those ``x[t·s + a·s + b]`` is a view of x with
+stride s along t — no two of its elements overlap. One jit reorder a block.
+
+Why: oneDNN 3.2 runs an int8 convolution of one input channel on ``jit_int8``, which walks
+the taps with the channel as the vector dim. Measured on a 2-core AMD EPYC with AVX-512 VNNI,
+2 threads, u8 → u8: openWakeWord's mel front end (1 → 257 channels, k 512, s 160, 16000
+samples) 143 µs; as 4 block copies (18 µs) and a 1x1 convolution on ``brgconv_1x1`` (18 µs),
+36 µs. wav2vec2's first convolution (1 → 512, k 10, s 5) 97 → 12 + 47 µs. Where the direct
+kernel's cost is small the copies do not pay (1 → 64, k 400, s 160: 17.7 → 15 + 7 µs;
+silero-vad's 1 → 258, k 256, s 128 over 576 samples: 6.8 → 3 + 5 µs; 3 → 64, k 64, s 8:
+6.3 → 32 + 6 µs): the form is taken from ``MIN_MACS`` multiply-adds, up to ``MAX_CHANNELS``
+input channels and ``MAX_BLOCKS`` copies. A kernel that equals its stride tiles its input
+without overlap: passes/patch_conv.py rewrites those in the graph. Composer option
+``conv_windows``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from qfuse.compiler.lower.attrs import DTYPE_SIZE
+from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.layouts import channels_last
+from qfuse.ir import TensorInfo
+from qfuse.runtime.onednn import MemoryDesc
+
+MAX_CHANNELS = 4  # input channels up to which oneDNN's direct int8 kernels are slow
+MIN_MACS = 4_000_000  # multiply-adds from which the direct kernel's cost passes the copies'
+MAX_BLOCKS = 8  # column-block copies (one reorder each) at most
+
+
+@dataclass(frozen=True)
+class Windows:
+    """How a convolution's source is laid out as its windows."""
+
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    out: tuple[int, ...]  # output spatial dims
+
+    @property
+    def blocks(self) -> int:
+        return math.prod(-(-k // s) for k, s in zip(self.kernel, self.strides, strict=True))
+
+
+def wanted(xinfo: TensorInfo, yinfo: TensorInfo, w: np.ndarray, group: int,
+           geometry: dict[str, Sequence[int]]) -> Windows | None:
+    """The windows form for an int8 convolution (weights ``w`` [O, C, k…]) where it pays
+    (module docstring), else None."""
+    kernel = tuple(int(k) for k in w.shape[2:])
+    strides = tuple(int(s) for s in geometry["strides"])
+    if (group != 1 or not xinfo.dtype.is_integer or len(kernel) not in (1, 2)
+            or xinfo.shape[1] > MAX_CHANNELS or any(geometry["padding_l"])
+            or any(geometry["padding_r"]) or any(geometry["dilation"])
+            or all(k <= s for k, s in zip(kernel, strides, strict=True))):
+        return None
+    windows = Windows(kernel, strides, tuple(yinfo.shape[2:]))
+    macs = math.prod(yinfo.shape) * math.prod(w.shape[1:])
+    if macs < MIN_MACS or windows.blocks > MAX_BLOCKS:
+        return None
+    return windows
+
+
+def windows_source(ctx: LowerContext, value: str, windows: Windows) -> tuple[str, TensorInfo]:
+    """``value`` ([N, C, spatial…]) as its windows P ([N, C·prod(k), out…], channels-last; a
+    value only the lowering knows, shared by every reader), copied in ``windows.blocks``
+    reorders (module docstring), with its tensor info."""
+    info = ctx.info(value)
+    n, c = info.shape[:2]
+    depth = c * math.prod(windows.kernel)
+    shape = (n, depth, *windows.out)
+    wide = replace(info, shape=shape)
+    name = f"{value}@windows"
+    if name in ctx.home:
+        return name, wide
+    src = ctx.home_slot(value)
+    md = ctx.slots[src].md
+    if md.strides is None or md.inner_blocks:  # blocked: read a strided copy of it
+        src = ctx.source(value, channels_last(info.shape, md.dtype))
+        md = ctx.slots[src].md
+    x_strides = md.strides
+    assert x_strides is not None
+    rank = len(windows.kernel)
+    copy = ctx.temp(name, channels_last(shape, md.dtype))
+    # P's bytes as [N, out…, C, k…] (channels-last P: the window's values innermost)
+    dense = [0] * (2 + 2 * rank)
+    size = 1
+    dims = [n, *windows.out, c, *windows.kernel]
+    for i in reversed(range(len(dims))):
+        dense[i] = size
+        size *= dims[i]
+    itemsize = DTYPE_SIZE[md.dtype]
+    spatial = x_strides[2:]
+    for block in np.ndindex(*(-(-k // s) for k, s in zip(windows.kernel, windows.strides,
+                                                           strict=True))):
+        taps = [min(s, k - a * s) for a, k, s in zip(block, windows.kernel, windows.strides,
+                                                     strict=True)]
+        view_dims = (n, *windows.out, c, *taps)
+        src_strides = (x_strides[0], *(s * st for s, st in zip(windows.strides, spatial,
+                                                               strict=True)),
+                       x_strides[1], *spatial)
+        src_offset = sum(a * s * st for a, s, st in zip(block, windows.strides, spatial,
+                                                        strict=True))
+        dst_offset = sum(a * s * dense[2 + rank + i] for i, (a, s) in enumerate(
+            zip(block, windows.strides, strict=True)))
+        reads = ctx.temp(f"{name}_from", MemoryDesc.from_strides(view_dims, md.dtype,
+                                                                 src_strides),
+                         alias=src, offset=src_offset * itemsize)
+        writes = ctx.temp(f"{name}_into", MemoryDesc.from_strides(view_dims, md.dtype,
+                                                                  tuple(dense)),
+                          alias=copy, offset=dst_offset * itemsize)
+        ctx.add_reorder(reads, writes, role="op",
+                        note=f"'{value}' as its {'x'.join(map(str, windows.kernel))} windows "
+                             f"with strides {windows.strides}: taps from {block} (module "
+                             "conv_windows)")
+    ctx.home[name] = copy
+    return name, wide
