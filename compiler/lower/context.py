@@ -30,6 +30,7 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
+    gapless,
     host_md,
     is_host,
     is_row_major,
@@ -92,6 +93,10 @@ class Options:
     # its source padded explicitly (padded_depthwise.py); False keeps jit_int8 (the composer
     # option padded_depthwise).
     padded_depthwise: bool = True
+    # An int8 convolution of few input channels and a long overlapping kernel (an STFT) runs
+    # as a 1x1 convolution over a copy of its windows (conv_windows.py); False keeps it
+    # direct (the composer option conv_windows).
+    conv_windows: bool = True
 
 
 class LowerContext:
@@ -420,6 +425,23 @@ class LowerContext:
             self.add_reorder(middle, dst, note="a layout change without the zero point, "
                              "which oneDNN 3.2's reorder drops here (reorder_check.py)")
             return first
+        rows = flat_rows(src_md, dst_md, attr)
+        if rows is not None:  # oneDNN 3.2's jit reorder is slow on such counts (FLAT_ROW)
+            size = rows * FLAT_ROW
+            parts = [(0, plain_md((rows, FLAT_ROW), src_md.dtype),
+                      plain_md((rows, FLAT_ROW), dst_md.dtype)),
+                     (size, plain_md((src_md.nelems - size,), src_md.dtype),
+                      plain_md((src_md.nelems - size,), dst_md.dtype))]
+            split = (f"{src_md.nelems} elements as {rows}x{FLAT_ROW} and the "
+                     f"{src_md.nelems - size} left: oneDNN 3.2's jit reorder is slow on a count "
+                     f"that is not a multiple of {FLAT_ROW}")
+            made = [self.add_reorder(
+                self.temp(f"{src}@part", src_part, alias=src, offset=start * dtype_size(src_md)),
+                self.temp(f"{dst}@part", dst_part, alias=dst, offset=start * dtype_size(dst_md)),
+                attr=attr, fixed=fixed, role=role, node=node,
+                note=f"{note}; {split}" if note else split)
+                for start, src_part, dst_part in parts]
+            return made[0]
         pd = reorder(src_md, dst_md, attr=attr)
         if role == "reorder":
             self.reorders += 1
@@ -488,3 +510,33 @@ def _identical(a: MemoryDesc, b: MemoryDesc) -> bool:
     """Equal for oneDNN and with the same strides (``MemoryDesc ==`` ignores the strides of
     size-1 dims)."""
     return a == b and a.strides == b.strides
+
+
+# A flat (elementwise) reorder of a count that is not a multiple of FLAT_ROW, from FLAT_MIN
+# elements, runs as two: FLAT_ROW-wide rows, then the rest. oneDNN 3.2's jit:uni reorder is
+# slow on counts with a large prime factor (u8 → f32 with a scale, 2 threads, a 2-core AMD
+# EPYC: 24929 = 97·257 elements 42 µs against 5.8 for 24928; 985863 elements 5.7 ms against
+# 0.10 ms for 985856; rows of 256 run at full speed, oneDNN issue #896 reports the like).
+FLAT_ROW = 256
+FLAT_MIN = 16384
+
+
+def flat_rows(src: MemoryDesc, dst: MemoryDesc, attr: PrimitiveAttr | None) -> int | None:
+    """The number of FLAT_ROW-wide rows to copy first when the reorder from ``src`` to ``dst``
+    is element for element over their bytes (both gapless, with the same strides), with at
+    most one scale and zero point each and no post-ops, and its count is at least FLAT_MIN
+    and not a multiple of FLAT_ROW; else None."""
+    n = src.nelems
+    if n < FLAT_MIN or n % FLAT_ROW == 0:
+        return None
+    if (not src.is_plain or not dst.is_plain or src.strides != dst.strides
+            or not gapless(src) or not gapless(dst)):
+        return None
+    if attr is not None and (any(attr.scales_masks.values())
+                             or any(attr.zero_points_masks.values()) or attr.post_ops):
+        return None
+    return n // FLAT_ROW
+
+
+def dtype_size(md: MemoryDesc) -> int:
+    return int(md.numpy_dtype.itemsize)
