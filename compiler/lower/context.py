@@ -425,22 +425,20 @@ class LowerContext:
             self.add_reorder(middle, dst, note="a layout change without the zero point, "
                              "which oneDNN 3.2's reorder drops here (reorder_check.py)")
             return first
-        rows = flat_rows(src_md, dst_md, attr)
-        if rows is not None:  # oneDNN 3.2's jit reorder is slow on such counts (FLAT_ROW)
-            size = rows * FLAT_ROW
-            parts = [(0, plain_md((rows, FLAT_ROW), src_md.dtype),
-                      plain_md((rows, FLAT_ROW), dst_md.dtype)),
-                     (size, plain_md((src_md.nelems - size,), src_md.dtype),
-                      plain_md((src_md.nelems - size,), dst_md.dtype))]
-            split = (f"{src_md.nelems} elements as {rows}x{FLAT_ROW} and the "
-                     f"{src_md.nelems - size} left: oneDNN 3.2's jit reorder is slow on a count "
-                     f"that is not a multiple of {FLAT_ROW}")
+        main = flat_split(src_md, dst_md, attr)
+        if main is not None:  # oneDNN 3.2's jit reorder is slow on such counts (FLAT_ALIGN)
+            n = src_md.nelems
+            parts = [(0, main), (main, n - main)]
+            split = (f"{n} elements as {main} and {n - main}: oneDNN 3.2's jit reorder is slow "
+                     f"on a count that is not a multiple of {FLAT_ALIGN}")
             made = [self.add_reorder(
-                self.temp(f"{src}@part", src_part, alias=src, offset=start * dtype_size(src_md)),
-                self.temp(f"{dst}@part", dst_part, alias=dst, offset=start * dtype_size(dst_md)),
+                self.temp(f"{src}@part", plain_md((count,), src_md.dtype), alias=src,
+                          offset=start * dtype_size(src_md)),
+                self.temp(f"{dst}@part", plain_md((count,), dst_md.dtype), alias=dst,
+                          offset=start * dtype_size(dst_md)),
                 attr=attr, fixed=fixed, role=role, node=node,
                 note=f"{note}; {split}" if note else split)
-                for start, src_part, dst_part in parts]
+                for start, count in parts]
             return made[0]
         pd = reorder(src_md, dst_md, attr=attr)
         if role == "reorder":
@@ -512,22 +510,25 @@ def _identical(a: MemoryDesc, b: MemoryDesc) -> bool:
     return a == b and a.strides == b.strides
 
 
-# A flat (elementwise) reorder of a count that is not a multiple of FLAT_ROW, from FLAT_MIN
-# elements, runs as two: FLAT_ROW-wide rows, then the rest. oneDNN 3.2's jit:uni reorder is
-# slow on counts with a large prime factor (u8 → f32 with a scale, 2 threads, a 2-core AMD
-# EPYC: 24929 = 97·257 elements 42 µs against 5.8 for 24928; 985863 elements 5.7 ms against
-# 0.10 ms for 985856; rows of 256 run at full speed, oneDNN issue #896 reports the like).
-FLAT_ROW = 256
+# A flat (elementwise) reorder of a count that is not a multiple of FLAT_ALIGN, from FLAT_MIN
+# elements, runs as two: the largest multiple of FLAT_PART, then the rest. oneDNN 3.2's
+# jit:uni reorder falls to a slow path on such counts (u8 → f32 with a scale, 2 threads, a
+# 2-core AMD EPYC: 24929 = 97·257 elements 41 µs, as 24832 + 97 3.5 + 1.7; 150628 elements
+# 4.2 ms, 18 + 1.7 µs; 1000001 elements 8.0 ms, 104 + 1.7 µs). Counts of multiples of 8 are
+# left whole: there the split is not always faster (265000 elements: 12 µs whole, 29 µs as
+# 264960 + 40). oneDNN issue #896 reports such count-dependent reorder times.
+FLAT_ALIGN = 8
+FLAT_PART = 256
 FLAT_MIN = 16384
 
 
-def flat_rows(src: MemoryDesc, dst: MemoryDesc, attr: PrimitiveAttr | None) -> int | None:
-    """The number of FLAT_ROW-wide rows to copy first when the reorder from ``src`` to ``dst``
-    is element for element over their bytes (both gapless, with the same strides), with at
-    most one scale and zero point each and no post-ops, and its count is at least FLAT_MIN
-    and not a multiple of FLAT_ROW; else None."""
+def flat_split(src: MemoryDesc, dst: MemoryDesc, attr: PrimitiveAttr | None) -> int | None:
+    """The count to copy first when the reorder from ``src`` to ``dst`` is element for element
+    over their bytes (both gapless, with the same strides), with at most one scale and zero
+    point each and no post-ops, and its count is at least FLAT_MIN and not a multiple of
+    FLAT_ALIGN; else None."""
     n = src.nelems
-    if n < FLAT_MIN or n % FLAT_ROW == 0:
+    if n < FLAT_MIN or n % FLAT_ALIGN == 0:
         return None
     if (not src.is_plain or not dst.is_plain or src.strides != dst.strides
             or not gapless(src) or not gapless(dst)):
@@ -535,7 +536,7 @@ def flat_rows(src: MemoryDesc, dst: MemoryDesc, attr: PrimitiveAttr | None) -> i
     if attr is not None and (any(attr.scales_masks.values())
                              or any(attr.zero_points_masks.values()) or attr.post_ops):
         return None
-    return n // FLAT_ROW
+    return n // FLAT_PART * FLAT_PART
 
 
 def dtype_size(md: MemoryDesc) -> int:
