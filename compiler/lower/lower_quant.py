@@ -87,6 +87,7 @@ from qfuse.ir import DType, Node, Op
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, QuantizeAttrs
 from qfuse.compiler.lower.attrs import nan_to_qmin, per_channel_dims
 from qfuse.ir.chain import ONNX_FORM
+from qfuse.ir.postops import single_pixel_batch
 from qfuse.runtime.onednn import (
     Alg,
     Arg,
@@ -137,6 +138,20 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     home = ctx.home_slot(src_value)
     src_md = ctx.slots[home].md
     kernel = _QuantizeKernel(ctx.info(y).dtype, src, dst)
+    shape = tuple(src_md.dims)
+    if (not kernel.per_tensor and all(s.axis in (None, 1) for s in (src, dst) if s is not None)
+            and single_pixel_batch(shape) and src_md.is_plain
+            and tuple(src_md.strides or ())[:2] == (shape[1], 1)):
+        # oneDNN 3.2's jit binary applies per-channel operands wrongly when N > 1 and every
+        # spatial dim is 1 (docs/onednn.md): over the same bytes seen as (N, C)
+        nc_src, nc_dst = plain_md(shape[:2], src_md.dtype), plain_md(shape[:2], dtype)
+        nc_pd, nc_fixed = kernel.primitive(nc_src, nc_dst)
+        out = ctx.define(y, plain_md(shape, dtype))
+        ctx.add_primitive(node.name, nc_pd, {
+            int(Arg.SRC_0): ctx.temp(f"{src_value}@nc", nc_src, alias=home),
+            int(Arg.DST): ctx.temp(f"{y}@nc", nc_dst, alias=out)}, nc_fixed,
+            info=kernel.info(ctx, node, 2, absorbed))
+        return
     same = md_like(src_md, dtype) or plain_md(src_md.dims, dtype)
     pd, fixed = kernel.primitive(src_md, same)
     want = same if _read_by_reorders(ctx, y) else preferred_md(ctx, y, dtype, src_md)
@@ -304,8 +319,12 @@ def _binary_dequantize(ctx: LowerContext, node: Node, side: QuantSide) -> None:
     x, y = node.inputs[0], node.outputs[0]
     home = ctx.home_slot(x)
     src_md = ctx.slots[home].md
-    ndims = len(src_md.dims)
+    shape = tuple(src_md.dims)
     assert side.axis is not None and side.zero_points is not None
+    # oneDNN 3.2's jit binary applies per-channel operands wrongly when N > 1 and every
+    # spatial dim is 1 (docs/onednn.md; fuzz seed 424127, 55 steps off): over an (N, C) view
+    flat = side.axis == 1 and single_pixel_batch(shape)
+    ndims = 2 if flat else len(shape)
     dims = per_channel_dims(ndims, side.axis, side.zero_points.size)
     posts = PostOps()
     fixed = {int(Arg.SRC_1): const_memory(side.zero_points.astype(F32).reshape(dims))}
@@ -320,16 +339,22 @@ def _binary_dequantize(ctx: LowerContext, node: Node, side: QuantSide) -> None:
         details = [f"binary_mul([{side.scale.size} scales, axis {side.axis}])"]
     attr = PrimitiveAttr()
     attr.set_post_ops(posts)
-    dst_md = md_like(src_md, DataType.f32) or plain_md(src_md.dims, DataType.f32)
+    dst_md = plain_md(shape, DataType.f32) if flat else (
+        md_like(src_md, DataType.f32) or plain_md(shape, DataType.f32))
     converted = ctx.temp(f"{y}@f32", dst_md)
     ctx.add_reorder(home, converted, role="op", node=node,
                     note=f"'{x}' to f32 for its per-channel zero points")
+    out = ctx.define(y, dst_md)
+    if flat:  # the same bytes as (N, C), row-major
+        nc = plain_md(shape[:2], DataType.f32)
+        dst_md, converted = nc, ctx.temp(f"{y}@f32_nc", nc, alias=converted)
+        out = ctx.temp(f"{y}@nc", nc, alias=out)
     pd = binary(Alg.binary_sub, dst_md, MemoryDesc.from_tag(dims, DataType.f32), dst_md,
                 attr=attr)
     info = ctx.info_for(node, role="op", post_ops=names, post_op_details=details,
                         note=f"binary_sub: x - zero point per channel (axis {side.axis})")
-    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): converted,
-                                      int(Arg.DST): ctx.define(y, dst_md)}, fixed, info=info)
+    ctx.add_primitive(node.name, pd, {int(Arg.SRC_0): converted, int(Arg.DST): out}, fixed,
+                      info=info)
 
 
 def _uniform_zp(zp: np.ndarray | None) -> int | None:

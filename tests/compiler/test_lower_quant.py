@@ -165,25 +165,29 @@ def test_narrow_fake_quantize_runs_in_numpy() -> None:
     np.testing.assert_array_equal(out["y"], ref_eval(g, {"x": x})["y"])
 
 
+@pytest.mark.parametrize("shape", [(2, 4, 6, 5), (2, 4, 1, 1)], ids=str)
 @pytest.mark.parametrize("dtype", [U8, S8])
-def test_per_channel_zero_points_are_binary_primitives_bit_exact(dtype: DType) -> None:
+def test_per_channel_zero_points_are_binary_primitives_bit_exact(
+        dtype: DType, shape: tuple[int, ...]) -> None:
     """Per-channel zero points (NNCF's MIXED preset): the quantize is binary_div → round →
     binary_add(zp[c]), the dequantize a conversion to f32 then binary_sub(zp[c]) →
     binary_mul(s[c]); all on jit kernels and bit-exact
-    with the reference (ONNX's formulas) on inputs built to sit on rounding ties."""
+    with the reference (ONNX's formulas) on inputs built to sit on rounding ties. Also two
+    images of one pixel each, where oneDNN 3.2's jit binary mis-applies per-channel operands
+    (fuzz seed 424127: 55 steps off), over an (N, C) view."""
     rng = np.random.default_rng(6)
     scales = np.array([0.02, 0.05, 0.031, 0.0117], F32)
     lo, hi = dtype.range
     zps = np.array([lo, lo + 90, (lo + hi) // 2, hi - 3])
     g = Graph("pc_zp")
-    g.add_input("x", TensorInfo((2, 4, 6, 5), DType.F32))
+    g.add_input("x", TensorInfo(shape, DType.F32))
     g.add_constant("s", scales)
     g.add_constant("zp", zps.astype(dtype.np))
     g.add_node(Op.QUANTIZE_LINEAR, ["x", "s", "zp"], ["q"], QuantizeAttrs(dtype, 1),
-               infos=[TensorInfo((2, 4, 6, 5), dtype)])
+               infos=[TensorInfo(shape, dtype)])
     _dq_node(g, "q", "y", scales, zps)
     g.outputs += ["q", "y"]
-    levels = rng.integers(-200, 200, (2, 4, 6, 5)) + rng.choice([0.0, 0.5, 0.25], (2, 4, 6, 5))
+    levels = rng.integers(-200, 200, shape) + rng.choice([0.0, 0.5, 0.25], shape)
     x = (levels * scales.reshape(1, 4, 1, 1)).astype(F32)  # many exact .5 ties
     out, plan = run_plan(g, {"x": x})
     info = plan.inspect()["kernels"]
