@@ -426,11 +426,11 @@ class LowerContext:
                              "which oneDNN 3.2's reorder drops here (reorder_check.py)")
             return first
         main = flat_split(src_md, dst_md, attr)
-        if main is not None:  # oneDNN 3.2's jit reorder is slow on such counts (FLAT_ALIGN)
+        if main is not None:  # oneDNN 3.2's jit reorder is slow on such counts (FLAT_BLOCKS)
             n = src_md.nelems
             parts = [(0, main), (main, n - main)]
             split = (f"{n} elements as {main} and {n - main}: oneDNN 3.2's jit reorder is slow "
-                     f"on a count that is not a multiple of {FLAT_ALIGN}")
+                     f"on a count with no divisor in {FLAT_BLOCKS} that is a multiple of 4")
             made = [self.add_reorder(
                 self.temp(f"{src}@part", plain_md((count,), src_md.dtype), alias=src,
                           offset=start * dtype_size(src_md)),
@@ -510,14 +510,16 @@ def _identical(a: MemoryDesc, b: MemoryDesc) -> bool:
     return a == b and a.strides == b.strides
 
 
-# A flat (elementwise) reorder of a count that is not a multiple of FLAT_ALIGN, from FLAT_MIN
-# elements, runs as two: the largest multiple of FLAT_PART, then the rest. oneDNN 3.2's
-# jit:uni reorder falls to a slow path on such counts (u8 → f32 with a scale, 2 threads, a
-# 2-core AMD EPYC: 24929 = 97·257 elements 41 µs, as 24832 + 97 3.5 + 1.7; 150628 elements
-# 4.2 ms, 18 + 1.7 µs; 1000001 elements 8.0 ms, 104 + 1.7 µs). Counts of multiples of 8 are
-# left whole: there the split is not always faster (265000 elements: 12 µs whole, 29 µs as
-# 264960 + 40). oneDNN issue #896 reports such count-dependent reorder times.
-FLAT_ALIGN = 8
+# A flat (elementwise) reorder from FLAT_MIN elements whose count has no divisor in
+# FLAT_BLOCKS that is a multiple of 4 runs as two: the largest multiple of FLAT_PART, then the
+# rest. oneDNN 3.2's jit:uni reorder falls to a slow path on such counts (u8 → f32 with a
+# scale, 2 threads, a 2-core AMD EPYC: 24929 = 97·257 elements 41 µs, as 24832 + 97 3.5 + 1.7;
+# 150628 = 4·37657 elements 4.2 ms, 18 + 1.7 µs; 1000001 elements 8.0 ms, 104 + 1.7 µs;
+# 100002 elements 155 µs, 13 + 1.7). Counts with such a divisor run whole, where splitting
+# would only add a kernel (18620 = 4·4655 elements 3.5 µs whole, 3.4 + 1.7 split; 265000
+# elements 12 µs whole, 29 as 264960 + 40). oneDNN issue #896 reports count-dependent
+# reorder times too.
+FLAT_BLOCKS = (64, 1024)
 FLAT_PART = 256
 FLAT_MIN = 16384
 
@@ -525,10 +527,10 @@ FLAT_MIN = 16384
 def flat_split(src: MemoryDesc, dst: MemoryDesc, attr: PrimitiveAttr | None) -> int | None:
     """The count to copy first when the reorder from ``src`` to ``dst`` is element for element
     over their bytes (both gapless, with the same strides), with at most one scale and zero
-    point each and no post-ops, and its count is at least FLAT_MIN and not a multiple of
-    FLAT_ALIGN; else None."""
+    point each and no post-ops, and its count is at least FLAT_MIN with no divisor in
+    FLAT_BLOCKS that is a multiple of 4; else None."""
     n = src.nelems
-    if n < FLAT_MIN or n % FLAT_ALIGN == 0:
+    if n < FLAT_MIN or any(n % d == 0 for d in range(FLAT_BLOCKS[0], FLAT_BLOCKS[1] + 1, 4)):
         return None
     if (not src.is_plain or not dst.is_plain or src.strides != dst.strides
             or not gapless(src) or not gapless(dst)):
