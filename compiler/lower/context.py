@@ -27,6 +27,7 @@ from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.lower.layouts import (
     RESHAPES,
     QUANTIZERS,
+    channels_last,
     const_memory,
     dense_in_order,
     dnnl_type,
@@ -276,6 +277,15 @@ class LowerContext:
             self.add_reorder(home, name, role=role, note=f"layout of '{value}'")
         self.copies.setdefault(value, []).append(name)
         return name
+
+    def strided_home(self, value: str) -> str:
+        """``value``'s home slot when its layout has strides (views of it can re-stride its
+        bytes), else a channels-last copy of it (a blocked layout)."""
+        home = self.home_slot(value)
+        md = self.slots[home].md
+        if md.strides is not None and not md.inner_blocks:
+            return home
+        return self.source(value, channels_last(self.info(value).shape, md.dtype))
 
     def plain_source(self, value: str) -> str:
         home = self.home_slot(value)

@@ -87,11 +87,8 @@ def windows_source(ctx: LowerContext, value: str, windows: Windows) -> tuple[str
     name = f"{value}@windows"
     if name in ctx.home:
         return name, wide
-    src = ctx.home_slot(value)
+    src = ctx.strided_home(value)
     md = ctx.slots[src].md
-    if md.strides is None or md.inner_blocks:  # blocked: read a strided copy of it
-        src = ctx.source(value, channels_last(info.shape, md.dtype))
-        md = ctx.slots[src].md
     x_strides = md.strides
     assert x_strides is not None
     rank = len(windows.kernel)

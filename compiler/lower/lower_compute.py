@@ -398,11 +398,8 @@ def repeated_channels(ctx: LowerContext, value: str, reps: int) -> tuple[str, Te
     name = f"{value}@repeat{reps}"
     if name in ctx.home:
         return name, wide
-    src = ctx.home_slot(value)
+    src = ctx.strided_home(value)
     md = ctx.slots[src].md
-    if md.strides is None or md.inner_blocks:  # blocked: read a strided copy of it
-        src = ctx.source(value, channels_last(info.shape, md.dtype))
-        md = ctx.slots[src].md
     dims = (shape[0], info.shape[1], reps, *shape[2:])
     copy = ctx.temp(name, channels_last(shape, md.dtype))
     out = ctx.slots[copy].md.strides
