@@ -44,6 +44,8 @@ def foldable(ctx: Context, node: NodeView) -> bool:
         return False
     if node.op_type in ALWAYS_FOLDED or node.op_type == "Constant":
         return True
+    if integer_times_zero(ctx, node) is not None:
+        return True
     if node.op_type in NOT_FOLDED or not any(node.inputs):
         return False
     return all(ctx.is_const(name) for name in node.inputs if name)
@@ -51,7 +53,10 @@ def foldable(ctx: Context, node: NodeView) -> bool:
 
 def fold(ctx: Context, node: NodeView) -> None:
     """Evaluate ``node`` (``foldable`` said yes) and record its outputs as constants."""
-    if node.op_type == "Constant":
+    zeros = integer_times_zero(ctx, node)
+    if zeros is not None:
+        outputs = [zeros]
+    elif node.op_type == "Constant":
         outputs = [constant_value(ctx, node)]
     elif node.op_type in ALWAYS_FOLDED:
         outputs = [_shape_or_size(ctx, node)]
@@ -61,6 +66,29 @@ def fold(ctx: Context, node: NodeView) -> None:
         if name:
             ctx.set_const(name, np.asarray(value))
     logger.debug("folded %s", node)
+
+
+def integer_times_zero(ctx: Context, node: NodeView) -> np.ndarray | None:
+    """The zeros a Mul of an integer tensor by a constant of zeros gives (exact: integers hold
+    no NaN or infinity) — an exporter's way to keep an input alive (silero-vad's ``sr·0``,
+    added to its state): the chain after it folds instead of running on the host every run.
+    None for any other node."""
+    names = [n for n in node.inputs if n]
+    if node.op_type != "Mul" or len(names) != 2 or node.domain not in DEFAULT_DOMAINS:
+        return None
+    zero = next((n for n in names if ctx.is_const(n) and not np.any(ctx.consts[n])), None)
+    if zero is None or np.asarray(ctx.consts[zero]).dtype.kind not in "iu":
+        return None
+    other = names[1] if zero == names[0] else names[0]
+    try:
+        info = ctx.info(node, other)
+    except Exception:  # noqa: BLE001 - an unknown input: the converter names it
+        return None
+    if info.dtype.np.kind not in "iu":
+        return None
+    const = np.asarray(ctx.consts[zero])
+    shape = np.broadcast_shapes(tuple(info.shape), const.shape)
+    return np.zeros(shape, np.result_type(info.dtype.np, const.dtype))
 
 
 def evaluate(ctx: Context, node: NodeView) -> list[np.ndarray]:

@@ -265,3 +265,22 @@ def test_an_if_on_a_static_shape_is_its_branch(batch: int) -> None:
 def test_an_if_on_a_run_time_value_stays_an_island() -> None:
     m = _if_on_batch(None)
     assert [n.op for n in islands(import_model(m))]
+
+
+@pytest.mark.parametrize("factor", [0, 3])
+def test_an_integer_times_zero_folds(factor: int) -> None:
+    """silero-vad keeps its sample-rate input alive as ``state + Cast(sr·0)``: an integer
+    times a constant of zeros is zeros (integers hold no NaN or infinity), so the chain folds
+    and no host kernel runs each time; another factor stays."""
+    import qfuse
+
+    nodes = [helper.make_node("Mul", ["sr", "k"], ["m"], name="mul"),
+             helper.make_node("Cast", ["m"], ["mf"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "mf"], ["y"], name="add")]
+    m = model(nodes, {"x": ([2, 3], FLOAT), "sr": ([], TensorProto.INT64)}, ["y"],
+              [init("k", np.array(factor, I64))], opset=13)
+    ops = [n.op for n in import_model(m)]
+    assert (Op.MUL not in ops) == (factor == 0), ops
+    feeds = {"x": np.random.default_rng(0).normal(0, 1, (2, 3)).astype(F),
+             "sr": np.array(16000, I64)}
+    np.testing.assert_array_equal(qfuse.compile_model(m).run(feeds)["y"], run_ort(m, feeds)[0])
