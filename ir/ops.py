@@ -38,6 +38,8 @@ class Op(enum.Enum):
     MUL = "Mul"
     DIV = "Div"
     SUM = "Sum"
+    MAX = "Max"  # two tensors (one constant value is a Clip, compiler/onnx_import/convert_math.py)
+    MIN = "Min"
     # activations
     RELU = "Relu"
     CLIP = "Clip"
@@ -424,6 +426,8 @@ ATTRS: dict[Op, type] = {
     Op.MUL: NoAttrs,
     Op.DIV: NoAttrs,
     Op.SUM: NoAttrs,
+    Op.MAX: NoAttrs,
+    Op.MIN: NoAttrs,
     Op.RELU: NoAttrs,
     Op.CLIP: ClipAttrs,
     Op.LEAKY_RELU: AlphaAttrs,
@@ -480,6 +484,8 @@ ARITY: dict[Op, tuple[int, int | None]] = {
     Op.SUB: (2, 2),
     Op.MUL: (2, 2),
     Op.DIV: (2, 2),
+    Op.MAX: (2, 2),
+    Op.MIN: (2, 2),
     Op.SUM: (1, None),
     Op.PRELU: (2, 2),
     Op.LAYER_NORM: (2, 3),

@@ -28,7 +28,8 @@ from qfuse.runtime.onednn import Alg, Arg, DataType, Memory, MemoryDesc, Primiti
 # Largest constant a binary operand is expanded to (from a broadcast oneDNN runs on ref:any).
 BROADCAST_CONSTANT_BYTES = 64 << 20
 BINARY = {Op.ADD: Alg.binary_add, Op.SUB: Alg.binary_sub, Op.MUL: Alg.binary_mul,
-          Op.DIV: Alg.binary_div, Op.SUM: Alg.binary_add}
+          Op.DIV: Alg.binary_div, Op.SUM: Alg.binary_add, Op.MAX: Alg.binary_max,
+          Op.MIN: Alg.binary_min}
 
 
 def stored_broadcast(operand: np.ndarray | None, dims: tuple[int, ...],
@@ -67,9 +68,7 @@ def lower_binary(ctx: LowerContext, node: Node) -> None:
         b_md = plain_md(b_dims, DataType.f32)
         b_value = None
     else:
-        b_value = b if len(ctx.info(b).shape) == nd else f"{b}@rank{nd}"
-        if b_value not in ctx.home:
-            ctx.home[b_value] = ctx.view(b, b_dims)
+        b_value = ctx.ranked(b, nd)  # a lower rank's view (a rank-0 host value's too)
         b_md = ctx.md_of(b_value)
     home = ctx.md_of(a)
     plain = plain_md(home.dims, home.dtype)

@@ -35,7 +35,7 @@ from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import is_host
 from qfuse.compiler.lower.no_vnni import isa_notes
 from qfuse.compiler.lower.plan import Plan
-from qfuse.ir import Graph, Node, Op
+from qfuse.ir import DType, Graph, Node, Op
 from qfuse.runtime.onednn import DataType, DnnlError
 from qfuse.runtime.reference import IMPLS
 
@@ -73,6 +73,8 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.SUB: lower_gate.lower_binary,
     Op.MUL: lower_gate.lower_binary,
     Op.DIV: lower_gate.lower_binary,
+    Op.MAX: lower_binary.lower_binary,
+    Op.MIN: lower_binary.lower_binary,
     Op.SUM: lower_binary.lower_binary,
     Op.SOFTMAX: lower_norm.lower_softmax,
     Op.LAYER_NORM: lower_norm.lower_layer_norm,
@@ -116,7 +118,8 @@ PARAMETER_PORTS = {
 
 # Consumers that tell a reorder producing their input which layout they want.
 PROBES = {
-    **{op: lower_binary.probe_binary for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SUM)},
+    **{op: lower_binary.probe_binary for op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SUM,
+                                                 Op.MAX, Op.MIN)},
     Op.CONV: lower_compute.probe_conv,
     Op.CONV_TRANSPOSE: lower_compute.probe_conv,
     Op.MAX_POOL: lower_pool.probe_int8_pool,
@@ -196,6 +199,9 @@ def _numpy_instead(ctx: LowerContext, node: Node) -> str:
             or node.op not in IMPLS):  # DynamicQuantizeLinear writes its scalars itself
         return ""
     for value in [*node.inputs, *node.outputs]:  # constants are parameters the lowering reads
+        if (node.op in (Op.MAX, Op.MIN) and value in node.inputs
+                and ctx.info(value).dtype is DType.F32 and not ctx.info(value).shape):
+            continue  # a rank-0 float32 operand: read as one value (LowerContext.ranked)
         if value and ctx.const(value) is None and is_host(ctx.info(value)):
             info = ctx.info(value)
             what = "rank 0" if not info.shape else f"element type {info.dtype.name}"

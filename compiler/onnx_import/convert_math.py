@@ -9,6 +9,7 @@ only case accepted. Clip's min/max inputs (opset 11+) must be constants; a missi
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -83,7 +84,13 @@ def hard_sigmoid(ctx: Context, node: NodeView) -> None:
 
 def clip(ctx: Context, node: NodeView) -> None:
     bounds = []
+    runtime: dict[int, str] = {}
     for port, what, default in ((1, "min", -math.inf), (2, "max", math.inf)):
+        name = node.input(port)
+        if name and not ctx.is_const(name):
+            runtime[port] = name
+            bounds.append(default)
+            continue
         value = ctx.optional_const(node, port, what)
         if value is None:
             bounds.append(default)
@@ -93,7 +100,37 @@ def clip(ctx: Context, node: NodeView) -> None:
             bounds.append(float(value.reshape(())))
     if any(math.isnan(b) for b in bounds):
         raise ctx.malformed(node, f"Clip bounds {bounds} contain NaN")
+    if runtime:
+        _clip_at_run_time(ctx, node, bounds, runtime)
+        return
     ctx.emit(node, Op.CLIP, node.inputs[:1], ClipAttrs(bounds[0], bounds[1]))
+
+
+def _clip_at_run_time(ctx: Context, node: NodeView, bounds: list[float],
+                      runtime: dict[int, str]) -> None:
+    """A Clip with a bound computed at run time (a log-mel spectrogram's floor,
+    ``max(x, max(x) − 80)``) as ONNX defines it, ``min(max(x, lo), hi)``: a Max by the
+    run-time lower bound (or a Clip by the constant one), then a Min by the upper bound (or
+    the Clip), each a binary primitive reading the one-value bound broadcast."""
+    for name in runtime.values():
+        info = ctx.info(node, name)
+        if info.dtype is not DType.F32 or math.prod(info.shape) != 1:
+            raise ctx.unsupported(node, f"bound '{name}' is computed at run time and is not "
+                                        "one float32 value")
+    value, out = node.inputs[0], node.outputs[0]
+    steps: list[tuple[str, Op, list[str], object]] = []
+    if 1 in runtime:
+        steps.append(("max", Op.MAX, [runtime[1]], None))
+    if bounds[0] > -math.inf or bounds[1] < math.inf:
+        steps.append(("clip", Op.CLIP, [], ClipAttrs(bounds[0], bounds[1])))
+    if 2 in runtime:
+        steps.append(("min", Op.MIN, [runtime[2]], None))
+    for i, (tag, op, extra, attrs) in enumerate(steps):
+        last = i == len(steps) - 1
+        target = out if last else ctx.graph.unique_name(f"{out}@{tag}")
+        part = replace(node, name=node.name if last else f"{node.name}/{tag}")
+        ctx.emit(part, op, [value, *extra], attrs, outputs=[target])
+        value = target
 
 
 def max_min(ctx: Context, node: NodeView) -> None:
@@ -104,10 +141,15 @@ def max_min(ctx: Context, node: NodeView) -> None:
     native lowering (an island)."""
     inputs = [name for name in node.inputs if name]
     consts = [name for name in inputs if ctx.is_const(name)]
+    op = Op.MAX if node.op_type == "Max" else Op.MIN
+    if len(inputs) == 2 and not consts and all(
+            ctx.info(node, name).dtype is DType.F32 for name in inputs):
+        ctx.emit(node, op, inputs)  # oneDNN's binary_max / binary_min
+        return
     if len(inputs) != 2 or len(consts) != 1:
         raise ctx.unsupported(node, f"op {node.op_type} of {len(inputs)} inputs, {len(consts)} "
-                                    "of them constant, has no native lowering (one tensor and "
-                                    "one constant value is a Clip)")
+                                    "of them constant, has no native lowering (two float32 "
+                                    "tensors, or one and a constant value, have)")
     x = next(name for name in inputs if name not in consts)
     value = np.asarray(ctx.consts[consts[0]])
     rank = len(ctx.info(node, x).shape)

@@ -36,6 +36,8 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.SUB: arith.elementwise_binary,
     Op.MUL: arith.elementwise_binary,
     Op.DIV: arith.elementwise_binary,
+    Op.MAX: arith.elementwise_binary,
+    Op.MIN: arith.elementwise_binary,
     Op.SUM: arith.elementwise_binary,
     Op.RELU: arith.preserving,
     Op.CLIP: arith.unary,

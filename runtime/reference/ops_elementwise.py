@@ -53,10 +53,11 @@ def _divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return q.astype(np.result_type(a, b))
 
 
-_BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: _divide}
+_BINARY = {Op.ADD: np.add, Op.SUB: np.subtract, Op.MUL: np.multiply, Op.DIV: _divide,
+           Op.MAX: np.maximum, Op.MIN: np.minimum}
 
 
-@impl(Op.ADD, Op.SUB, Op.MUL, Op.DIV)
+@impl(Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.MAX, Op.MIN)
 def binary(node: Node, args: Arrays) -> list[np.ndarray]:
     a, b = need(args, 0), need(args, 1)
     _same_type(a, b)

@@ -203,10 +203,49 @@ def test_clip_bounds_from_constant_inputs(bounds: tuple[float | None, float | No
     assert node.op is Op.CLIP and node.attrs == expected and node.inputs == ["x"]
 
 
-def test_clip_with_a_computed_bound_is_an_island() -> None:
-    m = model([helper.make_node("Clip", ["x", "lo"], ["y"], name="clip")],
-              {"x": ([2], TensorProto.FLOAT), "lo": ([], TensorProto.FLOAT)}, ["y"])
-    assert_island(m, {"Clip"}, r"^min 'lo' must be a constant")
+@pytest.mark.parametrize("bounds", [("lo", ""), ("", "hi"), ("lo", "hi"), ("lo", "six")])
+def test_clip_with_a_computed_bound_is_a_binary_max_and_min(bounds: tuple[str, str]) -> None:
+    """ONNX's Clip is ``min(max(x, lo), hi)``: a bound computed at run time (a log-mel floor,
+    ``max(x) − 80``: openWakeWord's mel, an island before) is a Max / Min by that one value
+    (oneDNN's binary_max / binary_min), a constant one a Clip. onnxruntime's values."""
+    import qfuse
+
+    nodes = [helper.make_node("ReduceMax", ["x"], ["mx"], keepdims=0, name="rmax"),
+             helper.make_node("Sub", ["mx", "eighty"], ["lo"], name="sub"),
+             helper.make_node("Add", ["mx", "eighty"], ["hi"], name="add"),
+             helper.make_node("Clip", ["x", *bounds], ["y"], name="clip")]
+    m = model(nodes, {"x": ([1, 4, 9], TensorProto.FLOAT)}, ["y"],
+              [init("eighty", np.array(1.5, F)), init("six", np.array(6.0, F))], opset=13)
+    ops = [n.op for n in import_model(m) if n.op not in (Op.REDUCE_MAX, Op.SUB, Op.ADD)]
+    assert Op.ISLAND not in ops and (Op.MAX in ops) == (bounds[0] == "lo"), ops
+    x = np.random.default_rng(0).normal(0, 2, (1, 4, 9)).astype(F)
+    compiled = qfuse.compile_model(m)
+    assert "island" not in [k["primitive"] for k in compiled.inspect()["kernels"]]
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], run_ort(m, {"x": x})[0])
+
+
+def test_max_min_of_two_tensors_are_binary_primitives() -> None:
+    """Max / Min of two float32 tensors (``torch.maximum``): oneDNN's binary_max / binary_min,
+    the operands in the model's order (a tie of ±0 gives the second, as numpy's maximum);
+    the reference's values. A NaN operand first: numpy gives NaN, oneDNN's max the other
+    operand (docs/numerics.md)."""
+    import qfuse
+
+    nodes = [helper.make_node("Max", ["x", "w"], ["a"], name="max"),
+             helper.make_node("Min", ["a", "v"], ["y"], name="min")]
+    m = model(nodes, {"x": ([2, 3, 5], TensorProto.FLOAT), "w": ([3, 1], TensorProto.FLOAT),
+                      "v": ([2, 3, 5], TensorProto.FLOAT)}, ["y"], opset=13)
+    assert [n.op for n in import_model(m)] == [Op.MAX, Op.MIN]
+    rng = np.random.default_rng(1)
+    feeds = {k: rng.normal(0, 1, s).astype(F) for k, s in
+             (("x", (2, 3, 5)), ("w", (3, 1)), ("v", (2, 3, 5)))}
+    feeds["x"][0, 0, :2], feeds["w"][0, 0] = (-0.0, 0.0), 0.0
+    compiled = qfuse.compile_model(m)
+    kinds = [(k["primitive"], k["impl"][:3]) for k in compiled.inspect()["kernels"]]
+    assert ("binary", "jit") in kinds and "numpy" not in [k for k, _ in kinds], kinds
+    got = compiled.run(feeds)["y"]
+    want = run_reference(m, feeds)[0]
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 C = float(F(-0.4))
@@ -231,15 +270,15 @@ def test_max_min_of_a_tensor_and_one_constant_is_a_clip(op: str, inputs: list[st
                                   run_ort(m, {"x": x})[0])
 
 
-@pytest.mark.parametrize("case", ["zero first", "two tensors", "per-channel constant"])
+@pytest.mark.parametrize("case", ["zero first", "three tensors", "per-channel constant"])
 def test_other_max_min_are_islands(case: str) -> None:
-    inits = {"zero first": [init("z", np.array(0.0, F))], "two tensors": [],
+    inits = {"zero first": [init("z", np.array(0.0, F))], "three tensors": [],
              "per-channel constant": [init("c", np.full((3, 1), 0.5, F))]}[case]
-    inputs = {"zero first": ["z", "x"], "two tensors": ["x", "w"],
+    inputs = {"zero first": ["z", "x"], "three tensors": ["x", "w", "v"],
               "per-channel constant": ["x", "c"]}[case]
     feeds = {"x": ([2, 3, 4], TensorProto.FLOAT)}
-    if case == "two tensors":
-        feeds["w"] = ([2, 3, 4], TensorProto.FLOAT)
+    if case == "three tensors":
+        feeds["w"] = feeds["v"] = ([2, 3, 4], TensorProto.FLOAT)
     m = model([helper.make_node("Max", inputs, ["y"], name="max")], feeds, ["y"], inits)
     assert_island(m, {"Max"}, r"no native lowering", run=False)
 
