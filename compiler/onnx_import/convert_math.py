@@ -2,8 +2,8 @@
 
 Softmax before opset 13 flattens the input to 2-D at ``axis`` and normalizes each row; that is
 the IR's last-axis softmax exactly when every dim from ``axis`` to the second-to-last is 1, the
-only case accepted. Clip's min/max inputs (opset 11+) must be constants; a missing bound is
-±inf.
+only case accepted. Clip's min/max inputs (opset 11+): a constant bound is the Clip's, a
+missing one ±inf, one computed at run time a Max / Min by it (``_clip_at_run_time``).
 """
 
 from __future__ import annotations
