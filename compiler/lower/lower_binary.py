@@ -1,8 +1,8 @@
-"""Add / Sub / Mul / Div / Max / Min of two tensors (and Sum of two) → oneDNN's binary primitive. src0 has
-the output's shape (Add and Mul swap their operands when only the second does), src1
-broadcasts from its dims (ranks padded with 1s), as oneDNN 3.2's jit kernel takes it
-(docs/onednn.md, "Pitfalls"): per tensor, per channel or along leading dims. Others run on views or stored copies that the jit kernel takes: a
-row-wise operand on the bytes seen with fewer dims (``collapsed_dims``), a constant operand
+"""Add / Sub / Mul / Div / Max / Min of two tensors (and Sum of two) → oneDNN's binary
+primitive. src0 has the output's shape (Add and Mul swap their operands when only the second
+does), src1 broadcasts from its dims (ranks padded with 1s), as oneDNN 3.2's jit kernel takes
+it (docs/onednn.md, "Pitfalls"): per tensor, per channel or along leading dims. Others run on
+views or stored copies that the jit kernel takes: a row-wise operand on the bytes seen with fewer dims (``collapsed_dims``), a constant operand
 stored expanded (``stored_broadcast``: a second operand; ``_first_operand_stored``: a first
 one, ``1 / x``). Element for element the same operations, so bit-exact.
 """
