@@ -2,9 +2,10 @@
 primitive. src0 has the output's shape (Add and Mul swap their operands when only the second
 does), src1 broadcasts from its dims (ranks padded with 1s), as oneDNN 3.2's jit kernel takes
 it (docs/onednn.md, "Pitfalls"): per tensor, per channel or along leading dims. Others run on
-views or stored copies that the jit kernel takes: a row-wise operand on the bytes seen with fewer dims (``collapsed_dims``), a constant operand
-stored expanded (``stored_broadcast``: a second operand; ``_first_operand_stored``: a first
-one, ``1 / x``). Element for element the same operations, so bit-exact.
+views or stored copies that the jit kernel takes: a row-wise operand on the bytes seen with
+fewer dims (``collapsed_dims``), a constant operand stored expanded (``stored_broadcast``: a
+second operand; ``_first_operand_stored``: a first one, ``1 / x``). Element for element the
+same operations, so bit-exact.
 """
 
 from __future__ import annotations
