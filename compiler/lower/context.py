@@ -18,7 +18,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -443,12 +443,16 @@ class LowerContext:
                      f"on a count with no divisor in {FLAT_BLOCKS} that is a multiple of 4")
             made = [self.add_reorder(
                 self.temp(f"{src}@part", plain_md((count,), src_md.dtype), alias=src,
-                          offset=start * dtype_size(src_md)),
+                          offset=start * src_md.numpy_dtype.itemsize),
                 self.temp(f"{dst}@part", plain_md((count,), dst_md.dtype), alias=dst,
-                          offset=start * dtype_size(dst_md)),
+                          offset=start * dst_md.numpy_dtype.itemsize),
                 attr=attr, fixed=fixed, role=role, node=node,
                 note=f"{note}; {split}" if note else split)
                 for start, count in parts]
+            # one KernelInfo for both parts: what the caller adds to the returned kernel's
+            # (absorbed nodes, rounding) holds for the rest too
+            rest = self.kernels.index(made[1])
+            self.kernels[rest] = replace(made[1], info=made[0].info)
             return made[0]
         pd = reorder(src_md, dst_md, attr=attr)
         if role == "reorder":
@@ -549,7 +553,3 @@ def flat_split(src: MemoryDesc, dst: MemoryDesc, attr: PrimitiveAttr | None) -> 
                              or any(attr.zero_points_masks.values()) or attr.post_ops):
         return None
     return n // FLAT_PART * FLAT_PART
-
-
-def dtype_size(md: MemoryDesc) -> int:
-    return int(md.numpy_dtype.itemsize)

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 
 import qfuse
 from qfuse.compiler.lower import context
+from qfuse.ir.postops import ComposerOptions
 from tests.compiler.onnx_builders import init, model
 
 F32 = np.float32
@@ -47,3 +48,21 @@ def test_a_count_with_a_block_divisor_or_a_small_count_stays_one_reorder() -> No
     for shape in ((1, 97, 264), (1, 7, 257), (4, 4655)):
         kernels = qfuse.compile_model(_dequantized(shape)).inspect()["kernels"]
         assert not [k for k in kernels if "jit reorder is slow" in k.get("note", "")], kernels
+
+
+def test_both_parts_say_what_the_reorder_absorbed() -> None:
+    """A requantize (Q → DQ → Q at another scale, one reorder) split in two: both parts carry
+    the absorbed dequantize and the rounding the lowering records on the kernel it made."""
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"]),
+             helper.make_node("QuantizeLinear", ["d", "s2", "z"], ["q2"]),
+             helper.make_node("DequantizeLinear", ["q2", "s2", "z"], ["y"])]
+    m = model(nodes, {"x": ([1, 97, 257], TensorProto.FLOAT)}, ["y"],
+              [init("s", F32(0.05)), init("s2", F32(0.07)), init("z", np.uint8(3))])
+    # zero_point_before_round: the quantizes as reorders, the requantize one of them
+    kernels = qfuse.compile_model(m, composer=ComposerOptions().with_(
+        "zero_point_before_round")).inspect()["kernels"]
+    parts = [k for k in kernels if "jit reorder is slow" in k.get("note", "")
+             and k["node"] == "QuantizeLinear_2"]
+    assert len(parts) == 2 and parts[0]["rounding"] == parts[1]["rounding"] != "", kernels
+    assert parts[0]["absorbed"] == parts[1]["absorbed"] and len(parts[0]["absorbed"]) > 1
