@@ -34,9 +34,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from qfuse.compiler.lower.attrs import DTYPE_SIZE
 from qfuse.compiler.lower.context import LowerContext
-from qfuse.compiler.lower.layouts import channels_last
+from qfuse.compiler.lower.layouts import channels_last, row_major
 from qfuse.ir import TensorInfo
 from qfuse.runtime.onednn import MemoryDesc
 
@@ -58,8 +57,13 @@ class Windows:
     out: tuple[int, ...]  # output spatial dims
 
     @property
+    def per_dim(self) -> tuple[int, ...]:
+        """Column blocks per spatial dim, ⌈k / s⌉."""
+        return tuple(-(-k // s) for k, s in zip(self.kernel, self.strides, strict=True))
+
+    @property
     def blocks(self) -> int:
-        return math.prod(-(-k // s) for k, s in zip(self.kernel, self.strides, strict=True))
+        return math.prod(self.per_dim)
 
 
 def wanted(xinfo: TensorInfo, yinfo: TensorInfo, w: np.ndarray, group: int,
@@ -99,31 +103,24 @@ def windows_source(ctx: LowerContext, value: str, windows: Windows) -> tuple[str
     rank = len(windows.kernel)
     copy = ctx.temp(name, channels_last(shape, md.dtype))
     # P's bytes as [N, out…, C, k…] (channels-last P: the window's values innermost)
-    dense = [0] * (2 + 2 * rank)
-    size = 1
-    dims = [n, *windows.out, c, *windows.kernel]
-    for i in reversed(range(len(dims))):
-        dense[i] = size
-        size *= dims[i]
-    itemsize = DTYPE_SIZE[md.dtype]
-    spatial = x_strides[2:]
-    for block in np.ndindex(*(-(-k // s) for k, s in zip(windows.kernel, windows.strides,
-                                                           strict=True))):
-        taps = [min(s, k - a * s) for a, k, s in zip(block, windows.kernel, windows.strides,
-                                                     strict=True)]
+    dense = row_major((n, *windows.out, c, *windows.kernel))
+    itemsize = md.numpy_dtype.itemsize
+    spatial, taps_dense = x_strides[2:], dense[2 + rank:]
+    # window t's tap j of x, for the taps of one block: x's own strides, s-fold along t
+    src_strides = (x_strides[0], *(s * st for s, st in zip(windows.strides, spatial,
+                                                           strict=True)),
+                   x_strides[1], *spatial)
+    for block in np.ndindex(*windows.per_dim):
+        first = [a * s for a, s in zip(block, windows.strides, strict=True)]  # its first tap
+        taps = [min(s, k - f) for f, k, s in zip(first, windows.kernel, windows.strides,
+                                                 strict=True)]
         view_dims = (n, *windows.out, c, *taps)
-        src_strides = (x_strides[0], *(s * st for s, st in zip(windows.strides, spatial,
-                                                               strict=True)),
-                       x_strides[1], *spatial)
-        src_offset = sum(a * s * st for a, s, st in zip(block, windows.strides, spatial,
-                                                        strict=True))
-        dst_offset = sum(a * s * dense[2 + rank + i] for i, (a, s) in enumerate(
-            zip(block, windows.strides, strict=True)))
+        src_offset = sum(f * st for f, st in zip(first, spatial, strict=True))
+        dst_offset = sum(f * st for f, st in zip(first, taps_dense, strict=True))
         reads = ctx.temp(f"{name}_from", MemoryDesc.from_strides(view_dims, md.dtype,
                                                                  src_strides),
                          alias=src, offset=src_offset * itemsize)
-        writes = ctx.temp(f"{name}_into", MemoryDesc.from_strides(view_dims, md.dtype,
-                                                                  tuple(dense)),
+        writes = ctx.temp(f"{name}_into", MemoryDesc.from_strides(view_dims, md.dtype, dense),
                           alias=copy, offset=dst_offset * itemsize)
         ctx.add_reorder(reads, writes, role="op",
                         note=f"'{value}' as its {'x'.join(map(str, windows.kernel))} windows "
