@@ -61,22 +61,22 @@ def _applies(graph: Graph, node: Node) -> bool:
             or out.shape[3] != 1 or out.shape[2] <= 1 or attrs.kernel_shape[0] == 1):
         # (a 1x1 kernel: oneDNN's 1x1 kernels see the pixels as one dim either way)
         return False
-    return all(_operand_view(graph, value, out.shape) is not False
-               for value in node.inputs[2:] if value)
+    return all(_fits(graph.info(value).shape) for value in node.inputs[2:] if value)
 
 
-def _operand_view(graph: Graph, value: str, out: tuple[int, ...]
-                  ) -> tuple[int, ...] | None | bool:
-    """An input's shape after the weights (the bias, a chain operand) seen with the height as
-    the width: None when it needs no view (one value along the height: the bias, a per-channel
-    or per-tensor operand), False when it cannot be seen so."""
-    info = graph.info(value)
-    dims = (1,) * (4 - len(info.shape)) + tuple(info.shape)
-    if len(dims) != 4 or dims[2] == 1:
-        return None if dims[3] == 1 or len(info.shape) < 2 else False
-    if dims[3] != 1 or dims[2] != out[2] or len(info.shape) != 4:
-        return False
-    return (dims[0], dims[1], 1, dims[2])
+def _fits(shape: tuple[int, ...]) -> bool:
+    """Can an input after the weights (the bias, a chain operand broadcast to the output's
+    shape) go with the rewrite: one value along the height (the bias, a per-channel or
+    per-tensor operand), or of rank 4 (its width is the output's, 1: a residual)."""
+    return len(shape) < 2 or shape[-2] == 1 or len(shape) == 4
+
+
+def _wide_shape(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A fitting input's shape seen with the height as the width; None when it needs no
+    view (one value along the height)."""
+    if len(shape) < 2 or shape[-2] == 1:
+        return None
+    return (shape[0], shape[1], 1, shape[2])
 
 
 def _rewrite(graph: Graph, node: Node) -> None:
@@ -111,8 +111,8 @@ def _rewrite(graph: Graph, node: Node) -> None:
     def build() -> None:
         inputs = [view(x, (n, c, 1, h), "wide"), w_wide]
         for value in operands:
-            shape = _operand_view(graph, value, yinfo.shape) if value else None
-            inputs.append(view(value, shape, "wide") if isinstance(shape, tuple) else value)
+            shape = _wide_shape(graph.info(value).shape) if value else None
+            inputs.append(value if shape is None else view(value, shape, "wide"))
         out = graph.unique_name(f"{y}@wide")
         yn, yc, yh, _ = yinfo.shape
         conv = graph.add_node(Op.CONV, inputs, [out], wide, name=name,
