@@ -199,9 +199,9 @@ def _numpy_instead(ctx: LowerContext, node: Node) -> str:
             or node.op not in IMPLS):  # DynamicQuantizeLinear writes its scalars itself
         return ""
     for value in [*node.inputs, *node.outputs]:  # constants are parameters the lowering reads
-        if (node.op in (Op.MAX, Op.MIN) and value in node.inputs
+        if (node.op in lower_binary.BINARY and value in node.inputs
                 and ctx.info(value).dtype is DType.F32 and not ctx.info(value).shape):
-            continue  # a rank-0 float32 operand: read as one value (LowerContext.ranked)
+            continue  # a rank-0 float32 operand: lower_binary reads it as one value (ranked)
         if value and ctx.const(value) is None and is_host(ctx.info(value)):
             info = ctx.info(value)
             what = "rank 0" if not info.shape else f"element type {info.dtype.name}"

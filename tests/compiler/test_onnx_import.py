@@ -393,3 +393,21 @@ def test_cast_of_a_runtime_value() -> None:
     with pytest.raises(UnsupportedModelError, match=r"'n' \(Cast\): cast to BFLOAT16.*island.*"
                                                     r"BFLOAT16, which the IR cannot hold"):
         import_model(single("Cast", [2], to=TensorProto.BFLOAT16))
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div", "Max"])
+def test_a_binary_op_reads_a_rank_0_operand_as_one_value(op: str) -> None:
+    """x ∘ s with s a float32 scalar computed at run time (rank 0, a host value oneDNN does
+    not describe): the binary primitive reads its bytes as one value (LowerContext.ranked)
+    instead of the op running in numpy; bit-identical to the reference."""
+    import qfuse
+
+    nodes = [helper.make_node("ReduceMax", ["x"], ["s"], keepdims=0, name="rmax"),
+             helper.make_node(op, ["x", "s"], ["y"], name="op")]
+    m = model(nodes, {"x": ([2, 3, 5], TensorProto.FLOAT)}, ["y"], opset=13)
+    compiled = qfuse.compile_model(m)
+    (kernel,) = [k for k in compiled.inspect()["kernels"] if k["node"] == "op"]
+    assert kernel["primitive"] == "binary", kernel
+    x = np.random.default_rng(2).normal(0, 1, (2, 3, 5)).astype(F)
+    got, want = compiled.run({"x": x})["y"], run_reference(m, {"x": x})[0]
+    assert np.array_equal(got.view(np.uint32), want.astype(F).view(np.uint32))
