@@ -140,17 +140,16 @@ def _onnx_quantize(ctx: LowerContext, node: Node, src_value: str, src: QuantSide
     kernel = _QuantizeKernel(ctx.info(y).dtype, src, dst)
     shape = tuple(src_md.dims)
     if (not kernel.per_tensor and all(s.axis in (None, 1) for s in (src, dst) if s is not None)
-            and single_pixel_batch(shape) and src_md.is_plain
-            and tuple(src_md.strides or ())[:2] == (shape[1], 1)):
+            and single_pixel_batch(shape)):
         # oneDNN 3.2's jit binary applies per-channel operands wrongly when N > 1 and every
-        # spatial dim is 1 (docs/onednn.md): over the same bytes seen as (N, C)
-        nc_src, nc_dst = plain_md(shape[:2], src_md.dtype), plain_md(shape[:2], dtype)
-        nc_pd, nc_fixed = kernel.primitive(nc_src, nc_dst)
+        # spatial dim is 1 (docs/onednn.md): over an (N, C) view, as lower_batch_norm does
+        rows = ctx.view(src_value, shape[:2], row_major=True)
+        nc_dst = plain_md(shape[:2], dtype)
+        nc_pd, nc_fixed = kernel.primitive(ctx.slots[rows].md, nc_dst)
         out = ctx.define(y, plain_md(shape, dtype))
         ctx.add_primitive(node.name, nc_pd, {
-            int(Arg.SRC_0): ctx.temp(f"{src_value}@nc", nc_src, alias=home),
-            int(Arg.DST): ctx.temp(f"{y}@nc", nc_dst, alias=out)}, nc_fixed,
-            info=kernel.info(ctx, node, 2, absorbed))
+            int(Arg.SRC_0): rows, int(Arg.DST): ctx.temp(f"{y}@nc", nc_dst, alias=out)},
+            nc_fixed, info=kernel.info(ctx, node, 2, absorbed))
         return
     same = md_like(src_md, dtype) or plain_md(src_md.dims, dtype)
     pd, fixed = kernel.primitive(src_md, same)
