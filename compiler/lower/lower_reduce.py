@@ -58,6 +58,7 @@ from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.attrs import DTYPE_SIZE
 from qfuse.compiler.lower.layouts import (
     first_fast,
+    is_host,
     is_slow,
     memory_order_groups,
     nocopy_strides,
@@ -167,7 +168,7 @@ def _over_ones(ctx: LowerContext, node: Node) -> bool:
     info = ctx.info(x)
     if (node.op not in (Op.REDUCE_MAX, Op.REDUCE_MIN, Op.REDUCE_PROD, Op.REDUCE_MEAN,
                         Op.REDUCE_SUM)
-            or any(info.shape[a] != 1 for a in attrs.axes) or ctx.slots[ctx.home_slot(x)].host
+            or any(info.shape[a] != 1 for a in attrs.axes) or is_host(info)
             or ctx.const(x) is not None):
         return False
     shape = ctx.info(y).shape
