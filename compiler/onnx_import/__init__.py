@@ -402,7 +402,7 @@ def _inline_if(ctx: Context, node: NodeView) -> bool:
     if not isinstance(branch, onnx.GraphProto) or len(branch.output) != len(node.outputs):
         return False
     inner = [t.name for t in branch.initializer] + [o for p in branch.node for o in p.output if o]
-    outer = {o for p in ctx.model.graph.node for o in p.output} if ctx.model is not None else set()
+    outer = {o for p in ctx.model.graph.node for o in p.output}
     if any(name in ctx.consts or name in ctx.graph.values or name in outer for name in inner):
         return False
     for tensor in branch.initializer:

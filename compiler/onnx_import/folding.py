@@ -44,7 +44,7 @@ def foldable(ctx: Context, node: NodeView) -> bool:
         return False
     if node.op_type in ALWAYS_FOLDED or node.op_type == "Constant":
         return True
-    if integer_times_zero(ctx, node) is not None:
+    if _zero_product(ctx, node) is not None:
         return True
     if node.op_type in NOT_FOLDED or not any(node.inputs):
         return False
@@ -53,9 +53,9 @@ def foldable(ctx: Context, node: NodeView) -> bool:
 
 def fold(ctx: Context, node: NodeView) -> None:
     """Evaluate ``node`` (``foldable`` said yes) and record its outputs as constants."""
-    zeros = integer_times_zero(ctx, node)
+    zeros = _zero_product(ctx, node)
     if zeros is not None:
-        outputs = [zeros]
+        outputs = [np.zeros(*zeros)]
     elif node.op_type == "Constant":
         outputs = [constant_value(ctx, node)]
     elif node.op_type in ALWAYS_FOLDED:
@@ -68,11 +68,11 @@ def fold(ctx: Context, node: NodeView) -> None:
     logger.debug("folded %s", node)
 
 
-def integer_times_zero(ctx: Context, node: NodeView) -> np.ndarray | None:
-    """The zeros a Mul of an integer tensor by a constant of zeros gives (exact: integers hold
-    no NaN or infinity) — an exporter's way to keep an input alive (silero-vad's ``sr·0``,
-    added to its state): the chain after it folds instead of running on the host every run.
-    None for any other node."""
+def _zero_product(ctx: Context, node: NodeView) -> tuple[tuple[int, ...], np.dtype] | None:
+    """(shape, dtype) of the zeros a Mul of an integer tensor by a constant of zeros gives
+    (exact: integers hold no NaN or infinity) — an exporter's way to keep an input alive
+    (silero-vad's ``sr·0``, added to its state): the chain after it folds instead of running
+    on the host every run. None for any other node."""
     names = [n for n in node.inputs if n]
     if node.op_type != "Mul" or len(names) != 2 or node.domain not in DEFAULT_DOMAINS:
         return None
@@ -80,15 +80,14 @@ def integer_times_zero(ctx: Context, node: NodeView) -> np.ndarray | None:
     if zero is None or np.asarray(ctx.consts[zero]).dtype.kind not in "iu":
         return None
     other = names[1] if zero == names[0] else names[0]
-    try:
-        info = ctx.info(node, other)
-    except Exception:  # noqa: BLE001 - an unknown input: the converter names it
-        return None
+    if not ctx.is_const(other) and other not in ctx.graph.values:
+        return None  # read before any node makes it: the converter names it
+    info = ctx.info(node, other)
+    const = np.asarray(ctx.consts[zero])
     if info.dtype.np.kind not in "iu":
         return None
-    const = np.asarray(ctx.consts[zero])
-    shape = np.broadcast_shapes(tuple(info.shape), const.shape)
-    return np.zeros(shape, np.result_type(info.dtype.np, const.dtype))
+    return (np.broadcast_shapes(tuple(info.shape), const.shape),
+            np.result_type(info.dtype.np, const.dtype))
 
 
 def evaluate(ctx: Context, node: NodeView) -> list[np.ndarray]:
