@@ -30,6 +30,7 @@ from qfuse.compiler.lower.layouts import (
     const_memory,
     dense_in_order,
     dnnl_type,
+    is_host,
     is_row_major,
     plain_md,
     same_bytes,
@@ -67,7 +68,7 @@ from qfuse.runtime.onednn import (
     concat,
     eltwise,
 )
-from qfuse.runtime.reference.ops_shape import onnx_slice
+from qfuse.runtime.reference.ops_shape import mirror_rows, onnx_slice
 
 log = logging.getLogger(__name__)
 F32 = np.float32
@@ -356,8 +357,7 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
     np_type = PAD_TYPES.get(dtype)
     begins, ends = attrs.pads[:rank], attrs.pads[rank:]
     if attrs.mode is PadMode.REFLECT and sum(attrs.pads) > MAX_REFLECT_ROWS:
-        lower_numpy(ctx, node, note=f"a reflection of {sum(attrs.pads)} rows: one reorder a "
-                                    f"row passes numpy's copy from {MAX_REFLECT_ROWS}")
+        _numpy_reflection(ctx, node, list(zip(begins, ends)))
         return
     if np_type is None or any(p < 0 for p in attrs.pads) or 0 in shape or not (
             (attrs.mode is PadMode.CONSTANT and np_type(attrs.value) == attrs.value)
@@ -417,6 +417,30 @@ def lower_pad(ctx: LowerContext, node: Node) -> None:
             first[axis] = write
             ctx.add_reorder(src, view(f"{mode}{axis}", dims, first), role="op", node=node,
                             note=f"{mode} padding on axis {axis}")
+
+
+def _numpy_reflection(ctx: LowerContext, node: Node, widths: list[tuple[int, int]]) -> None:
+    """A reflect Pad of more than MAX_REFLECT_ROWS rows as one numpy kernel: per padded
+    axis one ``take`` of the source rows, their indices computed here, once (ops_shape
+    mirror_rows); a crop or a reflection as long as its axis by the reference Pad."""
+    x = node.inputs[0]
+    shape = ctx.info(x).shape
+    note = (f"a reflection of {sum(map(sum, widths))} rows: one reorder a row passes numpy's "
+            f"copy from {MAX_REFLECT_ROWS}")
+    if (is_host(ctx.info(x)) or any(min(w) < 0 for w in widths)
+            or any(max(w) >= n for w, n in zip(widths, shape, strict=True))):
+        lower_numpy(ctx, node, note=note)
+        return
+    takes = mirror_rows(shape, widths, reflect=True)
+
+    def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        out = arrays[0]
+        for axis, rows in takes:
+            out = np.take(out, rows, axis=axis)
+        return [out]
+
+    ctx.add_numpy(node.name, run, [ctx.plain_source(x)], [ctx.define_plain(node.outputs[0])],
+                  ctx.info_for(node, note=note))
 
 
 def lower_expand(ctx: LowerContext, node: Node) -> None:

@@ -197,17 +197,26 @@ def mirrored(x: np.ndarray, widths: Sequence[tuple[int, int]], reflect: bool) ->
     reflection), as one ``take`` of the source rows per padded axis: the same values, about
     a third of numpy.pad's time on small arrays (11 → 3 us for a 512-sample signal padded
     by 32 on each side, silero-vad's STFT)."""
-    for axis, (b, e) in enumerate(widths):
+    for axis, rows in mirror_rows(x.shape, widths, reflect):
+        x = np.take(x, rows, axis=axis)
+    return x
+
+
+def mirror_rows(shape: Sequence[int], widths: Sequence[tuple[int, int]], reflect: bool
+                ) -> list[tuple[int, np.ndarray]]:
+    """Per padded axis, the source rows a reflect / edge pad (shorter than the axis) reads in
+    output order: ``mirrored`` takes them; a lowering computes them once."""
+    found = []
+    for axis, ((b, e), n) in enumerate(zip(widths, shape)):
         if not b and not e:
             continue
-        n = x.shape[axis]
         if reflect:
             rows = np.concatenate([np.arange(b, 0, -1), np.arange(n),
                                    np.arange(n - 2, n - 2 - e, -1)])
         else:
             rows = np.concatenate([np.zeros(b, np.intp), np.arange(n), np.full(e, n - 1, np.intp)])
-        x = np.take(x, rows, axis=axis)
-    return x
+        found.append((axis, rows))
+    return found
 
 
 def _source_coords(mode: str, out: int, size: int, scale: np.float32) -> np.ndarray:
