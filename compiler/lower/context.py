@@ -524,27 +524,38 @@ def _identical(a: MemoryDesc, b: MemoryDesc) -> bool:
     return a == b and a.strides == b.strides
 
 
-# A flat (elementwise) reorder from FLAT_MIN elements whose count has no divisor in
-# FLAT_BLOCKS that is a multiple of 4 runs as two: the largest multiple of FLAT_PART, then the
-# rest. oneDNN 3.2's jit:uni reorder falls to a slow path on such counts (u8 → f32 with a
-# scale, 2 threads, a 2-core AMD EPYC: 24929 = 97·257 elements 41 µs, as 24832 + 97 3.5 + 1.7;
-# 150628 = 4·37657 elements 4.2 ms, 18 + 1.7 µs; 1000001 elements 8.0 ms, 104 + 1.7 µs;
-# 100002 elements 155 µs, 13 + 1.7). Counts with such a divisor run whole, where splitting
-# would only add a kernel (18620 = 4·4655 elements 3.5 µs whole, 3.4 + 1.7 split; 265000
-# elements 12 µs whole, 29 as 264960 + 40). oneDNN issue #896 reports count-dependent
-# reorder times too.
+# A flat (elementwise) reorder from FLAT_MIN elements whose count has a prime factor above
+# FLAT_PRIME and no divisor in FLAT_BLOCKS that is a multiple of 4 runs as two: the largest
+# multiple of FLAT_PART, then the rest. oneDNN 3.2's jit:uni reorder falls to a slow path on
+# such counts (u8 → f32 with a scale, 2 threads, a 2-core AMD EPYC: 24929 = 97·257 elements
+# 41 µs, as 24832 + 97 3.5 + 1.7; 150628 = 4·37657 elements 4.2 ms, 18 + 1.7 µs; 1000001 =
+# 101·9901 elements 8.0 ms, 104 + 1.7 µs; 100002 = 2·3·7·2381 elements 155 µs, 13 + 1.7).
+# Other counts run whole, where splitting would only add a kernel (18620 = 4·4655 elements
+# 3.5 µs whole, 3.4 + 1.7 split; 21294 = 2·3²·7·13² 4.8 µs whole; 74793 = 3·107·233 5.9 µs
+# whole, 10.3 + 1.7 split; 265000 elements 12 µs whole, 29 as 264960 + 40). oneDNN issue
+# #896 reports count-dependent reorder times too.
 FLAT_BLOCKS = (64, 1024)
+FLAT_PRIME = 256
 FLAT_PART = 256
 FLAT_MIN = 16384
+
+
+def _smooth(n: int, bound: int) -> bool:
+    """Has ``n`` no prime factor above ``bound``?"""
+    for p in range(2, bound + 1):
+        while n % p == 0:
+            n //= p
+    return n == 1
 
 
 def flat_split(src: MemoryDesc, dst: MemoryDesc, attr: PrimitiveAttr | None) -> int | None:
     """The count to copy first when the reorder from ``src`` to ``dst`` is element for element
     over their bytes (both gapless, with the same strides), with at most one scale and zero
-    point each and no post-ops, and its count is at least FLAT_MIN with no divisor in
-    FLAT_BLOCKS that is a multiple of 4; else None."""
+    point each and no post-ops, and its count is at least FLAT_MIN, with a prime factor
+    above FLAT_PRIME and no divisor in FLAT_BLOCKS that is a multiple of 4; else None."""
     n = src.nelems
-    if n < FLAT_MIN or any(n % d == 0 for d in range(FLAT_BLOCKS[0], FLAT_BLOCKS[1] + 1, 4)):
+    if (n < FLAT_MIN or any(n % d == 0 for d in range(FLAT_BLOCKS[0], FLAT_BLOCKS[1] + 1, 4))
+            or _smooth(n, FLAT_PRIME)):
         return None
     if (not src.is_plain or not dst.is_plain or src.strides != dst.strides
             or not gapless(src) or not gapless(dst)):

@@ -1,8 +1,8 @@
 """compiler/lower/context.py ``flat_split``: a reorder element for element over gapless bytes
-(a dequantize, a quantize, a copy) of a count with no divisor in 64..1024 that is a multiple
-of 4 runs as two, a multiple of 256 and the rest: oneDNN 3.2's jit reorder falls to a slow
-path on such counts (24929 = 97·257 elements 41 µs against 3.5 + 1.7). The same elements and
-arithmetic: bit-identical."""
+(a dequantize, a quantize, a copy) of a count with a prime factor above 256 and no divisor
+in 64..1024 that is a multiple of 4 runs as two, a multiple of 256 and the rest: oneDNN 3.2's
+jit reorder falls to a slow path on such counts (24929 = 97·257 elements 41 µs against
+3.5 + 1.7). The same elements and arithmetic: bit-identical."""
 
 from __future__ import annotations
 
@@ -44,8 +44,11 @@ def test_an_awkward_count_is_copied_in_rows_and_a_rest(shape: tuple[int, ...],
     assert np.array_equal(got, want)
 
 
-def test_a_count_with_a_block_divisor_or_a_small_count_stays_one_reorder() -> None:
-    for shape in ((1, 97, 264), (1, 7, 257), (4, 4655)):
+def test_a_count_with_a_block_divisor_no_large_prime_or_few_elements_stays_one_reorder(
+        ) -> None:
+    """Counts oneDNN's reorder copies at full speed: a multiple of 4 in 64..1024 divides
+    them, or no prime factor passes 256 (21294 = 2·3²·7·13², 74793 = 3·107·233), or few."""
+    for shape in ((1, 97, 264), (1, 7, 257), (4, 4655), (2, 10647), (3, 24931)):
         kernels = qfuse.compile_model(_dequantized(shape)).inspect()["kernels"]
         assert not [k for k in kernels if "jit reorder is slow" in k.get("note", "")], kernels
 
