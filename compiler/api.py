@@ -208,7 +208,8 @@ def _compile(graph: Graph, mode: Mode, threads: int | None, composer: ComposerOp
                                    direct_int8=ctx.composer.on("direct_int8"),
                                    linear_resampling=ctx.composer.on("linear_resampling"),
                                    padded_depthwise=ctx.composer.on("padded_depthwise"),
-                                   conv_windows=ctx.composer.on("conv_windows")))
+                                   conv_windows=ctx.composer.on("conv_windows"),
+                                   fold_stride=ctx.composer.on("fold_stride")))
         executor = Executor(plan, threads)
     from qfuse.compiler.concat_report import concat_report
 

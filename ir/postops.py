@@ -66,6 +66,7 @@ OPTIMIZATIONS = (
     "requantize_before_resize",
     "padded_depthwise",
     "conv_windows",
+    "fold_stride",
     "whole_sample_norm",
 )
 DEFAULT_OFF = frozenset({"drop_inner_round", "drop_gate_quantize", "zero_point_before_round",

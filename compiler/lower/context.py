@@ -98,6 +98,10 @@ class Options:
     # as a 1x1 convolution over a copy of its windows (conv_windows.py); False keeps it
     # direct (the composer option conv_windows).
     conv_windows: bool = True
+    # A strided int8 convolution of fewer than 4 input channels runs over its source seen with
+    # the stride folded into the channels, stride 1 (fold_stride.py); False keeps it as given
+    # (the composer option fold_stride).
+    fold_stride: bool = True
 
 
 class LowerContext:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from qfuse.compiler.errors import UnsupportedModelError
-from qfuse.compiler.lower import conv_windows, no_vnni, padded_depthwise, unfused
+from qfuse.compiler.lower import conv_windows, fold_stride, no_vnni, padded_depthwise, unfused
 from qfuse.compiler.lower.attrs import (
     BuiltAttr,
     RuntimeZeroPoint,
@@ -443,6 +443,27 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         return
     windows = (conv_windows.wanted(xinfo, yinfo, w, g, geometry)
                if not deconv and ctx.options.conv_windows else None)
+    fold = (fold_stride.wanted(xinfo, yinfo, w, g, geometry)
+            if not deconv and ctx.options.fold_stride else None)
+    if fold is not None and windows is not None and fold.zero_taps:
+        fold = None  # the windows' copy measured faster than a folded kernel of zero taps
+    folded = fold_stride.folded_source(ctx, x, fold) if fold is not None else None
+    if fold is not None and folded is not None:
+        src, wide = folded
+        folded_geometry = fold.geometry(len(geometry["strides"]))
+        ones = folded_geometry["strides"]
+        clone = Node(node.name, node.op, replace(
+            attrs, kernel_shape=(*ones[1:], fold.taps), strides=ones, dilations=ones,
+            pads=(*folded_geometry["padding_l"], *folded_geometry["padding_r"])),
+            [src, *node.inputs[1:]], list(node.outputs), list(node.origin), node.meta,
+            node.fused)
+        first = len(ctx.kernels)
+        _lower_conv(ctx, clone, fold.weights(w), 1, folded_geometry, src_info=wide)
+        _note_since(ctx, node, first, f"stride {fold.stride} folded into the channels: "
+                    f"{xinfo.shape[1]} → {wide.shape[1]} input channels, {w.shape[-1]} → "
+                    f"{fold.taps} taps, stride 1, over the same bytes (oneDNN sums 4 input "
+                    "channels a step)")
+        return
     if windows is not None:
         src, wide = conv_windows.windows_source(ctx, x, windows)
         n = len(windows.kernel)
