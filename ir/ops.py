@@ -53,6 +53,7 @@ class Op(enum.Enum):
     GELU = "Gelu"
     # normalization
     SOFTMAX = "Softmax"
+    LOG_SOFTMAX = "LogSoftmax"
     LAYER_NORM = "LayerNormalization"
     BATCH_NORM = "BatchNormalization"
     LRN = "LRN"
@@ -439,6 +440,7 @@ ATTRS: dict[Op, type] = {
     Op.HARD_SWISH: HardSwishAttrs,
     Op.GELU: GeluAttrs,
     Op.SOFTMAX: AxisAttrs,
+    Op.LOG_SOFTMAX: AxisAttrs,
     Op.LAYER_NORM: LayerNormAttrs,
     Op.BATCH_NORM: BatchNormAttrs,
     Op.LRN: LrnAttrs,

@@ -136,7 +136,7 @@ from qfuse.passes.signed_matmul_weights import MOVES
 log = logging.getLogger(__name__)
 
 _MOVE_OPS = frozenset({Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD, Op.RESIZE})
-_FLOAT_ONLY = frozenset({Op.SOFTMAX})  # readers with no integer source in oneDNN
+_FLOAT_ONLY = frozenset({Op.SOFTMAX, Op.LOG_SOFTMAX})  # readers with no integer source in oneDNN
 
 
 @dataclass
@@ -307,7 +307,8 @@ def _float_operand(reader: Node, port: int) -> bool:
 
 
 #: readers that, left unfused after the other fusion passes, compute in float32 from a value
-_FLOAT_READERS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.LAYER_NORM, Op.SOFTMAX})
+_FLOAT_READERS = frozenset({Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.LAYER_NORM, Op.SOFTMAX,
+                            Op.LOG_SOFTMAX})
 
 
 def run_fake_quantize(graph: Graph, ctx: PassContext) -> int:

@@ -46,8 +46,9 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import DType, Node
 from qfuse.ir.chain import Quantize, dst_quant
-from qfuse.ir.ops import AxisAttrs, LayerNormAttrs
+from qfuse.ir.ops import AxisAttrs, LayerNormAttrs, Op
 from qfuse.runtime.onednn import (
+    Alg,
     Arg,
     DataType,
     Memory,
@@ -172,6 +173,7 @@ def lower_softmax(ctx: LowerContext, node: Node) -> None:
     if dst is not None and dst[1]:
         raise RuntimeError(f"softmax dst zero point {dst[1]}: oneDNN takes none")
     home = ctx.md_of(x)
+    alg = Alg.softmax_log if node.op is Op.LOG_SOFTMAX else Alg.softmax_accurate
 
     def build(split: bool) -> tuple[PrimitiveDesc, dict[int, Memory], list[str]]:
         attr, fixed = _scales(None if split else dst)
@@ -179,7 +181,7 @@ def lower_softmax(ctx: LowerContext, node: Node) -> None:
 
         def make(md: MemoryDesc) -> PrimitiveDesc:
             out = md_like(md, dst_type) or plain_md(md.dims, dst_type)
-            return softmax(md, out, axis=attrs.axis, attr=attr)
+            return softmax(md, out, axis=attrs.axis, attr=attr, alg=alg)
 
         # the jit softmax needs the axis innermost in memory: try that before the plain layout
         candidates = [home, axis_innermost(home, attrs.axis), plain_md(home.dims, home.dtype)]

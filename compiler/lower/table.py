@@ -77,6 +77,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.MIN: lower_binary.lower_binary,
     Op.SUM: lower_binary.lower_binary,
     Op.SOFTMAX: lower_norm.lower_softmax,
+    Op.LOG_SOFTMAX: lower_norm.lower_softmax,
     Op.LAYER_NORM: lower_norm.lower_layer_norm,
     Op.BATCH_NORM: lower_misc.lower_batch_norm,
     Op.LRN: lower_reduce.lower_lrn,
@@ -132,6 +133,7 @@ PROBES = {
     Op.PAD: lower_misc.probe_plain,
     Op.CAST: lower_misc.probe_plain,
     Op.SOFTMAX: lower_norm.probe_softmax,
+    Op.LOG_SOFTMAX: lower_norm.probe_softmax,
     **{op: lower_reduce.probe_reduce for op in lower_reduce.ACROSS_SLICES},
 }
 

@@ -186,6 +186,7 @@ def _float32(ctx: Context, node: NodeView, x: TensorInfo) -> None:
 
 
 def softmax(ctx: Context, node: NodeView) -> None:
+    """Softmax and LogSoftmax (the same axis rules)."""
     x = ctx.input_info(node, 0)
     _float32(ctx, node, x)
     if ctx.opset >= 13:
@@ -194,11 +195,12 @@ def softmax(ctx: Context, node: NodeView) -> None:
         axis = _axis(ctx, node, int(node.attr("axis", 1)), x.rank)
         if any(d != 1 for d in x.shape[axis:-1]):
             raise ctx.unsupported(
-                node, f"opset {ctx.opset} Softmax on axis {axis} of shape {x.shape} normalizes "
-                      f"over the flattened dims {axis}.., which differs from a last-axis "
-                      f"softmax; not supported")
+                node, f"opset {ctx.opset} {node.op_type} on axis {axis} of shape {x.shape} "
+                      f"normalizes over the flattened dims {axis}.., which differs from a "
+                      f"last-axis softmax; not supported")
         axis = x.rank - 1
-    ctx.emit(node, Op.SOFTMAX, node.inputs[:1], AxisAttrs(axis))
+    op = Op.LOG_SOFTMAX if node.op_type == "LogSoftmax" else Op.SOFTMAX
+    ctx.emit(node, op, node.inputs[:1], AxisAttrs(axis))
 
 
 def layer_norm(ctx: Context, node: NodeView) -> None:

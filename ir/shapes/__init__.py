@@ -50,6 +50,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.HARD_SWISH: arith.unary,
     Op.GELU: arith.unary,
     Op.SOFTMAX: arith.softmax,
+    Op.LOG_SOFTMAX: arith.softmax,
     Op.LAYER_NORM: arith.layer_norm,
     Op.BATCH_NORM: arith.batch_norm,
     Op.LRN: arith.lrn,

@@ -19,7 +19,8 @@ the sign of the argument is then copied onto erf. Constants: MLAS's ``MlasErfCon
 (Without AVX-512, MLAS evaluates erf with ``MlasErfKernelFma3``, which clamps at 3.725.)
 
 Softmax of one row of D elements (``MlasComputeSoftmax``): ``m = max(row)``;
-``e_i = exp(x_i + (-m))``, ``y_i = e_i · (1 / sum)`` (a float32 reciprocal, then a product).
+``e_i = exp(x_i + (-m))``, ``y_i = e_i · (1 / sum)`` (a float32 reciprocal, then a product);
+LogSoftmax ``y_i = (x_i + (-m)) - logf(sum)`` (the C library's ``logf``).
 MLAS picks the sum-of-exponentials kernel by CPU (``MLAS_SOFTMAX_KERNEL``, read from the host):
 
 - AVX-512F (``MlasComputeSumExpF32KernelAvx512F``): ``x = max(x_i - m, -103.97...)``,
@@ -48,6 +49,9 @@ algorithm in float32): ``mean += (x_k - mean) / (k+1)``, ``m2 += delta·(x_k - m
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -151,12 +155,48 @@ def _exp_fma3(shifted: np.ndarray) -> np.ndarray:
 def softmax_last_axis(x: np.ndarray, kernel: str | None = None) -> np.ndarray:
     """``MlasComputeSoftmax`` over the last axis of float32 ``x`` with MLAS's ``kernel``
     ("avx512f" or "fma3"; default: the host's, ``MLAS_SOFTMAX_KERNEL``) (module docstring)."""
+    _, e, total = _sum_exp(x, kernel)
+    return (e * (F32(1) / total)[..., None]).astype(F32)
+
+
+def log_softmax_last_axis(x: np.ndarray, kernel: str | None = None) -> np.ndarray:
+    """``MlasComputeSoftmax``'s LogSoftmax over the last axis of float32 ``x`` (module
+    docstring): ``(x + (-m)) - logf(sum)``."""
+    neg_max, _, total = _sum_exp(x, kernel)
+    log_sum = np.vectorize(_logf, otypes=[F32])(total) if total.size else total
+    return ((np.asarray(x, dtype=F32) + neg_max) - log_sum[..., None]).astype(F32)
+
+
+def _libm_logf() -> Callable[[float], float] | None:
+    """The C library's ``logf``, which ONNX Runtime's ``std::log(float)`` calls (glibc's is
+    not always float32's nearest value: log(1.2065225) = 0.18774223 against 0.18774222)."""
+    try:
+        libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+    except OSError:
+        return None
+    logf = libm.logf
+    logf.restype, logf.argtypes = ctypes.c_float, [ctypes.c_float]
+    return logf
+
+
+_LOGF = _libm_logf()
+
+
+def _logf(value: np.float32) -> np.float32:
+    """``logf(value)``: the C library's where there is one, else float32's nearest value."""
+    if _LOGF is not None:
+        return F32(_LOGF(float(value)))
+    return F32(np.log(F64(value)))
+
+
+def _sum_exp(x: np.ndarray, kernel: str | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(``-max``, the exponentials, their sum in MLAS's lane order) of each last-axis row."""
     kernel = MLAS_SOFTMAX_KERNEL if kernel is None else kernel
     if kernel not in ("avx512f", "fma3"):
         raise ValueError(f"unknown MLAS softmax kernel {kernel!r}")
     x = np.asarray(x, dtype=F32)
-    shifted = x + (-x.max(axis=-1, keepdims=True))
-    e = _exp_avx512f(shifted) if kernel == "avx512f" else _exp_fma3(shifted)
+    neg_max = -x.max(axis=-1, keepdims=True)
+    e = _exp_avx512f(x + neg_max) if kernel == "avx512f" else _exp_fma3(x + neg_max)
     width = 16 if kernel == "avx512f" else 8
     d = x.shape[-1]
     padded = np.zeros(x.shape[:-1] + (-(-d // width) * width,), dtype=F32)
@@ -168,7 +208,7 @@ def softmax_last_axis(x: np.ndarray, kernel: str | None = None) -> np.ndarray:
     a = lanes[..., :8] + lanes[..., 8:] if width == 16 else lanes
     total = ((a[..., 0] + a[..., 1]) + (a[..., 2] + a[..., 3])) + \
         ((a[..., 4] + a[..., 5]) + (a[..., 6] + a[..., 7]))
-    return (e * (F32(1) / total)[..., None]).astype(F32)
+    return neg_max, e, total
 
 
 def _reduce8(v: np.ndarray) -> np.ndarray:

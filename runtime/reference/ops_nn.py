@@ -36,7 +36,11 @@ from qfuse.ir.ops import (
     Op,
     PoolAttrs,
 )
-from qfuse.runtime.reference.ops_mlas import layer_norm_rows, softmax_last_axis
+from qfuse.runtime.reference.ops_mlas import (
+    layer_norm_rows,
+    log_softmax_last_axis,
+    softmax_last_axis,
+)
 from qfuse.runtime.reference.ops_pool import average_pool, global_average_pool
 from qfuse.runtime.reference.registry import Arrays, impl, need, opt
 
@@ -243,6 +247,18 @@ def layer_norm(node: Node, args: Arrays) -> list[np.ndarray]:
                                        flat_bias, attrs.epsilon)
     kept = x.shape[:axis] + (1,) * (x.ndim - axis)
     return [y.reshape(x.shape), mean.reshape(kept), inv_std.reshape(kept)][:len(node.outputs)]
+
+
+@impl(Op.LOG_SOFTMAX)
+def log_softmax(node: Node, args: Arrays) -> list[np.ndarray]:
+    """Opset-13 LogSoftmax along one axis: ``(x - max) - log(sum(exp(x - max)))``, float32 in
+    ONNX Runtime's order (ops_mlas.py)."""
+    attrs: AxisAttrs = node.attrs
+    x = need(args, 0)
+    if x.dtype != F32:
+        raise ValueError(f"LogSoftmax reads float32, got {x.dtype}")
+    y = log_softmax_last_axis(np.moveaxis(x, attrs.axis, -1))
+    return [np.ascontiguousarray(np.moveaxis(y, -1, attrs.axis))]
 
 
 @impl(Op.SOFTMAX)

@@ -269,3 +269,26 @@ def test_softmax_writes_over_its_source_when_nothing_reads_it_later(
         assert got.keys() == want.keys()
         for name in got:
             np.testing.assert_array_equal(got[name], want[name])
+
+
+# ------------------------------------------------------------------- LogSoftmax
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_log_softmax_runs_on_onednns_softmax_log(axis: int) -> None:
+    """A classifier's LogSoftmax (an audio or CTC head) is oneDNN's softmax with the log
+    algorithm, not an onnxruntime island; within two float32 steps of the output's largest
+    magnitude of onnxruntime's (oneDNN's exp and log against MLAS's and the C library's:
+    docs/numerics.md)."""
+    import onnxruntime as ort
+
+    m = model([helper.make_node("LogSoftmax", ["x"], ["p"], axis=axis)],
+              {"x": ((2, 35, 40), TensorProto.FLOAT)}, ["p"], [])
+    compiled = compile_model(m)
+    kernels = compiled.inspect()["kernels"]
+    [kernel] = [k for k in kernels if k["node"] == "LogSoftmax_0"]
+    assert kernel["primitive"] == "softmax" and kernel["impl"].startswith("jit"), kernels
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed in range(3):
+        feeds = {"x": np.random.default_rng(seed).normal(0, 6, (2, 35, 40)).astype(F32)}
+        want = session.run(None, feeds)[0]
+        got = compiled.run(feeds)["p"]
+        assert np.abs(got - want).max() <= 2 * np.spacing(np.abs(want).max())
