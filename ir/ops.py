@@ -90,6 +90,7 @@ class Op(enum.Enum):
     IDENTITY = "Identity"
     DROPOUT = "Dropout"
     CAST = "Cast"
+    WHERE = "Where"  # (condition, x, y): x where the condition holds, else y; broadcast
     # opaque float compute: an ONNX subgraph run by onnxruntime or onnx.reference
     ISLAND = "Island"
     # an 8-bit → 8-bit elementwise function given by its value for each of the 256 inputs
@@ -469,6 +470,7 @@ ATTRS: dict[Op, type] = {
     Op.DYNAMIC_QUANTIZE_LINEAR: NoAttrs,
     Op.DROPOUT: NoAttrs,
     Op.CAST: CastAttrs,
+    Op.WHERE: NoAttrs,
     Op.ISLAND: IslandAttrs,
     Op.TABLE: TableAttrs,
 }
@@ -490,6 +492,7 @@ ARITY: dict[Op, tuple[int, int | None]] = {
     Op.MIN: (2, 2),
     Op.SUM: (1, None),
     Op.PRELU: (2, 2),
+    Op.WHERE: (3, 3),
     Op.LAYER_NORM: (2, 3),
     Op.BATCH_NORM: (5, 5),
     Op.CONCAT: (1, None),

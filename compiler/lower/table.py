@@ -103,6 +103,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.PRELU: lower_numpy,
     Op.EXPAND: lower_misc.lower_expand,  # passes/drop_identity bypasses most
     Op.CAST: lower_numpy,
+    Op.WHERE: lower_misc.lower_where,
     # float islands: the ONNX subgraph run by onnxruntime or onnx.reference
     Op.ISLAND: lower_island.lower_island,
     # an 8-bit elementwise chain as its values for the 256 inputs (passes/table_lookup.py)

@@ -88,6 +88,7 @@ _DEFAULT: dict[str, Converter] = {
     "HardSigmoid": convert_math.hard_sigmoid,
     "Gelu": convert_math.gelu,
     "Softmax": convert_math.softmax,
+    "Where": convert_math.where,
     "LogSoftmax": convert_math.softmax,
     "LayerNormalization": convert_math.layer_norm,
     "InstanceNormalization": convert_math.instance_norm,

@@ -69,6 +69,10 @@ def unary(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, _UNARY[node.op_type], node.inputs[:1])
 
 
+def where(ctx: Context, node: NodeView) -> None:
+    ctx.emit(node, Op.WHERE, node.inputs[:3])
+
+
 def prelu(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.PRELU, node.inputs[:2])
 

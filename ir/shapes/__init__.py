@@ -79,6 +79,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.DYNAMIC_QUANTIZE_LINEAR: quant.dynamic_quantize_linear,
     Op.DROPOUT: arith.preserving,
     Op.CAST: arith.cast,
+    Op.WHERE: arith.where,
     Op.ISLAND: lambda graph, node: list(node.attrs.infos),  # fixed when the island was built
     Op.TABLE: lambda graph, node: [node.attrs.info],  # the output of the nodes it stands for
 }

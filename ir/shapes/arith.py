@@ -167,6 +167,16 @@ def matmul(graph: Graph, node: Node) -> list[TensorInfo]:
     return [compute_output(graph, node, a, shape)]
 
 
+def where(graph: Graph, node: Node) -> list[TensorInfo]:
+    """Where(condition, x, y): the three shapes broadcast, x's element type (y's the same)."""
+    cond, x, y = (required(graph, node, i) for i in range(3))
+    if cond.dtype is not DType.BOOL:
+        raise fail(node, f"the condition is {cond.dtype.name.lower()}, not bool")
+    if x.dtype is not y.dtype:
+        raise fail(node, f"x is {x.dtype.name.lower()} and y {y.dtype.name.lower()}")
+    return [TensorInfo(broadcast(node, [cond.shape, x.shape, y.shape]), x.dtype)]
+
+
 def cast(graph: Graph, node: Node) -> list[TensorInfo]:
     attrs: CastAttrs = node.attrs
     return [TensorInfo(required(graph, node, 0).shape, attrs.to)]

@@ -65,6 +65,14 @@ def binary(node: Node, args: Arrays) -> list[np.ndarray]:
         return [np.asarray(_BINARY[node.op](a, b))]
 
 
+@impl(Op.WHERE)
+def where(node: Node, args: Arrays) -> list[np.ndarray]:
+    """ONNX Where: x where the condition holds, else y (numpy's where: the same broadcast)."""
+    cond, x, y = need(args, 0), need(args, 1), need(args, 2)
+    _same_type(x, y)
+    return [np.where(cond.astype(bool, copy=False), x, y)]
+
+
 @impl(Op.SUM)
 def sum_(node: Node, args: Arrays) -> list[np.ndarray]:
     arrays = [need(args, i) for i in range(len(args))]
