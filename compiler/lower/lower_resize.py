@@ -10,7 +10,8 @@ coordinate
 **nearest** copies input element ``roundf(c)`` (halves away from zero): no arithmetic, so the
 output equals the reference (runtime/reference/ops_shape.py) exactly — for u8, s8 and f32 —
 *iff* that index equals ONNX's along every dim. That is checked here at compile time, index by
-index (``nearest_decision``); a Resize whose indices differ anywhere runs the reference in numpy
+index (``nearest_decision``); a Resize whose indices differ anywhere (a non-integer factor)
+runs as a few reorders copying runs of its indices (``_copied_runs``), else as a numpy gather,
 and `inspect` says where they differ. Precondition of the check: N and C are not resized and the
 rank is 3-5 (oneDNN resamples {N, C, 1-3 spatial dims}). Which ONNX modes agree, measured for
 every input size 1..64 (Y: all agree; the check decides per node either way):
@@ -133,6 +134,9 @@ from qfuse.runtime.reference.ops_shape import (
 log = logging.getLogger(__name__)
 F32 = np.float32
 NEAREST_TYPES = frozenset({DType.U8, DType.S8, DType.F32})
+# Copies (one reorder each) up to which a nearest Resize oneDNN's resampling cannot run is
+# copied by runs rather than gathered in numpy (``_copied_runs``)
+MAX_RUN_COPIES = 8
 # The linear kernel's weights are stored broadcast over C (a same-shape multiply is ~5x faster
 # than a broadcasting one for small C) up to this size; larger ones broadcast at run time.
 BROADCAST_WEIGHTS_BYTES = 4 << 20
@@ -273,7 +277,8 @@ def lower_resize(ctx: LowerContext, node: Node) -> None:
     elif decision.how == "numpy_cl":
         _lower_linear(ctx, node, decision.note)
     elif node.attrs.mode is ResizeMode.NEAREST:
-        _nearest_gather(ctx, node, decision.note)
+        if not _copied_runs(ctx, node, decision.note):
+            _nearest_gather(ctx, node, decision.note)
     elif node.attrs.mode is ResizeMode.CUBIC:
         _lower_cubic(ctx, node, decision.note)
     else:
@@ -286,6 +291,110 @@ def _lower_cubic(ctx: LowerContext, node: Node, note: str) -> None:
     kernel = CubicResize(node.attrs, ctx.info(x).shape)
     ctx.add_numpy(node.name, lambda arrays: [kernel(arrays[0])], [ctx.plain_source(x)],
                   [ctx.define_plain(y)], ctx.info_for(node, note=note))
+
+
+@dataclass(frozen=True)
+class Run:
+    """Outputs ``first + a·repeat + b`` (a < count, b < repeat) of one dim of a nearest
+    Resize read input ``source + a·step``."""
+
+    first: int
+    source: int
+    count: int
+    repeat: int
+    step: int
+
+
+def nearest_runs(index: np.ndarray) -> list[Run]:
+    """``index`` (the input index of each output index along one dim) as runs, greedily
+    longest first: each a copy from a view of the input with strides (step, 0)."""
+    runs: list[Run] = []
+    o, n = 0, len(index)
+    while o < n:
+        repeat = 1
+        while o + repeat < n and index[o + repeat] == index[o]:
+            repeat += 1
+        step = int(index[o + repeat] - index[o]) if o + repeat < n else 1
+        count = 1
+        while True:
+            start = o + count * repeat
+            if (start + repeat > n or np.any(index[start:start + repeat]
+                                             != index[o] + count * step)
+                    or (start + repeat < n and index[start + repeat] == index[o] + count * step)):
+                break
+            count += 1
+        runs.append(Run(o, int(index[o]), count, repeat, step))
+        o += count * repeat
+    return runs
+
+
+def _copied_runs(ctx: LowerContext, node: Node, note: str) -> bool:
+    """A nearest Resize whose indices oneDNN's resampling does not share (a non-integer
+    factor: GhostNetV2's gates 3 → 7, a U-Net's 12 → 25) as copies: each dim's output indices
+    fall into a few runs (``nearest_runs``), and per combination of runs one jit reorder
+    copies a view of x that repeats (stride 0) and steps over its elements into y, a chain
+    that is a dequantize with one zero point as the reorder's source scale and zero point (as
+    ``_repeat_dequantize``; checked on every byte value). Taken for at most
+    ``MAX_RUN_COPIES`` copies of a strided x whose N and C are not resized. False (nothing
+    added) otherwise."""
+    attrs: ResizeAttrs = node.attrs
+    x, y = node.inputs[0], node.outputs[0]
+    shape, out = ctx.info(x).shape, ctx.info(y).shape
+    home = ctx.md_of(x)
+    picks = [nearest_indices(attrs, shape, axis) for axis in range(len(shape))]
+    found = None
+    if node.fused is not None:
+        found = _dequantize_params(node.fused.chain)
+        if ctx.options.mode == "unfused" or found is None or found[0].size not in (1, shape[1]):
+            return False
+    if (not 3 <= len(shape) <= 6 or picks[0] is not None or picks[1] is not None
+            or not home.is_plain or ctx.info(x).dtype not in NEAREST_TYPES):
+        return False
+    runs = [nearest_runs(p) if p is not None else [Run(0, 0, n, 1, 1)]
+            for p, n in zip(picks[2:], shape[2:], strict=True)]
+    if math.prod(len(r) for r in runs) > MAX_RUN_COPIES:
+        return False
+    dtype = DataType.f32 if found is not None else home.dtype
+    dst_md = dense_in_order(home, out, dtype)
+    attr, fixed = PrimitiveAttr(), {}
+    if found is not None:
+        scale, zero_point = found
+        attr.set_scales_mask(Arg.SRC, 0 if scale.size == 1 else 1 << 1)
+        fixed[int(Arg.scales(Arg.SRC))] = Memory.scales(scale)
+        if zero_point:
+            attr.set_zero_points_mask(Arg.SRC, 0)
+            fixed[int(Arg.zero_points(Arg.SRC))] = Memory.zero_points(zero_point)
+    src_strides, dst_strides = home.strides or (), dst_md.strides or ()
+    copies = []
+    for combination in itertools.product(*runs):
+        dims, s_st, d_st = list(out[:2]), list(src_strides[:2]), list(dst_strides[:2])
+        s_off = d_off = 0
+        for run, s, d in zip(combination, src_strides[2:], dst_strides[2:], strict=True):
+            dims += [run.count, run.repeat]
+            s_st += [run.step * s, 0]
+            d_st += [run.repeat * d, d]
+            s_off += run.source * s
+            d_off += run.first * d
+        src_view = MemoryDesc.from_strides(dims, home.dtype, s_st)
+        dst_view = MemoryDesc.from_strides(dims, dtype, d_st)
+        pd = reorder(src_view, dst_view, attr=attr)
+        if not pd.impl_name.startswith("jit") or (found is not None and found[1] and not
+                                                   _repeats_exactly(pd, src_view, dst_view,
+                                                                    fixed, *found)):
+            return False
+        copies.append((pd, src_view, dst_view, s_off, d_off))
+    src = ctx.source(x, home)
+    dst = ctx.define(y, dst_md)
+    src_size, dst_size = home.numpy_dtype.itemsize, dst_md.numpy_dtype.itemsize
+    for pd, src_view, dst_view, s_off, d_off in copies:
+        reads = ctx.temp(f"{x}@run", src_view, alias=src, offset=s_off * src_size)
+        into = ctx.temp(f"{y}@run", dst_view, alias=dst, offset=d_off * dst_size)
+        ctx.add_primitive(node.name, pd, {int(Arg.SRC): reads, int(Arg.DST): into}, fixed,
+                          info=ctx.info_for(node, note=f"{note}; {len(copies)} reorders "
+                                                       "copying runs of repeated elements"
+                                                       + (", the dequantize their source "
+                                                          "scale" if found else "")))
+    return True
 
 
 def _nearest_gather(ctx: LowerContext, node: Node, note: str) -> None:

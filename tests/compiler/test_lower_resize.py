@@ -20,12 +20,13 @@ from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort
 
 from qfuse.compiler.api import compile_model
-from qfuse.compiler.lower import Plan
+from qfuse.compiler.lower import Plan, lower_resize
 from qfuse.compiler.lower.lower_resize import (
     LINEAR_NOTE,
     ORT_LINEAR_NOTE,
     LinearKernel,
     linear_taps_differ,
+    nearest_runs,
     ort_linear,
 )
 from qfuse.examples import zoo
@@ -127,11 +128,18 @@ def test_declined_nearest_runs_in_numpy_and_says_why(ctm: str, nearest: str,
     assert plan.inspect()["numpy_kernels"] == 1
 
 
-def test_declined_nearest_with_its_dequantize_gathers_the_dequantized_values() -> None:
+@pytest.mark.parametrize("copies", [True, False], ids=["runs", "gather"])
+def test_declined_nearest_with_its_dequantize_writes_the_dequantized_values(
+        copies: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """GhostNetV2's gate: a sigmoid's u8 output dequantized after a nearest Resize to an odd
     size (3 → 7, asymmetric / floor: oneDNN's indices differ), read in float32 by a Mul. The
-    Resize carries the dequantize (fold_resize_dequantize); the gather picks the dequantized
-    values of the small input: the same float32 bits as the reference."""
+    Resize carries the dequantize (fold_resize_dequantize). Output rows 0-2 read input row 0,
+    3-4 row 1, 5-6 row 2: two runs a dim, four reorders copying views that repeat the input's
+    elements, the dequantize their source scale; with copies off (or past
+    ``MAX_RUN_COPIES``) the numpy gather picks the dequantized values of the small input. Both
+    the same float32 bits as the reference."""
+    if not copies:
+        monkeypatch.setattr(lower_resize, "MAX_RUN_COPIES", 0)
     s, zp = init("s", np.float32(1 / 255)), init("zp", np.uint8(0))
     nodes = [helper.make_node("QuantizeLinear", ["g", "s", "zp"], ["q"]),
              helper.make_node("DequantizeLinear", ["q", "s", "zp"], ["d"]),
@@ -145,9 +153,14 @@ def test_declined_nearest_with_its_dequantize_gathers_the_dequantized_values() -
     feeds = {"g": RNG.uniform(0, 1, (1, 16, 3, 3)).astype(F32),
              "v": RNG.standard_normal((1, 16, 7, 7)).astype(F32)}
     compiled = compile_model(m)
-    (kernel,) = [k for k in compiled.inspect()["kernels"] if k["op"] == "Resize"]
-    assert kernel["primitive"] == "numpy" and "one numpy gather" in kernel["note"]
-    assert any("DequantizeLinear" in a for a in kernel["absorbed"][1:]), kernel["absorbed"]
+    kernels = [k for k in compiled.inspect()["kernels"] if k["op"] == "Resize"]
+    if copies:
+        assert len(kernels) == 4 and all(k["primitive"] == "reorder" and "4 reorders copying "
+                                         "runs" in k["note"] for k in kernels), kernels
+    else:
+        (kernel,) = kernels
+        assert kernel["primitive"] == "numpy" and "one numpy gather" in kernel["note"]
+    assert any("DequantizeLinear" in a for a in kernels[0]["absorbed"][1:]), kernels
     got = compiled.run(feeds)["y"]
     np.testing.assert_array_equal(got, run_ort(m, feeds, optimized=False)[0])
     np.testing.assert_array_equal(got, compile_model(m, mode="reference").run(feeds)["y"])
@@ -199,11 +212,12 @@ def test_nearest_reads_the_convolutions_channels_last_output() -> None:
 @requires_exact_int8
 @pytest.mark.parametrize("channels", [16, 1])
 def test_declined_nearest_gathers_rows_of_the_convolutions_channels_last_output(
-        channels: int) -> None:
+        channels: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """A nearest Resize oneDNN declines (3 → 7, asymmetric / floor), reading a convolution's
-    channels-last output: the gather copies whole rows of C channels in the conv's layout and
-    writes y in it, no reorder before or after; bit-exact with the reference. One channel:
-    rows of one element over the same bytes."""
+    channels-last output, with copies by runs off: the gather copies whole rows of C channels
+    in the conv's layout and writes y in it, no reorder before or after; bit-exact with the
+    reference. One channel: rows of one element over the same bytes."""
+    monkeypatch.setattr(lower_resize, "MAX_RUN_COPIES", 0)
     plan = _conv_then_resize(3, channels, 7)
     kernel = _resize_kernel(plan)
     assert kernel["primitive"] == "numpy"
@@ -427,3 +441,33 @@ def test_whole_factor_enlargement(shape: tuple[int, ...], out: tuple[int, ...],
     """The one test of when a nearest Resize is a copy from a repeating view, shared by
     fold_resize_dequantize, lower_resize and in_place_concat."""
     assert whole_factor_enlargement(shape, out) is whole
+
+
+@requires_exact_int8
+@pytest.mark.parametrize("size,out,runs", [(3, 7, 2), (12, 25, 2), (10, 4, 2), (6, 8, 4)])
+def test_declined_nearest_copies_runs_of_the_convolutions_channels_last_output(
+        size: int, out: int, runs: int) -> None:
+    """The same Resize as reorders copying runs of each dim's indices (``nearest_runs``:
+    3 → 7 and 12 → 25 two a dim, 10 → 4 two runs stepping by 2) from the conv's channels-last
+    output into y in its layout, one reorder per pair of runs; 6 → 8 (runs of 2, 1, 1, 2, 1,
+    1: four a dim, 16 copies) past ``MAX_RUN_COPIES`` stays the numpy gather. Bit-exact with
+    the reference (``_conv_then_resize``)."""
+    plan = _conv_then_resize(size, 16, out)
+    kernels = [k for k in plan.inspect()["kernels"] if k["op"] == "Resize"]
+    if runs * runs > lower_resize.MAX_RUN_COPIES:
+        assert [k["primitive"] for k in kernels] == ["numpy"], kernels
+        return
+    assert len(kernels) == runs * runs, kernels
+    assert all(k["primitive"] == "reorder" and k["impl"].startswith("jit") for k in kernels)
+
+
+@pytest.mark.parametrize("size,out", [(3, 7), (12, 25), (5, 7), (9, 14), (7, 3), (10, 4),
+                                      (25, 12), (1, 5), (4, 4)])
+def test_nearest_runs_reproduce_the_indices(size: int, out: int) -> None:
+    index = np.floor(np.arange(out) * (size / out)).astype(np.int64)
+    got = np.full(out, -1)
+    for run in nearest_runs(index):
+        for a in range(run.count):
+            start = run.first + a * run.repeat
+            got[start:start + run.repeat] = run.source + a * run.step
+    np.testing.assert_array_equal(got, index)
