@@ -114,6 +114,7 @@ from qfuse.runtime.onednn import (
     Alg,
     Arg,
     DataType,
+    DnnlError,
     Memory,
     MemoryDesc,
     PrimitiveAttr,
@@ -364,25 +365,12 @@ def _copied_runs(ctx: LowerContext, node: Node, note: str) -> bool:
         if zero_point:
             attr.set_zero_points_mask(Arg.SRC, 0)
             fixed[int(Arg.zero_points(Arg.SRC))] = Memory.zero_points(zero_point)
-    src_strides, dst_strides = home.strides or (), dst_md.strides or ()
-    copies = []
-    for combination in itertools.product(*runs):
-        dims, s_st, d_st = list(out[:2]), list(src_strides[:2]), list(dst_strides[:2])
-        s_off = d_off = 0
-        for run, s, d in zip(combination, src_strides[2:], dst_strides[2:], strict=True):
-            dims += [run.count, run.repeat]
-            s_st += [run.step * s, 0]
-            d_st += [run.repeat * d, d]
-            s_off += run.source * s
-            d_off += run.first * d
-        src_view = MemoryDesc.from_strides(dims, home.dtype, s_st)
-        dst_view = MemoryDesc.from_strides(dims, dtype, d_st)
-        pd = reorder(src_view, dst_view, attr=attr)
-        if not pd.impl_name.startswith("jit") or (found is not None and found[1] and not
-                                                   _repeats_exactly(pd, src_view, dst_view,
-                                                                    fixed, *found)):
-            return False
-        copies.append((pd, src_view, dst_view, s_off, d_off))
+    try:
+        copies = _run_copies(runs, out, home, dst_md, attr, fixed, found)
+    except DnnlError:  # a view oneDNN does not describe (steps past the next dim's stride)
+        return False
+    if copies is None:
+        return False
     src = ctx.source(x, home)
     dst = ctx.define(y, dst_md)
     src_size, dst_size = home.numpy_dtype.itemsize, dst_md.numpy_dtype.itemsize
@@ -395,6 +383,34 @@ def _copied_runs(ctx: LowerContext, node: Node, note: str) -> bool:
                                                        + (", the dequantize their source "
                                                           "scale" if found else "")))
     return True
+
+
+def _run_copies(runs: list[list[Run]], out: tuple[int, ...], home: MemoryDesc,
+                dst_md: MemoryDesc, attr: PrimitiveAttr, fixed: dict[int, Memory],
+                found: tuple[np.ndarray, int] | None
+                ) -> list[tuple[PrimitiveDesc, MemoryDesc, MemoryDesc, int, int]] | None:
+    """Per combination of runs (one per spatial dim) the reorder and its two views with their
+    element offsets; None where one is not a jit reorder or drops the zero point."""
+    src_strides, dst_strides = home.strides or (), dst_md.strides or ()
+    copies = []
+    for combination in itertools.product(*runs):
+        dims, s_st, d_st = list(out[:2]), list(src_strides[:2]), list(dst_strides[:2])
+        s_off = d_off = 0
+        for run, s, d in zip(combination, src_strides[2:], dst_strides[2:], strict=True):
+            dims += [run.count, run.repeat]
+            s_st += [run.step * s, 0]
+            d_st += [run.repeat * d, d]
+            s_off += run.source * s
+            d_off += run.first * d
+        src_view = MemoryDesc.from_strides(dims, home.dtype, s_st)
+        dst_view = MemoryDesc.from_strides(dims, dst_md.dtype, d_st)
+        pd = reorder(src_view, dst_view, attr=attr)
+        if not pd.impl_name.startswith("jit") or (found is not None and found[1] and not
+                                                   _repeats_exactly(pd, src_view, dst_view,
+                                                                    fixed, *found)):
+            return None
+        copies.append((pd, src_view, dst_view, s_off, d_off))
+    return copies
 
 
 def _nearest_gather(ctx: LowerContext, node: Node, note: str) -> None:

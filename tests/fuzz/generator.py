@@ -201,24 +201,29 @@ class _Builder:
 
     # ---- compute
     def op_Conv(self, op: dict, x: str, shape: list[int]) -> None:
-        if len(shape) != 4:
+        """A 2-D convolution of a rank-4 value; of a rank-3 one, a 1-D convolution with the
+        intent's second (width) kernel, stride, dilation and pads."""
+        if len(shape) not in (3, 4):
             return
-        cin, (h, w) = shape[1], shape[2:]
+        cin, spatial = shape[1], shape[2:]
         groups = {"1": 1, "dw": cin, "g": _divisor(cin)}[op["groups"]]
         out = op["out"] if op["groups"] != "dw" else cin * (1 + op["out"] % 2)
         out = max(groups, out // groups * groups)
-        pads, k, d, s = list(op["pads"]), list(op["k"]), list(op["dil"]), op["stride"]
+        pads, k, d, s = list(op["pads"]), list(op["k"]), list(op["dil"]), list(op["stride"])
+        if len(shape) == 3:
+            pads, k, d, s = [pads[1], pads[3]], k[1:], d[1:], s[1:]
+        n = len(spatial)
         dims = []
-        for i, size in enumerate((h, w)):
-            k[i] = min(k[i], size + pads[i] + pads[i + 2])
-            if (k[i] - 1) * d[i] + 1 > size + pads[i] + pads[i + 2]:
+        for i, size in enumerate(spatial):
+            k[i] = min(k[i], size + pads[i] + pads[i + n])
+            if (k[i] - 1) * d[i] + 1 > size + pads[i] + pads[i + n]:
                 d[i] = 1
-            pads[i], pads[i + 2] = min(pads[i], k[i] - 1), min(pads[i + 2], k[i] - 1)
-            dims.append((size + pads[i] + pads[i + 2] - (k[i] - 1) * d[i] - 1) // s[i] + 1)
+            pads[i], pads[i + n] = min(pads[i], k[i] - 1), min(pads[i + n], k[i] - 1)
+            dims.append((size + pads[i] + pads[i + n] - (k[i] - 1) * d[i] - 1) // s[i] + 1)
         if min(dims) < 1:
             return
         rng = self.rng(op)
-        fan_in = cin // groups * k[0] * k[1]
+        fan_in = cin // groups * math.prod(k)
         wname = self.init(f"w{op['key']}", (rng.standard_normal((out, cin // groups, *k))
                                             / math.sqrt(fan_in)).astype(np.float32))
         inputs = [x, wname]
