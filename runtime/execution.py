@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Stream
+from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Stream, get_num_threads, set_num_threads
 from qfuse.runtime.onednn._lib import check
 from qfuse.runtime.onednn.primitive import BoundPrimitive
 
@@ -97,6 +97,8 @@ class ExecutionContext:
         bound = self._bound(kernel)
         # No wait per primitive: the CPU engine's execute returns when the work is done (the
         # run waits once at the end); the wait and the Python wrapper cost ~1 us a kernel
+        if kernel.team is not None:
+            return _in_team(kernel.team, bound.runner(self.stream), bound.call(self.stream))
         return bound.runner(self.stream), bound.call(self.stream)
 
     def _numpy_runner(self, kernel: Kernel) -> Callable[[], None]:
@@ -162,6 +164,32 @@ class ExecutionContext:
     def _failed(self, status: int, arguments: tuple[Any, ...]) -> None:
         index = next(i for i, (_, a) in enumerate(self.calls) if a is arguments)
         check(status, "dnnl_primitive_execute", self.plan.kernels[index].name)
+
+
+def _in_team(count: int, run: Callable[[], None],
+             call: tuple[Callable[..., Any], tuple[Any, ...]]
+             ) -> tuple[Callable[[], None], tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """``run`` and ``call`` of a kernel made for ``count`` threads (``Kernel.team``), each
+    executed with that team size and the caller's restored after (two OpenMP calls)."""
+    function, arguments = call
+
+    def run_in_team() -> None:
+        before = get_num_threads()
+        set_num_threads(count)
+        try:
+            run()
+        finally:
+            set_num_threads(before)
+
+    def call_in_team(*args: Any) -> int:
+        before = get_num_threads()
+        set_num_threads(count)
+        try:
+            return int(function(*args))
+        finally:
+            set_num_threads(before)
+
+    return run_in_team, (call_in_team, arguments)
 
 
 def _reorder(src: Memory, dst: Memory, stream: Stream) -> None:

@@ -59,6 +59,7 @@ from qfuse.runtime.onednn import (
     filled,
     reorder,
 )
+from qfuse.runtime.onednn.threads import team
 
 log = logging.getLogger(__name__)
 
@@ -402,16 +403,20 @@ class LowerContext:
     def add_primitive(self, name: str, pd: PrimitiveDesc, args: dict[int, str],
                       fixed: dict[int, Memory] | None = None, *, info: KernelInfo,
                       reads: Sequence[str] | None = None,
-                      writes: Sequence[str] | None = None) -> Kernel:
+                      writes: Sequence[str] | None = None,
+                      threads: int | None = None) -> Kernel:
         """A kernel; ``reads`` defaults to every slot argument except DST, ``writes`` to
-        DST (a training-mode normalization also writes its MEAN / VARIANCE)."""
-        primitive = pd.create()
+        DST (a training-mode normalization also writes its MEAN / VARIANCE); ``threads``:
+        fewer threads than the plan's that ``pd`` was made for, with which its primitive is
+        made and runs (``Kernel.team``)."""
+        with team(threads):
+            primitive = pd.create()
         if writes is None:
             writes = [args[int(Arg.DST)]] if int(Arg.DST) in args else []
         if reads is None:
             reads = [s for a, s in args.items() if a != int(Arg.DST)]
         kernel = Kernel(self.fresh_kernel(name), pd.kind.name, list(reads), list(writes),
-                        primitive, dict(args), dict(fixed or {}), info=info)
+                        primitive, dict(args), dict(fixed or {}), info=info, team=threads)
         if kernel.kind in ("convolution", "deconvolution", "matmul") and \
                 kernel.impl.startswith("ref"):
             log.warning("kernel %s runs on the slow %s", kernel.name, kernel.impl)

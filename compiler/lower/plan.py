@@ -93,6 +93,9 @@ class Kernel:
     # numpy_fn(inputs, outputs) fills the output views itself instead of returning arrays
     numpy_into: bool = False
     info: KernelInfo = field(default_factory=KernelInfo)
+    # threads its primitive was made for and runs with, when fewer than the plan's (a small
+    # recurrent layer whose steps are too small to share: lower_rnn.py); None: the plan's
+    team: int | None = None
 
     @property
     def impl(self) -> str:

@@ -188,3 +188,28 @@ def test_quantized_lstm_between_dequantize_and_quantize(batch: int) -> None:
     got = compiled.run(feeds)["yq"]
     diff = np.abs(got.astype(int) - want.astype(int))
     assert diff.max() <= 1 and np.mean(diff != 0) < 0.01, (diff.max(), np.mean(diff != 0))
+
+
+@pytest.mark.parametrize(("hidden", "team"), [(96, 1), (256, None)])
+def test_a_small_gemm_driven_layer_runs_on_one_thread(hidden: int, team: int | None,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """PyTorch's GRU (linear before reset) has only oneDNN's GEMM-driven ("ref") RNN: up to
+    ``ONE_THREAD_HIDDEN`` hidden channels its primitive is made for and runs on one thread
+    (its steps' GEMMs are too small to share: 64 → 96 over 100 steps 161 → 105 µs), and the
+    plan's team size is back for the kernels after it; larger layers keep the plan's threads.
+    The same outputs bit for bit as the layer on two threads."""
+    from qfuse.compiler.lower import lower_rnn
+    from qfuse.runtime.onednn import get_num_threads
+
+    m, feeds = _layer("GRU", hidden=hidden, channels=64, steps=20, linear_before_reset=1,
+                      outputs=("y", "yh"))
+    compiled = compile_model(m, threads=2)
+    [kernel] = [k for k in compiled.plan.kernels if k.kind == "rnn"]
+    assert kernel.impl.startswith("ref") and kernel.team == team
+    assert ("on one thread" in kernel.info.note) is (team == 1)
+    monkeypatch.setattr(lower_rnn, "ONE_THREAD_HIDDEN", 0)
+    shared = compile_model(m, threads=2)
+    got = compiled.run(feeds)
+    assert get_num_threads() == 2
+    for name, want in shared.run(feeds).items():
+        np.testing.assert_array_equal(got[name], want)
