@@ -11,7 +11,11 @@ the same way (its PadFusion), so quantize_static's models no longer have them wh
 Quantized: after propagate_dequantize the Pad reads the integers, ``Pad(q, zp) → DQ → Conv``;
 a padded integer equal to the zero point dequantizes to exactly 0, so the Pad folds when its
 value is the dequantize's zero point (one zero point: per tensor, or per channel with equal
-zero points). The dequantize is rebuilt on q, and move_dequantize then takes the int8
+zero points). quantize_static quantizes the Pad's output again with its input's parameters
+(a causal ``F.pad`` before a dilated Conv1d: TCNs), so at this point the chain reads
+``Pad(q, zp) → DQ → Q → DQ → Conv`` with a requantize that is the identity on every integer
+(passes/eliminate_requantize.py ``check``, which removes it only later): the Pad folds through
+it the same way (a TCN's QDQ and QOperator forms: 35 → 15 kernels). The dequantize is rebuilt on q, and move_dequantize then takes the int8
 convolution as usual (oneDNN's padding is the zero point's 0, as in any padded QDQ conv).
 
 Not folded: other Pad modes (reflect, edge), a value that is not 0 in the conv's input
@@ -26,6 +30,7 @@ import logging
 
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.ops import ConvAttrs, PadAttrs, PadMode
+from qfuse.passes import eliminate_requantize
 from qfuse.passes.base import PassContext
 from qfuse.passes.quant_utils import dq_params, infer_into, is_op
 
@@ -38,11 +43,15 @@ def run(graph: Graph, ctx: PassContext) -> int:
         source = graph.producer(conv.inputs[0])
         dq = source if is_op(source, Op.DEQUANTIZE_LINEAR) else None
         pad = graph.producer(dq.inputs[0]) if dq is not None else source
+        through: list[Node] = []
+        if dq is not None and pad is not None and pad.op is Op.FAKE_QUANTIZE:
+            through = _identity_requantize(graph, pad)
+            pad = graph.producer(through[0].inputs[0]) if through else None
         if not is_op(pad, Op.PAD):
             continue
         assert pad is not None
         ctx.visit(pad)
-        reason = _why_not(graph, pad, dq, conv)
+        reason = _why_not(graph, pad, dq, conv, through)
         if reason is not None:
             ctx.decline(pad, reason)
             continue
@@ -53,7 +62,17 @@ def run(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
-def _why_not(graph: Graph, pad: Node, dq: Node | None, conv: Node) -> str | None:
+def _identity_requantize(graph: Graph, fq: Node) -> list[Node]:
+    """[DQ, FQ] when ``fq`` quantizes a dequantize back to the same integers, else []."""
+    dq = graph.producer(fq.inputs[0])
+    if is_op(dq, Op.DEQUANTIZE_LINEAR) and eliminate_requantize.check(graph, dq, fq) is None:
+        assert dq is not None
+        return [dq, fq]
+    return []
+
+
+def _why_not(graph: Graph, pad: Node, dq: Node | None, conv: Node,
+             through: list[Node]) -> str | None:
     attrs: PadAttrs = pad.attrs
     if attrs.mode is not PadMode.CONSTANT:
         return f"Pad mode '{attrs.mode.value}' is not the convolution's zero padding"
@@ -63,7 +82,7 @@ def _why_not(graph: Graph, pad: Node, dq: Node | None, conv: Node) -> str | None
         return "the Pad pads the batch or channel axis"
     if any(p < 0 for p in attrs.pads):
         return "the Pad crops (negative pads)"
-    chain = [pad, dq, conv] if dq is not None else [pad, conv]
+    chain = [pad, *through, dq, conv] if dq is not None else [pad, conv]
     for producer, reader in zip(chain, chain[1:]):  # each value read by the next node only
         value = producer.outputs[0]
         readers = [c.name for c, _ in graph.consumers(value)]

@@ -125,3 +125,43 @@ def test_nncf_padded_depthwise_input_runs_int8_bit_identical(zero_point: int) ->
 def test_a_pad_value_that_is_not_zero_stays() -> None:
     on = compile_model(_nncf_depthwise(0, 0.5))
     assert "Pad" in _ops(on)
+
+
+def _requantized_causal_pad(same: bool) -> onnx.ModelProto:
+    """quantize_static's causal Conv1d (a TCN's ``F.pad(x, (2·d, 0))`` before a dilated
+    convolution): DQ → Pad → Q → DQ → Conv, the Pad's output quantized again with its input's
+    parameters (``same``) or others."""
+    rng = np.random.default_rng(3)
+    c = 8
+    ps, pz = (F32(0.02), np.uint8(120)) if same else (F32(0.03), np.uint8(120))
+    inits = [init("pads", np.array([0, 0, 4, 0, 0, 0], np.int64)), init("xs", F32(0.02)),
+             init("xz", np.uint8(120)), init("ps", ps), init("pz", pz),
+             init("w", rng.integers(-127, 128, (c, c, 3)).astype(np.int8)),
+             init("ws", rng.uniform(0.005, 0.01, c).astype(F32)), init("wz", np.zeros(c, np.int8)),
+             init("ys", F32(0.05)), init("yz", np.uint8(128))]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
+             helper.make_node("Pad", ["xd", "pads"], ["p"]),
+             helper.make_node("QuantizeLinear", ["p", "ps", "pz"], ["pq"]),
+             helper.make_node("DequantizeLinear", ["pq", "ps", "pz"], ["pd"]),
+             helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["pd", "wd"], ["c"], dilations=[2]),
+             helper.make_node("QuantizeLinear", ["c", "ys", "yz"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
+    return model(nodes, {"x": ([1, c, 40], TensorProto.FLOAT)}, ["y"], inits)
+
+
+@pytest.mark.parametrize("same", [True, False], ids=["identity requantize", "requantize"])
+def test_a_pad_folds_through_a_requantize_that_is_the_identity(same: bool) -> None:
+    """The Pad's integers quantized again with the same parameters (the identity on every
+    integer, removed only later by eliminate_requantize): the Pad folds into the convolution
+    through it, no Pad kernel, bit-identical to the plan without the pass. With other
+    parameters the requantize is real and the Pad stays."""
+    m = _requantized_causal_pad(same)
+    on, off = compile_model(m), _without_pass(m)
+    assert ("Pad" in _ops(on)) is not same, on.inspect()["kernels"]
+    assert on.inspect()["passes"]["fold_pad"] == int(same)
+    for seed in range(4):
+        feeds = {"x": np.random.default_rng(seed).normal(0, 1.5, (1, 8, 40)).astype(F32)}
+        got = on.run(feeds)["y"]
+        assert np.array_equal(got.view(np.uint32), off.run(feeds)["y"].view(np.uint32))
