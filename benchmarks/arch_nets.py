@@ -16,6 +16,15 @@ sub-pixel upsampler, a U-Net's odd-sized skips, a causal decoder) matter more th
 - ``net_gpt``: a GPT-2-style causal decoder over embeddings (Radford et al. 2019): pre-norm
   blocks, a lower-triangular mask applied with ``masked_fill(-inf)`` (ONNX Where), GELU with
   the tanh approximation.
+- ``net_tcn``: a temporal convolutional network (Bai et al. 2018): dilated causal Conv1d
+  residual blocks, the causality as left pads.
+- ``net_conformer``: Conformer blocks (Gulati et al. 2020) after a Conv2d subsampling of
+  80-bin features: half-step feed-forward with SiLU, the convolution module (pointwise, GLU,
+  depthwise Conv1d of kernel 31, BatchNorm1d, SiLU, pointwise).
+- ``net_wavenet``: WaveNet-style gated units (van den Oord et al. 2016): dilated causal
+  Conv1d pairs through tanh · sigmoid, residual and summed skip connections.
+- ``net_gru``: a keyword-spotting-style recurrent classifier: a Conv1d over 40 features, a
+  GRU of 96 hidden units over 100 frames (PyTorch's, linear before reset), a Linear head.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 NET_MODELS = ("net_espcn", "net_srres", "net_unet_bilinear", "net_unet_nearest", "net_unet_pad",
-              "net_audio1d", "net_gpt")
+              "net_audio1d", "net_gpt", "net_tcn", "net_conformer", "net_wavenet", "net_gru")
 
 
 def build(name: str) -> tuple[Any, Any]:
@@ -41,6 +50,14 @@ def build(name: str) -> tuple[Any, Any]:
         return _m5(), torch.randn(1, 1, 16000)
     if name == "net_gpt":
         return _gpt(), torch.randn(1, 48, 192)
+    if name == "net_tcn":
+        return _tcn(), torch.randn(1, 8, 400)
+    if name == "net_conformer":
+        return _conformer(), torch.randn(1, 1, 200, 80)
+    if name == "net_wavenet":
+        return _wavenet(), torch.randn(1, 1, 4000)
+    if name == "net_gru":
+        return _gru(), torch.randn(1, 40, 100)
     raise KeyError(f"unknown architecture {name!r}: one of {', '.join(NET_MODELS)}")
 
 
@@ -191,3 +208,114 @@ def _gpt(dim: int = 192, heads: int = 4, layers: int = 3, tokens: int = 48,
             return self.head(self.ln(x))
 
     return GPT()
+
+
+def _tcn(channels: int = 64, levels: int = 5) -> Any:
+    import torch.nn.functional as F
+    from torch import nn
+
+    class TCN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Conv1d(8, channels, 1)
+            self.a = nn.ModuleList(nn.Conv1d(channels, channels, 3, dilation=2 ** i)
+                                   for i in range(levels))
+            self.b = nn.ModuleList(nn.Conv1d(channels, channels, 3, dilation=2 ** i)
+                                   for i in range(levels))
+            self.out = nn.Linear(channels, 10)
+
+        def forward(self, x: Any) -> Any:
+            x = self.inp(x)
+            for i, (a, b) in enumerate(zip(self.a, self.b)):
+                pad = 2 * 2 ** i
+                y = F.relu(b(F.pad(F.relu(a(F.pad(x, (pad, 0)))), (pad, 0))))
+                x = F.relu(x + y)
+            return self.out(x[:, :, -1])
+
+    return TCN()
+
+
+def _conformer(dim: int = 144, kernel: int = 31, blocks: int = 2) -> Any:
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ff = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.SiLU(),
+                                    nn.Linear(4 * dim, dim))
+            self.ln = nn.LayerNorm(dim)
+            self.pw1 = nn.Conv1d(dim, 2 * dim, 1)
+            self.dw = nn.Conv1d(dim, dim, kernel, padding=kernel // 2, groups=dim)
+            self.bn = nn.BatchNorm1d(dim)
+            self.pw2 = nn.Conv1d(dim, dim, 1)
+
+        def forward(self, x: Any) -> Any:
+            x = x + 0.5 * self.ff(x)
+            y = F.glu(self.pw1(self.ln(x).transpose(1, 2)), dim=1)
+            return x + self.pw2(F.silu(self.bn(self.dw(y)))).transpose(1, 2)
+
+    class Conformer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sub = nn.Sequential(nn.Conv2d(1, dim, 3, 2), nn.ReLU(),
+                                     nn.Conv2d(dim, dim, 3, 2), nn.ReLU())
+            self.lin = nn.Linear(dim * 19, dim)
+            self.blocks = nn.ModuleList(Block() for _ in range(blocks))
+
+        def forward(self, x: Any) -> Any:  # [1, 1, 200 frames, 80 bins]
+            x = self.sub(x)
+            b, c, t, f = x.shape
+            x = self.lin(x.permute(0, 2, 1, 3).reshape(b, t, c * f))
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    return Conformer()
+
+
+def _wavenet(channels: int = 32, layers: int = 6) -> Any:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class WaveNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inp = nn.Conv1d(1, channels, 2)
+            self.f = nn.ModuleList(nn.Conv1d(channels, channels, 2, dilation=2 ** i)
+                                   for i in range(layers))
+            self.g = nn.ModuleList(nn.Conv1d(channels, channels, 2, dilation=2 ** i)
+                                   for i in range(layers))
+            self.r = nn.ModuleList(nn.Conv1d(channels, channels, 1) for _ in range(layers))
+            self.out = nn.Conv1d(channels, 256, 1)
+
+        def forward(self, x: Any) -> Any:
+            x = self.inp(F.pad(x, (1, 0)))
+            skip = 0
+            for i, (f, g, r) in enumerate(zip(self.f, self.g, self.r)):
+                padded = F.pad(x, (2 ** i, 0))
+                h = torch.tanh(f(padded)) * torch.sigmoid(g(padded))
+                skip = skip + h
+                x = x + r(h)
+            return self.out(F.relu(skip))
+
+    return WaveNet()
+
+
+def _gru() -> Any:
+    import torch.nn.functional as F
+    from torch import nn
+
+    class GRUNet(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv1d(40, 64, 3, padding=1)
+            self.gru = nn.GRU(64, 96, batch_first=True)
+            self.fc = nn.Linear(96, 12)
+
+        def forward(self, x: Any) -> Any:
+            y, _ = self.gru(F.relu(self.conv(x)).transpose(1, 2))
+            return self.fc(y[:, -1])
+
+    return GRUNet()
