@@ -249,25 +249,14 @@ def layer_norm(node: Node, args: Arrays) -> list[np.ndarray]:
     return [y.reshape(x.shape), mean.reshape(kept), inv_std.reshape(kept)][:len(node.outputs)]
 
 
-@impl(Op.LOG_SOFTMAX)
-def log_softmax(node: Node, args: Arrays) -> list[np.ndarray]:
-    """Opset-13 LogSoftmax along one axis: ``(x - max) - log(sum(exp(x - max)))``, float32 in
-    ONNX Runtime's order (ops_mlas.py)."""
-    attrs: AxisAttrs = node.attrs
-    x = need(args, 0)
-    if x.dtype != F32:
-        raise ValueError(f"LogSoftmax reads float32, got {x.dtype}")
-    y = log_softmax_last_axis(np.moveaxis(x, attrs.axis, -1))
-    return [np.ascontiguousarray(np.moveaxis(y, -1, attrs.axis))]
-
-
-@impl(Op.SOFTMAX)
+@impl(Op.SOFTMAX, Op.LOG_SOFTMAX)
 def softmax(node: Node, args: Arrays) -> list[np.ndarray]:
-    """Opset-13 Softmax along one axis: ``exp(x - max) / sum(exp(x - max))``, float32 in
-    ONNX Runtime's order (ops_mlas.py)."""
+    """Opset-13 Softmax along one axis, ``exp(x - max) / sum(exp(x - max))``, or LogSoftmax,
+    ``(x - max) - log(sum(exp(x - max)))``: float32 in ONNX Runtime's order (ops_mlas.py)."""
     attrs: AxisAttrs = node.attrs
     x = need(args, 0)
     if x.dtype != F32:
-        raise ValueError(f"Softmax reads float32, got {x.dtype}")
-    y = softmax_last_axis(np.moveaxis(x, attrs.axis, -1))
+        raise ValueError(f"{node.op.value} reads float32, got {x.dtype}")
+    rows = log_softmax_last_axis if node.op is Op.LOG_SOFTMAX else softmax_last_axis
+    y = rows(np.moveaxis(x, attrs.axis, -1))
     return [np.ascontiguousarray(np.moveaxis(y, -1, attrs.axis))]
