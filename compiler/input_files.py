@@ -4,12 +4,14 @@ single graph input. Arrays are used as they are (no casts; the model checks shap
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import onnx
 
 from qfuse.compiler.errors import InputError
+from qfuse.compiler.files import regular_file
 from qfuse.compiler.onnx_import.context import symbolic_dims
 
 __all__ = ["graph_input_names", "read_inputs"]
@@ -41,21 +43,23 @@ def read_inputs(path: Path, names: list[str]) -> dict[str, np.ndarray]:
 
     An .npz must hold every name (other arrays in it are ignored); an .npy is the one input of
     a single-input model. Anything else is an InputError naming the file."""
-    path = Path(path)
+    path = regular_file(path, "inputs")
     if path.suffix == ".npy":
         if len(names) != 1:
             raise InputError(f"{path}: one .npy feeds a single-input model; this one has "
                              f"{len(names)} inputs {names} (use an .npz keyed by input name)")
         try:
             return {names[0]: np.load(path, allow_pickle=False)}
-        except ValueError as exc:
+        except (OSError, ValueError, EOFError) as exc:
             raise InputError(f"{path}: not a numpy .npy array ({exc})") from exc
     try:
         with np.load(path, allow_pickle=False) as npz:
             feeds = {name: npz[name] for name in npz.files if name in names}
             held = list(npz.files)
-    except (ValueError, AttributeError, TypeError) as exc:
-        raise InputError(f"{path}: not an .npz of arrays keyed by input name ({exc})") from exc
+    except (OSError, ValueError, AttributeError, TypeError, EOFError,
+            zipfile.BadZipFile) as exc:
+        raise InputError(f"{path}: not an .npz of arrays keyed by input name "
+                         f"({type(exc).__name__}: {exc})") from exc
     missing = [n for n in names if n not in feeds]
     if missing:
         raise InputError(f"{path} lacks model inputs {missing} (it holds {held})")

@@ -253,3 +253,20 @@ def test_cli_bench_refuses_an_inputs_file_without_the_model_input(
     code = main(["bench", str(model_path), "--iters", "1", "--inputs", str(tmp_path / "in.npz")])
     err = capsys.readouterr().err
     assert code == 1 and "lacks model inputs" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("case", ["empty file", "device", "directory", "npy of a wrong kind"])
+def test_cli_bench_says_what_is_wrong_with_an_unreadable_inputs_file(
+        case: str, model_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An inputs file numpy cannot read is a one-line InputError naming it, never an internal
+    error (an empty .npz raised EOFError, /dev/null too)."""
+    path = {"empty file": tmp_path / "in.npz", "device": Path("/dev/null"),
+            "directory": tmp_path, "npy of a wrong kind": tmp_path / "in.npy"}[case]
+    if case == "empty file":
+        path.write_bytes(b"")
+    if case == "npy of a wrong kind":
+        path.write_bytes(b"not a numpy file")
+    code = main(["bench", str(model_path), "--iters", "1", "--inputs", str(path)])
+    err = capsys.readouterr().err
+    assert code == 1 and "InputError" in err and "internal error" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
