@@ -91,6 +91,7 @@ class Op(enum.Enum):
     DROPOUT = "Dropout"
     CAST = "Cast"
     WHERE = "Where"  # (condition, x, y): x where the condition holds, else y; broadcast
+    GATHER = "Gather"  # (data, indices) along an axis (AxisAttrs): run-time or scattered indices
     # opaque float compute: an ONNX subgraph run by onnxruntime or onnx.reference
     ISLAND = "Island"
     # an 8-bit → 8-bit elementwise function given by its value for each of the 256 inputs
@@ -471,6 +472,7 @@ ATTRS: dict[Op, type] = {
     Op.DROPOUT: NoAttrs,
     Op.CAST: CastAttrs,
     Op.WHERE: NoAttrs,
+    Op.GATHER: AxisAttrs,
     Op.ISLAND: IslandAttrs,
     Op.TABLE: TableAttrs,
 }
@@ -493,6 +495,7 @@ ARITY: dict[Op, tuple[int, int | None]] = {
     Op.SUM: (1, None),
     Op.PRELU: (2, 2),
     Op.WHERE: (3, 3),
+    Op.GATHER: (2, 2),
     Op.LAYER_NORM: (2, 3),
     Op.BATCH_NORM: (5, 5),
     Op.CONCAT: (1, None),

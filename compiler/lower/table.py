@@ -104,11 +104,16 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.EXPAND: lower_misc.lower_expand,  # passes/drop_identity bypasses most
     Op.CAST: lower_numpy,
     Op.WHERE: lower_misc.lower_where,
+    Op.GATHER: lower_misc.lower_gather,
     # float islands: the ONNX subgraph run by onnxruntime or onnx.reference
     Op.ISLAND: lower_island.lower_island,
     # an 8-bit elementwise chain as its values for the 256 inputs (passes/table_lookup.py)
     Op.TABLE: lower_island.lower_table,
 }
+
+# Ops whose lowering is itself a numpy kernel, reading values oneDNN cannot describe (int64
+# indices, a bool condition) as they are
+NUMPY_LOWERINGS = frozenset({Op.GATHER, Op.WHERE})
 
 # Inputs from this port on are parameters the oneDNN lowerings read as constants (weights,
 # biases, scales, zero points, normalization statistics); when one arrives at run time the node
@@ -199,6 +204,7 @@ def _numpy_instead(ctx: LowerContext, node: Node) -> str:
     """Why ``node`` runs as a numpy kernel rather than its oneDNN lowering ("" if it does not):
     it reads or writes a value oneDNN cannot describe, or a parameter arrives at run time."""
     if (node.fused is not None or node.op in (Op.ISLAND, Op.DYNAMIC_QUANTIZE_LINEAR)
+            or node.op in NUMPY_LOWERINGS
             or node.op not in IMPLS):  # DynamicQuantizeLinear writes its scalars itself
         return ""
     for value in [*node.inputs, *node.outputs]:  # constants are parameters the lowering reads

@@ -139,11 +139,13 @@ def gather(ctx: Context, node: NodeView) -> None:
     ``qkv[0]`` / ``unbind`` (attention's q, k, v) so. Bit-exact: the values are moved, not
     computed. Indices of rank > 1 reshape the run. 1-D indices in a few runs of consecutive ones
     (out of order, repeated: a channel permutation) are a Concat of the runs' Slices. Other
-    indices (run-time ones, many runs) stay a float island."""
+    indices (run-time ones: an embedding's token ids; many runs) are a Gather node, one numpy
+    kernel (lower_misc.lower_gather)."""
     x = ctx.input_info(node, 0)
     axis = _axis(ctx, node, int(node.attr("axis", 0)), x.rank)
     if not ctx.is_const(node.input(1)):
-        raise ctx.unsupported(node, "indices known only at run time")
+        ctx.emit(node, Op.GATHER, node.inputs[:2], AxisAttrs(axis))
+        return
     indices = np.asarray(ctx.const(node, 1, "indices"))
     dim = x.shape[axis]
     flat = [int(i) for i in indices.reshape(-1).tolist()]
@@ -155,7 +157,8 @@ def gather(ctx: Context, node: NodeView) -> None:
     if [i % dim for i in flat] != list(range(first, first + len(flat))):
         runs = _runs([i % dim for i in flat])
         if indices.ndim != 1 or len(runs) > MAX_GATHER_RUNS:
-            raise ctx.unsupported(node, f"indices {flat} are not consecutive")
+            ctx.emit(node, Op.GATHER, node.inputs[:2], AxisAttrs(axis))
+            return
         _gather_runs(ctx, node, axis, runs)
         return
     attrs = SliceAttrs((first,), (first + len(flat),), (axis,), (1,))

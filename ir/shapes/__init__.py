@@ -80,6 +80,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.DROPOUT: arith.preserving,
     Op.CAST: arith.cast,
     Op.WHERE: arith.where,
+    Op.GATHER: arith.gather,
     Op.ISLAND: lambda graph, node: list(node.attrs.infos),  # fixed when the island was built
     Op.TABLE: lambda graph, node: [node.attrs.info],  # the output of the nodes it stands for
 }

@@ -177,6 +177,18 @@ def where(graph: Graph, node: Node) -> list[TensorInfo]:
     return [TensorInfo(broadcast(node, [cond.shape, x.shape, y.shape]), x.dtype)]
 
 
+def gather(graph: Graph, node: Node) -> list[TensorInfo]:
+    """Gather(data, indices) along ``axis``: data's dims with the axis replaced by the indices'
+    (ONNX's rule), data's element type; the indices are integers."""
+    attrs: AxisAttrs = node.attrs
+    data, indices = required(graph, node, 0), required(graph, node, 1)
+    axis = norm_axis(node, attrs.axis, data.rank)
+    if indices.dtype not in (DType.S32, DType.S64):
+        raise fail(node, f"indices are {indices.dtype.name.lower()}, not int32 / int64")
+    return [TensorInfo((*data.shape[:axis], *indices.shape, *data.shape[axis + 1:]),
+                       data.dtype)]
+
+
 def cast(graph: Graph, node: Node) -> list[TensorInfo]:
     attrs: CastAttrs = node.attrs
     return [TensorInfo(required(graph, node, 0).shape, attrs.to)]

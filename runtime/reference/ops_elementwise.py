@@ -73,6 +73,20 @@ def where(node: Node, args: Arrays) -> list[np.ndarray]:
     return [np.where(cond.astype(bool, copy=False), x, y)]
 
 
+@impl(Op.GATHER)
+def gather(node: Node, args: Arrays) -> list[np.ndarray]:
+    """ONNX Gather: ``data`` indexed along ``axis`` by ``indices`` (negative ones count from
+    the end); an index out of range is an error naming the node."""
+    data, indices = need(args, 0), need(args, 1)
+    axis = node.attrs.axis % data.ndim
+    size = data.shape[axis]
+    if indices.size and (indices.min() < -size or indices.max() >= size):
+        bad = indices[(indices < -size) | (indices >= size)].ravel()[0]
+        raise ValueError(f"node {node}: index {int(bad)} is out of range for axis {axis} of "
+                         f"size {size}")
+    return [np.take(data, indices, axis=axis)]
+
+
 @impl(Op.SUM)
 def sum_(node: Node, args: Arrays) -> list[np.ndarray]:
     arrays = [need(args, i) for i in range(len(args))]

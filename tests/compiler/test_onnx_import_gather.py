@@ -1,12 +1,11 @@
 """Gather with constant indices: one index, or a run of consecutive ones, is a Slice (plus a
 Squeeze for a scalar index, a Reshape for indices of rank > 1), exact in every mode; other
-indices stay a float island."""
+indices, and run-time ones, are a Gather node (tests/compiler/test_gather.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from island_helpers import assert_island
 from onnx import TensorProto, helper
 from onnx_builders import init, model, qdq_pair, run_ort, single
 
@@ -70,19 +69,30 @@ def test_indices_in_a_few_runs_are_a_concat_of_slices(indices: np.ndarray, axis:
         np.testing.assert_array_equal(next(iter(got.values())), want)
 
 
-def test_other_constant_indices_stay_an_island() -> None:
-    indices = np.array([[1, 0]], np.int64)  # rank 2, out of order
-    assert_island(single("Gather", SHAPE, [init("i", indices)], axis=2), {"Gather"},
-                  "not consecutive", feeds=_feeds())
-    shape = (1, 40, 2, 2)  # 20 runs of one index (reversed): more than MAX_GATHER_RUNS
-    assert_island(single("Gather", shape, [init("i", np.arange(39, 19, -1))], axis=1),
-                  {"Gather"}, "not consecutive", feeds=_feeds(shape))
+def test_other_constant_indices_are_a_gather_node() -> None:
+    """Indices neither consecutive nor in few runs (rank 2 out of order; 20 runs of one index)
+    are a Gather node (a numpy kernel), no island; bit-exact with onnxruntime in every mode."""
+    shape = (1, 40, 2, 2)
+    for m, feeds in ((single("Gather", SHAPE, [init("i", np.array([[1, 0]], np.int64))],
+                             axis=2), _feeds()),
+                     (single("Gather", shape, [init("i", np.arange(39, 19, -1))], axis=1),
+                      _feeds(shape))):
+        ops = [n.op for n in import_model(m)]
+        assert Op.GATHER in ops and Op.ISLAND not in ops, ops
+        want = run_ort(m, feeds)[0]
+        for mode in ("reference", "fused", "unfused"):
+            got = compile_model(m, mode=mode).run(feeds)
+            np.testing.assert_array_equal(next(iter(got.values())), want)
 
 
-def test_run_time_indices_stay_an_island() -> None:
+def test_run_time_indices_are_a_gather_node() -> None:
     node = helper.make_node("Gather", ["x", "i"], ["y"], name="n", axis=1)
     m = model([node], {"x": (SHAPE, TensorProto.FLOAT), "i": ((), TensorProto.INT64)}, ["y"])
-    assert_island(m, {"Gather"}, "run time", run=False)
+    assert [n.op for n in import_model(m)] == [Op.GATHER]
+    feeds = {**_feeds(), "i": np.array(-1, np.int64)}
+    want = run_ort(m, feeds)[0]
+    for mode in ("reference", "fused", "unfused"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode).run(feeds)["y"], want)
 
 
 def test_an_index_out_of_range_is_refused_naming_the_node() -> None:
