@@ -68,6 +68,8 @@ class Op(enum.Enum):
     REDUCE_SUM_SQUARE = "ReduceSumSquare"
     # float unary math
     SQRT = "Sqrt"
+    EXP = "Exp"
+    LOG = "Log"
     POW = "Pow"  # x ** exponent, the exponent a constant scalar (PowAttrs)
     # pooling
     MAX_POOL = "MaxPool"
@@ -92,6 +94,9 @@ class Op(enum.Enum):
     CAST = "Cast"
     WHERE = "Where"  # (condition, x, y): x where the condition holds, else y; broadcast
     GATHER = "Gather"  # (data, indices) along an axis (AxisAttrs): run-time or scattered indices
+    # comparisons and logic to a bool tensor (LogicAttrs: which one), broadcast: the masks
+    # NLP models compute from an attention mask input
+    LOGIC = "Logic"
     # opaque float compute: an ONNX subgraph run by onnxruntime or onnx.reference
     ISLAND = "Island"
     # an 8-bit → 8-bit elementwise function given by its value for each of the 256 inputs
@@ -367,6 +372,18 @@ class CastAttrs:
     to: DType
 
 
+#: ONNX's comparison and logical ops (LogicAttrs.op): their numpy functions
+LOGIC_OPS = {"Equal": "equal", "Less": "less", "Greater": "greater",
+             "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal",
+             "And": "logical_and", "Or": "logical_or", "Xor": "logical_xor",
+             "Not": "logical_not"}
+
+
+@dataclass(frozen=True)
+class LogicAttrs:
+    op: str  # a key of LOGIC_OPS
+
+
 class IslandEngine(enum.Enum):
     ONNXRUNTIME = "onnxruntime"
     ONNX_REFERENCE = "onnx.reference"
@@ -450,6 +467,8 @@ ATTRS: dict[Op, type] = {
                                   Op.REDUCE_PROD, Op.REDUCE_L1, Op.REDUCE_L2,
                                   Op.REDUCE_SUM_SQUARE)},
     Op.SQRT: NoAttrs,
+    Op.EXP: NoAttrs,
+    Op.LOG: NoAttrs,
     Op.POW: PowAttrs,
     Op.MAX_POOL: PoolAttrs,
     Op.AVG_POOL: PoolAttrs,
@@ -473,6 +492,7 @@ ATTRS: dict[Op, type] = {
     Op.CAST: CastAttrs,
     Op.WHERE: NoAttrs,
     Op.GATHER: AxisAttrs,
+    Op.LOGIC: LogicAttrs,
     Op.ISLAND: IslandAttrs,
     Op.TABLE: TableAttrs,
 }
@@ -496,6 +516,7 @@ ARITY: dict[Op, tuple[int, int | None]] = {
     Op.PRELU: (2, 2),
     Op.WHERE: (3, 3),
     Op.GATHER: (2, 2),
+    Op.LOGIC: (1, 2),
     Op.LAYER_NORM: (2, 3),
     Op.BATCH_NORM: (5, 5),
     Op.CONCAT: (1, None),

@@ -69,7 +69,8 @@ MAX_PAIR_CHANNELS = 4096
 # ops whose output channel c depends on input channel c only (inputs broadcast to the output)
 _ELEMENTWISE = frozenset({
     Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.SUM, Op.RELU, Op.CLIP, Op.LEAKY_RELU, Op.PRELU,
-    Op.SIGMOID, Op.SWISH, Op.TANH, Op.HARD_SIGMOID, Op.HARD_SWISH, Op.GELU, Op.SQRT, Op.POW,
+    Op.SIGMOID, Op.SWISH, Op.TANH, Op.HARD_SIGMOID, Op.HARD_SWISH, Op.GELU, Op.SQRT, Op.EXP,
+    Op.LOG, Op.POW,
     Op.IDENTITY, Op.DROPOUT, Op.CAST, Op.FAKE_QUANTIZE,
 })
 # ops over the spatial dims only, reading their input at port 0 (other ports: sizes, none)

@@ -55,11 +55,15 @@ from qfuse.runtime.reference.interpreter import run_node
 ELEMENTWISE = frozenset({
     Op.QUANTIZE_LINEAR, Op.DEQUANTIZE_LINEAR, Op.ADD, Op.SUB, Op.MUL, Op.DIV, Op.RELU,
     Op.CLIP, Op.LEAKY_RELU, Op.SIGMOID, Op.TANH, Op.HARD_SIGMOID, Op.HARD_SWISH, Op.GELU,
-    Op.SWISH, Op.SQRT, Op.ISLAND})
+    Op.SWISH, Op.SQRT, Op.EXP, Op.LOG, Op.ISLAND})
 # Ops whose oneDNN jit eltwise costs more than the whole table look-up (AVX2, 2 threads, an
 # element: tanh 1.55 ns, gelu 1.8 ns against the table's 0.3-0.6 ns at one thread; logistic
 # 0.28 ns is not among them: a QDQ SiLU gate's chain of 9 post-ops takes 0.6 ns).
 SLOW_OPS = frozenset({Op.TANH, Op.GELU})
+# Ops no kernel takes as a post-op (fuse_post_ops): a chain with one is a dequantize, the op
+# and a quantize kernel otherwise, so the table pays as it does for an island (openWakeWord's
+# log-mel, one table when its Log was an island)
+NOT_POST_OPS = frozenset({Op.EXP, Op.LOG})
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -161,7 +165,7 @@ def _pays(chain: Iterable[Node]) -> bool:
     its own binary kernel; a chain read once is post-ops of the kernel that writes q, which
     a table would only add a kernel to). Module docstring."""
     nodes = list(chain)
-    if any(n.op is Op.ISLAND for n in nodes):
+    if any(n.op is Op.ISLAND or n.op in NOT_POST_OPS for n in nodes):
         return True
     reads = Counter(v for n in nodes for v in n.inputs if v)
     gate = any(reads[v] > 1 for n in nodes for v in n.outputs)

@@ -101,6 +101,8 @@ def _activation(node: Node) -> tuple[Alg, float, float]:
         return Alg.eltwise_hardsigmoid, hs.alpha, hs.beta
     if op is Op.SQRT:
         return Alg.eltwise_sqrt, 0.0, 0.0
+    if op is Op.EXP:
+        return Alg.eltwise_exp, 0.0, 0.0
     if op is Op.POW:
         return _power(node.attrs)
     gelu: GeluAttrs = node.attrs

@@ -83,6 +83,11 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.LRN: lower_reduce.lower_lrn,
     **{op: lower_reduce.lower_reduce for op in lower_reduce.REDUCTIONS},
     Op.SQRT: lower_misc.lower_eltwise,
+    Op.EXP: lower_misc.lower_eltwise,
+    # oneDNN 3.2's eltwise log is within 3.5e-6 absolute only (29 float32 steps at log(0.26));
+    # numpy's is within 3 steps of onnxruntime's
+    Op.LOG: lambda ctx, node: lower_numpy(ctx, node, note="numpy log: oneDNN's eltwise log "
+                                          "is 29 float32 steps off at log(0.26)"),
     Op.POW: lower_misc.lower_eltwise,
     # data movement
     Op.CONCAT: lower_misc.lower_concat,
@@ -105,6 +110,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     Op.CAST: lower_numpy,
     Op.WHERE: lower_misc.lower_where,
     Op.GATHER: lower_misc.lower_gather,
+    Op.LOGIC: lower_numpy,  # bool values: no oneDNN type
     # float islands: the ONNX subgraph run by onnxruntime or onnx.reference
     Op.ISLAND: lower_island.lower_island,
     # an 8-bit elementwise chain as its values for the 256 inputs (passes/table_lookup.py)

@@ -47,6 +47,7 @@ from qfuse.compiler.onnx_import.context import (
     symbolic_dims,
 )
 from qfuse.ir.graph import Graph, GraphError
+from qfuse.ir.ops import LOGIC_OPS
 from qfuse.ir.limits import check_shape, check_total, element_count, limits
 from qfuse.ir.shapes import infer_shapes
 from qfuse.ir.types import TensorInfo
@@ -89,6 +90,7 @@ _DEFAULT: dict[str, Converter] = {
     "Gelu": convert_math.gelu,
     "Softmax": convert_math.softmax,
     "Where": convert_math.where,
+    **{op: convert_math.logic for op in LOGIC_OPS},
     "LogSoftmax": convert_math.softmax,
     "LayerNormalization": convert_math.layer_norm,
     "InstanceNormalization": convert_math.instance_norm,
@@ -99,6 +101,8 @@ _DEFAULT: dict[str, Converter] = {
     "ReduceLogSumExp": convert_reduce.no_log_form,
     "LRN": convert_reduce.lrn,
     "Sqrt": convert_reduce.sqrt,
+    "Exp": convert_reduce.sqrt,
+    "Log": convert_reduce.sqrt,
     "Pow": convert_reduce.power,
     "Concat": convert_layout.concat,
     "Split": convert_layout.split,

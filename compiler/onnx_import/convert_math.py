@@ -25,6 +25,7 @@ from qfuse.ir.ops import (
     GemmAttrs,
     HardSigmoidAttrs,
     LayerNormAttrs,
+    LogicAttrs,
     Op,
     TransposeAttrs,
 )
@@ -67,6 +68,16 @@ def neg(ctx: Context, node: NodeView) -> None:
 
 def unary(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, _UNARY[node.op_type], node.inputs[:1])
+
+
+def logic(ctx: Context, node: NodeView) -> None:
+    """Equal, Less, Greater, LessOrEqual, GreaterOrEqual, And, Or, Xor, Not: one Logic node
+    (a numpy kernel; an attention mask's ``mask == 0``). Both operands of one type."""
+    arity = 1 if node.op_type == "Not" else 2
+    types = {ctx.input_info(node, i).dtype for i in range(arity)}
+    if len(types) != 1:
+        raise ctx.malformed(node, f"operands of types {sorted(t.name for t in types)}")
+    ctx.emit(node, Op.LOGIC, node.inputs[:arity], LogicAttrs(node.op_type))
 
 
 def where(ctx: Context, node: NodeView) -> None:

@@ -103,8 +103,10 @@ def lrn(ctx: Context, node: NodeView) -> None:
 
 
 def sqrt(ctx: Context, node: NodeView) -> None:
+    """Sqrt, Exp and Log of float32 (oneDNN's eltwise: docs/numerics.md)."""
     _float32(ctx, node)
-    ctx.emit(node, Op.SQRT, node.inputs[:1])
+    ctx.emit(node, {"Sqrt": Op.SQRT, "Exp": Op.EXP, "Log": Op.LOG}[node.op_type],
+             node.inputs[:1])
 
 
 def power(ctx: Context, node: NodeView) -> None:

@@ -58,6 +58,8 @@ SHAPE_RULES: dict[Op, Rule] = {
                                    Op.REDUCE_PROD, Op.REDUCE_L1, Op.REDUCE_L2,
                                    Op.REDUCE_SUM_SQUARE)},
     Op.SQRT: arith.unary,
+    Op.EXP: arith.unary,
+    Op.LOG: arith.unary,
     Op.POW: arith.unary,
     Op.MAX_POOL: spatial.max_pool,
     Op.AVG_POOL: spatial.avg_pool,
@@ -81,6 +83,7 @@ SHAPE_RULES: dict[Op, Rule] = {
     Op.CAST: arith.cast,
     Op.WHERE: arith.where,
     Op.GATHER: arith.gather,
+    Op.LOGIC: arith.logic,
     Op.ISLAND: lambda graph, node: list(node.attrs.infos),  # fixed when the island was built
     Op.TABLE: lambda graph, node: [node.attrs.info],  # the output of the nodes it stands for
 }

@@ -189,6 +189,12 @@ def gather(graph: Graph, node: Node) -> list[TensorInfo]:
                        data.dtype)]
 
 
+def logic(graph: Graph, node: Node) -> list[TensorInfo]:
+    """A comparison or logical op: the operands' broadcast shape, bool."""
+    infos = [required(graph, node, i) for i in range(len(node.inputs))]
+    return [TensorInfo(broadcast(node, [i.shape for i in infos]), DType.BOOL)]
+
+
 def cast(graph: Graph, node: Node) -> list[TensorInfo]:
     attrs: CastAttrs = node.attrs
     return [TensorInfo(required(graph, node, 0).shape, attrs.to)]

@@ -28,6 +28,7 @@ from qfuse.ir.ops import (
     GeluAttrs,
     HardSigmoidAttrs,
     HardSwishAttrs,
+    LOGIC_OPS,
     Op,
     TableAttrs,
 )
@@ -71,6 +72,14 @@ def where(node: Node, args: Arrays) -> list[np.ndarray]:
     cond, x, y = need(args, 0), need(args, 1), need(args, 2)
     _same_type(x, y)
     return [np.where(cond.astype(bool, copy=False), x, y)]
+
+
+@impl(Op.LOGIC)
+def logic(node: Node, args: Arrays) -> list[np.ndarray]:
+    """ONNX's comparisons (Equal, Less, ...) and logical ops (And, Or, Xor, Not): numpy's,
+    broadcast the same way; bool out."""
+    function = getattr(np, LOGIC_OPS[node.attrs.op])
+    return [np.asarray(function(*[need(args, i) for i in range(len(node.inputs))]), bool)]
 
 
 @impl(Op.GATHER)

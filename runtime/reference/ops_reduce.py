@@ -89,6 +89,14 @@ def sqrt(node: Node, args: Arrays) -> list[np.ndarray]:
         return [np.sqrt(x)]
 
 
+@impl(Op.EXP, Op.LOG)
+def exp_log(node: Node, args: Arrays) -> list[np.ndarray]:
+    """float32 exp / log as numpy computes them (log of a negative NaN, of 0 -inf)."""
+    x = need(args, 0)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return [(np.exp if node.op is Op.EXP else np.log)(x)]
+
+
 @impl(Op.POW)
 def power(node: Node, args: Arrays) -> list[np.ndarray]:
     attrs: PowAttrs = node.attrs
