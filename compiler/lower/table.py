@@ -34,7 +34,7 @@ from qfuse.compiler.lower.context import LowerContext, Options
 from qfuse.compiler.lower.fallback import lower_numpy
 from qfuse.compiler.lower.layouts import is_host
 from qfuse.compiler.lower.no_vnni import isa_notes
-from qfuse.compiler.lower.plan import Plan
+from qfuse.compiler.lower.plan import Plan, Slot
 from qfuse.ir import DType, Graph, Node, Op
 from qfuse.runtime.onednn import DataType, DnnlError
 from qfuse.runtime.reference import IMPLS
@@ -170,7 +170,9 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
             raise UnsupportedModelError(f"node {node}: no oneDNN lowering for {node.op.value}")
         why = _numpy_instead(ctx, node)
         try:
-            if why:
+            if why and _host_view(ctx, node):
+                pass
+            elif why:
                 lower_numpy(ctx, node, note=why)
             else:
                 _lower_or_numpy(ctx, node, fn)
@@ -187,6 +189,31 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
     log.info("lowered %s: %d kernels, %d reorders, %d io reorders", graph.name,
              len(plan.kernels), plan.reorders, plan.io_reorders)
     return plan
+
+
+# Ops that keep the bytes and change only the shape: over a host value (int64, bool: an
+# attention mask's Unsqueeze), a view of the same bytes instead of a numpy copy
+HOST_VIEW_OPS = frozenset({Op.RESHAPE, Op.UNSQUEEZE, Op.SQUEEZE, Op.FLATTEN, Op.IDENTITY})
+
+
+def _host_view(ctx: LowerContext, node: Node) -> bool:
+    """``node``'s output as a host slot aliasing its run-time host input (no kernel), where
+    ``node`` only reshapes (HOST_VIEW_OPS); False (nothing added) otherwise."""
+    if node.op not in HOST_VIEW_OPS or node.fused is not None:
+        return False
+    x, y = node.inputs[0], node.outputs[0]
+    xinfo, yinfo = ctx.info(x), ctx.info(y)
+    if (ctx.const(x) is not None or not is_host(xinfo) or not is_host(yinfo)
+            or xinfo.dtype is not yinfo.dtype):
+        return False
+    home = ctx.home_slot(x)
+    if ctx.slots[home].host is None:
+        return False
+    name = ctx.fresh(y)
+    ctx.slots[name] = Slot(name, ctx.slots[home].md, alias=home,
+                           host=(tuple(yinfo.shape), yinfo.dtype.np))
+    ctx.home[y] = name
+    return True
 
 
 def _lower_or_numpy(ctx: LowerContext, node: Node, fn: LowerFn) -> None:
