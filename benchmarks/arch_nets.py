@@ -25,6 +25,10 @@ sub-pixel upsampler, a U-Net's odd-sized skips, a causal decoder) matter more th
   Conv1d pairs through tanh · sigmoid, residual and summed skip connections.
 - ``net_gru``: a keyword-spotting-style recurrent classifier: a Conv1d over 40 features, a
   GRU of 96 hidden units over 100 frames (PyTorch's, linear before reset), a Linear head.
+- ``net_bert``: a BERT-style encoder (Devlin et al. 2019) over int64 token ids and attention
+  mask (``NET_INPUTS``, fed by ``feeds``): an embedding Gather, the mask extended as Hugging
+  Face writes it (``masked_fill`` of the inverted mask with the dtype's minimum, added to the
+  scores), post-norm blocks with erf GELU, a classifier on the first token.
 """
 
 from __future__ import annotations
@@ -32,7 +36,22 @@ from __future__ import annotations
 from typing import Any
 
 NET_MODELS = ("net_espcn", "net_srres", "net_unet_bilinear", "net_unet_nearest", "net_unet_pad",
-              "net_audio1d", "net_gpt", "net_tcn", "net_conformer", "net_wavenet", "net_gru")
+              "net_audio1d", "net_gpt", "net_tcn", "net_conformer", "net_wavenet", "net_gru",
+              "net_bert")
+# graph input names of the models that take more than one input or integer ones
+NET_INPUTS = {"net_bert": ("input_ids", "attention_mask")}
+_VOCAB, _TOKENS = 1000, 32
+
+
+def feeds(name: str, rng: Any) -> dict[str, Any]:
+    """Inputs of the kind ``name`` (a key of NET_INPUTS) reads: token ids and a mask of ones
+    then zeros (padding from a random length on)."""
+    import numpy as np
+
+    length = int(rng.integers(8, _TOKENS + 1))
+    mask = (np.arange(_TOKENS) < length).astype(np.int64)[None]
+    return {"input_ids": rng.integers(0, _VOCAB, (1, _TOKENS)).astype(np.int64),
+            "attention_mask": mask}
 
 
 def build(name: str) -> tuple[Any, Any]:
@@ -58,6 +77,10 @@ def build(name: str) -> tuple[Any, Any]:
         return _wavenet(), torch.randn(1, 1, 4000)
     if name == "net_gru":
         return _gru(), torch.randn(1, 40, 100)
+    if name == "net_bert":
+        example = {k: torch.from_numpy(v) for k, v in feeds(name, __import__("numpy").random
+                                                               .default_rng(0)).items()}
+        return _bert(), (example["input_ids"], example["attention_mask"])
     raise KeyError(f"unknown architecture {name!r}: one of {', '.join(NET_MODELS)}")
 
 
@@ -319,3 +342,43 @@ def _gru() -> Any:
             return self.fc(y[:, -1])
 
     return GRUNet()
+
+
+def _bert(dim: int = 128, heads: int = 4, layers: int = 2) -> Any:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv, self.out = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x: Any, bias: Any) -> Any:
+            b, t, d = x.shape
+            q, k, v = (z.view(b, t, heads, -1).transpose(1, 2)
+                       for z in self.qkv(x).split(d, 2))
+            a = ((q @ k.transpose(-2, -1)) / (q.size(-1) ** 0.5) + bias).softmax(-1)
+            x = self.ln1(x + self.out((a @ v).transpose(1, 2).reshape(b, t, d)))
+            return self.ln2(x + self.fc2(F.gelu(self.fc1(x))))
+
+    class BERT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(_VOCAB, dim)
+            self.pos = nn.Parameter(torch.randn(1, _TOKENS, dim) * 0.02)
+            self.ln = nn.LayerNorm(dim)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.cls = nn.Linear(dim, 2)
+
+        def forward(self, ids: Any, mask: Any) -> Any:
+            x = self.ln(self.embed(ids) + self.pos)
+            inverted = 1.0 - mask[:, None, None, :].to(x.dtype)
+            bias = inverted.masked_fill(inverted.to(torch.bool), torch.finfo(x.dtype).min)
+            for block in self.blocks:
+                x = block(x, bias)
+            return self.cls(x[:, 0])
+
+    return BERT()

