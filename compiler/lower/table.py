@@ -84,10 +84,7 @@ LOWERINGS: dict[Op, LowerFn] = {
     **{op: lower_reduce.lower_reduce for op in lower_reduce.REDUCTIONS},
     Op.SQRT: lower_misc.lower_eltwise,
     Op.EXP: lower_misc.lower_eltwise,
-    # oneDNN 3.2's eltwise log is within 3.5e-6 absolute only (29 float32 steps at log(0.26));
-    # numpy's is within 3 steps of onnxruntime's
-    Op.LOG: lambda ctx, node: lower_numpy(ctx, node, note="numpy log: oneDNN's eltwise log "
-                                          "is 29 float32 steps off at log(0.26)"),
+    Op.LOG: lower_misc.lower_log,
     Op.POW: lower_misc.lower_eltwise,
     # data movement
     Op.CONCAT: lower_misc.lower_concat,
@@ -170,12 +167,10 @@ def lower(graph: Graph, options: Options | None = None) -> Plan:
             raise UnsupportedModelError(f"node {node}: no oneDNN lowering for {node.op.value}")
         why = _numpy_instead(ctx, node)
         try:
-            if why and _host_view(ctx, node):
-                pass
-            elif why:
-                lower_numpy(ctx, node, note=why)
-            else:
+            if not why:
                 _lower_or_numpy(ctx, node, fn)
+            elif not _host_view(ctx, node):
+                lower_numpy(ctx, node, note=why)
         except (UnsupportedModelError, LoweringError):
             raise
         except Exception as exc:
