@@ -27,7 +27,7 @@ dequantize reorder on the small map 0.16 ms (2 threads, AVX2). PP-OCRv4 det NNCF
 
 Except where the enlargement is by whole factors of the spatial dims and the dequantize has
 one zero point: the dequantize then stays with the Resize, and the lowering
-(compiler/lower/lower_resize.py ``_repeat_dequantize``) runs both as one reorder from a view of
+(compiler/lower/lower_resize.py ``_copied_runs``) runs both as one reorder from a view of
 the 8-bit map that repeats each element (stride 0; output index ``o`` of a dim enlarged k
 times reads ``o // k``, the index oneDNN's and ONNX's nearest read there) into the float32
 output, the zero point and scale as the reorder's own: ``f32(q - zp)·s`` rounded once, as the
@@ -111,7 +111,7 @@ def _enlarges(graph: Graph, resize: Node) -> bool:
 def _repeats(graph: Graph, resize: Node, p: DqParams) -> bool:
     """An enlargement by whole factors of the spatial dims whose dequantize has one zero
     point: the lowering copies and dequantizes in one reorder (lower_resize
-    ``_repeat_dequantize``), so the dequantize stays with the Resize."""
+    ``_copied_runs``), so the dequantize stays with the Resize."""
     return np.unique(p.zero_point).size == 1 and whole_factor_enlargement(
         graph.info(resize.inputs[0]).shape, graph.info(resize.outputs[0]).shape)
 

@@ -100,7 +100,6 @@ from qfuse.compiler.lower.layouts import (
     dense_in_order,
     dim_order,
     dnnl_type,
-    repeating_views,
     memory_order_groups,
     plain_md,
     row_major,
@@ -271,7 +270,10 @@ def lower_resize(ctx: LowerContext, node: Node) -> None:
     if decision.how == "alias":
         ctx.home[y] = ctx.home_slot(x)
     elif decision.how == "onednn":
-        if not _repeat_dequantize(ctx, node, decision.note):
+        # a whole-factor enlargement with its dequantize: one reorder repeating x's elements
+        if not (node.fused is not None
+                and whole_factor_enlargement(ctx.info(x).shape, ctx.info(y).shape)
+                and _copied_runs(ctx, node, decision.note)):
             _lower_nearest(ctx, node, decision.note)
     elif decision.how == "onednn_linear":
         _lower_nearest(ctx, node, decision.note, Alg.resampling_linear)
@@ -330,14 +332,22 @@ def nearest_runs(index: np.ndarray) -> list[Run]:
 
 
 def _copied_runs(ctx: LowerContext, node: Node, note: str) -> bool:
-    """A nearest Resize whose indices oneDNN's resampling does not share (a non-integer
-    factor: GhostNetV2's gates 3 → 7, a U-Net's 12 → 25) as copies: each dim's output indices
-    fall into a few runs (``nearest_runs``), and per combination of runs one jit reorder
-    copies a view of x that repeats (stride 0) and steps over its elements into y, a chain
-    that is a dequantize with one zero point as the reorder's source scale and zero point (as
-    ``_repeat_dequantize``; checked on every byte value). Taken for at most
-    ``MAX_RUN_COPIES`` copies of a strided x whose N and C are not resized. False (nothing
-    added) otherwise."""
+    """A nearest Resize as copies: each dim's output indices fall into a few runs
+    (``nearest_runs``), and per combination of runs one jit reorder copies a view of x that
+    repeats (stride 0) and steps over its elements into y, in x's dim order. A chain that is a
+    dequantize with one zero point (passes/fold_resize_dequantize.py) is the reorders' source
+    scale and zero point, ``f32(q - zp)·s`` rounded once as the dequantize computes it; a zero
+    point is checked once at compile time on every byte value (oneDNN 3.2's reorders drop it
+    in some layout changes, compiler/lower/reorder_check.py). Taken for at most
+    ``MAX_RUN_COPIES`` copies of a strided x whose N and C are not resized; False (nothing
+    added) otherwise, and in the unfused mode with a chain.
+
+    Where: a Resize oneDNN's resampling reads other elements for (a non-integer factor:
+    GhostNetV2's gates 3 → 7, a U-Net's 12 → 25), else a numpy gather; and an enlargement by
+    whole factors with its dequantize, one run a dim, one reorder (the resampling with the
+    dequantize as post-ops took 1.38 ms on PP-OCRv4 det's 96 x 60 x 80 map under AVX2; the
+    dequantize on the small map and a float32 resampling 51 + 53 µs; the reorder 60 µs on
+    AVX-512)."""
     attrs: ResizeAttrs = node.attrs
     x, y = node.inputs[0], node.outputs[0]
     shape, out = ctx.info(x).shape, ctx.info(y).shape
@@ -358,7 +368,7 @@ def _copied_runs(ctx: LowerContext, node: Node, note: str) -> bool:
     dtype = DataType.f32 if found is not None else home.dtype
     dst_md = dense_in_order(home, out, dtype)
     attr, fixed = PrimitiveAttr(), {}
-    if found is not None:
+    if found is not None:  # the dequantize: the reorders' source scale and zero point
         scale, zero_point = found
         attr.set_scales_mask(Arg.SRC, 0 if scale.size == 1 else 1 << 1)
         fixed[int(Arg.scales(Arg.SRC))] = Memory.scales(scale)
@@ -374,14 +384,15 @@ def _copied_runs(ctx: LowerContext, node: Node, note: str) -> bool:
     src = ctx.source(x, home)
     dst = ctx.define(y, dst_md)
     src_size, dst_size = home.numpy_dtype.itemsize, dst_md.numpy_dtype.itemsize
+    count = "one reorder" if len(copies) == 1 else f"{len(copies)} reorders"
+    dequantize = "" if found is None else (
+        f", the dequantize its source {'zero point and ' * bool(found[1])}scale")
     for pd, src_view, dst_view, s_off, d_off in copies:
         reads = ctx.temp(f"{x}@run", src_view, alias=src, offset=s_off * src_size)
         into = ctx.temp(f"{y}@run", dst_view, alias=dst, offset=d_off * dst_size)
         ctx.add_primitive(node.name, pd, {int(Arg.SRC): reads, int(Arg.DST): into}, fixed,
-                          info=ctx.info_for(node, note=f"{note}; {len(copies)} reorders "
-                                                       "copying runs of repeated elements"
-                                                       + (", the dequantize their source "
-                                                          "scale" if found else "")))
+                          info=ctx.info_for(node, note=f"{note}; {count} copying runs of "
+                                                       f"repeated elements{dequantize}"))
     return True
 
 
@@ -502,54 +513,6 @@ def _lower_nearest(ctx: LowerContext, node: Node, note: str,
     info = ctx.info_for(node, note=note) if built is None else ctx.info_for(
         node, note=note, post_ops=built.names, post_op_details=built.details)
     ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): dst}, fixed, info=info)
-
-
-def _repeat_dequantize(ctx: LowerContext, node: Node, note: str) -> bool:
-    """A nearest enlargement by whole factors whose chain is a dequantize with one zero point
-    (passes/fold_resize_dequantize.py) as one reorder: from a view of x that repeats each
-    element along the enlarged dims (stride 0: output index ``o`` of a dim enlarged k times
-    reads ``o // k``, the index oneDNN's nearest and ONNX's read here, module docstring) into
-    y, float32, in x's dim order, the dequantize as the reorder's source zero point and scale
-    — ``f32(q - zp)·s`` rounded once, what the dequantize computes. A zero point is checked
-    once at compile time on every byte value (oneDNN 3.2's reorders drop it in some layout
-    changes, compiler/lower/reorder_check.py). False (nothing added) where it does not apply:
-    the unfused mode, another chain, per-channel zero points, a blocked source, a factor that
-    is not whole, no jit reorder for the views, or a check that fails. The resampling with the
-    dequantize as post-ops took 1.38 ms on PP-OCRv4 det's 96 x 60 x 80 map (AVX2); the
-    dequantize before it on the small map and the float32 resampling 51 + 53 us, the one
-    reorder 60 us (AVX-512)."""
-    if ctx.options.mode == "unfused" or node.fused is None:
-        return False
-    found = _dequantize_params(node.fused.chain)
-    x, y = node.inputs[0], node.outputs[0]
-    shape, out = ctx.info(x).shape, ctx.info(y).shape
-    home = ctx.md_of(x)
-    if (found is None or not whole_factor_enlargement(shape, out) or not home.is_plain
-            or found[0].size not in (1, shape[1])):
-        return False
-    scale, zero_point = found
-    dst_md = dense_in_order(home, out, DataType.f32)
-    src_view, dst_view = repeating_views(home, dst_md)
-    attr = PrimitiveAttr()
-    attr.set_scales_mask(Arg.SRC, 0 if scale.size == 1 else 1 << 1)
-    fixed = {int(Arg.scales(Arg.SRC)): Memory.scales(scale)}
-    if zero_point:
-        attr.set_zero_points_mask(Arg.SRC, 0)
-        fixed[int(Arg.zero_points(Arg.SRC))] = Memory.zero_points(zero_point)
-    pd = reorder(src_view, dst_view, attr=attr)
-    if not pd.impl_name.startswith("jit") or (
-            zero_point and not _repeats_exactly(pd, src_view, dst_view, fixed, scale,
-                                                zero_point)):
-        return False
-    src = ctx.temp(f"{x}@repeated", src_view, alias=ctx.source(x, home))
-    dst = ctx.define(y, dst_md)
-    into = ctx.temp(f"{y}@repeated", dst_view, alias=dst)
-    ctx.add_primitive(node.name, pd, {int(Arg.SRC): src, int(Arg.DST): into}, fixed,
-                      info=ctx.info_for(node, note=f"{note}; one reorder repeating x's "
-                                                   f"elements, the dequantize its source "
-                                                   f"{'zero point and ' * bool(zero_point)}"
-                                                   f"scale"))
-    return True
 
 
 def _dequantize_params(chain: Sequence[object]) -> tuple[np.ndarray, int] | None:

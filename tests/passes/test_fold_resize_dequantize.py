@@ -113,7 +113,7 @@ def test_a_whole_factor_enlargement_is_one_reorder(
         per_channel: bool, scales: tuple[float, float], zero_point: int) -> None:
     """Whole factors, one zero point: the dequantize stays with the Resize and both are one
     jit reorder from a view of the u8 map repeating each element, the zero point and scale
-    its own (lower_resize ``_repeat_dequantize``): one kernel instead of a dequantize and a
+    its own (lower_resize ``_copied_runs``: one run a dim): one kernel instead of a dequantize and a
     float32 resampling, bit-exact in every mode."""
     m = _model(per_channel=per_channel, scales=scales, zero_point=zero_point)
     on, off = compile_model(m), compile_model(m, composer=OFF)
