@@ -59,6 +59,7 @@ from qfuse.compiler.lower.layouts import (
 )
 from qfuse.ir import DType, Node, Op, TensorInfo
 from qfuse.ir.graph import scale_product
+from qfuse.ir.chain import Fused
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
 from qfuse.ir.postops import Binary, Composed, Eltwise, Sum, TensorBinary
 from qfuse.runtime.onednn import (
@@ -432,11 +433,8 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
             and _depthwise_if_faster(xinfo, yinfo, w, geometry)):
         reps = w.shape[1]
         src, wide = repeated_channels(ctx, x, reps)
-        clone = Node(node.name, node.op, node.attrs, [src, *node.inputs[1:]],
-                     list(node.outputs), list(node.origin), node.meta, node.fused)
-        first = len(ctx.kernels)
-        _lower_conv(ctx, clone, w.reshape(g * reps, 1, 1, *w.shape[3:]), g * reps, geometry,
-                    src_info=wide)
+        first = _lower_over(ctx, node, src, wide, w.reshape(g * reps, 1, 1, *w.shape[3:]),
+                            g * reps, geometry)
         _note_since(ctx, node, first, f"{g} groups of {reps} output channels as a depthwise "
                     f"convolution over the source's channels repeated {reps} times: oneDNN "
                     "has no fast kernel for the grouped one")
@@ -452,13 +450,11 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         src, wide = folded
         folded_geometry = fold.geometry(len(geometry["strides"]))
         ones = folded_geometry["strides"]
-        clone = Node(node.name, node.op, replace(
-            attrs, kernel_shape=(*ones[1:], fold.taps), strides=ones, dilations=ones,
-            pads=(*folded_geometry["padding_l"], *folded_geometry["padding_r"])),
-            [src, *node.inputs[1:]], list(node.outputs), list(node.origin), node.meta,
-            node.fused)
-        first = len(ctx.kernels)
-        _lower_conv(ctx, clone, fold.weights(w), 1, folded_geometry, src_info=wide)
+        first = _lower_over(ctx, node, src, wide, fold.weights(w), 1, folded_geometry,
+                            attrs=replace(attrs, kernel_shape=(*ones[1:], fold.taps),
+                                          strides=ones, dilations=ones,
+                                          pads=(*folded_geometry["padding_l"],
+                                                *folded_geometry["padding_r"])))
         _note_since(ctx, node, first, f"stride {fold.stride} folded into the channels: "
                     f"{xinfo.shape[1]} → {wide.shape[1]} input channels, {w.shape[-1]} → "
                     f"{fold.taps} taps, stride 1, over the same bytes (oneDNN sums 4 input "
@@ -468,14 +464,11 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         src, wide = conv_windows.windows_source(ctx, x, windows)
         n = len(windows.kernel)
         ones, zeros = (1,) * n, (0,) * n
-        clone = Node(node.name, node.op, replace(attrs, kernel_shape=ones, strides=ones,
-                                                 pads=zeros * 2, dilations=ones),
-                     [src, *node.inputs[1:]], list(node.outputs), list(node.origin), node.meta,
-                     node.fused)
-        first = len(ctx.kernels)
-        _lower_conv(ctx, clone, w.reshape(w.shape[0], -1, *ones), 1,
-                    {"strides": ones, "padding_l": zeros, "padding_r": zeros,
-                     "dilation": zeros}, src_info=wide)
+        first = _lower_over(ctx, node, src, wide, w.reshape(w.shape[0], -1, *ones), 1,
+                            {"strides": ones, "padding_l": zeros, "padding_r": zeros,
+                             "dilation": zeros},
+                            attrs=replace(attrs, kernel_shape=ones, strides=ones,
+                                          pads=zeros * 2, dilations=ones))
         _note_since(ctx, node, first, f"a 1x1 convolution over its {windows.blocks}-block "
                     f"copy of the source's windows: oneDNN's kernels for {xinfo.shape[1]} "
                     "input channel(s) are slow")
@@ -487,13 +480,10 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
         src, wide = padded_depthwise.padded_source(ctx, x, padded)
         n = len(geometry["padding_l"])
         meta = {k: v for k, v in node.meta.items() if k != "composed_multiply"}
-        clone = Node(node.name, node.op, replace(attrs, pads=(0,) * (2 * n)),
-                     [src, *node.inputs[1:]], list(node.outputs), list(node.origin), meta,
-                     replace(node.fused, src_zero_point=0))
-        first = len(ctx.kernels)
-        _lower_conv(ctx, clone, w, g, {**geometry, "padding_l": (0,) * n,
-                                       "padding_r": (0,) * n},
-                    src_info=wide, padded=padded)
+        first = _lower_over(ctx, node, src, wide, w, g,
+                            {**geometry, "padding_l": (0,) * n, "padding_r": (0,) * n},
+                            attrs=replace(attrs, pads=(0,) * (2 * n)), meta=meta,
+                            fused=replace(node.fused, src_zero_point=0), padded=padded)
         impl = next(k.impl for k in reversed(ctx.kernels) if k.info.node == node.name)
         if impl.startswith("brdgmm"):
             _note_since(ctx, node, first, f"over its source padded explicitly with the zero "
@@ -513,6 +503,23 @@ def lower_conv(ctx: LowerContext, node: Node) -> None:
     _lower_conv(ctx, node, dense, 1, geometry)
     _note_since(ctx, node, first, f"{g} groups as one dense convolution (block-diagonal "
                 "weights): oneDNN has only ref:any for the grouped one")
+
+
+def _lower_over(ctx: LowerContext, node: Node, src: str, wide: TensorInfo, w: np.ndarray,
+                g: int, geometry: dict[str, Sequence[int]], *,
+                attrs: ConvAttrs | ConvTransposeAttrs | None = None,
+                meta: dict[str, object] | None = None, fused: Fused | None = None,
+                padded: padded_depthwise.Padded | None = None) -> int:
+    """``node`` lowered over another source ``src`` (its tensor info ``wide``: repeated
+    channels, a folded stride, windows, a padded copy) with oneDNN's weights ``w`` in ``g``
+    groups and ``geometry``; ``attrs``, ``meta``, ``fused``: the node's own unless given. The
+    index of its first kernel (for ``_note_since``)."""
+    clone = Node(node.name, node.op, node.attrs if attrs is None else attrs,
+                 [src, *node.inputs[1:]], list(node.outputs), list(node.origin),
+                 node.meta if meta is None else meta, node.fused if fused is None else fused)
+    first = len(ctx.kernels)
+    _lower_conv(ctx, clone, w, g, geometry, src_info=wide, padded=padded)
+    return first
 
 
 def _note_since(ctx: LowerContext, node: Node, first: int, note: str) -> None:
