@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Stream, get_num_threads, set_num_threads
+from qfuse.runtime.onednn import Arg, Memory, MemoryDesc, Stream
+from qfuse.runtime.onednn.threads import team
 from qfuse.runtime.onednn._lib import check
 from qfuse.runtime.onednn.primitive import BoundPrimitive
 
@@ -170,24 +171,16 @@ def _in_team(count: int, run: Callable[[], None],
              call: tuple[Callable[..., Any], tuple[Any, ...]]
              ) -> tuple[Callable[[], None], tuple[Callable[..., Any], tuple[Any, ...]]]:
     """``run`` and ``call`` of a kernel made for ``count`` threads (``Kernel.team``), each
-    executed with that team size and the caller's restored after (two OpenMP calls)."""
+    executed in a team of that size, the caller's restored after (``threads.team``)."""
     function, arguments = call
 
     def run_in_team() -> None:
-        before = get_num_threads()
-        set_num_threads(count)
-        try:
+        with team(count):
             run()
-        finally:
-            set_num_threads(before)
 
     def call_in_team(*args: Any) -> int:
-        before = get_num_threads()
-        set_num_threads(count)
-        try:
+        with team(count):
             return int(function(*args))
-        finally:
-            set_num_threads(before)
 
     return run_in_team, (call_in_team, arguments)
 
