@@ -13,6 +13,7 @@ oneDNN kernel would have computed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,12 +26,11 @@ from qfuse.runtime.reference.interpreter import run_node
 log = logging.getLogger(__name__)
 
 
-def lower_numpy(ctx: LowerContext, node: Node, note: str = "") -> None:
-    """One numpy kernel computing ``node`` with its reference implementation."""
-    impl = IMPLS.get(node.op)
-    if impl is None:
-        raise UnsupportedModelError(f"node {node}: no oneDNN lowering and no numpy "
-                                    f"implementation of {node.op.value}")
+def numpy_inputs(ctx: LowerContext, node: Node
+                 ) -> tuple[list[str], Callable[[list[np.ndarray]], list[np.ndarray | None]]]:
+    """For a numpy kernel of ``node``: the slots it reads (its run-time inputs, row-major or
+    host), and a function giving every input in port order from those arrays, the constants
+    taken once here (None where an input is absent)."""
     ports: list[int] = []  # input ports read from slots; others are constants or absent
     constants: list[np.ndarray | None] = []
     reads: list[str] = []
@@ -40,6 +40,23 @@ def lower_numpy(ctx: LowerContext, node: Node, note: str = "") -> None:
         if value and data is None:
             ports.append(port)
             reads.append(ctx.plain_source(value))
+
+    def inputs(arrays: list[np.ndarray]) -> list[np.ndarray | None]:
+        args = list(constants)
+        for port, array in zip(ports, arrays, strict=True):
+            args[port] = array
+        return args
+
+    return reads, inputs
+
+
+def lower_numpy(ctx: LowerContext, node: Node, note: str = "") -> None:
+    """One numpy kernel computing ``node`` with its reference implementation."""
+    impl = IMPLS.get(node.op)
+    if impl is None:
+        raise UnsupportedModelError(f"node {node}: no oneDNN lowering and no numpy "
+                                    f"implementation of {node.op.value}")
+    reads, inputs = numpy_inputs(ctx, node)
     writes = []
     dtypes = []
     for value in node.outputs:
@@ -49,9 +66,7 @@ def lower_numpy(ctx: LowerContext, node: Node, note: str = "") -> None:
     graph, composed = ctx.graph, "composed" in node.meta
 
     def run(arrays: list[np.ndarray]) -> list[np.ndarray]:
-        args = list(constants)
-        for port, array in zip(ports, arrays, strict=True):
-            args[port] = array
+        args = inputs(arrays)
         outs = run_node(node, args, graph, composed=composed) if node.fused else impl(node, args)
         return [np.asarray(out, dtype=dt) for out, dt in zip(outs, dtypes, strict=True)]
 

@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from qfuse.compiler.lower.context import LowerContext
+from qfuse.compiler.lower.fallback import numpy_inputs
 from qfuse.compiler.lower.layouts import dnnl_type, gapless, is_row_major, md_like, plain_md
 from qfuse.compiler.lower.lower_rnn import lower_recurrent
 from qfuse.compiler.lower.plan import DynamicOutput
@@ -113,15 +114,7 @@ def lower_island(ctx: LowerContext, node: Node) -> None:
         _lower_in_any_order(ctx, node, md)
         return
     runner = make_runner(attrs, threads=ctx.options.threads)
-    ports: list[int] = []
-    constants: list[np.ndarray | None] = []
-    reads: list[str] = []
-    for port, value in enumerate(node.inputs):
-        data = ctx.const(value)
-        constants.append(data)
-        if data is None:
-            ports.append(port)
-            reads.append(ctx.plain_source(value))
+    reads, with_constants = numpy_inputs(ctx, node)
     writes: list[str] = []
     cells: list[DynamicOutput | None] = []
     dtypes = []
@@ -133,12 +126,6 @@ def lower_island(ctx: LowerContext, node: Node) -> None:
         else:
             writes.append(ctx.define_plain(value))
             cells.append(None)
-
-    def with_constants(arrays: list[np.ndarray]) -> list[np.ndarray | None]:
-        args = list(constants)
-        for port, array in zip(ports, arrays, strict=True):
-            args[port] = array
-        return args
 
     if attrs.engine is IslandEngine.ONNXRUNTIME and not any(attrs.dynamic):
         into = make_runner_into(attrs, threads=ctx.options.threads)

@@ -20,6 +20,7 @@ from functools import reduce
 
 import numpy as np
 
+from qfuse.ir.errors import InputError
 from qfuse.ir.graph import Node
 from qfuse.ir.ops import (
     AlphaAttrs,
@@ -85,15 +86,15 @@ def logic(node: Node, args: Arrays) -> list[np.ndarray]:
 @impl(Op.GATHER)
 def gather(node: Node, args: Arrays) -> list[np.ndarray]:
     """ONNX Gather: ``data`` indexed along ``axis`` by ``indices`` (negative ones count from
-    the end); an index out of range is an error naming the node."""
+    the end, as numpy's do); an index out of range is an InputError naming the node (numpy's
+    ``take`` checks the range itself)."""
     data, indices = need(args, 0), need(args, 1)
     axis = node.attrs.axis % data.ndim
-    size = data.shape[axis]
-    if indices.size and (indices.min() < -size or indices.max() >= size):
-        bad = indices[(indices < -size) | (indices >= size)].ravel()[0]
-        raise ValueError(f"node {node}: index {int(bad)} is out of range for axis {axis} of "
-                         f"size {size}")
-    return [np.take(data, indices, axis=axis)]
+    try:
+        return [np.take(data, indices, axis=axis)]
+    except IndexError as exc:
+        raise InputError(f"node {node}: an index is out of range for axis {axis} of size "
+                         f"{data.shape[axis]} ({exc})") from exc
 
 
 @impl(Op.SUM)
