@@ -102,11 +102,14 @@ def lrn(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.LRN, node.inputs[:1], attrs)
 
 
-def sqrt(ctx: Context, node: NodeView) -> None:
-    """Sqrt, Exp and Log of float32 (oneDNN's eltwise: docs/numerics.md)."""
+# float32 unary math the IR has: Sqrt and Exp on oneDNN's eltwise, Log in numpy
+# (compiler/lower/lower_misc.py, docs/numerics.md)
+FLOAT_UNARY = {"Sqrt": Op.SQRT, "Exp": Op.EXP, "Log": Op.LOG}
+
+
+def float_unary(ctx: Context, node: NodeView) -> None:
     _float32(ctx, node)
-    ctx.emit(node, {"Sqrt": Op.SQRT, "Exp": Op.EXP, "Log": Op.LOG}[node.op_type],
-             node.inputs[:1])
+    ctx.emit(node, FLOAT_UNARY[node.op_type], node.inputs[:1])
 
 
 def power(ctx: Context, node: NodeView) -> None:
