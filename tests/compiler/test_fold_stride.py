@@ -29,23 +29,20 @@ def _strided_conv(length: int, k: int, s: int, channels: int = 1, out: int = 32,
     """x[1, C, L] (or [1, C, 1, L]) → Q/DQ (u8 with zero point 128, or s8) → Conv(DQ(w) per
     output channel, bias; kernel k, stride s) → Q/DQ (u8)."""
     rng = np.random.default_rng(5)
-    lead = (1, 1) if height_one else ()
-    inits = [init("w", rng.integers(-127, 128, (out, channels, *lead[1:], k)).astype(np.int8)),
+    h = [1] if height_one else []  # the height of one row: every height parameter 1 (or 0)
+    inits = [init("w", rng.integers(-127, 128, (out, channels, *h, k)).astype(np.int8)),
              init("ws", rng.uniform(0.0005, 0.002, out).astype(F32)),
              init("wz", np.zeros(out, np.int8)), init("b", rng.normal(0, 0.5, out).astype(F32)),
              init("xs", F32(0.02)), init("xz", np.int8(0) if signed else np.uint8(128)),
              init("ys", F32(0.05)), init("yz", np.uint8(128))]
-    spatial = 2 if height_one else 1
+    no_pad = [0] * len(h)
     nodes = [*qdq_pair("x", "x", "xd"),
              helper.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"], axis=0),
-             helper.make_node("Conv", ["xd", "wd", "b"], ["c"],
-                              kernel_shape=[*lead[1:], k], strides=[*lead[1:], s],
-                              dilations=[*lead[1:], dilation],
-                              pads=[0] * (spatial - 1) + [pads[0]] + [0] * (spatial - 1)
-                              + [pads[1]]),
+             helper.make_node("Conv", ["xd", "wd", "b"], ["c"], kernel_shape=[*h, k],
+                              strides=[*h, s], dilations=[*h, dilation],
+                              pads=[*no_pad, pads[0], *no_pad, pads[1]]),
              *qdq_pair("y", "c", "y")]
-    return model(nodes, {"x": ([1, channels, *lead[1:], length], TensorProto.FLOAT)}, ["y"],
-                 inits)
+    return model(nodes, {"x": ([1, channels, *h, length], TensorProto.FLOAT)}, ["y"], inits)
 
 
 def _conv(compiled) -> dict:
