@@ -37,7 +37,9 @@ zero point into float sums or roundings of its own (LayerNorm, Softmax, average 
 reductions: ``rint(x/s + zp)``, ``avg(q) − zp``), where the shift could move a tie.
 
 Declined (reason recorded): ranges not constant, L > 256 or < 2, ranges varying along more
-than one axis, il >= ih, oh <= ol, a non-integral T (no integer zero point), a range that
+than one axis, il >= ih, oh <= ol, an output step So above quant_utils.MAX_SCALE (the int8
+kernels multiply scales in float32, which would overflow: the FakeQuantize stays a float32
+kernel), a non-integral T (no integer zero point), a range that
 fits neither u8 nor s8, a level count whose integers are not exact in float32. FakeQuantize
 on constants (weights) is left to fold_weight_quantize.
 """
@@ -54,6 +56,7 @@ from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
 from qfuse.passes.quant_utils import (
+    MAX_SCALE,
     DqParams,
     add_dequantize,
     add_fake_quantize,
@@ -155,10 +158,14 @@ def plan(graph: Graph, node: Node) -> Decomposition | str:
         return "input_low >= input_high"
     if np.any(oh <= ol):
         return "output_high <= output_low (constant or decreasing output)"
+    step = (oh.astype(np.float64) - ol) / (levels - 1)
+    if not np.all(step <= MAX_SCALE):  # inf too: s·(qmin − zp) past float32's largest
+        return (f"output step {float(np.max(step)):.3g} is above {MAX_SCALE:.3g}, where the "
+                f"int8 kernels' products of scales overflow float32: the FakeQuantize runs in "
+                f"float32")
     found = _from_meta(node, ranges, rank, levels)
     if found is not None:
         return found
-    step = (oh.astype(np.float64) - ol) / (levels - 1)
     t = ol / step
     t_int = np.rint(t)
     worst = float(np.max(np.abs(t - t_int)))

@@ -34,6 +34,14 @@ log = logging.getLogger(__name__)
 
 F32 = np.float32
 
+# Scales of u8/s8 tensors the int8 kernels compute with exactly (an INT32 bias may have any).
+# Below the smallest normal float32, 1/scale overflows and oneDNN's kernels flush the scale
+# to zero; above 1e30 the products of scales (and with accumulators) that the int8 kernels
+# compute in float32 overflow where the QDQ arithmetic does not (a scale of 3e38 gives inf
+# where the reference gives 0).
+MIN_SCALE = float(np.finfo(np.float32).tiny)
+MAX_SCALE = 1e30
+
 
 @dataclass(frozen=True)
 class DqParams:

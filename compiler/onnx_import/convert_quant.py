@@ -3,10 +3,14 @@
 ONNX Q/DQ: ``q = saturate(round_half_even(x / s) + zp)``, ``x' = (q - zp) · s``. Accepted:
 u8/s8 (and s32 for DequantizeLinear, ONNX Runtime's bias), per tensor or per axis, scale a
 float32 constant that is > 0 (not NaN), zero point a constant of the quantized type within
-its range. A scale outside [MIN_SCALE, MAX_SCALE] is valid ONNX that qfuse's kernels cannot
-compute exactly: that node runs as a float island (onnxruntime). That includes +inf, which
-onnxruntime's quantize_static writes for a tensor holding -inf (a GPT-style causal mask
-`Where(cond, 0, -inf)`): its DequantizeLinear gives what onnxruntime gives. ``saturate`` (opset 19+)
+its range. A scale outside [MIN_SCALE, MAX_SCALE] (passes/quant_utils.py) is valid ONNX that
+qfuse's int8 kernels cannot compute exactly. A finite one above MAX_SCALE on a QuantizeLinear
+read only by DequantizeLinear nodes of its parameters is the pair computed in float32, as the
+16-bit pairs below (``_float_pair``): quantize_static gives the masked attention scores of a
+BERT-style encoder, whose mask holds float32's lowest value, the scale FLT_MAX/255. Any other
+such node runs as a float island (onnxruntime). That includes +inf, which quantize_static
+writes for a tensor holding -inf (a GPT-style causal mask `Where(cond, 0, -inf)`): its
+DequantizeLinear gives what onnxruntime gives. ``saturate`` (opset 19+)
 only concerns float8 types and is ignored. 16-bit activations are float fake quantization and
 4-bit weights are read as 8-bit ones (SIXTEEN_BIT, WIDENED_4BIT below); onnxruntime's
 com.microsoft QuantizeLinear / DequantizeLinear are these ops (context.py, CONTRIB_QDQ).
@@ -27,6 +31,7 @@ from onnx import TensorProto, helper
 from qfuse.compiler.errors import MalformedModelError, UnsupportedModelError
 from qfuse.compiler.onnx_import.context import (
     DEFAULT_DOMAINS,
+    DEQUANTIZED_PORTS,
     ONNX_TO_DTYPE,
     Context,
     NodeView,
@@ -37,14 +42,8 @@ from qfuse.compiler.onnx_import.folding import evaluate
 from qfuse.ir.ops import DequantizeAttrs, FakeQuantizeAttrs, Op, QuantizeAttrs
 from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
 from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
-from qfuse.passes.quant_utils import DqParams
+from qfuse.passes.quant_utils import MAX_SCALE, MIN_SCALE, DqParams
 
-# Scales of u8/s8 tensors qfuse's kernels accept (an INT32 bias may have any). Below the smallest normal float32, 1/scale overflows and oneDNN's
-# kernels flush the scale to zero; above 1e30 the products of scales (and with accumulators)
-# that the int8 kernels compute in float32 overflow where the QDQ arithmetic does not (a
-# scale of 3e38 gives inf where the reference gives 0).
-MIN_SCALE = float(np.finfo(np.float32).tiny)
-MAX_SCALE = 1e30
 
 QUANTIZED = {TensorProto.UINT8: DType.U8, TensorProto.INT8: DType.S8}
 DEQUANTIZABLE = {**QUANTIZED, TensorProto.INT32: DType.S32}
@@ -105,10 +104,12 @@ def _check_zero_point(ctx: Context, node: NodeView, qtype: int) -> None:
                                   f"quantized type {onnx_type_name(qtype)}")
 
 
-def _params(ctx: Context, node: NodeView, x: TensorInfo, *, kernel_scale: bool = True
-            ) -> tuple[QuantParams, int]:
+def _params(ctx: Context, node: NodeView, x: TensorInfo, *, kernel_scale: bool = True,
+            float_pair: bool = False) -> tuple[QuantParams, int]:
     """Validated QuantParams and the (non-negative) axis attribute. ``kernel_scale``: the
-    scale reaches the int8 kernels (an INT32 bias is dequantized once, in numpy, instead)."""
+    scale reaches the int8 kernels (an INT32 bias is dequantized once, in numpy, instead);
+    ``float_pair``: a finite scale above MAX_SCALE is accepted, the caller computing the
+    pair in float32 (``_float_pair``)."""
     if node.attr("block_size", 0):
         raise ctx.unsupported(node, f"blocked quantization (block_size="
                                     f"{node.attr('block_size')}) is not supported")
@@ -127,7 +128,8 @@ def _params(ctx: Context, node: NodeView, x: TensorInfo, *, kernel_scale: bool =
     if np.any(scale <= 0):
         raise ctx.malformed(node, f"scale must be > 0, got {_show(scale)}")
     # +inf too: quantize_static writes it for a tensor holding -inf (a causal attention mask)
-    if np.any(scale > MAX_SCALE) or (kernel_scale and np.any(scale < MIN_SCALE)):
+    huge = np.any(scale > MAX_SCALE) and not (float_pair and np.all(np.isfinite(scale)))
+    if huge or (kernel_scale and np.any(scale < MIN_SCALE)):
         bad = float(scale.min()) if np.any(scale < MIN_SCALE) else float(scale.max())
         raise ctx.unsupported(node, f"scale {bad:.3g} is outside the range qfuse computes "
                                     f"exactly, [{MIN_SCALE:.3g}, {MAX_SCALE:.3g}]")
@@ -172,12 +174,22 @@ def quantize_linear(ctx: Context, node: NodeView) -> None:
         raise ctx.unsupported(node, f"quantizing a {dtype_onnx_name(x.dtype)} tensor is not "
                                     f"supported (only FLOAT)")
     _check_zero_point(ctx, node, qtype)
-    quant, axis = _params(ctx, node, x)
-    if ctx.is_const(node.input(0)):
+    runtime = not ctx.is_const(node.input(0))
+    quant, axis = _params(ctx, node, x, float_pair=runtime)
+    if not runtime:
         ctx.set_const(node.outputs[0], evaluate(ctx, node)[0], quant)
         return
     if qtype in SIXTEEN_BIT:
-        _sixteen_bit_pair(ctx, node, qtype, quant, x)
+        _float_pair(ctx, node, qtype, quant, x,
+                    f"16-bit quantization ({onnx_type_name(qtype)})",
+                    "qfuse has no 16-bit integer kernels")
+        return
+    if max(quant.scale) > MAX_SCALE:
+        _float_pair(ctx, node, qtype, quant, x,
+                    f"scale {max(quant.scale):.3g} is above {MAX_SCALE:.3g}, where qfuse's "
+                    f"int8 kernels overflow float32, and the QuantizeLinear",
+                    "only a pair of a QuantizeLinear and its DequantizeLinear readers runs in "
+                    "float32")
         return
     ctx.emit(node, Op.QUANTIZE_LINEAR, node.inputs[:3],
              QuantizeAttrs(QUANTIZED[qtype], axis))
@@ -193,20 +205,24 @@ def _check_opset(ctx: Context, node: NodeView, qtype: int) -> None:
                                   f"{node.op_type}")
 
 
-def _sixteen_bit_pair(ctx: Context, node: NodeView, qtype: int, quant: QuantParams,
-                      x: TensorInfo) -> None:
-    """A 16-bit QuantizeLinear of run-time ``x`` and its DequantizeLinear readers as one
-    FakeQuantize standing for the pair (SIXTEEN_BIT); an island when some reader is not such
-    a DequantizeLinear."""
+def _float_pair(ctx: Context, node: NodeView, qtype: int, quant: QuantParams, x: TensorInfo,
+                what: str, because: str) -> None:
+    """A QuantizeLinear of run-time ``x`` and its DequantizeLinear readers as one FakeQuantize
+    standing for the pair, ``(saturate(rint(x/s) + zp) − zp)·s`` in float32 (the passes fuse
+    it into the float kernels around it, compiler/lower/lower_gate.py): 16-bit quantization
+    (SIXTEEN_BIT) and a scale above MAX_SCALE (quantize_static's for a tensor holding
+    float32's lowest value, a masked attention score: FLT_MAX/255). An island, ``what`` and
+    ``because`` saying why, when some reader is not such a DequantizeLinear."""
     why = _not_paired(ctx, node, quant, x)
     if why is not None:
-        raise ctx.unsupported(node, f"16-bit quantization ({onnx_type_name(qtype)}) {why}; "
-                                    f"qfuse has no 16-bit integer kernels")
-    _check_opset(ctx, node, qtype)
-    dtype = SIXTEEN_BIT[qtype]
+        raise ctx.unsupported(node, f"{what} {why}; {because}")
+    if qtype in SIXTEEN_BIT:
+        _check_opset(ctx, node, qtype)
+    dtype = SIXTEEN_BIT.get(qtype) or QUANTIZED[qtype]
     qmin, qmax = dtype.range
-    low, high = qdq_ranges(DqParams(quant.scale_array(), quant.zero_point_array(), quant.axis,
-                                    dtype), x.rank)
+    with np.errstate(over="ignore"):  # s·(qmin − zp) may round past float32's largest
+        low, high = qdq_ranges(DqParams(quant.scale_array(), quant.zero_point_array(),
+                                        quant.axis, dtype), x.rank)
     ranges = [ctx.constant(node, tag, values)
               for tag, values in (("il", low), ("ih", high), ("ol", low), ("oh", high))]
     ctx.emit(node, Op.FAKE_QUANTIZE, [node.input(0), *ranges],
@@ -217,21 +233,40 @@ def _sixteen_bit_pair(ctx: Context, node: NodeView, qtype: int, quant: QuantPara
 def _not_paired(ctx: Context, node: NodeView, quant: QuantParams, x: TensorInfo
                 ) -> str | None:
     """Why the readers of ``node``'s integers are not all DequantizeLinear nodes with its
-    parameters, or None when they are."""
+    parameters (or QOperator ops reading them through one: DEQUANTIZED_PORTS), or None when
+    they are."""
     out = node.outputs[0]
     if out in ctx.graph_outputs:
         return "writes a graph output"
     for reader in ctx.readers.get(out, []):
-        if reader.op_type != "DequantizeLinear" or reader.domain not in DEFAULT_DOMAINS \
-                or reader.inputs[0] != out or out in reader.inputs[1:]:
+        dequantizes = _dequantizes(reader, out)
+        if dequantizes is None:
             return f"is read by {reader}, not only by DequantizeLinear"
-        try:
-            theirs, _ = _params(ctx, reader, x)
-        except (UnsupportedModelError, MalformedModelError) as exc:
-            return f"is read by {reader}, whose parameters it cannot compare ({exc})"
-        if theirs != quant:
-            return f"is read by {reader}, whose scale or zero point differ"
+        for dq in dequantizes:
+            try:
+                theirs, _ = _params(ctx, dq, x, float_pair=True)
+            except (UnsupportedModelError, MalformedModelError) as exc:
+                return f"is read by {reader}, whose parameters it cannot compare ({exc})"
+            if theirs != quant:
+                return f"is read by {reader}, whose scale or zero point differ"
     return None
+
+
+def _dequantizes(reader: NodeView, value: str) -> list[NodeView] | None:
+    """The DequantizeLinear nodes through which ``reader`` reads ``value`` (itself, or one per
+    port of a QOperator op's rewrite), None when it reads it otherwise."""
+    domain = "" if reader.domain in DEFAULT_DOMAINS else reader.domain
+    if reader.op_type == "DequantizeLinear" and not domain:
+        if reader.inputs[0] != value or value in reader.inputs[1:]:
+            return None
+        return [reader]
+    ports = DEQUANTIZED_PORTS.get((domain, reader.op_type), ())
+    taken = {x for x, _, _ in ports if reader.input(x) == value}
+    if not taken or any(v == value for i, v in enumerate(reader.inputs) if i not in taken):
+        return None
+    return [NodeView.from_proto(helper.make_node(
+        "DequantizeLinear", [reader.input(x), reader.input(s), reader.input(z)], []),
+        f"{reader.name}/input {x}") for x, s, z in ports if x in taken]
 
 
 def dequantize_linear(ctx: Context, node: NodeView) -> None:

@@ -9,6 +9,8 @@
   to the same model with the weights stored as INT8.
 - com.microsoft QuantizeLinear / DequantizeLinear (what quantize_static writes for those types
   before opset 21) are the ONNX ops: the same plan and outputs as the default-domain model.
+- 8-bit pairs whose scale is above MAX_SCALE (quantize_static's FLT_MAX/255 for masked
+  attention scores) are the same float fake quantization, in the QDQ and QOperator forms.
 """
 
 from __future__ import annotations
@@ -179,3 +181,110 @@ def test_repeated_16bit_pair_after_a_reshape_is_dropped(same: bool) -> None:
                                   run_ort(m, {"x": x}, optimized=False)[0])
     absorbed = [a for k in compiled.inspect()["kernels"] for a in k["absorbed"]]
     assert ("QuantizeLinear_3" in absorbed) is not same, absorbed
+
+
+# ------------------------------------------------------------------ scales above MAX_SCALE
+LOWEST = np.finfo(np.float32).min  # Hugging Face's additive attention mask value
+HUGE = np.float32(np.finfo(np.float32).max / np.float32(255))  # quantize_static's for it
+
+
+def _masked_scores(then: str, extra_reader: bool = False) -> onnx.ModelProto:
+    """scores + mask → Q(FLT_MAX/255, 255) → DQ → ``then`` → Q(1/255) → DQ → y: the masked
+    attention scores of a BERT-style encoder quantized by quantize_static (the mask holds
+    float32's lowest value, so the scores get a scale of FLT_MAX/255)."""
+    nodes = [
+        helper.make_node("Add", ["x", "mask"], ["a"]),
+        helper.make_node("QuantizeLinear", ["a", "hs", "hz"], ["aq"]),
+        helper.make_node("DequantizeLinear", ["aq", "hs", "hz"], ["ad"]),
+        helper.make_node(then, ["ad"], ["t"], **({"axis": -1} if then == "Softmax" else {})),
+        helper.make_node("QuantizeLinear", ["t", "ts", "tz"], ["tq"]),
+        helper.make_node("DequantizeLinear", ["tq", "ts", "tz"], ["y"]),
+    ]
+    outputs = ["y"]
+    if extra_reader:
+        nodes.append(helper.make_node("Cast", ["aq"], ["c"], to=TensorProto.FLOAT))
+        outputs.append("c")
+    mask = np.where(np.arange(8) < 5, 0.0, LOWEST).astype(np.float32).reshape(1, 1, 1, 8)
+    inits = [init("mask", mask, np.float32), init("hs", HUGE, np.float32),
+             init("hz", 255, np.uint8), init("ts", 1 / 255, np.float32),
+             init("tz", 0, np.uint8)]
+    return model(nodes, {"x": ([1, 2, 8, 8], TensorProto.FLOAT)}, outputs, inits)
+
+
+def _scores() -> np.ndarray:
+    """Ordinary scores, values near the huge scale's ties and past its range."""
+    x = np.random.default_rng(1).standard_normal((1, 2, 8, 8)).astype(np.float32) * 4
+    x.ravel()[:6] = np.float32(HUGE) * np.float32([-0.5, -1.5, -2.5, -254.5, 0.5, 1e-3])
+    x.ravel()[6:8] = [LOWEST, -LOWEST]
+    return x
+
+
+def test_huge_scale_pair_runs_in_float_bit_exact() -> None:
+    """A Q/DQ pair whose scale is above MAX_SCALE (the int8 kernels' products of scales
+    would overflow) is computed in float32 as ONNX writes it, fused after the Add: bit-exact
+    with onnxruntime, no island, no numpy kernel (it was an onnxruntime island)."""
+    m = _masked_scores("Relu")
+    x = _scores()
+    want = run_ort(m, {"x": x}, optimized=False)[0]
+    compiled = compile_model(m)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], want)
+    assert not compiled.inspect()["islands"]
+    impls = _impls(compiled)
+    assert "numpy" not in impls and not any(i.startswith("ref") for i in impls), impls
+
+
+def test_huge_scale_masked_softmax_within_one_step() -> None:
+    """The masked softmax of a quantize_static encoder: the pair in float32, then oneDNN's
+    softmax with its u8 output; within one output step of onnxruntime (the exponentials'
+    rounding), masked positions exactly 0."""
+    m = _masked_scores("Softmax")
+    x = np.random.default_rng(2).standard_normal((1, 2, 8, 8)).astype(np.float32) * 4
+    want = run_ort(m, {"x": x}, optimized=False)[0]
+    compiled = compile_model(m)
+    got = compiled.run({"x": x})["y"]
+    assert np.abs(got - want).max() <= np.float32(1 / 255) * 1.0001
+    np.testing.assert_array_equal(got[..., 5:], np.zeros_like(got[..., 5:]))
+    assert not compiled.inspect()["islands"]
+
+
+def test_huge_scale_quantize_with_another_reader_stays_an_island() -> None:
+    m = _masked_scores("Relu", extra_reader=True)
+    x = _scores()
+    want = run_ort(m, {"x": x}, optimized=False)
+    compiled = compile_model(m)
+    got = compiled.run({"x": x})
+    np.testing.assert_array_equal(got["y"], want[0])
+    np.testing.assert_array_equal(got["c"], want[1])
+    islands = compiled.inspect()["islands"]
+    assert any("where qfuse's int8 kernels overflow float32, and the QuantizeLinear is read "
+               "by 'Cast" in i["reason"] for i in islands), islands
+
+
+def test_huge_scale_pair_read_by_qoperator_ops_runs_in_float() -> None:
+    """quantize_static's QOperator form of the masked scores: QLinearAdd(scores, mask) with
+    the huge output scale, read by QLinearSoftmax. The QOperator ops read those integers
+    through DequantizeLinear nodes of the same parameters (context.DEQUANTIZED_PORTS), so the
+    pair runs in float32 as in the QDQ form; within one output step of onnxruntime's table
+    softmax, masked positions 0, no island."""
+    mask = np.where(np.arange(8) < 5, 255, 0).astype(np.uint8).reshape(1, 1, 1, 8)
+    nodes = [
+        helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
+        helper.make_node("QLinearAdd", ["xq", "xs", "xz", "mq", "ms", "mz", "hs", "hz"], ["a"],
+                         domain=MS),
+        helper.make_node("QLinearSoftmax", ["a", "hs", "hz", "ts", "tz"], ["t"], domain=MS,
+                         axis=-1, opset=13),
+        helper.make_node("DequantizeLinear", ["t", "ts", "tz"], ["y"]),
+    ]
+    inits = [init("xs", 0.05, np.float32), init("xz", 128, np.uint8),
+             init("mq", mask, np.uint8), init("ms", HUGE, np.float32),
+             init("mz", 255, np.uint8), init("hs", HUGE, np.float32), init("hz", 255, np.uint8),
+             init("ts", 1 / 256, np.float32), init("tz", 0, np.uint8)]
+    m = model(nodes, {"x": ([1, 2, 8, 8], TensorProto.FLOAT)}, ["y"], inits,
+              extra_opsets={MS: 1})
+    x = np.random.default_rng(3).standard_normal((1, 2, 8, 8)).astype(np.float32) * 4
+    want = run_ort(m, {"x": x})[0]
+    compiled = compile_model(m)
+    got = compiled.run({"x": x})["y"]
+    assert np.abs(got - want).max() <= np.float32(1 / 256) * 1.0001
+    np.testing.assert_array_equal(got[..., 5:], np.zeros_like(got[..., 5:]))
+    assert not compiled.inspect()["islands"]
