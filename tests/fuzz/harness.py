@@ -112,14 +112,15 @@ def ort_outputs(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> dict[st
     return dict(zip(names, session.run(None, feeds), strict=True))
 
 
-def _reach(d_up: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+def _reach(d_up: np.ndarray, shape: tuple[int, ...], moved: bool = False) -> np.ndarray:
     """The elements of a downstream tensor of ``shape`` that a near tie of an absorbed
     upstream quantizer (its distances ``d_up``) may have moved: of the same shape, its own
     positions and every line along one axis through them (an op that mixes one axis:
-    Softmax, ...); through an op that changes the shape (a grouped convolution's channels),
-    all of them if it has any near tie."""
+    Softmax, ...); through an op that changes the shape (a grouped convolution's channels)
+    or moves elements (``moved``: a Transpose, whose output may have the same shape), all of
+    them if it has any near tie."""
     hot = d_up < TIE_EPS
-    if d_up.shape != tuple(shape):
+    if d_up.shape != tuple(shape) or moved:
         return np.full(shape, bool(np.any(hot)))
     near = hot.copy()
     for axis in range(hot.ndim):
@@ -153,6 +154,11 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         return np.abs(v - np.floor(v) - 0.5)
 
     quantizers = [n for n in graph.topo_order() if n.op is Op.QUANTIZE_LINEAR]
+    transposes = [n for n in graph.topo_order() if n.op is Op.TRANSPOSE]
+
+    def moved(up: Any, down: Any) -> bool:
+        """A Transpose between ``up`` and ``down``: positions are not comparable."""
+        return any(graph.reaches(up, t) and graph.reaches(t, down) for t in transposes)
     for node in quantizers:
         if node.outputs[0] not in got:
             continue
@@ -170,9 +176,9 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         for up in quantizers:  # absorbed quantizers upstream
             if up.outputs[0] in got or not graph.reaches(up, node):
                 continue
-            d_up = steps(up)
-            near_up |= _reach(d_up, distance.shape)
-            distance = np.minimum(distance, d_up if d_up.shape == distance.shape
+            d_up, shift = steps(up), moved(up, node)
+            near_up |= _reach(d_up, distance.shape, shift)
+            distance = np.minimum(distance, d_up if d_up.shape == distance.shape and not shift
                                   else float(d_up.min()))
         # one step here, or any number of steps grown inside the fused chain from a tie of
         # an absorbed quantizer (its step times the scales between)
@@ -195,9 +201,9 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         for up in quantizers:
             if up.outputs[0] in got or not graph.reaches(up, producer):
                 continue
-            d_up = steps(up)
-            near_up |= _reach(d_up, differ.shape)
-            distance = np.minimum(distance, d_up if d_up.shape == differ.shape
+            d_up, shift = steps(up), moved(up, producer)
+            near_up |= _reach(d_up, differ.shape, shift)
+            distance = np.minimum(distance, d_up if d_up.shape == differ.shape and not shift
                                   else float(d_up.min()))
         if np.any(near_up):
             return f"{name} (absorbed quantizers)", bool(np.all(near_up[differ])), float(
