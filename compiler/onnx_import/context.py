@@ -34,9 +34,10 @@ OPENVINO_DOMAIN = "org.openvinotoolkit"
 # for those types (and with UseQDQContribOps); the importer reads them as the ONNX ops.
 CONTRIB_QDQ = frozenset({("com.microsoft", "QuantizeLinear"),
                          ("com.microsoft", "DequantizeLinear")})
-# QOperator ops whose rewrite (qoperator.py) reads these integer inputs only through a
-# DequantizeLinear of (input, scale, zero point) at the ports given: to the importer such a
-# reader is a DequantizeLinear of those parameters (convert_quant.py, ``_float_pair``).
+# QOperator ops whose rewrite reads these integer inputs only through a DequantizeLinear of
+# (input, scale, zero point) at the ports given (qoperator.py's rules take them from here,
+# ``_Builder.dequantized``): to the importer such a reader is a DequantizeLinear of those
+# parameters (convert_quant.py, ``_float_pair``).
 DEQUANTIZED_PORTS: dict[tuple[str, str], tuple[tuple[int, int, int], ...]] = {
     **{("", op): ((0, 1, 2),) for op in ("QLinearConv", "QLinearMatMul")},
     **{("com.microsoft", op): ((0, 1, 2), (3, 4, 5)) for op in ("QLinearAdd", "QLinearMul")},

@@ -58,7 +58,12 @@ import numpy as np
 from onnx import TensorProto, helper
 
 from qfuse.compiler.onnx_import import convert_dynamic
-from qfuse.compiler.onnx_import.context import DEFAULT_DOMAINS, Context, NodeView
+from qfuse.compiler.onnx_import.context import (
+    DEFAULT_DOMAINS,
+    DEQUANTIZED_PORTS,
+    Context,
+    NodeView,
+)
 from qfuse.compiler.onnx_import.convert_quant import as_int8, centered_weights
 from qfuse.runtime.numerics.rounding import F32_EXACT
 
@@ -108,6 +113,16 @@ class _Builder:
     def dq(self, x: str, scale: str, zp: str, what: str, axis: int | None = None) -> str:
         return self.add("DequantizeLinear", [x, scale, zp], self.fresh(f"{what}_f32"),
                         self.fresh(f"{what}_DequantizeLinear"), axis=axis)
+
+    def dequantized(self, *what: str) -> list[str]:
+        """The node's integer inputs at its DEQUANTIZED_PORTS (context.py), each through a
+        DequantizeLinear of the scale and zero point ports beside it, named ``what``: the
+        reads convert_quant.py counts on when a pair computed in float32 feeds the node."""
+        n = self.node
+        domain = "" if n.domain in DEFAULT_DOMAINS else n.domain
+        ports = DEQUANTIZED_PORTS[(domain, n.op_type)]
+        return [self.dq(n.input(x), n.input(s), n.input(z), name)
+                for (x, s, z), name in zip(ports, what, strict=True)]
 
     def q(self, x: str, scale: str, zp: str, output: str) -> str:
         """QuantizeLinear to the type of the node's first input when ``zp`` is absent (the
@@ -196,7 +211,7 @@ _POOL_KEYS = ("auto_pad", "ceil_mode", "count_include_pad", "kernel_shape", "pad
 # ------------------------------------------------------------------------------- rules
 def _qlinear_conv(b: _Builder) -> None:
     n = b.node
-    x = b.dq(n.input(0), n.input(1), n.input(2), "x")
+    x, = b.dequantized("x")
     w = _weight(b, 3, 5, 4, 0, "w")
     bias = _bias(b, 8, _scale(b, 1, "x_scale") * _scale(b, 4, "w_scale"))
     y = b.add("Conv", [x, w, bias], name=n.name, **_window_attrs(n, _CONV_KEYS))
@@ -205,7 +220,7 @@ def _qlinear_conv(b: _Builder) -> None:
 
 def _qlinear_matmul(b: _Builder) -> None:
     n = b.node
-    a = b.dq(n.input(0), n.input(1), n.input(2), "a")
+    a, = b.dequantized("a")
     b_rank = b.ctx.info(n, n.input(3)).rank
     w = _weight(b, 3, 5, 4, b_rank - 1, "b")
     y = b.add("MatMul", [a, w], name=n.name)
@@ -216,7 +231,7 @@ def _qgemm(b: _Builder) -> None:
     n = b.node
     alpha = float(n.attr("alpha", 1.0))
     trans_b = int(n.attr("transB", 0))
-    a = b.dq(n.input(0), n.input(1), n.input(2), "a")
+    a, = b.dequantized("a")
     w = _weight(b, 3, 5, 4, 0 if trans_b else 1, "b")
     bias = _bias(b, 6, np.float32(alpha) * _scale(b, 1, "a_scale") * _scale(b, 4, "b_scale"))
     quantized = bool(n.input(7))
@@ -312,8 +327,7 @@ def _check_exact(b: _Builder, axis: int) -> None:
 def _binary(op_type: str) -> object:
     def rule(b: _Builder) -> None:
         n = b.node
-        lhs = b.dq(n.input(0), n.input(1), n.input(2), "a")
-        rhs = b.dq(n.input(3), n.input(4), n.input(5), "b")
+        lhs, rhs = b.dequantized("a", "b")
         y = b.add(op_type, [lhs, rhs], name=n.name)
         b.q(y, n.input(6), n.input(7), n.outputs[0])
     return rule
@@ -342,7 +356,7 @@ def _channels_last(b: _Builder, x: str, back: bool) -> str:
 def _pool(op_type: str) -> object:
     def rule(b: _Builder) -> None:
         n = b.node
-        x = b.dq(n.input(0), n.input(1), n.input(2), "x")
+        x, = b.dequantized("x")
         channels_last = bool(n.attr("channels_last", 0))
         if channels_last:
             x = _channels_last(b, x, back=False)
@@ -357,7 +371,7 @@ def _pool(op_type: str) -> object:
 def _unary(op_type: str, keys: tuple[str, ...] = ()) -> object:
     def rule(b: _Builder) -> None:
         n = b.node
-        x = b.dq(n.input(0), n.input(1), n.input(2), "x")
+        x, = b.dequantized("x")
         y = b.add(op_type, [x], name=n.name, **_window_attrs(n, keys))
         b.q(y, n.input(3), n.input(4), n.outputs[0])
     return rule
@@ -383,7 +397,7 @@ def _qlinear_softmax(b: _Builder) -> None:
     if not last and ctx.opset < 13:
         raise ctx.unsupported(n, f"softmax on axis {axis} (not the last) in an opset "
                                  f"{ctx.opset} model is not supported")
-    x = b.dq(n.input(0), n.input(1), n.input(2), "x")
+    x, = b.dequantized("x")
     y = b.add("Softmax", [x], name=n.name, axis=-1 if last else axis)
     b.q(y, n.input(3), n.input(4), n.outputs[0])
 
