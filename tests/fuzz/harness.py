@@ -159,6 +159,20 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
     def moved(up: Any, down: Any) -> bool:
         """A Transpose between ``up`` and ``down``: positions are not comparable."""
         return any(graph.reaches(up, t) and graph.reaches(t, down) for t in transposes)
+
+    def absorbed(down: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The elements of a tensor of ``shape`` that near ties of the quantizers absorbed
+        upstream of ``down`` reach (``_reach``), and each element's distance from them."""
+        near_up, distance = np.zeros(shape, bool), np.full(shape, np.inf)
+        for up in quantizers:
+            if up.outputs[0] in got or not graph.reaches(up, down):
+                continue
+            d_up, moves = steps(up), moved(up, down)
+            near_up |= _reach(d_up, shape, moves)
+            distance = np.minimum(distance, d_up if d_up.shape == shape and not moves
+                                  else float(d_up.min()))
+        return near_up, distance
+
     for node in quantizers:
         if node.outputs[0] not in got:
             continue
@@ -172,14 +186,8 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         differ = ref != ours
         distance = steps(node)
         near = distance < TIE_EPS
-        near_up = np.zeros_like(near)
-        for up in quantizers:  # absorbed quantizers upstream
-            if up.outputs[0] in got or not graph.reaches(up, node):
-                continue
-            d_up, shift = steps(up), moved(up, node)
-            near_up |= _reach(d_up, distance.shape, shift)
-            distance = np.minimum(distance, d_up if d_up.shape == distance.shape and not shift
-                                  else float(d_up.min()))
+        near_up, upstream = absorbed(node, distance.shape)
+        distance = np.minimum(distance, upstream)
         # one step here, or any number of steps grown inside the fused chain from a tie of
         # an absorbed quantizer (its step times the scales between)
         one_step = np.abs(ref - ours) <= 1
@@ -196,15 +204,7 @@ def first_divergence(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
         differ = ours != env[name]
         if not np.any(differ):
             continue
-        near_up = np.zeros(differ.shape, bool)
-        distance = np.full(differ.shape, np.inf)
-        for up in quantizers:
-            if up.outputs[0] in got or not graph.reaches(up, producer):
-                continue
-            d_up, shift = steps(up), moved(up, producer)
-            near_up |= _reach(d_up, differ.shape, shift)
-            distance = np.minimum(distance, d_up if d_up.shape == differ.shape and not shift
-                                  else float(d_up.min()))
+        near_up, distance = absorbed(producer, differ.shape)
         if np.any(near_up):
             return f"{name} (absorbed quantizers)", bool(np.all(near_up[differ])), float(
                 np.max(distance[differ]))
