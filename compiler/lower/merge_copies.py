@@ -9,14 +9,17 @@ cover the same bytes and every dim of S that is not 1 has a dim of D of the same
 stride (a permutation of D's dims, as a Transpose written into its output's row-major buffer
 gives), or runs through consecutive dims of D that A lays out as one run too (a Reshape of a
 channels-last Split part to ``[1, C, H·W]``), S becomes a view of A with A's strides of the
-matching dims; R2 is recreated on it with its own scales and zero points, and R1 goes. Exact:
+matching dims (or, where S splits one dim of D into parts, that dim's stride times each
+part's step); R2 is recreated on it with its own scales and zero points, and R1 goes. Exact:
 no arithmetic moves, R2 computes the same thing from the same numbers.
 
 Where it matters: attention heads whose probabilities are a MatMul's weights (EfficientViT-M,
 LeViT): a Transpose of the Softmax output, then the u8 → s8 shift oneDNN's int8 matmul needs
 for its weights — two kernels per head, one after this; EfficientViT-M's keys, a Split part of
 the channels-last qkv convolution seen as ``[1, C, H·W]``, then the same shift (QDQ 452 → 428
-kernels). Preconditions (each checked): R1 has no
+kernels); YOLOv8's box distributions, a Split part of the head's Concat seen as
+``[1, 4, 16, N]`` (a dim of D split into parts that tile it), then the Transpose before the
+Softmax over the bins (one 537 KB copy fewer). Preconditions (each checked): R1 has no
 scales, zero points or post-ops and keeps the data type; R2 has no post-ops; nothing else reads
 or writes the bytes of S, and they are no graph input or output (``ends``); S and D are plain;
 R2 on the view keeps its zero points (oneDNN 3.2 drops them on some layout changes:
@@ -118,25 +121,60 @@ def _mergeable(slots: dict[str, Slot], kernels: list[Kernel], index: int, ends: 
 
 def _through(s: MemoryDesc, d: MemoryDesc, a: MemoryDesc) -> MemoryDesc | None:
     """The view of A (the copy's source, D's dims) with S's dims when S and D describe the
-    same bytes with D's dims permuted, or runs of them merged (a Reshape of a channels-last
-    ``[1, C, H, W]`` to ``[1, C, H·W]``): S dim k takes A's stride of the D dim of equal size
-    and stride, or of the innermost of D dims that S's dim runs through in D's memory order,
-    when A lays those out as one run too; None when the dims do not match so."""
+    same bytes with D's dims permuted, runs of them merged (a Reshape of a channels-last
+    ``[1, C, H, W]`` to ``[1, C, H·W]``) or one of them split (``[1, 64, N]`` channels-last
+    to ``[1, 4, 16, N]``: YOLOv8's box distributions): S dim k takes A's stride of the D dim
+    of equal size and stride, or of the innermost of D dims that S's dim runs through in D's
+    memory order, when A lays those out as one run too, or, for a part of a D dim, that dim's
+    A stride times the part's step in it (the parts tiling the dim); None when the dims do not
+    match so."""
     free = [m for m, size in enumerate(d.dims) if size > 1]
     d_strides, a_strides = d.strides or (), a.strides or ()
     strides: list[int] = []
+    parts: dict[int, list[tuple[int, int]]] = {}  # D dim -> (step, size) of the S dims in it
     for size, stride in zip(s.dims, s.strides or (), strict=True):
         if size == 1:
             strides.append(0)
             continue
         run = _run_of(size, stride, free, d.dims, d_strides)
-        if run is None or any(a_strides[outer] != a_strides[inner] * d.dims[inner]
-                              for inner, outer in zip(run, run[1:])):
+        if run is None:
+            part = _part_of(size, stride, free, d.dims, d_strides)
+            if part is None:
+                return None
+            m, step = part
+            parts.setdefault(m, []).append((step, size))
+            strides.append(a_strides[m] * step)
+            continue
+        if any(a_strides[outer] != a_strides[inner] * d.dims[inner]
+               for inner, outer in zip(run, run[1:])):
             return None
         for m in run:
             free.remove(m)
         strides.append(a_strides[run[0]])
+    for m, split in parts.items():  # the parts must tile the D dim: steps 1, n0, n0·n1, ...
+        covered = 1
+        for step, size in sorted(split):
+            if step != covered:
+                return None
+            covered *= size
+        if covered != d.dims[m] or m not in free:  # or a run of another S dim took it
+            return None
+        free.remove(m)
     return None if free else MemoryDesc.from_strides(s.dims, a.dtype, strides)
+
+
+def _part_of(size: int, stride: int, free: list[int], dims: tuple[int, ...],
+             strides: tuple[int, ...]) -> tuple[int, int] | None:
+    """(the D dim, the step in it) when one dim of ``size`` and ``stride`` lies within one D
+    dim, a split of it (a Reshape of a Split part's channels into heads and their width):
+    ``stride`` is ``step`` times that dim's stride and ``size · step`` fits in its extent;
+    None otherwise."""
+    for m in free:
+        if strides[m] and stride % strides[m] == 0:
+            step = stride // strides[m]
+            if 1 <= step and size * step <= dims[m] and dims[m] % (size * step) == 0:
+                return m, step
+    return None
 
 
 def _run_of(size: int, stride: int, free: list[int], dims: tuple[int, ...],

@@ -217,3 +217,66 @@ def test_a_merged_run_needs_one_run_in_the_source_too() -> None:
     assert _through(s, d, md((1, 16, 7, 7), (3584, 1, 512, 64))) is None
     assert _through(md((1, 16, 49), (784, 49, 1)), d, md((1, 16, 7, 7), (3136, 1, 448, 64))) \
         is None  # S row-major over D's channels-last bytes: no run
+
+
+def _box_distributions() -> onnx.ModelProto:
+    """YOLOv8's head in small: two int8 convolutions write their 82 channels (64 box bins, 18
+    classes) in place into a Concat along the anchors; its 64-channel Split part, reshaped to
+    [1, 4, 16, N] and transposed to [1, 16, 4, N] for the Softmax over the bins. The Split
+    part's copy is read only by the Transpose's reorder, through a view that splits its
+    channels into 4 x 16."""
+    rng = np.random.default_rng(3)
+    sides = (16, 8)
+    nodes: list[onnx.NodeProto] = []
+    inits = [init("xs", np.float32(0.05)), init("xz", np.uint8(128)), init("ws", np.float32(0.01)),
+             init("rows", np.array([1, 82, -1], np.int64)),
+             init("sizes", np.array([64, 18], np.int64)),
+             init("bins", np.array([1, 4, 16, sum(s * s for s in sides)], np.int64))]
+    for i in range(len(sides)):
+        nodes += [helper.make_node("QuantizeLinear", [f"x{i}", "xs", "xz"], [f"xq{i}"]),
+                  helper.make_node("DequantizeLinear", [f"xq{i}", "xs", "xz"], [f"xd{i}"]),
+                  helper.make_node("DequantizeLinear", [f"wq{i}", "ws"], [f"w{i}"]),
+                  helper.make_node("Conv", [f"xd{i}", f"w{i}", f"b{i}"], [f"c{i}"]),
+                  helper.make_node("Reshape", [f"c{i}", "rows"], [f"r{i}"])]
+        inits += [init(f"wq{i}", rng.integers(-127, 128, (82, 8, 1, 1)).astype(np.int8)),
+                  init(f"b{i}", rng.standard_normal(82).astype(np.float32))]
+    nodes += [helper.make_node("Concat", ["r0", "r1"], ["cat"], axis=2),
+              helper.make_node("Split", ["cat", "sizes"], ["box", "cls"], axis=1),
+              helper.make_node("Reshape", ["box", "bins"], ["dist"]),
+              helper.make_node("Transpose", ["dist"], ["t"], perm=[0, 2, 1, 3]),
+              helper.make_node("Softmax", ["t"], ["p"], axis=1),
+              helper.make_node("Sigmoid", ["cls"], ["s"])]
+    return model(nodes, {f"x{i}": ([1, 8, s, s], TensorProto.FLOAT)
+                         for i, s in enumerate(sides)}, ["p", "s"], inits)
+
+
+def test_a_split_of_a_parts_channels_reads_the_part() -> None:
+    """The Transpose's reorder reads the box bins in the Concat's buffer through a
+    [1, 4, 16, N] view (channel strides 16 and 1 inside the 82-channel rows): the Split
+    part's copy goes; bit-identical."""
+    on, off = compile_model(_box_distributions()), compile_model(_box_distributions(),
+                                                                 composer=OFF)
+    assert on.plan.notes["merged_copies"] == 1 and len(on.plan.kernels) == len(off.plan.kernels) - 1
+    [merged] = [k for k in on.plan.kernels if "not its copy" in k.info.note]
+    assert on.plan.slots[merged.reads[0]].md.strides[1:] == (16, 1, 82)
+    for seed in range(3):
+        feeds = random_inputs(on, seed=seed)
+        assert all(np.array_equal(a, b) for a, b in zip(on.run(feeds).values(),
+                                                        off.run(feeds).values(), strict=True))
+
+
+def test_the_parts_of_a_split_dim_must_tile_it() -> None:
+    """S's dims 4 x 16 (or 16 x 4, permuted) tile D's 64 channels: a view with A's strides;
+    2 x 16 cover only 32 of them: None."""
+    from qfuse.compiler.lower.merge_copies import _through
+    from qfuse.runtime.onednn import DataType, MemoryDesc
+
+    def md(dims: tuple, strides: tuple) -> MemoryDesc:
+        return MemoryDesc.from_strides(dims, DataType.u8, strides)
+
+    d, a = md((1, 64, 10), (640, 1, 64)), md((1, 64, 10), (820, 1, 82))
+    view = _through(md((1, 4, 16, 10), (640, 16, 1, 64)), d, a)
+    assert view is not None and view.strides[1:] == (16, 1, 82)
+    view = _through(md((1, 16, 4, 10), (640, 1, 16, 64)), d, a)
+    assert view is not None and view.strides[1:] == (1, 16, 82)
+    assert _through(md((1, 2, 16, 10), (640, 16, 1, 64)), d, a) is None
