@@ -167,13 +167,12 @@ def _part_of(size: int, stride: int, free: list[int], dims: tuple[int, ...],
              strides: tuple[int, ...]) -> tuple[int, int] | None:
     """(the D dim, the step in it) when one dim of ``size`` and ``stride`` lies within one D
     dim, a split of it (a Reshape of a Split part's channels into heads and their width):
-    ``stride`` is ``step`` times that dim's stride and ``size · step`` fits in its extent;
+    ``stride`` is ``step`` times that dim's stride and ``size · step`` divides its extent;
     None otherwise."""
     for m in free:
-        if strides[m] and stride % strides[m] == 0:
-            step = stride // strides[m]
-            if 1 <= step and size * step <= dims[m] and dims[m] % (size * step) == 0:
-                return m, step
+        step, rest = divmod(stride, strides[m]) if strides[m] else (0, 0)
+        if not rest and step and dims[m] % (size * step) == 0:
+            return m, step
     return None
 
 
