@@ -334,4 +334,9 @@ def cast(ctx: Context, node: NodeView) -> None:
     to = int(node.attr("to", 0))
     if to not in ONNX_TO_DTYPE:
         raise ctx.unsupported(node, f"cast to {onnx_type_name(to)} is not supported")
+    if ctx.input_info(node, 0).dtype == ONNX_TO_DTYPE[to]:
+        # A cast to the type it has is the identity (torch.onnx writes one after each
+        # QuantizeLinear of a PyTorch-quantized model: quint8 -> UINT8).
+        ctx.emit(node, Op.IDENTITY, node.inputs[:1], NoAttrs())
+        return
     ctx.emit(node, Op.CAST, node.inputs[:1], CastAttrs(ONNX_TO_DTYPE[to]))

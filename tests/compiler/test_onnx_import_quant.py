@@ -91,6 +91,51 @@ def test_onnxruntime_weights_stay_integer_constants_with_their_scales() -> None:
     assert g.info("y").shape == (1, 4, 8, 8)
 
 
+def _torch_conv(cast: bool) -> onnx.ModelProto:
+    """A PyTorch-quantized convolution as torch.onnx exports it: QuantizeLinear, a Cast to
+    UINT8 of its (already u8) output, DequantizeLinear; s8 per-channel weights, an int32 bias
+    dequantized, ReLU, QuantizeLinear / Cast / DequantizeLinear of the output. ``cast=False``:
+    the same model without the Casts."""
+    rng = np.random.default_rng(3)
+    w_scale = rng.uniform(0.005, 0.02, 8).astype(F)
+    inits = [init("s", np.array(0.04, F)), init("zp", np.array(120, np.uint8)),
+             init("w", rng.integers(-127, 128, (8, 4, 3, 3)).astype(np.int8)),
+             init("w_s", w_scale), init("w_zp", np.zeros(8, np.int8)),
+             init("b", rng.integers(-3000, 3000, 8).astype(np.int32)),
+             init("b_s", w_scale * F(0.04)), init("b_zp", np.zeros(8, np.int32)),
+             init("o_s", np.array(0.03, F)), init("o_zp", np.array(0, np.uint8))]
+
+    def pair(src: str, scale: str, zp: str, dst: str) -> list[onnx.NodeProto]:
+        q = helper.make_node("QuantizeLinear", [src, scale, zp], [f"{dst}_q"])
+        if not cast:
+            return [q, helper.make_node("DequantizeLinear", [f"{dst}_q", scale, zp], [dst])]
+        return [q, helper.make_node("Cast", [f"{dst}_q"], [f"{dst}_c"], to=TensorProto.UINT8),
+                helper.make_node("DequantizeLinear", [f"{dst}_c", scale, zp], [dst])]
+
+    nodes = [*pair("x", "s", "zp", "xd"),
+             helper.make_node("DequantizeLinear", ["w", "w_s", "w_zp"], ["wd"], axis=0),
+             helper.make_node("DequantizeLinear", ["b", "b_s", "b_zp"], ["bd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]), *pair("r", "o_s", "o_zp", "y")]
+    return model(nodes, {"x": ([1, 4, 10, 10], FLOAT)}, ["y"], inits)
+
+
+def test_a_cast_to_the_type_it_has_is_an_identity() -> None:
+    """torch.onnx's Cast between QuantizeLinear and DequantizeLinear leaves the pair a pair:
+    the same kernels as without it (one int8 convolution, no numpy Cast), and ONNX Runtime's outputs."""
+    g = import_model(_torch_conv(cast=True))
+    assert Op.CAST not in [n.op for n in g]
+    x = np.random.default_rng(4).standard_normal((1, 4, 10, 10)).astype(F)
+    kernels = []
+    for cast in (True, False):
+        compiled = compile_model(_torch_conv(cast))
+        kernels.append([k["primitive"] for k in compiled.inspect()["kernels"]])
+        np.testing.assert_array_equal(compiled.run({"x": x})["y"],
+                                      run_ort(_torch_conv(cast), {"x": x}, optimized=False)[0])
+    assert kernels[0] == kernels[1]
+    assert kernels[0].count("convolution") == 1 and "numpy" not in kernels[0], kernels[0]
+
+
 def test_quantize_of_a_float_weight_folds_into_an_integer_constant() -> None:
     w = np.array([[0.1, -0.2], [0.3, 0.5]], F)
     nodes = [
