@@ -19,6 +19,7 @@ from qfuse.passes import (
     fold_batchnorm,
     fold_float_constants,
     fold_weight_quantize,
+    fold_weight_views,
     fuse_bias,
     fuse_gated_activation,
     fuse_post_ops,
@@ -70,6 +71,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     ("qdq_to_fake_quantize", qdq_to_fake_quantize.run),
     ("decompose_fake_quantize", decompose_fake_quantize.run),
     ("fold_weight_quantize", fold_weight_quantize.run),
+    # a Transpose / Reshape of a dequantized weight (torch.onnx's quantized Linear) as the
+    # dequantize of the viewed integers, which the MatMul then reads as int8 weights
+    ("fold_weight_views", fold_weight_views.run),
     # a quantized constant no kernel reads in integers (NNCF's attention-bias tables, then a
     # Gather and Slices of them) as float32 constants: the fusion passes see constant operands
     ("fold_float_constants", fold_float_constants.run),
