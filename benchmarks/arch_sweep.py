@@ -44,7 +44,13 @@ compiles it with qfuse fused and prints one row per model and quantizer:
 
 ``--quantizers`` also takes the variants of examples/realzoo/quantize.py ``VARIANTS`` (other
 options users set: dedicated Q/DQ pairs, s8 symmetric activations, per-tensor reduce-range,
-u8 weights, QOperator s8, NNCF MIXED and TRANSFORMER, quantize_dynamic).
+u8 weights, QOperator s8, NNCF MIXED and TRANSFORMER, quantize_dynamic), and ``torchfx``:
+PyTorch's own post-training quantization, FX graph mode (``prepare_fx`` with the ``x86``
+backend's default qconfig mapping — per-channel s8 weights, u8 activations of 7 bits —,
+the same 8 calibration inputs, ``convert_fx``), exported by torch.onnx's TorchScript exporter
+(QuantizeLinear, a Cast to UINT8, DequantizeLinear around each float op); made by ``export``
+from the torch model when ``--quantizers`` names it. Its reference is the quantized model in
+ONNX Runtime (the PyTorch model computes with fbgemm's kernels, which are not exact).
 
 A row with an error says what failed (quantizer, compile, run). Random-weight outputs of a
 classifier whose head is zero-initialized (torchvision's ViT) are all zero: its cosines read 0.
@@ -245,13 +251,16 @@ def _revive_zero_init(model: Any) -> list[str]:
     return revived
 
 
-def export(names: list[str], out: Path, size: int, exporter: str = "torchscript") -> None:
+def export(names: list[str], out: Path, size: int, exporter: str = "torchscript",
+           quantizers: tuple[str, ...] = ()) -> None:
     warnings.filterwarnings("ignore")
     (out / "float").mkdir(parents=True, exist_ok=True)
     seeded = False
     for name in names:
         path = out / "float" / f"{name}.onnx"
-        if path.exists():
+        fx_path = out / "quantized" / f"{name}.torchfx.onnx"
+        if path.exists() and ("torchfx" not in quantizers or fx_path.exists()
+                              or name in WHEEL_MODELS):
             continue
         if name in WHEEL_MODELS:
             try:
@@ -286,6 +295,10 @@ def export(names: list[str], out: Path, size: int, exporter: str = "torchscript"
                     model(torch.randn(2, *x.shape[1:]))
         model.eval()
         names = list(NET_INPUTS.get(name, ("input",)))
+        if "torchfx" in quantizers and not fx_path.exists():
+            _torch_fx_export(name, model, args, names, fx_path)
+        if path.exists():
+            continue
         try:
             if exporter == "dynamo":  # torch.export + onnxscript: torch.onnx.export's default
                 torch.onnx.export(_Tensor(model), args, str(path), dynamo=True,
@@ -299,6 +312,44 @@ def export(names: list[str], out: Path, size: int, exporter: str = "torchscript"
             print(f"cannot export {name}: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
             continue
         print(f"exported {name}", flush=True)
+
+
+def _torch_fx_export(name: str, model: Any, args: tuple[Any, ...], names: list[str],
+                     path: Path) -> None:
+    """``model`` quantized by PyTorch's FX graph mode post-training quantization and exported
+    to ``path`` (module docstring, ``torchfx``); a failure is printed, not raised."""
+    import copy
+
+    import torch
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    try:
+        prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), args)
+        with torch.no_grad():
+            for feeds in _feeds(name, [tuple(a.shape) for a in args])[:8]:
+                prepared(*(torch.from_numpy(v) for v in feeds.values()))
+        quantized = convert_fx(prepared)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.onnx.export(_Tensor(quantized), args, str(path), opset_version=17, dynamo=False,
+                          input_names=names, output_names=["output"])
+    except Exception as exc:  # noqa: BLE001 - the quantizer or exporter refusing is a result
+        print(f"cannot quantize {name} with torchfx: {type(exc).__name__}: "
+              f"{str(exc)[:300]}", flush=True)
+        return
+    print(f"quantized {name} with torchfx", flush=True)
+
+
+def _feeds(name: str, shapes: list[tuple[int, ...]], input_names: list[str] | None = None
+           ) -> list[dict[str, np.ndarray]]:
+    """The 10 inputs of ``name``'s rows: 8 to calibrate, 2 held out (module docstring)."""
+    rng = np.random.default_rng(0)
+    if name in WHEEL_MODELS:
+        return [WHEEL_MODELS[name].feeds(rng) for _ in range(10)]
+    if name in NET_INPUTS:
+        return [net_feeds(name, rng) for _ in range(10)]
+    key = (input_names or ["input"])[0]
+    return [{key: rng.standard_normal(shapes[0]).astype(np.float32)} for _ in range(10)]
 
 
 # ---------------------------------------------------------------------------------- run
@@ -330,6 +381,8 @@ def _quantized(float_path: Path, out: Path, quantizer: str,
 
     path = out / "quantized" / f"{float_path.stem}.{quantizer}.onnx"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if quantizer == "torchfx" and not path.exists():
+        raise FileNotFoundError("torchfx: not exported (the export step said why)")
     if not path.exists():
         model, _ = quantize(onnx.load(float_path), calibration, quantizer)
         onnx.save(model, path)
@@ -355,15 +408,8 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
         row["error"] = "export: no float model (the export step said why)"
         return row
     graph_input = onnx.load(float_path, load_external_data=False).graph.input[0]
-    shape = [d.dim_value for d in graph_input.type.tensor_type.shape.dim]
-    rng = np.random.default_rng(0)
-    if name in WHEEL_MODELS:
-        feeds = [WHEEL_MODELS[name].feeds(rng) for _ in range(10)]
-    elif name in NET_INPUTS:
-        feeds = [net_feeds(name, rng) for _ in range(10)]
-    else:
-        feeds = [{graph_input.name: rng.standard_normal(shape).astype(np.float32)}
-                 for _ in range(10)]
+    shape = tuple(d.dim_value for d in graph_input.type.tensor_type.shape.dim)
+    feeds = _feeds(name, [shape], [graph_input.name])
     calibration, held_out = feeds[:8], feeds[8:]
     try:
         path, reference = _quantized(float_path, out, quantizer, calibration)
@@ -484,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     if args.step in ("export", "all"):
-        export(names, args.out, args.size, args.exporter)
+        export(names, args.out, args.size, args.exporter,
+               tuple(args.quantizers.split(",")))
     if args.step == "export":
         return 0
     rows = []
