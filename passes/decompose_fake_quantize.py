@@ -36,6 +36,23 @@ operand (oneDNN takes s8 weights), and one written or read by an op whose int8 f
 zero point into float sums or roundings of its own (LayerNorm, Softmax, average pooling,
 reductions: ``rint(x/s + zp)``, ``avg(q) − zp``), where the shift could move a tie.
 
+Zero level (on every CPU): an activation whose levels start at its zero point is written as u8
+with zero point 0, the encoding oneDNN's fastest int8 kernels read (a convolution's or
+matmul's source zero point costs a compensation pass, and the depthwise ``brdgmm`` kernels
+take none: a source with one runs on ``jit_int8``, 1.4–2x their time). Two cases, both
+exact, both only where ``_may_shift`` allows (no writer or reader folds the zero point into
+a float rounding of its own):
+
+- s8 with zero point -128 (onnxruntime's default s8 asymmetric activations after a ReLU):
+  the unsigned form above, ``q' = q + 128`` with zero point 0, for every input;
+- an ONNX pair of u8 or s8 type T with zero point z quantizing ``x = Clip(·, lo, hi)`` with
+  ``lo >= 0`` (PyTorch's FX quantization keeps a ReLU6's input parameters, e.g. u8 with
+  z = 63, for its Hardtanh output): ``rint(x/s) >= 0``, so ONNX's
+  ``q = saturate_T(rint(x/s) + z)`` is ``rint(x/s) + z`` whenever ``rint(hi/s) <= max_T - z``
+  (division and rint are monotone), and ``q' = q - z = saturate_u8(rint(x/s))``: the pair
+  with u8 and zero point 0, and ``(q' - 0)·s = (q - z)·s``. Declined where the type's
+  saturation could bind (``rint(hi/s) > max_T - z``).
+
 Declined (reason recorded): ranges not constant, L > 256 or < 2, ranges varying along more
 than one axis, il >= ih, oh <= ol, an output step So above quant_utils.MAX_SCALE (the int8
 kernels multiply scales in float32, which would overflow: the FakeQuantize stays a float32
@@ -92,6 +109,8 @@ class Decomposition:
         self.dtype, self.scale, self.zero_point = dtype, scale, zero_point
         self.q_low, self.levels, self.axis = q_low, levels, axis
         self.onnx = onnx  # the Q/DQ pair the FakeQuantize stands for, as its levels
+        # (il, ih) of the quantize-only FakeQuantize when not the original node's
+        self.input_range: tuple[np.ndarray, np.ndarray] | None = None
 
     def quant(self) -> QuantParams:
         if self.axis is None:
@@ -192,6 +211,29 @@ def unsigned(d: Decomposition) -> Decomposition:
                          d.axis, onnx)
 
 
+def zero_level(graph: Graph, fq: Node, d: Decomposition) -> Decomposition | None:
+    """``d`` as u8 with zero point 0 where that is exact (module docstring, "Zero level"),
+    else None."""
+    if d.dtype is DType.S8 and np.all(d.zero_point == -128):
+        return unsigned(d)
+    if d.onnx is None or d.axis is not None or int(d.zero_point[0]) == 0:
+        return None
+    clip = graph.producer(fq.inputs[0])
+    if clip is None or clip.op is not Op.CLIP or not clip.attrs.min >= 0:
+        return None
+    scale, zp = d.onnx.quant.scale_array().astype(F32), int(d.zero_point[0])
+    with np.errstate(over="ignore"):
+        top = np.rint(F32(clip.attrs.max) / scale[0])
+    if not top <= d.dtype.range[1] - zp:
+        return None
+    zero = np.zeros(1, np.int64)
+    onnx = OnnxQuantize(DType.U8, QuantParams.make(scale[0], 0), dequantize=False)
+    found = Decomposition(DType.U8, d.scale, zero, zero, d.levels, None, onnx)
+    low, high = qdq_ranges(DqParams(scale, zero, None, DType.U8), graph.info(fq.inputs[0]).rank)
+    found.input_range = (low, high)
+    return found
+
+
 _VIEWS = frozenset({Op.RESHAPE, Op.FLATTEN, Op.TRANSPOSE, Op.SQUEEZE, Op.UNSQUEEZE,
                     Op.IDENTITY})
 # ops whose int8 forms compute with (q - zp) exactly, whatever zp is: the shift cannot move
@@ -218,9 +260,9 @@ def _may_shift(graph: Graph, fq: Node) -> bool:
 def _writer(graph: Graph, value: str) -> Node | None:
     """The op that computes ``value`` up a chain of elementwise ops with constant operands
     (a decomposed BatchNorm's Mul and Add after a convolution, a LayerNorm's ``x·γ + β`` after
-    its division), None for a graph input."""
+    its division) and of views (a pooling's Flatten), None for a graph input."""
     node = graph.producer(value)
-    while node is not None and node.op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV):
+    while node is not None and node.op in (Op.ADD, Op.SUB, Op.MUL, Op.DIV, *_VIEWS):
         runtime = [v for v in node.inputs if v and graph.constant(v) is None]
         if len(runtime) != 1:
             return node
@@ -251,7 +293,7 @@ def integers_exact(q_low: np.ndarray, levels: int) -> bool:
 def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> None:
     x = fq.inputs[0]
     info = graph.info(x)
-    il, ih = (graph.constant(n) for n in fq.inputs[1:3])
+    il, ih = d.input_range or tuple(graph.constant(n) for n in fq.inputs[1:3])
     ol = along(d.q_low.astype(F32), info.rank, d.axis)
     oh = along((d.q_low + d.levels - 1).astype(F32), info.rank, d.axis)
     out = fq.outputs[0]
@@ -290,7 +332,10 @@ def run(graph: Graph, ctx: PassContext) -> int:
             ctx.decline(fq, f"levels={found.levels}: k/(L-1)·(L-1) is not exact in float32, "
                             "a quantize-only FakeQuantize would not give integers")
             continue
-        if ctx.unsigned_activations and found.dtype is DType.S8 \
+        zero = zero_level(graph, fq, found)
+        if zero is not None and _may_shift(graph, fq):
+            found = zero
+        elif ctx.unsigned_activations and found.dtype is DType.S8 \
                 and _may_shift(graph, fq):
             found = unsigned(found)
         _rewrite(graph, fq, found)

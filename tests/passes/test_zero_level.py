@@ -1,0 +1,123 @@
+"""decompose_fake_quantize's zero level: an activation whose levels start at its zero point is
+written as u8 with zero point 0 — s8 with zero point -128 (onnxruntime's s8 asymmetric
+activations after a ReLU), an ONNX pair after ``Clip(lo >= 0, hi)`` whose saturation cannot
+bind (PyTorch FX's ReLU6 keeping its input's zero point). Bit-exact: the reference before and
+after, and the compiled models against onnxruntime; the convolutions then read sources without
+a zero point."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from quant_helpers import F32, add, apply, finish, new_graph, qdq, reference
+
+import qfuse.passes.decompose_fake_quantize as D
+import qfuse.passes.qdq_to_fake_quantize as P
+from qfuse.compiler.api import compile_model
+from qfuse.ir import DType, Op
+from qfuse.ir.ops import ClipAttrs
+from tests.compiler.onnx_builders import init, model, run_ort
+
+
+def _pair(clip: tuple[float, float] | None, scale: float, zp: int, dtype: DType):
+    """x [→ Clip] → Q/DQ (scale, zp, dtype) → y, after qdq_to_fake_quantize."""
+    g = new_graph((2, 3, 5, 5))
+    src = "x"
+    if clip is not None:
+        add(g, Op.CLIP, ["x"], "c", ClipAttrs(*clip))
+        src = "c"
+    qdq(g, src, "y", scale, zp, dtype)
+    finish(g, "y")
+    apply(P, g)
+    return g
+
+
+def _quantized(g) -> tuple[DType, tuple[int, ...]]:
+    info = g.info(g.producer(g.outputs[0]).inputs[0])
+    return info.dtype, info.quant.zero_point
+
+
+@pytest.mark.parametrize("clip,scale,zp,dtype,want", [
+    (None, 0.02, -128, DType.S8, (DType.U8, (0,))),       # any input: q + 128
+    ((0.0, 6.0), 0.0806, 63, DType.U8, (DType.U8, (0,))),  # rint(6/s) = 74 <= 255 - 63
+    ((0.0, 6.0), 0.05, 3, DType.S8, (DType.U8, (0,))),     # 120 <= 127 - 3
+    ((0.0, 6.0), 0.03, 63, DType.U8, (DType.U8, (63,))),   # 200 > 192: saturation binds
+    ((-1.0, 6.0), 0.0806, 63, DType.U8, (DType.U8, (63,))),  # negative values
+    (None, 0.0806, 63, DType.U8, (DType.U8, (63,))),       # no bound known
+    ((0.0, 6.0), 0.05, 0, DType.S8, (DType.S8, (0,))),     # zero point 0 already
+])
+def test_which_tensors_take_zero_point_0(clip, scale, zp, dtype, want):
+    g = _pair(clip, scale, zp, dtype)
+    before = g.copy()
+    assert apply(D, g).changed == 1
+    assert _quantized(g) == want
+    for seed in range(3):
+        x = (np.random.default_rng(seed).standard_normal((2, 3, 5, 5)) * 8).astype(F32)
+        np.testing.assert_array_equal(reference(g, {"x": x})["y"],
+                                      reference(before, {"x": x})["y"])
+
+
+def _depthwise_model(activation: str, zp: int, dtype: int, pool: bool = False
+                     ) -> onnx.ModelProto:
+    """x → Q/DQ (u8) → 1x1 conv (16 channels) → ReLU or Clip(0, 6) → Q/DQ (``zp``,
+    ``dtype``) → 3x3 depthwise conv → Q/DQ; with ``pool``: → GlobalAveragePool → Flatten →
+    Q/DQ (``zp``, ``dtype``)."""
+    rng = np.random.default_rng(7)
+    np_type = np.int8 if dtype == TensorProto.INT8 else np.uint8
+    inits = [init("s", np.array(0.03, F32)), init("z", np.array(128, np.uint8)),
+             init("w1", rng.integers(-127, 128, (16, 8, 1, 1)).astype(np.int8)),
+             init("w1s", np.full(16, 0.01, F32)), init("w1z", np.zeros(16, np.int8)),
+             init("as", np.array(0.0806, F32)), init("az", np.array(zp, np_type)),
+             init("w2", rng.integers(-127, 128, (16, 1, 3, 3)).astype(np.int8)),
+             init("w2s", np.full(16, 0.02, F32)), init("w2z", np.zeros(16, np.int8)),
+             init("os", np.array(0.1, F32)), init("oz", np.array(zp, np_type)),
+             init("lo", np.array(0.0, F32)), init("hi", np.array(6.0, F32))]
+
+    def pair(src: str, scale: str, z: str, dst: str) -> list[onnx.NodeProto]:
+        return [helper.make_node("QuantizeLinear", [src, scale, z], [f"{dst}q"]),
+                helper.make_node("DequantizeLinear", [f"{dst}q", scale, z], [dst])]
+
+    act = (helper.make_node("Relu", ["c1"], ["a"]) if activation == "relu"
+           else helper.make_node("Clip", ["c1", "lo", "hi"], ["a"]))
+    nodes = [*pair("x", "s", "z", "xd"),
+             helper.make_node("DequantizeLinear", ["w1", "w1s", "w1z"], ["w1d"], axis=0),
+             helper.make_node("Conv", ["xd", "w1d"], ["c1"]), act, *pair("a", "as", "az", "ad"),
+             helper.make_node("DequantizeLinear", ["w2", "w2s", "w2z"], ["w2d"], axis=0),
+             helper.make_node("Conv", ["ad", "w2d"], ["c2"], name="dw", group=16,
+                              pads=[1, 1, 1, 1])]
+    if pool:
+        nodes += [*pair("c2", "os", "oz", "c2d"),
+                  helper.make_node("GlobalAveragePool", ["c2d"], ["p"]),
+                  helper.make_node("Flatten", ["p"], ["f"]), *pair("f", "os", "oz", "y")]
+    else:
+        nodes += pair("c2", "os", "oz", "y")
+    return model(nodes, {"x": ([1, 8, 12, 12], TensorProto.FLOAT)}, ["y"], inits)
+
+
+@pytest.mark.parametrize("activation,zp,dtype", [("relu", -128, TensorProto.INT8),
+                                                 ("clip", 63, TensorProto.UINT8)])
+def test_the_depthwise_conv_reads_u8_without_a_zero_point(activation, zp, dtype):
+    m = _depthwise_model(activation, zp, dtype)
+    compiled = compile_model(m)
+    depthwise = [k for k in compiled.inspect()["kernels"]
+                 if k["primitive"] == "convolution" and k["node"] == "dw"]
+    assert len(depthwise) == 1, compiled.inspect()["kernels"]
+    assert depthwise[0]["src_dtype"] == "u8", depthwise
+    assert "SRC" not in depthwise[0]["zero_points_masks"], depthwise
+    x = np.random.default_rng(8).standard_normal((1, 8, 12, 12)).astype(F32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"],
+                                  run_ort(m, {"x": x}, optimized=False)[0])
+
+
+def test_a_pooling_behind_a_view_keeps_its_s8_tensors():
+    """GlobalAveragePool's int8 form folds the zero point into its float average: the
+    quantize after its Flatten is written by it, so both stay s8 and the pooling int8."""
+    m = _depthwise_model("relu", -128, TensorProto.INT8, pool=True)
+    compiled = compile_model(m)
+    pools = [k for k in compiled.inspect()["kernels"] if k["primitive"] == "pooling"]
+    assert [(k["src_dtype"], k["dst_dtype"]) for k in pools] == [("s8", "s8")], pools
+    x = np.random.default_rng(9).standard_normal((1, 8, 12, 12)).astype(F32)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"],
+                                  run_ort(m, {"x": x}, optimized=False)[0])
