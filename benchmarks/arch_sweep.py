@@ -43,7 +43,8 @@ compiles it with qfuse fused and prints one row per model and quantizer:
   is left once the price of exactness is set aside (on a VNNI CPU the two plans are one).
 
 ``--quantizers`` also takes the variants of examples/realzoo/quantize.py ``VARIANTS`` (other
-options users set: dedicated Q/DQ pairs, s8 symmetric activations, per-tensor reduce-range,
+options users set: quantize_static's own defaults (s8 asymmetric activations, per-tensor
+weights), dedicated Q/DQ pairs, s8 symmetric activations, per-tensor reduce-range,
 u8 weights, QOperator s8, NNCF MIXED and TRANSFORMER, quantize_dynamic), and ``torchfx``:
 PyTorch's own post-training quantization, FX graph mode (``prepare_fx`` with the ``x86``
 backend's default qconfig mapping — per-channel s8 weights, u8 activations of 7 bits —,

@@ -23,6 +23,9 @@ guidance): u8 activations, s8 per-channel weights, MinMax calibration, ``reduce_
 ``VARIANTS``: the other options users set, each one change from those recipes (for
 benchmarks/arch_sweep.py ``--quantizers``):
 
+- ``qdq-default``: quantize_static's own defaults, what a user who sets no option gets: s8
+  asymmetric activations (``activation_type=QInt8``: a ReLU's output has zero point -128)
+  and per-tensor s8 weights (``per_channel=False``);
 - ``qdq-dedicated``: ``extra_options={"DedicatedQDQPair": True}`` (a Q/DQ pair per reader);
 - ``qdq-s8``: s8 activations, ``ActivationSymmetric`` (zero point 0);
 - ``qdq-tensor``: per-tensor weights with ``reduce_range=True`` (7-bit weights);
@@ -58,6 +61,7 @@ import onnx
 QUANTIZERS = ("qdq", "qoperator", "nncf")
 #: variant -> (base quantizer, changed options) (module docstring)
 VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
+    "qdq-default": ("qdq", {"activation_type": "QInt8", "per_channel": False}),
     "qdq-dedicated": ("qdq", {"extra_options": {"DedicatedQDQPair": True}}),
     "qdq-s8": ("qdq", {"activation_type": "QInt8",
                        "extra_options": {"ActivationSymmetric": True}}),
