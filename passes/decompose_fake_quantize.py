@@ -253,8 +253,14 @@ def _may_shift(graph: Graph, fq: Node) -> bool:
     use (q - zp) exactly, and none reads it as a compute op's second operand (oneDNN takes s8
     weights)."""
     writer = _writer(graph, fq.inputs[0])
-    return (writer is None or writer.op in _SHIFT_SAFE) and \
-        _readers_shift_safe(graph, fq.outputs[0])
+    if writer is not None and writer.op is Op.DEQUANTIZE_LINEAR:
+        # the FakeQuantize requantizes integers (through views): u8 where they are u8 (this
+        # pass made them so first, in topological order), so that a pair of the same
+        # parameters stays one eliminate_requantize drops
+        writer_safe = graph.info(writer.inputs[0]).dtype is DType.U8
+    else:
+        writer_safe = writer is None or writer.op in _SHIFT_SAFE
+    return writer_safe and _readers_shift_safe(graph, fq.outputs[0])
 
 
 def _writer(graph: Graph, value: str) -> Node | None:
