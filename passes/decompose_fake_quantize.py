@@ -45,13 +45,16 @@ a float rounding of its own):
 
 - s8 with zero point -128 (onnxruntime's default s8 asymmetric activations after a ReLU):
   the unsigned form above, ``q' = q + 128`` with zero point 0, for every input;
-- an ONNX pair of u8 or s8 type T with zero point z quantizing ``x = Clip(·, lo, hi)`` with
-  ``lo >= 0`` (PyTorch's FX quantization keeps a ReLU6's input parameters, e.g. u8 with
-  z = 63, for its Hardtanh output): ``rint(x/s) >= 0``, so ONNX's
-  ``q = saturate_T(rint(x/s) + z)`` is ``rint(x/s) + z`` whenever ``rint(hi/s) <= max_T - z``
-  (division and rint are monotone), and ``q' = q - z = saturate_u8(rint(x/s))``: the pair
-  with u8 and zero point 0, and ``(q' - 0)·s = (q - z)·s``. Declined where the type's
-  saturation could bind (``rint(hi/s) > max_T - z``).
+- an ONNX pair of u8 or s8 type T with zero point z quantizing ``x = Relu(·)`` or
+  ``x = Clip(·, lo, hi)`` with ``lo >= 0`` (PyTorch's FX quantization keeps a ReLU6's input
+  parameters, e.g. u8 with z = 63, for its Hardtanh output; s8 symmetric activations after
+  a ReLU): ``rint(x/s) >= 0``, so ONNX's ``q = saturate_T(rint(x/s) + z)`` gives
+  ``q - z = min(rint(x/s), max_T - z)``, which is ``saturate_u8(rint(min(x, c)/s))`` with
+  ``c = (max_T - z)·s`` in float32 (division and rint are monotone, and ``c/s`` is within
+  2 ulp of ``max_T - z``, so ``rint(c/s) = max_T - z``): the pair with u8 and zero point 0
+  after a Clip to c, and ``(q' - 0)·s = (q - z)·s``. The Clip is left out where x's own
+  bound already keeps ``rint(hi/s) <= max_T - z`` (a ReLU6 at FX's parameters); else it
+  joins the producer's post-ops.
 
 Declined (reason recorded): ranges not constant, L > 256 or < 2, ranges varying along more
 than one axis, il >= ih, oh <= ol, an output step So above quant_utils.MAX_SCALE (the int8
@@ -68,7 +71,7 @@ import logging
 import numpy as np
 
 from qfuse.ir.graph import Graph, Node
-from qfuse.ir.ops import Op
+from qfuse.ir.ops import ClipAttrs, Op
 from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
@@ -111,6 +114,8 @@ class Decomposition:
         self.onnx = onnx  # the Q/DQ pair the FakeQuantize stands for, as its levels
         # (il, ih) of the quantize-only FakeQuantize when not the original node's
         self.input_range: tuple[np.ndarray, np.ndarray] | None = None
+        # the zero level's bound on x where the type's saturation would otherwise bind
+        self.clamp: np.float32 | None = None
 
     def quant(self) -> QuantParams:
         if self.axis is None:
@@ -216,21 +221,27 @@ def zero_level(graph: Graph, fq: Node, d: Decomposition) -> Decomposition | None
     else None."""
     if d.dtype is DType.S8 and np.all(d.zero_point == -128):
         return unsigned(d)
-    if d.onnx is None or d.axis is not None or int(d.zero_point[0]) == 0:
-        return None
-    clip = graph.producer(fq.inputs[0])
-    if clip is None or clip.op is not Op.CLIP or not clip.attrs.min >= 0:
+    if d.onnx is None or d.axis is not None:
         return None
     scale, zp = d.onnx.quant.scale_array().astype(F32), int(d.zero_point[0])
-    with np.errstate(over="ignore"):
-        top = np.rint(F32(clip.attrs.max) / scale[0])
-    if not top <= d.dtype.range[1] - zp:
+    if d.dtype is DType.U8 and zp == 0:
         return None
+    bound = graph.producer(fq.inputs[0])
+    if bound is None or not (bound.op is Op.RELU
+                             or bound.op is Op.CLIP and bound.attrs.min >= 0):
+        return None
+    limit = d.dtype.range[1] - zp  # the largest q - zp
+    clamp = None
+    with np.errstate(over="ignore"):
+        top = np.rint(F32(bound.attrs.max) / scale[0]) if bound.op is Op.CLIP else np.inf
+        if not top <= limit:  # c/s lies within 2 ulp of the integer limit: rint gives it
+            clamp = F32(F32(limit) * scale[0])
     zero = np.zeros(1, np.int64)
     onnx = OnnxQuantize(DType.U8, QuantParams.make(scale[0], 0), dequantize=False)
     found = Decomposition(DType.U8, d.scale, zero, zero, d.levels, None, onnx)
     low, high = qdq_ranges(DqParams(scale, zero, None, DType.U8), graph.info(fq.inputs[0]).rank)
     found.input_range = (low, high)
+    found.clamp = clamp
     return found
 
 
@@ -313,7 +324,12 @@ def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> None:
     dq_name = dq_origin[0] if "dq_origin" in fq.meta else f"{fq.name}/dequantize"
 
     def build() -> None:
-        q = add_fake_quantize(graph, x, (il, ih, ol, oh), d.levels, q_info,  # type: ignore
+        src = x
+        if d.clamp is not None:
+            src = graph.add_node(Op.CLIP, [x], 1, ClipAttrs(0.0, float(d.clamp)),
+                                 name=graph.unique_name(f"{fq.name}/saturation"),
+                                 infos=[info], origin=list(fq.origin)).outputs[0]
+        q = add_fake_quantize(graph, src, (il, ih, ol, oh), d.levels, q_info,  # type: ignore
                               graph.unique_name(int_name), origin=q_origin, name=q_name,
                               onnx=d.onnx)
         q.meta["decomposed_from"] = fq.name

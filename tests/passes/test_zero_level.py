@@ -22,11 +22,14 @@ from qfuse.runtime.numerics import step_diff
 from tests.compiler.onnx_builders import init, model, run_ort
 
 
-def _pair(clip: tuple[float, float] | None, scale: float, zp: int, dtype: DType):
-    """x [→ Clip] → Q/DQ (scale, zp, dtype) → y, after qdq_to_fake_quantize."""
+def _pair(clip: tuple[float, float] | str | None, scale: float, zp: int, dtype: DType):
+    """x [→ Clip or Relu] → Q/DQ (scale, zp, dtype) → y, after qdq_to_fake_quantize."""
     g = new_graph((2, 3, 5, 5))
     src = "x"
-    if clip is not None:
+    if clip == "relu":
+        add(g, Op.RELU, ["x"], "c")
+        src = "c"
+    elif clip is not None:
         add(g, Op.CLIP, ["x"], "c", ClipAttrs(*clip))
         src = "c"
     qdq(g, src, "y", scale, zp, dtype)
@@ -44,16 +47,24 @@ def _quantized(g) -> tuple[DType, tuple[int, ...]]:
     (None, 0.02, -128, DType.S8, (DType.U8, (0,))),       # any input: q + 128
     ((0.0, 6.0), 0.0806, 63, DType.U8, (DType.U8, (0,))),  # rint(6/s) = 74 <= 255 - 63
     ((0.0, 6.0), 0.05, 3, DType.S8, (DType.U8, (0,))),     # 120 <= 127 - 3
-    ((0.0, 6.0), 0.03, 63, DType.U8, (DType.U8, (63,))),   # 200 > 192: saturation binds
+    ((0.0, 6.0), 0.03, 63, DType.U8, (DType.U8, (0,))),    # 200 > 192: clamped at 192·s
+    ("relu", 0.05, 0, DType.S8, (DType.U8, (0,))),         # s8 symmetric: clamped at 127·s
+    ("relu", 0.0806, 63, DType.U8, (DType.U8, (0,))),      # clamped at 192·s
+    ((0.0, 6.0), 0.05, 0, DType.S8, (DType.U8, (0,))),     # 120 <= 127
     ((-1.0, 6.0), 0.0806, 63, DType.U8, (DType.U8, (63,))),  # negative values
     (None, 0.0806, 63, DType.U8, (DType.U8, (63,))),       # no bound known
-    ((0.0, 6.0), 0.05, 0, DType.S8, (DType.S8, (0,))),     # zero point 0 already
+    ("relu", 0.05, 0, DType.U8, (DType.U8, (0,))),         # zero level already
 ])
 def test_which_tensors_take_zero_point_0(clip, scale, zp, dtype, want):
     g = _pair(clip, scale, zp, dtype)
     before = g.copy()
     assert apply(D, g).changed == 1
     assert _quantized(g) == want
+    clamped = [n for n in g if n.op is Op.CLIP and n.name.endswith("/saturation")]
+    limit = dtype.range[1] - zp
+    clamps = clip == "relu" and want[1] == (0,) and limit < 255 or (
+        clip == (0.0, 6.0) and np.rint(6.0 / F32(scale)) > limit)
+    assert len(clamped) == clamps
     for seed in range(3):
         x = (np.random.default_rng(seed).standard_normal((2, 3, 5, 5)) * 8).astype(F32)
         np.testing.assert_array_equal(reference(g, {"x": x})["y"],
@@ -115,7 +126,9 @@ def _depthwise_model(activation: str, zp: int, dtype: int, pool: str = ""
 
 
 @pytest.mark.parametrize("activation,zp,dtype", [("relu", -128, TensorProto.INT8),
-                                                 ("clip", 63, TensorProto.UINT8)])
+                                                 ("clip", 63, TensorProto.UINT8),
+                                                 ("relu", 0, TensorProto.INT8),
+                                                 ("relu", 100, TensorProto.UINT8)])
 def test_the_depthwise_conv_reads_u8_without_a_zero_point(activation, zp, dtype):
     m = _depthwise_model(activation, zp, dtype)
     compiled = compile_model(m)
