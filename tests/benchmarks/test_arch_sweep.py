@@ -140,3 +140,19 @@ def test_a_wheel_model_is_read_out_of_its_pinned_wheel_and_fed_its_inputs(tmp_pa
     row = arch_sweep.measure("wheel_tiny", "qdq", tmp_path, 2, openvino=False)
     assert "error" not in row, row
     assert len(seen) == 10 and row["cos_ref"] > 0.99, row
+
+
+def test_a_torchfx_row_without_its_export_says_so(tmp_path) -> None:
+    """``torchfx`` models are made by the export step from the torch model (PyTorch's FX
+    quantization, then torch.onnx): where that step refused, the row's error says where to
+    look, and nothing is quantized from the float model in its place."""
+    (tmp_path / "float").mkdir()
+    x = h.make_tensor_value_info("input", TensorProto.FLOAT, [1, 4])
+    y = h.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4])
+    graph = h.make_graph([h.make_node("Relu", ["input"], ["output"])], "g", [x], [y])
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]),
+              tmp_path / "float" / "m.onnx")
+    row = arch_sweep.measure("m", "torchfx", tmp_path, 1, openvino=False)
+    assert row["error"].startswith("quantize / reference: FileNotFoundError: torchfx: not "
+                                   "exported"), row
+    assert not (tmp_path / "quantized" / "m.torchfx.onnx").exists()
