@@ -45,16 +45,19 @@ a float rounding of its own):
 
 - s8 with zero point -128 (onnxruntime's default s8 asymmetric activations after a ReLU):
   the unsigned form above, ``q' = q + 128`` with zero point 0, for every input;
-- an ONNX pair of u8 or s8 type T with zero point z quantizing ``x = Relu(·)`` or
-  ``x = Clip(·, lo, hi)`` with ``lo >= 0`` (PyTorch's FX quantization keeps a ReLU6's input
-  parameters, e.g. u8 with z = 63, for its Hardtanh output; s8 symmetric activations after
-  a ReLU): ``rint(x/s) >= 0``, so ONNX's ``q = saturate_T(rint(x/s) + z)`` gives
+- an ONNX pair of u8 or s8 type T with zero point z quantizing an x known to be >= 0 with
+  an upper bound hi (``upper_bound``: a ReLU's or ``Clip(lo >= 0)``'s output, a u8 tensor
+  with zero point 0 dequantized, through max pooling and views; PyTorch's FX quantization
+  keeps a ReLU6's input parameters, e.g. u8 with z = 63, for its Hardtanh output; s8
+  symmetric activations after a ReLU, and the pair of the same parameters after its max
+  pooling): ``rint(x/s) >= 0``, so ONNX's ``q = saturate_T(rint(x/s) + z)`` gives
   ``q - z = min(rint(x/s), max_T - z)``, which is ``saturate_u8(rint(min(x, c)/s))`` with
   ``c = (max_T - z)·s`` in float32 (division and rint are monotone, and ``c/s`` is within
   2 ulp of ``max_T - z``, so ``rint(c/s) = max_T - z``): the pair with u8 and zero point 0
   after a Clip to c, and ``(q' - 0)·s = (q - z)·s``. The Clip is left out where x's own
-  bound already keeps ``rint(hi/s) <= max_T - z`` (a ReLU6 at FX's parameters); else it
-  joins the producer's post-ops.
+  bound already keeps ``rint(hi/s) <= max_T - z`` (a ReLU6 at FX's parameters, the pair
+  after a max pooling of the same parameters as the one before it); else it joins the
+  producer's post-ops.
 
 Declined (reason recorded): ranges not constant, L > 256 or < 2, ranges varying along more
 than one axis, il >= ih, oh <= ol, an output step So above quant_utils.MAX_SCALE (the int8
@@ -226,14 +229,13 @@ def zero_level(graph: Graph, fq: Node, d: Decomposition) -> Decomposition | None
     scale, zp = d.onnx.quant.scale_array().astype(F32), int(d.zero_point[0])
     if d.dtype is DType.U8 and zp == 0:
         return None
-    bound = graph.producer(fq.inputs[0])
-    if bound is None or not (bound.op is Op.RELU
-                             or bound.op is Op.CLIP and bound.attrs.min >= 0):
+    bound = upper_bound(graph, fq.inputs[0])
+    if bound is None:
         return None
     limit = d.dtype.range[1] - zp  # the largest q - zp
     clamp = None
     with np.errstate(over="ignore"):
-        top = np.rint(F32(bound.attrs.max) / scale[0]) if bound.op is Op.CLIP else np.inf
+        top = np.rint(F32(bound) / scale[0])
         if not top <= limit:  # c/s lies within 2 ulp of the integer limit: rint gives it
             clamp = F32(F32(limit) * scale[0])
     zero = np.zeros(1, np.int64)
@@ -245,8 +247,40 @@ def zero_level(graph: Graph, fq: Node, d: Decomposition) -> Decomposition | None
     return found
 
 
+def upper_bound(graph: Graph, value: str, depth: int = 0) -> float | None:
+    """An upper bound of the float32 tensor ``value`` where it is known to be >= 0, else None:
+    a ReLU's output (inf), a Clip's with ``lo >= 0`` (hi), the dequantized values of a u8
+    tensor with zero point 0 (``255·s``, or ``rint(b/s)·s`` below a quantize of values up to
+    b: division, rint and the product are monotone), carried through ops that only select or
+    move values (max pooling, views, slices)."""
+    node = graph.producer(value)
+    if node is None or depth > 64:
+        return None
+    if node.op is Op.RELU:
+        return float("inf")
+    if node.op is Op.CLIP:
+        return node.attrs.max if node.attrs.min >= 0 else None
+    if node.op in _SELECTING:
+        return upper_bound(graph, node.inputs[0], depth + 1)
+    if node.op is not Op.DEQUANTIZE_LINEAR:
+        return None
+    quant = graph.info(node.inputs[0]).quant
+    if (graph.info(node.inputs[0]).dtype is not DType.U8 or quant is None
+            or quant.axis is not None or quant.zero_point != (0,)):
+        return None
+    scale, top = F32(quant.scale[0]), F32(255)
+    quantize = graph.producer(node.inputs[0])
+    if quantize is not None and quantize.op is Op.FAKE_QUANTIZE:
+        below = upper_bound(graph, quantize.inputs[0], depth + 1)
+        if below is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                top = min(top, np.rint(F32(below) / scale))
+    return float(F32(top * scale))
+
+
 _VIEWS = frozenset({Op.RESHAPE, Op.FLATTEN, Op.TRANSPOSE, Op.SQUEEZE, Op.UNSQUEEZE,
                     Op.IDENTITY})
+_SELECTING = frozenset({Op.MAX_POOL, Op.GLOBAL_MAX_POOL, Op.SLICE, Op.SPLIT, *_VIEWS})
 # ops whose int8 forms compute with (q - zp) exactly, whatever zp is: the shift cannot move
 # a rounding (a LayerNorm's or Softmax's int8 source and store, a pooling average, fold the
 # zero point into float sums or roundings of their own, so their tensors stay s8)

@@ -17,7 +17,7 @@ import qfuse.passes.decompose_fake_quantize as D
 import qfuse.passes.qdq_to_fake_quantize as P
 from qfuse.compiler.api import compile_model
 from qfuse.ir import DType, Op
-from qfuse.ir.ops import ClipAttrs
+from qfuse.ir.ops import ClipAttrs, PoolAttrs
 from qfuse.runtime.numerics import step_diff
 from tests.compiler.onnx_builders import init, model, run_ort
 
@@ -167,3 +167,24 @@ def test_a_pooling_keeps_its_s8_tensors_and_requantizes_stay_identities(pool):
         # ``view``: 2 of 1152 outputs 1 LSB apart, float32 rounding ties of the 1x1 convs'
         # rescale (the same with the package before the zero level); else bit-exact
         assert step_diff(ours[name], expected, 0.1).max_steps <= (pool == "view"), name
+
+
+def test_the_pair_after_a_max_pooling_follows_the_pair_before_it():
+    """ReLU → Q/DQ (s8 symmetric) → MaxPool → Q/DQ of the same parameters (quantize_static's
+    pairs around a pooling): the first takes zero point 0 after a Clip to 127·s, the second
+    finds its input bounded by the first's levels (``upper_bound``) and needs no Clip — the
+    two stay one encoding, so the requantize between them is an identity."""
+    g = new_graph((1, 4, 6, 6))
+    add(g, Op.RELU, ["x"], "r")
+    qdq(g, "r", "a", 0.05, 0, DType.S8)
+    add(g, Op.MAX_POOL, ["a"], "p", PoolAttrs((2, 2), (2, 2), (0, 0, 0, 0), (1, 1)))
+    qdq(g, "p", "y", 0.05, 0, DType.S8)
+    finish(g, "y")
+    apply(P, g)
+    before = g.copy()
+    assert apply(D, g).changed == 2
+    quantized = [g.info(n.outputs[0]) for n in g if n.op is Op.FAKE_QUANTIZE]
+    assert [(i.dtype, i.quant.zero_point) for i in quantized] == [(DType.U8, (0,))] * 2
+    assert len([n for n in g if n.op is Op.CLIP]) == 1
+    x = (np.random.default_rng(3).standard_normal((1, 4, 6, 6)) * 10).astype(F32)
+    np.testing.assert_array_equal(reference(g, {"x": x})["y"], reference(before, {"x": x})["y"])
