@@ -108,7 +108,8 @@ def _forceable(compiled: CompiledModel, reference: Mapping[str, np.ndarray]
         if value in plan.inputs or value not in graph.values or value not in reference:
             continue
         info = graph.info(value)
-        ref = in_plan_type(np.asarray(reference[value]), info, graph.channel_orders.get(value))
+        ref = in_plan_type(np.asarray(reference[value]), info, graph.channel_orders.get(value),
+                           graph.level_offsets.get(value))
         if info.shape == ref.shape and info.dtype.np == ref.dtype:
             found[value] = np.ascontiguousarray(ref)
     return found
@@ -150,7 +151,8 @@ def blame(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
             cosine(want, mine if last else reference_with(
                 proto, feeds, {value: in_reference_type(
                     mine, reference[value].dtype,
-                    compiled.compiled_graph.channel_orders.get(value))},
+                    compiled.compiled_graph.channel_orders.get(value),
+                    compiled.compiled_graph.level_offsets.get(value))},
                 output)),
             1.0 if last else cosine(want, run(dict(feeds), {value: forced[value]})[output])))
     ints = [r for r in result.rows if np.dtype(r.dtype).kind in "iu"]

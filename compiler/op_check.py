@@ -200,7 +200,8 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
             except Exception as exc:  # noqa: BLE001  reported, not fatal: one value unchecked
                 check.skipped[value] = f"its meaning cannot be computed: {exc}"
             continue
-        ref = in_plan_type(np.asarray(reference[value]), info, graph.channel_orders.get(value))
+        ref = in_plan_type(np.asarray(reference[value]), info, graph.channel_orders.get(value),
+                           graph.level_offsets.get(value))
         if info.shape != ref.shape or info.dtype.np != ref.dtype:
             check.skipped[value] = (f"{info.dtype.np}{list(info.shape)} in the plan, "
                                     f"{ref.dtype}{list(ref.shape)} in the reference")
@@ -254,25 +255,31 @@ def _float_error(mine: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(finite.max(initial=0.0)), float(diff.max(initial=0.0))
 
 
-def in_plan_type(ref: np.ndarray, info: TensorInfo, order: np.ndarray | None = None
-                 ) -> np.ndarray:
-    """The reference's tensor as the plan holds it: an s8 activation the plan decomposed as
-    u8 with zero point + 128 (passes/decompose_fake_quantize.py, unsigned activations) as
-    ``q + 128``, the same dequantized values; channels in the plan's ``order``
-    (``Graph.channel_orders``, passes/pair_channels.py); anything else unchanged."""
+def in_plan_type(ref: np.ndarray, info: TensorInfo, order: np.ndarray | None = None,
+                 offset: int | None = None) -> np.ndarray:
+    """The reference's tensor as the plan holds it: an activation the plan re-encoded
+    (passes/decompose_fake_quantize.py: the zero level, unsigned activations) as ``q +
+    offset`` in the plan's type (``Graph.level_offsets``; without one, an s8 tensor the plan
+    holds as u8 is ``q + 128``), the same dequantized values; channels in the plan's
+    ``order`` (``Graph.channel_orders``, passes/pair_channels.py); anything else unchanged."""
     ref = in_graph_order(ref, order)
-    if ref.dtype == np.int8 and info.dtype is DType.U8 and ref.shape == info.shape:
-        return (ref.astype(np.int16) + 128).astype(np.uint8)
+    if offset is None and ref.dtype == np.int8 and info.dtype is DType.U8:
+        offset = 128
+    if offset is not None and ref.dtype.kind in "iu" and ref.shape == info.shape:
+        return (ref.astype(np.int16) + offset).astype(info.dtype.np)
     return ref
 
 
 def in_reference_type(mine: np.ndarray, ref_dtype: np.dtype,
-                      order: np.ndarray | None = None) -> np.ndarray:
-    """The inverse of ``in_plan_type``: the plan's u8 + 128 tensor as the reference's s8,
-    its channels in the model's order."""
+                      order: np.ndarray | None = None, offset: int | None = None
+                      ) -> np.ndarray:
+    """The inverse of ``in_plan_type``: the plan's re-encoded tensor as the reference's
+    integers, its channels in the model's order."""
     mine = in_model_order(mine, order)
-    if mine.dtype == np.uint8 and np.dtype(ref_dtype) == np.int8:
-        return (mine.astype(np.int16) - 128).astype(np.int8)
+    if offset is None and mine.dtype == np.uint8 and np.dtype(ref_dtype) == np.int8:
+        offset = 128
+    if offset is not None and mine.dtype.kind in "iu":
+        return (mine.astype(np.int16) - offset).astype(ref_dtype)
     return mine
 
 
@@ -298,7 +305,8 @@ class _Meaning:
         info = graph.info(name)
         ref = self.reference.get(name)
         if ref is not None:
-            ref = in_plan_type(np.asarray(ref), info, graph.channel_orders.get(name))
+            ref = in_plan_type(np.asarray(ref), info, graph.channel_orders.get(name),
+                               graph.level_offsets.get(name))
         if ref is not None and ref.shape == info.shape and ref.dtype == info.dtype.np:
             return ref
         if name not in self.memo:

@@ -341,7 +341,8 @@ def integers_exact(q_low: np.ndarray, levels: int) -> bool:
     return True
 
 
-def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> None:
+def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> str:
+    """``fq`` as a quantize-only FakeQuantize and a dequantize; returns the integer value."""
     x = fq.inputs[0]
     info = graph.info(x)
     il, ih = d.input_range or tuple(graph.constant(n) for n in fq.inputs[1:3])
@@ -368,8 +369,11 @@ def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> None:
                               onnx=d.onnx)
         q.meta["decomposed_from"] = fq.name
         add_dequantize(graph, q.outputs[0], d.quant(), out, origin=dq_origin, name=dq_name)
+        made.append(q.outputs[0])
 
+    made: list[str] = []
     rebuild(graph, [fq], build)
+    return made[0]
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -388,13 +392,16 @@ def run(graph: Graph, ctx: PassContext) -> int:
             ctx.decline(fq, f"levels={found.levels}: k/(L-1)·(L-1) is not exact in float32, "
                             "a quantize-only FakeQuantize would not give integers")
             continue
+        given = found
         zero = zero_level(graph, fq, found)
         if zero is not None and _may_shift(graph, fq):
             found = zero
         elif ctx.unsigned_activations and found.dtype is DType.S8 \
                 and _may_shift(graph, fq):
             found = unsigned(found)
-        _rewrite(graph, fq, found)
+        q = _rewrite(graph, fq, found)
+        if found is not given and given.onnx is not None:  # the model's integers, re-encoded
+            graph.level_offsets[q] = int(found.zero_point[0] - given.zero_point[0])
         changed += 1
     if changed:
         graph.remove_unused()

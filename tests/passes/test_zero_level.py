@@ -16,6 +16,7 @@ from quant_helpers import F32, add, apply, finish, new_graph, qdq, reference
 import qfuse.passes.decompose_fake_quantize as D
 import qfuse.passes.qdq_to_fake_quantize as P
 from qfuse.compiler.api import compile_model
+from qfuse.compiler.op_check import check_op_by_op, format_text
 from qfuse.ir import DType, Op
 from qfuse.ir.ops import ClipAttrs, PoolAttrs
 from qfuse.runtime.numerics import step_diff
@@ -188,3 +189,20 @@ def test_the_pair_after_a_max_pooling_follows_the_pair_before_it():
     assert len([n for n in g if n.op is Op.CLIP]) == 1
     x = (np.random.default_rng(3).standard_normal((1, 4, 6, 6)) * 10).astype(F32)
     np.testing.assert_array_equal(reference(g, {"x": x})["y"], reference(before, {"x": x})["y"])
+
+
+@pytest.mark.parametrize("activation,zp,dtype", [("relu", -128, TensorProto.INT8),
+                                                 ("clip", 63, TensorProto.UINT8),
+                                                 ("relu", 0, TensorProto.INT8)])
+def test_qfuse_check_compares_the_reencoded_tensors_in_the_models_integers(activation, zp,
+                                                                           dtype):
+    """``qfuse check`` feeds each kernel the reference's integers and compares its output
+    with them: a re-encoded tensor is shifted by its ``Graph.level_offsets`` both ways, so
+    the zero level reads as identical, not as ``zp`` steps apart."""
+    m = _depthwise_model(activation, zp, dtype)
+    compiled = compile_model(m)
+    assert compiled.compiled_graph.level_offsets, "nothing re-encoded"
+    x = np.random.default_rng(8).standard_normal((1, 8, 12, 12)).astype(F32)
+    check = check_op_by_op(m, {"x": x}, compiled=compiled)
+    assert check.ints and not check.skipped, format_text(check)
+    assert all(r.differing == 0 for r in check.ints), format_text(check)
