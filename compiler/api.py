@@ -119,15 +119,21 @@ class CompiledModel:
     def run_all(self, feeds: dict[str, np.ndarray], *, as_planned: bool = False
                 ) -> dict[str, np.ndarray]:
         """Every value the plan materializes (by name), for comparisons; oneDNN modes only.
-        Channels in the model's order, or with ``as_planned`` in the one the compiled graph
-        holds them in (``Graph.channel_orders``, passes/pair_channels.py)."""
+        Channels in the model's order and integers in the model's type and zero point, or
+        with ``as_planned`` as the compiled graph holds them (``Graph.channel_orders``,
+        passes/pair_channels.py; ``Graph.level_offsets``, an activation re-encoded by
+        passes/decompose_fake_quantize.py)."""
         if self.executor is None:
             raise NotImplementedError(f"mode {self.mode!r} has no plan to read values from")
         values = self.executor.run_all(feeds)
         if self.compiled_graph is None or as_planned:
             return values
-        orders = self.compiled_graph.channel_orders
-        return {name: in_model_order(v, orders.get(name)) for name, v in values.items()}
+        orders, offsets = self.compiled_graph.channel_orders, self.compiled_graph.level_offsets
+        model = {name: in_model_order(v, orders.get(name)) for name, v in values.items()}
+        for name, (offset, dtype) in offsets.items():
+            if name in model:
+                model[name] = (model[name].astype(np.int16) - offset).astype(dtype.np)
+        return model
 
     def inspect(self) -> dict[str, Any]:
         """JSON-able description (docs/design.md, `qfuse inspect --json`)."""

@@ -34,7 +34,12 @@ import numpy as np
 import onnx
 
 from qfuse.compiler.api import CompiledModel, ModelLike, compile_model
-from qfuse.compiler.op_check import in_plan_type, in_reference_type, reference_values
+from qfuse.compiler.op_check import (
+    in_plan_type,
+    in_reference_type,
+    level_offset,
+    reference_values,
+)
 from qfuse.runtime.numerics import cosine
 
 __all__ = ["Blame", "BlameRow", "blame", "format_blame", "reference_with", "sensitivity"]
@@ -109,7 +114,7 @@ def _forceable(compiled: CompiledModel, reference: Mapping[str, np.ndarray]
             continue
         info = graph.info(value)
         ref = in_plan_type(np.asarray(reference[value]), info, graph.channel_orders.get(value),
-                           graph.level_offsets.get(value))
+                           level_offset(graph, value))
         if info.shape == ref.shape and info.dtype.np == ref.dtype:
             found[value] = np.ascontiguousarray(ref)
     return found
@@ -152,7 +157,7 @@ def blame(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
                 proto, feeds, {value: in_reference_type(
                     mine, reference[value].dtype,
                     compiled.compiled_graph.channel_orders.get(value),
-                    compiled.compiled_graph.level_offsets.get(value))},
+                    level_offset(compiled.compiled_graph, value))},
                 output)),
             1.0 if last else cosine(want, run(dict(feeds), {value: forced[value]})[output])))
     ints = [r for r in result.rows if np.dtype(r.dtype).kind in "iu"]

@@ -201,7 +201,7 @@ def check_op_by_op(model: ModelLike, feeds: Mapping[str, np.ndarray], *,
                 check.skipped[value] = f"its meaning cannot be computed: {exc}"
             continue
         ref = in_plan_type(np.asarray(reference[value]), info, graph.channel_orders.get(value),
-                           graph.level_offsets.get(value))
+                           level_offset(graph, value))
         if info.shape != ref.shape or info.dtype.np != ref.dtype:
             check.skipped[value] = (f"{info.dtype.np}{list(info.shape)} in the plan, "
                                     f"{ref.dtype}{list(ref.shape)} in the reference")
@@ -255,6 +255,12 @@ def _float_error(mine: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     return float(finite.max(initial=0.0)), float(diff.max(initial=0.0))
 
 
+def level_offset(graph: Graph, value: str) -> int | None:
+    """What the compiled graph adds to the model's integers of ``value`` (``level_offsets``)."""
+    found = graph.level_offsets.get(value)
+    return None if found is None else found[0]
+
+
 def in_plan_type(ref: np.ndarray, info: TensorInfo, order: np.ndarray | None = None,
                  offset: int | None = None) -> np.ndarray:
     """The reference's tensor as the plan holds it: an activation the plan re-encoded
@@ -306,7 +312,7 @@ class _Meaning:
         ref = self.reference.get(name)
         if ref is not None:
             ref = in_plan_type(np.asarray(ref), info, graph.channel_orders.get(name),
-                               graph.level_offsets.get(name))
+                               level_offset(graph, name))
         if ref is not None and ref.shape == info.shape and ref.dtype == info.dtype.np:
             return ref
         if name not in self.memo:

@@ -89,10 +89,11 @@ class Graph:
         # value -> the order this graph holds its channels (dim 1) in: position i holds the
         # model's channel order[i] (passes/pair_channels.py); values not listed are as given
         self.channel_orders: dict[str, np.ndarray] = {}
-        # integer value -> what this graph adds to the model's integers there: an activation
-        # re-encoded with another zero point and type (passes/decompose_fake_quantize.py: the
-        # zero level, unsigned activations), the same dequantized values; others as given
-        self.level_offsets: dict[str, int] = {}
+        # integer value -> (what this graph adds to the model's integers there, the model's
+        # type): an activation re-encoded with another zero point and type
+        # (passes/decompose_fake_quantize.py: the zero level, unsigned activations), the same
+        # dequantized values; others as given
+        self.level_offsets: dict[str, tuple[int, DType]] = {}
 
     # ----------------------------------------------------------------- values
     def add_input(self, name: str, info: TensorInfo) -> Value:

@@ -401,7 +401,8 @@ def run(graph: Graph, ctx: PassContext) -> int:
             found = unsigned(found)
         q = _rewrite(graph, fq, found)
         if found is not given and given.onnx is not None:  # the model's integers, re-encoded
-            graph.level_offsets[q] = int(found.zero_point[0] - given.zero_point[0])
+            graph.level_offsets[q] = (int(found.zero_point[0] - given.zero_point[0]),
+                                      given.dtype)
         changed += 1
     if changed:
         graph.remove_unused()

@@ -206,3 +206,19 @@ def test_qfuse_check_compares_the_reencoded_tensors_in_the_models_integers(activ
     check = check_op_by_op(m, {"x": x}, compiled=compiled)
     assert check.ints and not check.skipped, format_text(check)
     assert all(r.differing == 0 for r in check.ints), format_text(check)
+
+
+def test_run_all_gives_the_models_integers():
+    """``CompiledModel.run_all`` (``qfuse compare``'s fused baseline) returns a re-encoded
+    activation in the model's type and zero point, the plan's own with ``as_planned``."""
+    m = _depthwise_model("clip", 63, TensorProto.UINT8)
+    compiled = compile_model(m)
+    x = np.random.default_rng(8).standard_normal((1, 8, 12, 12)).astype(F32)
+    ours, planned = compiled.run_all({"x": x}), compiled.run_all({"x": x}, as_planned=True)
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(m)
+    exposed.graph.output.append(helper.make_tensor_value_info("adq", TensorProto.UINT8,
+                                                              [1, 16, 12, 12]))
+    ref = run_ort(exposed, {"x": x}, optimized=False)[1]
+    np.testing.assert_array_equal(ours["adq"], ref)
+    np.testing.assert_array_equal(planned["adq"].astype(np.int16), ref.astype(np.int16) - 63)
