@@ -43,9 +43,8 @@ VIEWS = (Op.TRANSPOSE, Op.RESHAPE, Op.FLATTEN, Op.SQUEEZE, Op.UNSQUEEZE)
 
 def run(graph: Graph, ctx: PassContext) -> int:
     count = 0
+    # _fold removes only the view it rewrites (and a dequantize): the list stays valid
     for node in [n for n in graph.topo_order() if n.op in VIEWS]:
-        if not graph.has_node(node.name):
-            continue
         dq = graph.producer(node.inputs[0])
         if not is_op(dq, Op.DEQUANTIZE_LINEAR) or graph.constant(dq.inputs[0]) is None:
             continue
