@@ -260,8 +260,9 @@ def export(names: list[str], out: Path, size: int, exporter: str = "torchscript"
     for name in names:
         path = out / "float" / f"{name}.onnx"
         fx_path = out / "quantized" / f"{name}.torchfx.onnx"
-        if path.exists() and ("torchfx" not in quantizers or fx_path.exists()
-                              or name in WHEEL_MODELS):
+        wants_fx = ("torchfx" in quantizers and name not in WHEEL_MODELS
+                    and not fx_path.exists())
+        if path.exists() and not wants_fx:
             continue
         if name in WHEEL_MODELS:
             try:
@@ -296,7 +297,7 @@ def export(names: list[str], out: Path, size: int, exporter: str = "torchscript"
                     model(torch.randn(2, *x.shape[1:]))
         model.eval()
         names = list(NET_INPUTS.get(name, ("input",)))
-        if "torchfx" in quantizers and not fx_path.exists():
+        if wants_fx:
             _torch_fx_export(name, model, args, names, fx_path)
         if path.exists():
             continue
@@ -328,7 +329,7 @@ def _torch_fx_export(name: str, model: Any, args: tuple[Any, ...], names: list[s
     try:
         prepared = prepare_fx(copy.deepcopy(model), get_default_qconfig_mapping("x86"), args)
         with torch.no_grad():
-            for feeds in _feeds(name, [tuple(a.shape) for a in args])[:8]:
+            for feeds in _feeds(name, tuple(args[0].shape))[:8]:
                 prepared(*(torch.from_numpy(v) for v in feeds.values()))
         quantized = convert_fx(prepared)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -341,16 +342,16 @@ def _torch_fx_export(name: str, model: Any, args: tuple[Any, ...], names: list[s
     print(f"quantized {name} with torchfx", flush=True)
 
 
-def _feeds(name: str, shapes: list[tuple[int, ...]], input_names: list[str] | None = None
+def _feeds(name: str, shape: tuple[int, ...], input_name: str = "input"
            ) -> list[dict[str, np.ndarray]]:
-    """The 10 inputs of ``name``'s rows: 8 to calibrate, 2 held out (module docstring)."""
+    """The 10 inputs of ``name``'s rows: 8 to calibrate, 2 held out (module docstring); an
+    image model's one input of ``shape`` N(0, 1)."""
     rng = np.random.default_rng(0)
     if name in WHEEL_MODELS:
         return [WHEEL_MODELS[name].feeds(rng) for _ in range(10)]
     if name in NET_INPUTS:
         return [net_feeds(name, rng) for _ in range(10)]
-    key = (input_names or ["input"])[0]
-    return [{key: rng.standard_normal(shapes[0]).astype(np.float32)} for _ in range(10)]
+    return [{input_name: rng.standard_normal(shape).astype(np.float32)} for _ in range(10)]
 
 
 # ---------------------------------------------------------------------------------- run
@@ -410,7 +411,7 @@ def measure(name: str, quantizer: str, out: Path, threads: int,
         return row
     graph_input = onnx.load(float_path, load_external_data=False).graph.input[0]
     shape = tuple(d.dim_value for d in graph_input.type.tensor_type.shape.dim)
-    feeds = _feeds(name, [shape], [graph_input.name])
+    feeds = _feeds(name, shape, graph_input.name)
     calibration, held_out = feeds[:8], feeds[8:]
     try:
         path, reference = _quantized(float_path, out, quantizer, calibration)
