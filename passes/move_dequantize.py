@@ -22,8 +22,12 @@ Preconditions (oneDNN 3.x int8, docs/onednn.md), each declined with its reason:
   or per channel (NNCF quantizes depthwise inputs so) into a Conv / ConvTranspose whose every
   group reads one input channel: input channel c then reaches only the output channels of
   group c, so ``sx[c]`` joins their weight scales exactly as a per-tensor sx does —
-  ``Scale(f32(sx[g(oc)])·f32(sw[oc]))``. Per-channel zero points (NNCF's MIXED preset and
-  ``model_type=TRANSFORMER``: asymmetric activations) have no oneDNN form (a per-channel src
+  ``Scale(f32(sx[g(oc)])·f32(sw[oc]))``; or per channel with one scale on every channel into
+  any Conv / ConvTranspose: a per-tensor scale (a Concat of tensors NNCF gives one scale,
+  unified scales, where one is held as u8 with zero point 128 and another as u8 with zero
+  point 0: HGNet's and VoVNet's aggregation convs). Per-channel zero points (those, and
+  NNCF's MIXED preset and ``model_type=TRANSFORMER``: asymmetric activations) have no
+  oneDNN form (a per-channel src
   zero point runs on ``ref:any`` only), so the node reads x_q with zero point 0 and its chain
   first adds the integer correction ``C = acc − acc₀``:
 
@@ -112,6 +116,8 @@ def _source_scales(graph: Graph, node: Node, px: DqParams, out_channels: int) ->
     scales exactly the output channels of its group, and every zero point is the same."""
     if px.per_tensor:
         return px.scale.astype(F32)
+    if np.all(px.scale == px.scale.flat[0]):  # one scale on every channel: a per-tensor one
+        return px.scale[:1].astype(F32)
     group = node.attrs.group
     if px.scale.size != group:
         return (f"activation dequantize is per channel ({px.scale.size} scales) and the conv's "

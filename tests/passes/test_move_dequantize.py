@@ -172,12 +172,41 @@ def test_depthwise_per_channel_zero_points_add_an_integer_correction(stride, pad
     _numerics(before, g)
 
 
-def test_per_channel_zero_points_into_a_dense_conv_declined():
-    g, xd = int_input((1, 4, 6, 6), np.full(4, 0.02, F32), [0, 1, 0, 0], axis=1)
+def test_per_channel_scales_into_a_dense_conv_declined():
+    g, xd = int_input((1, 4, 6, 6), np.array([0.02, 0.02, 0.03, 0.02], F32), [0, 1, 0, 0],
+                      axis=1)
     w = weights(g, "w", _w((4, 4, 3, 3)), F32(0.01))
     add(g, Op.CONV, [xd, w], "y", CONV)
     result = apply(M, finish(g, "y"))
     assert result.changed == 0 and "each group reads one channel" in reasons(result)[0]
+
+
+@pytest.mark.parametrize(("kernel", "pad"), [(1, 0), (3, 1)])
+def test_one_scale_with_per_channel_zero_points_into_a_dense_conv(kernel, pad):
+    """A Concat of an s8 tensor (zero point 0, held as u8 with zero point 128) and u8 ReLU
+    outputs sharing its scale (NNCF's unified scales: HGNet's and VoVNet's aggregation
+    convs) is dequantized per channel with one scale and zero points 128 and 0: a per-tensor
+    source scale, and the zero points' integer correction added to the accumulator —
+    bit-identical to the exact sum Σ w·(x_q − zx[c]) times the scale."""
+    zx = [128, 128, 0, 0, 0]
+    g, xd = int_input((1, 5, 6, 7), np.full(5, 0.05, F32), zx, axis=1)
+    sw = np.linspace(0.002, 0.004, 6).astype(F32)
+    w_q = _w((6, 5, kernel, kernel))
+    add(g, Op.CONV, [xd, weights(g, "w", w_q, sw)], "conv",
+        ConvAttrs((kernel, kernel), (1, 1), (pad,) * 4, (1, 1)))
+    _quantized_output(g, "conv")
+    before = g.copy()
+    assert apply(M, g).changed == 1
+    conv = g.node("conv")
+    assert conv.fused.chain == [TensorOperand(2, "add"), Scale.of(F32(0.05) * sw)]
+    assert conv.fused.src_zero_point == 0
+    for seed in range(3):
+        f = feeds(before, seed)
+        shifted = f["x"].astype(np.int64) - np.array(zx).reshape(1, 5, 1, 1)
+        acc = IMPLS[Op.CONV](before.node("conv"), [shifted, w_q.astype(np.int64)])[0]
+        want = (acc.astype(F32) * (F32(0.05) * sw).reshape(1, -1, 1, 1)).astype(F32)
+        np.testing.assert_array_equal(reference(g, f, keep=True)["conv"], want)
+    _numerics(before, g)
 
 
 def test_matmul_constant_weights_per_column_and_batched():
