@@ -113,6 +113,7 @@ _DEFAULT: dict[str, Converter] = {
     "Unsqueeze": convert_layout.unsqueeze,
     "Pad": convert_layout.pad,
     "Expand": convert_layout.expand,
+    "Tile": convert_layout.tile,
     "DepthToSpace": convert_layout.depth_to_space,
     "SpaceToDepth": convert_layout.space_to_depth,
     "Cast": convert_layout.cast,

@@ -330,6 +330,36 @@ def expand(ctx: Context, node: NodeView) -> None:
     ctx.emit(node, Op.EXPAND, node.inputs[:1], ExpandAttrs(out))
 
 
+def tile(ctx: Context, node: NodeView) -> None:
+    """Tile with constant repeats (https://onnx.ai/onnx/operators/onnx__Tile.html):
+    ``y[i] = x[i mod s]`` over each dim of size ``s`` repeated ``r`` times, which is x seen
+    with a dim of size 1 before each repeated one, broadcast to ``r`` there (an Expand: one
+    reorder from a view striding 0 over the repeats) and read back with each pair of dims
+    merged (a Reshape of the dense result). Every repeat 1 is an Identity."""
+    x = ctx.input_info(node, 0)
+    repeats = _ints(ctx.const(node, 1, "repeats"))
+    if len(repeats) != x.rank:
+        raise ctx.malformed(node, f"{len(repeats)} repeats for an input of rank {x.rank}")
+    if any(r < 0 for r in repeats):
+        raise ctx.malformed(node, f"repeats {repeats} must not be negative")
+    if all(r == 1 for r in repeats):
+        ctx.emit(node, Op.IDENTITY, node.inputs[:1], NoAttrs())
+        return
+    if any(r == 0 for r in repeats):
+        raise ctx.unsupported(node, f"repeats {repeats} give an empty tensor")
+    split: list[int] = []
+    expanded: list[int] = []
+    for size, r in zip(x.shape, repeats, strict=True):
+        split += [1, size] if r != 1 else [size]
+        expanded += [r, size] if r != 1 else [size]
+    viewed = ctx.graph.unique_name(f"{node.outputs[0]}@split")
+    broadcast = ctx.graph.unique_name(f"{node.outputs[0]}@repeated")
+    ctx.emit(node, Op.RESHAPE, node.inputs[:1], ReshapeAttrs(tuple(split)), outputs=[viewed])
+    ctx.emit(node, Op.EXPAND, [viewed], ExpandAttrs(tuple(expanded)), outputs=[broadcast])
+    ctx.emit(node, Op.RESHAPE, [broadcast],
+             ReshapeAttrs(tuple(s * r for s, r in zip(x.shape, repeats, strict=True))))
+
+
 def cast(ctx: Context, node: NodeView) -> None:
     to = int(node.attr("to", 0))
     if to not in ONNX_TO_DTYPE:

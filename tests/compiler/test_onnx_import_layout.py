@@ -257,6 +257,35 @@ def test_expand_to_an_incompatible_shape_is_malformed() -> None:
         import_model(m)
 
 
+@pytest.mark.parametrize(("x_shape", "repeats"), [
+    ((1, 3, 4, 5), [2, 1, 1, 1]),  # GCViT's global query tokens, one copy per window
+    ((1, 3, 4, 5), [1, 2, 3, 1]),
+    ((2, 3), [3, 2]),
+    ((1, 3, 4, 5), [1, 1, 1, 1]),
+])
+def test_tile_is_a_native_broadcast(x_shape: tuple[int, ...], repeats: list[int]) -> None:
+    """Tile with constant repeats is x viewed with a size-1 dim before each repeated one, an
+    Expand there and a Reshape merging the pairs (no onnxruntime island); every mode computes
+    what onnxruntime does, bit for bit, with no numpy kernel."""
+    m = single("Tile", list(x_shape), [init("repeats", np.array(repeats, I64))])
+    g = check_against_ort(m, x_shape)
+    ops = sorted(n.op.name for n in g)
+    assert ops == (["IDENTITY"] if set(repeats) == {1} else ["EXPAND", "RESHAPE", "RESHAPE"])
+    x = np.random.default_rng(0).standard_normal(x_shape).astype(F)
+    want = run_ort(m, {"x": x})[0]
+    np.testing.assert_array_equal(want, np.tile(x, repeats))
+    for mode in ("reference", "fused", "unfused"):
+        np.testing.assert_array_equal(compile_model(m, mode=mode).run({"x": x})["y"], want)
+    assert [k["impl"] for k in compile_model(m).inspect()["kernels"]
+            if k["impl"] == "numpy"] == []
+
+
+def test_tile_with_a_wrong_repeat_count_is_malformed() -> None:
+    m = single("Tile", [4, 3], [init("repeats", np.array([2], I64))])
+    with pytest.raises(MalformedModelError, match="1 repeats for an input of rank 2"):
+        import_model(m)
+
+
 def test_pad_wrap_is_unsupported() -> None:
     m = single("Pad", [2, 3], [init("pads", np.array([0, 1, 0, 1], I64))], opset=19, mode="wrap")
     assert_island(m, {"Pad"}, r"^mode 'wrap'")
