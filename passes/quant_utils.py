@@ -229,20 +229,24 @@ def move_before(graph: Graph, node: Node, chain: Sequence[Node]) -> None:
     moved = [(graph.unique_name(f"{n.outputs[0]}/before_{node.name}"),
               graph.info(n.outputs[0]).with_shape(shape)) for n in chain]
     final = graph.info(y)
-    metas = {n.name: dict(n.meta) for n in (node, *chain)}
+    added: list[tuple[Node, dict]] = []  # (new node, the meta of the node it replaces)
 
     def build() -> None:
         source = x
         for n, (out, info) in zip(chain, moved, strict=True):
-            graph.add_node(n.op, [source, *n.inputs[1:]], [out], n.attrs, name=n.name,
-                           infos=[info], origin=n.origin)
+            added.append((graph.add_node(n.op, [source, *n.inputs[1:]], [out], n.attrs,
+                                         name=n.name, infos=[info], origin=n.origin),
+                          dict(n.meta)))
             source = out
-        graph.add_node(node.op, [source, *node.inputs[1:]], [y], node.attrs, name=node.name,
-                       infos=[final], origin=node.origin)
+        added.append((graph.add_node(node.op, [source, *node.inputs[1:]], [y], node.attrs,
+                                     name=node.name, infos=[final], origin=node.origin),
+                      dict(node.meta)))
 
     rebuild(graph, [node, *chain], build)
-    for name, meta in metas.items():
-        graph.node(name).meta.update(meta)
+    # by the new nodes themselves: a name the graph already uses for a value (onnxruntime's
+    # QOperator files name some nodes as values) is given a suffix by add_node
+    for new, meta in added:
+        new.meta.update(meta)
 
 
 def remove_if_unused(graph: Graph, node: Node) -> bool:

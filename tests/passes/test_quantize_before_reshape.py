@@ -24,9 +24,11 @@ from qfuse.runtime.reference import evaluate
 C, S_Y = 8, 0.02
 
 
-def _pool_head(per_channel: bool = False, quantize_first: bool = False) -> onnx.ModelProto:
+def _pool_head(per_channel: bool = False, quantize_first: bool = False,
+               reshape_name: str = "") -> onnx.ModelProto:
     """x → Q/DQ → int8 conv → Relu → Q/DQ → ReduceMean(H, W) → Reshape [1, C] → Q → DQ;
-    ``quantize_first``: the Reshape after the Q → DQ (the TorchScript export's form)."""
+    ``quantize_first``: the Reshape after the Q → DQ (the TorchScript export's form);
+    ``reshape_name``: the Reshape node's name."""
     rng = np.random.default_rng(4)
     y_scale = rng.uniform(0.01, 0.03, C) if per_channel else S_Y
     inits = [nh.from_array(rng.integers(-90, 90, (C, 3, 3, 3)).astype(np.int8), "w"),
@@ -50,7 +52,7 @@ def _pool_head(per_channel: bool = False, quantize_first: bool = False) -> onnx.
                   h.make_node("DequantizeLinear", ["vq", "ys", "yz"], ["v"], axis=1),
                   h.make_node("Reshape", ["v", "shape"], ["y"])]
     else:
-        nodes += [h.make_node("Reshape", ["m", "shape"], ["v"]),
+        nodes += [h.make_node("Reshape", ["m", "shape"], ["v"], name=reshape_name),
                   h.make_node("QuantizeLinear", ["v", "ys", "yz"], ["vq"], axis=1),
                   h.make_node("DequantizeLinear", ["vq", "ys", "yz"], ["y"], axis=1)]
     graph = h.make_graph(nodes, "pool_head",
@@ -71,6 +73,21 @@ def test_quantize_moves_before_the_reshape_exactly() -> None:
     assert results["quantize_before_reshape"].changed == 1
     for seed, want in enumerate(before):
         np.testing.assert_array_equal(evaluate(graph, _feeds(seed))["y"], want)
+
+
+def test_a_reshape_named_as_a_value_moves_too() -> None:
+    """onnxruntime's QOperator files name a Reshape as the value a DequantizeLinear writes
+    (CAFormer-S18's ``/inner/stages/stages.2/Reshape_1``): the node rebuilt after the moved
+    quantize then takes another name, and the pass carried its meta over by the old one
+    (a KeyError that rejected the model)."""
+    graph = import_graph(_pool_head(reshape_name="y"))
+    before = [evaluate(graph, _feeds(s))["y"] for s in range(3)]
+    results = {r.name: r for r in run_pipeline(graph, PassContext(),
+                                                until="quantize_before_reshape")}
+    assert results["quantize_before_reshape"].changed == 1
+    for seed, want in enumerate(before):
+        np.testing.assert_array_equal(evaluate(graph, _feeds(seed))["y"], want)
+    compile_model(_pool_head(reshape_name="y"))
 
 
 def test_the_pool_compiles_as_with_the_quantize_first() -> None:
