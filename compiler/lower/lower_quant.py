@@ -64,6 +64,7 @@ reference semantics in numpy (fallback.py).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -314,17 +315,27 @@ def _reorder(ctx: LowerContext, node: Node, src_value: str, src: QuantSide | Non
 
 def _binary_dequantize(ctx: LowerContext, node: Node, side: QuantSide) -> None:
     """A DequantizeLinear with per-channel zero points: ``f32(q - zp[c])·s[c]`` as a binary
-    primitive (module docstring), dst f32 in the source's layout (jit binary needs it)."""
+    primitive (module docstring), dst f32. Along axis 1 in the source's layout (jit binary
+    needs src and dst alike); along another axis (a Concat along a last or middle axis of
+    tensors with their own zero points: EVA-02's rotary stack under NNCF's MIXED preset),
+    oneDNN 3.2's binary broadcasts on ``ref:any`` only, so the tensor is made row-major and
+    seen as (before, C, after) — the operand then one value per channel of a 3-D tensor, a
+    jit broadcast — or as (before, C) when nothing follows the axis."""
     x, y = node.inputs[0], node.outputs[0]
     home = ctx.home_slot(x)
     src_md = ctx.slots[home].md
     shape = tuple(src_md.dims)
     assert side.axis is not None and side.zero_points is not None
+    axis, channels = side.axis, side.zero_points.size
     # oneDNN 3.2's jit binary applies per-channel operands wrongly when N > 1 and every
     # spatial dim is 1 (docs/onednn.md; fuzz seed 424127, 55 steps off): over an (N, C) view
-    flat = side.axis == 1 and single_pixel_batch(shape)
-    ndims = 2 if flat else len(shape)
-    dims = per_channel_dims(ndims, side.axis, side.zero_points.size)
+    collapsed = axis != 1 or single_pixel_batch(shape)
+    if collapsed:
+        after = math.prod(shape[axis + 1:])
+        view = (math.prod(shape[:axis]), channels) + ((after,) if after > 1 else ())
+        dims = per_channel_dims(len(view), 1, channels)
+    else:
+        dims = per_channel_dims(len(shape), axis, channels)
     posts = PostOps()
     fixed = {int(Arg.SRC_1): const_memory(side.zero_points.astype(F32).reshape(dims))}
     if side.scale.size == 1:
@@ -338,16 +349,16 @@ def _binary_dequantize(ctx: LowerContext, node: Node, side: QuantSide) -> None:
         details = [f"binary_mul([{side.scale.size} scales, axis {side.axis}])"]
     attr = PrimitiveAttr()
     attr.set_post_ops(posts)
-    dst_md = plain_md(shape, DataType.f32) if flat else (
+    dst_md = plain_md(shape, DataType.f32) if collapsed else (
         md_like(src_md, DataType.f32) or plain_md(shape, DataType.f32))
     converted = ctx.temp(f"{y}@f32", dst_md)
     ctx.add_reorder(home, converted, role="op", node=node,
                     note=f"'{x}' to f32 for its per-channel zero points")
     out = ctx.define(y, dst_md)
-    if flat:  # the same bytes as (N, C), row-major
-        nc = plain_md(shape[:2], DataType.f32)
-        dst_md, converted = nc, ctx.temp(f"{y}@f32_nc", nc, alias=converted)
-        out = ctx.temp(f"{y}@nc", nc, alias=out)
+    if collapsed:  # the same row-major bytes as (before, C[, after])
+        seen = plain_md(view, DataType.f32)
+        dst_md, converted = seen, ctx.temp(f"{y}@f32_view", seen, alias=converted)
+        out = ctx.temp(f"{y}@view", seen, alias=out)
     pd = binary(Alg.binary_sub, dst_md, MemoryDesc.from_tag(dims, DataType.f32), dst_md,
                 attr=attr)
     info = ctx.info_for(node, role="op", post_ops=names, post_op_details=details,

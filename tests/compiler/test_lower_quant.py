@@ -228,6 +228,34 @@ def test_per_channel_dequantize_into_quantizes_is_one_binary_each(dtype: DType) 
     np.testing.assert_array_equal(out["r"], ref_eval(g, {"q": q})["r"])
 
 
+@pytest.mark.parametrize(("shape", "axis"), [((1, 3, 5, 4, 2), 4), ((1, 7, 4, 3), 2),
+                                            ((2, 5, 6), 2)], ids=str)
+def test_per_channel_zero_points_along_another_axis_run_on_jit(shape: tuple[int, ...],
+                                                               axis: int) -> None:
+    """A Concat along a last or middle axis of tensors with their own zero points (EVA-02's
+    rotary stack of two halves, its class token before the patches, under NNCF's MIXED
+    preset) is dequantized per channel of that axis: oneDNN 3.2 broadcasts such an operand
+    only on ref:any (43 kernels, EVA-02-Tiny 129 ms). Over a row-major (before, C[, after])
+    view the operand is per channel of dim 1: jit, and bit-exact with ONNX's formula."""
+    channels = shape[axis]
+    rng = np.random.default_rng(8)
+    scales = rng.uniform(0.01, 0.05, channels).astype(F32)
+    zps = rng.integers(0, 256, channels)
+    g = Graph("pc_axis")
+    g.add_input("q", TensorInfo(shape, U8, QuantParams.make(scales, zps, axis)))
+    _dq_node(g, "q", "y", scales, zps, axis)
+    g.outputs.append("y")
+    q = random_int(rng, shape, U8)
+    out, plan = run_plan(g, {"q": q})
+    info = plan.inspect()["kernels"]
+    assert all(k["impl"].startswith("jit") for k in info), info
+    along = [1] * len(shape)
+    along[axis] = channels
+    want = (q.astype(F32) - zps.reshape(along).astype(F32)) * scales.reshape(along)
+    np.testing.assert_array_equal(out["y"], want)
+    np.testing.assert_array_equal(out["y"], ref_eval(g, {"q": q})["y"])
+
+
 def test_quantize_read_only_by_a_dequantize_keeps_its_source_layout() -> None:
     """A Q → DQ pair after a float op writing channels-last (the linear Resize of a QDQ
     segmentation head, before the graph output): the quantize writes u8 channels-last and the
