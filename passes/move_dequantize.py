@@ -25,11 +25,10 @@ Preconditions (oneDNN 3.x int8, docs/onednn.md), each declined with its reason:
   ``Scale(f32(sx[g(oc)])·f32(sw[oc]))``; or per channel with one scale on every channel into
   any Conv / ConvTranspose: a per-tensor scale (a Concat of tensors NNCF gives one scale,
   unified scales, where one is held as u8 with zero point 128 and another as u8 with zero
-  point 0: HGNet's and VoVNet's aggregation convs). Per-channel zero points (those, and
-  NNCF's MIXED preset and ``model_type=TRANSFORMER``: asymmetric activations) have no
-  oneDNN form (a per-channel src
-  zero point runs on ``ref:any`` only), so the node reads x_q with zero point 0 and its chain
-  first adds the integer correction ``C = acc − acc₀``:
+  point 0: HGNet's aggregation convs). Per-channel zero points (those, and NNCF's MIXED
+  preset and ``model_type=TRANSFORMER``: asymmetric activations) have no oneDNN form (a
+  per-channel src zero point runs on ``ref:any`` only), so the node reads x_q with zero
+  point 0 and its chain first adds the integer correction ``C = acc − acc₀``:
 
       acc  = Σ_in-bounds w·(x_q − zx[c])      (a padding tap is the real 0: no term)
       acc₀ = Σ_in-bounds w·x_q                 (oneDNN with src zero point 0 pads with 0)

@@ -74,8 +74,8 @@ def test_outputs_match_the_reference(mixed: Path) -> None:
 
 
 def _aggregation_block() -> onnx.ModelProto:
-    """HGNet's / VoVNet's aggregation: a strided depthwise conv without activation (signed
-    output), a conv + ReLU after it (unsigned), both concatenated and read by a 1x1 conv."""
+    """HGNet's aggregation: a strided depthwise conv without activation (signed output), a
+    conv + ReLU after it (unsigned), both concatenated and read by a 1x1 conv."""
     rng = np.random.default_rng(4)
     inits = [nh.from_array(rng.standard_normal(s).astype(np.float32) * k, n)
              for n, s, k in (("w0", (16, 3, 3, 3), 0.4), ("w1", (16, 1, 3, 3), 0.5),

@@ -184,10 +184,10 @@ def test_per_channel_scales_into_a_dense_conv_declined():
 @pytest.mark.parametrize(("kernel", "pad"), [(1, 0), (3, 1)])
 def test_one_scale_with_per_channel_zero_points_into_a_dense_conv(kernel, pad):
     """A Concat of an s8 tensor (zero point 0, held as u8 with zero point 128) and u8 ReLU
-    outputs sharing its scale (NNCF's unified scales: HGNet's and VoVNet's aggregation
-    convs) is dequantized per channel with one scale and zero points 128 and 0: a per-tensor
-    source scale, and the zero points' integer correction added to the accumulator —
-    bit-identical to the exact sum Σ w·(x_q − zx[c]) times the scale."""
+    outputs sharing its scale (NNCF's unified scales: HGNet's aggregation convs) is
+    dequantized per channel with one scale and zero points 128 and 0: a per-tensor source
+    scale, and the zero points' integer correction added to the accumulator — bit-identical
+    to the exact sum Σ w·(x_q − zx[c]) times the scale."""
     zx = [128, 128, 0, 0, 0]
     g, xd = int_input((1, 5, 6, 7), np.full(5, 0.05, F32), zx, axis=1)
     sw = np.linspace(0.002, 0.004, 6).astype(F32)
