@@ -9,7 +9,7 @@ missing one ±inf, one computed at run time a Max / Min by it (``_clip_at_run_ti
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from qfuse.ir.ops import (
     LayerNormAttrs,
     LogicAttrs,
     Op,
+    ReshapeAttrs,
     TransposeAttrs,
 )
 
@@ -282,63 +283,98 @@ def matmul(ctx: Context, node: NodeView) -> None:
 
 
 def einsum(ctx: Context, node: NodeView) -> None:
-    """A two-operand Einsum that is a batched matrix product (attention's
-    ``bgnid,bgnjd->bgnij`` and ``bgnij,bgnjd->bgnid`` in MaxViT) becomes Transposes around a
-    MatMul: the same batch letters, in the same order, lead both operands and the output, one
-    letter is summed over, and each operand has one letter of its own (ONNX spec:
-    https://onnx.ai/onnx/operators/onnx__Einsum.html). The sums are MatMul's, in the same
-    order of k. Any other equation (a trace, a broadcast ellipsis, a letter repeated, three
-    operands) stays a float island."""
-    parsed = _matmul_einsum(str(node.attr("equation", "")),
-                            [ctx.input_info(node, i).rank for i in range(len(node.inputs))])
-    if isinstance(parsed, str):
-        raise ctx.unsupported(node, f"equation {node.attr('equation')!r}: {parsed}")
-    perm_a, perm_b, perm_out = parsed
+    """A two-operand Einsum that is a batched matrix product becomes Transposes and Reshapes
+    around a MatMul (ONNX spec: https://onnx.ai/onnx/operators/onnx__Einsum.html): the letters
+    of both operands and the output are the batch (``B``), those of both operands only are
+    summed (``K``), the others each operand's own (``M`` of A, ``N`` of B), so A seen as
+    ``[B.., M, K]`` times B seen as ``[B.., K, N]`` is the output's ``[B.., M.., N..]`` in some
+    order. Attention's ``bgnid,bgnjd->bgnij`` (MaxViT) needs Transposes only; MViTv2's
+    relative positions ``byhwc,hkc->byhwk`` a batch letter inside A and three own letters of
+    A merged into one M. The sums are MatMul's. Any other equation (a trace, a broadcast
+    ellipsis, a letter repeated, a letter summed within one operand, three operands,
+    batch dims of different sizes) stays a float island."""
+    shapes = [ctx.input_info(node, i).shape for i in range(len(node.inputs))]
+    plan = _matmul_einsum(str(node.attr("equation", "")), shapes)
+    if isinstance(plan, str):
+        raise ctx.unsupported(node, f"equation {node.attr('equation')!r}: {plan}")
+    name = node.outputs[0]
     operands = []
-    for port, perm in ((0, perm_a), (1, perm_b)):
+    for port, (perm, seen) in enumerate(((plan.perm_a, plan.shape_a),
+                                         (plan.perm_b, plan.shape_b))):
         value = node.inputs[port]
         if perm != tuple(range(len(perm))):
-            moved = ctx.graph.unique_name(f"{node.outputs[0]}@operand{port}")
+            moved = ctx.graph.unique_name(f"{name}@operand{port}")
             ctx.emit(node, Op.TRANSPOSE, [value], TransposeAttrs(perm), outputs=[moved])
             value = moved
+        if seen != tuple(shapes[port][d] for d in perm):
+            merged = ctx.graph.unique_name(f"{name}@operand{port}_3d")
+            ctx.emit(node, Op.RESHAPE, [value], ReshapeAttrs(seen), outputs=[merged])
+            value = merged
         operands.append(value)
-    if perm_out == tuple(range(len(perm_out))):
-        ctx.emit(node, Op.MATMUL, operands)
-        return
-    product = ctx.graph.unique_name(f"{node.outputs[0]}@matmul")
-    ctx.emit(node, Op.MATMUL, operands, outputs=[product])
-    ctx.emit(node, Op.TRANSPOSE, [product], TransposeAttrs(perm_out))
+    steps = [(Op.RESHAPE, ReshapeAttrs(plan.product)) if plan.product != plan.matmul else None,
+             (Op.TRANSPOSE, TransposeAttrs(plan.perm_out))
+             if plan.perm_out != tuple(range(len(plan.perm_out))) else None]
+    steps = [step for step in steps if step is not None]
+    value = operands
+    for index, (op, attrs) in enumerate([(Op.MATMUL, None), *steps]):
+        last = index == len(steps)
+        out = name if last else ctx.graph.unique_name(f"{name}@{op.value.lower()}")
+        ctx.emit(node, op, value, attrs, outputs=[out])
+        value = [out]
 
 
-def _matmul_einsum(equation: str, ranks: list[int]
-                   ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | str:
-    """(perm of A to [batch.., i, k], of B to [batch.., k, j], of MatMul's [batch.., i, j]
-    to the output) for an Einsum equation, or why it is no batched matrix product."""
+@dataclass(frozen=True)
+class _EinsumPlan:
+    """How one Einsum runs as a MatMul: the operands' permutations and ``[B.., M, K]`` /
+    ``[B.., K, N]`` shapes, the MatMul's ``[B.., M, N]``, that split into ``[B.., M.., N..]``
+    (``product``) and its permutation to the output."""
+
+    perm_a: tuple[int, ...]
+    shape_a: tuple[int, ...]
+    perm_b: tuple[int, ...]
+    shape_b: tuple[int, ...]
+    matmul: tuple[int, ...]
+    product: tuple[int, ...]
+    perm_out: tuple[int, ...]
+
+
+def _matmul_einsum(equation: str, shapes: list[tuple[int, ...]]) -> _EinsumPlan | str:
+    """The MatMul form of an Einsum equation over operands of ``shapes``, or why there is
+    none (``einsum``)."""
     text = equation.replace(" ", "")
     if "->" not in text or "." in text:
         return "no explicit output, or an ellipsis"
     inputs, out = text.split("->")
     terms = inputs.split(",")
-    if len(terms) != 2 or [len(t) for t in terms] != ranks:
+    if len(terms) != 2 or [len(t) for t in terms] != [len(s) for s in shapes]:
         return "not two operands with a letter per dim"
     a, b = terms
     if any(len(set(t)) != len(t) for t in (a, b, out)):
         return "a letter repeats within a term"
-    summed = (set(a) & set(b)) - set(out)
+    if any(c not in a and c not in b for c in out):
+        return "an output letter in neither operand"
     batch = [c for c in out if c in a and c in b]
+    summed = [c for c in a if c in b and c not in out]
     own_a = [c for c in a if c not in b]
     own_b = [c for c in b if c not in a]
-    if len(summed) != 1 or len(own_a) != 1 or len(own_b) != 1 or set(out) != set(
-            batch + own_a + own_b) or [c for c in a if c in batch] != batch or [
-            c for c in b if c in batch] != batch:
-        return "not a batched matrix product"
-    k = summed.pop()
-    i, j = own_a[0], own_b[0]
-    perm_a = tuple(a.index(c) for c in [*batch, i, k])
-    perm_b = tuple(b.index(c) for c in [*batch, k, j])
-    product = [*batch, i, j]
-    perm_out = tuple(product.index(c) for c in out)
-    return perm_a, perm_b, perm_out
+    if any(c not in out for c in own_a + own_b):
+        return "a letter summed within one operand"
+    size = {**dict(zip(b, shapes[1], strict=True)), **dict(zip(a, shapes[0], strict=True))}
+    if any(shapes[0][a.index(c)] != shapes[1][b.index(c)] for c in batch + summed):
+        return "a batch or summed dim differs between the operands (a broadcast)"
+    dims = [size[c] for c in batch]
+    m = math.prod(size[c] for c in own_a)
+    k = math.prod(size[c] for c in summed)
+    n = math.prod(size[c] for c in own_b)
+    product = [*batch, *own_a, *own_b]
+    return _EinsumPlan(
+        perm_a=tuple(a.index(c) for c in [*batch, *own_a, *summed]),
+        shape_a=(*dims, m, k),
+        perm_b=tuple(b.index(c) for c in [*batch, *summed, *own_b]),
+        shape_b=(*dims, k, n),
+        matmul=(*dims, m, n),
+        product=tuple(size[c] for c in product),
+        perm_out=tuple(product.index(c) for c in out))
 
 
 def dropout(ctx: Context, node: NodeView) -> None:

@@ -1,5 +1,5 @@
-"""Einsum that is a batched matrix product imports as Transposes around a MatMul (MaxViT's
-attention); other equations stay a float island."""
+"""Einsum that is a batched matrix product imports as Transposes and Reshapes around a MatMul
+(MaxViT's attention, MViTv2's relative positions); other equations stay a float island."""
 
 from __future__ import annotations
 
@@ -34,6 +34,9 @@ def _feeds(a: tuple[int, ...], b: tuple[int, ...]) -> dict[str, np.ndarray]:
     ("ik,kj->ij", (6, 9), (9, 4)),
     ("bki,bkj->bji", (3, 9, 6), (3, 9, 4)),    # both operands and the output transposed
     ("bhqd,bhkd->bhqk", (2, 3, 5, 8), (2, 3, 6, 8)),
+    ("byhwc,hkc->byhwk", (1, 2, 4, 3, 8), (4, 5, 8)),  # MViTv2: a batch letter inside A
+    ("bij,bjk->ik", (2, 4, 5), (2, 5, 3)),  # a batch letter summed too
+    ("ij,kl->ijkl", (2, 3), (4, 5)),  # an outer product: nothing summed
 ])
 def test_a_batched_matrix_product_is_a_matmul(equation: str, a: tuple[int, ...],
                                               b: tuple[int, ...]) -> None:
@@ -50,8 +53,7 @@ def test_a_batched_matrix_product_is_a_matmul(equation: str, a: tuple[int, ...],
     ("ii,ij->ij", (4, 4), (4, 3), "repeats"),
     ("ij,jk", (4, 5), (5, 3), "no explicit output"),
     ("...ij,...jk->...ik", (2, 4, 5), (2, 5, 3), "ellipsis"),
-    ("ij,kl->ijkl", (2, 3), (4, 5), "not a batched matrix product"),   # outer product
-    ("bij,bjk->ik", (2, 4, 5), (2, 5, 3), "not a batched matrix product"),  # batch summed
+    ("ij,jk->k", (4, 5), (5, 3), "summed within one operand"),
 ])
 def test_other_equations_stay_an_island(equation: str, a: tuple[int, ...], b: tuple[int, ...],
                                         why: str) -> None:
@@ -59,9 +61,15 @@ def test_other_equations_stay_an_island(equation: str, a: tuple[int, ...], b: tu
 
 
 def test_the_parse() -> None:
-    assert _matmul_einsum("bik,bkj->bij", [3, 3]) == ((0, 1, 2), (0, 1, 2), (0, 1, 2))
-    assert _matmul_einsum("bid,bjd->bij", [3, 3]) == ((0, 1, 2), (0, 2, 1), (0, 1, 2))
-    assert _matmul_einsum("ik,kj->ji", [2, 2]) == ((0, 1), (0, 1), (1, 0))
+    plan = _matmul_einsum("bid,bjd->bij", [(3, 4, 8), (3, 5, 8)])
+    assert (plan.perm_a, plan.perm_b, plan.perm_out) == ((0, 1, 2), (0, 2, 1), (0, 1, 2))
+    assert plan.shape_a == (3, 4, 8) and plan.shape_b == (3, 8, 5)
+    assert _matmul_einsum("ik,kj->ji", [(2, 3), (3, 4)]).perm_out == (1, 0)
+    plan = _matmul_einsum("byhwc,hkc->byhwk", [(1, 2, 4, 3, 8), (4, 5, 8)])
+    assert plan.perm_a == (2, 0, 1, 3, 4) and plan.shape_a == (4, 6, 8)  # [h, b·y·w, c]
+    assert plan.perm_b == (0, 2, 1) and plan.shape_b == (4, 8, 5)  # [h, c, k]
+    assert plan.matmul == (4, 6, 5) and plan.product == (4, 1, 2, 3, 5)
+    assert plan.perm_out == (1, 2, 0, 3, 4)  # [h, b, y, w, k] → b y h w k
 
 
 def test_quantized_operands_run_as_an_int8_matmul() -> None:
