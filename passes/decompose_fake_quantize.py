@@ -369,11 +369,9 @@ def _rewrite(graph: Graph, fq: Node, d: Decomposition) -> str:
                               onnx=d.onnx)
         q.meta["decomposed_from"] = fq.name
         add_dequantize(graph, q.outputs[0], d.quant(), out, origin=dq_origin, name=dq_name)
-        made.append(q.outputs[0])
 
-    made: list[str] = []
     rebuild(graph, [fq], build)
-    return made[0]
+    return graph.producer(out).inputs[0]  # the dequantize writing ``out`` reads the integers
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
