@@ -20,7 +20,7 @@ import onnx
 from qfuse.compiler.errors import InputError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Graph
-from qfuse.ir.graph import in_model_order
+from qfuse.ir.graph import in_model_order, shifted_levels
 from qfuse.ir.mode import Mode
 from qfuse.ir.postops import ComposerOptions
 
@@ -132,7 +132,7 @@ class CompiledModel:
         model = {name: in_model_order(v, orders.get(name)) for name, v in values.items()}
         for name, (offset, dtype) in offsets.items():
             if name in model:
-                model[name] = (model[name].astype(np.int16) - offset).astype(dtype.np)
+                model[name] = shifted_levels(model[name], -offset, dtype.np)
         return model
 
     def inspect(self) -> dict[str, Any]:

@@ -38,7 +38,7 @@ import onnx
 from qfuse.compiler.api import CompiledModel, ModelLike, compile_model
 from qfuse.compiler.errors import InputError
 from qfuse.compiler.lower.layouts import RESHAPES
-from qfuse.ir.graph import in_graph_order, in_model_order
+from qfuse.ir.graph import in_graph_order, in_model_order, shifted_levels
 from qfuse.ir import DType, Graph, Node, TensorInfo
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ def in_plan_type(ref: np.ndarray, info: TensorInfo, order: np.ndarray | None = N
     if offset is None and ref.dtype == np.int8 and info.dtype is DType.U8:
         offset = 128
     if offset is not None and ref.dtype.kind in "iu" and ref.shape == info.shape:
-        return (ref.astype(np.int16) + offset).astype(info.dtype.np)
+        return shifted_levels(ref, offset, info.dtype.np)
     return ref
 
 
@@ -285,7 +285,7 @@ def in_reference_type(mine: np.ndarray, ref_dtype: np.dtype,
     if offset is None and mine.dtype == np.uint8 and np.dtype(ref_dtype) == np.int8:
         offset = 128
     if offset is not None and mine.dtype.kind in "iu":
-        return (mine.astype(np.int16) - offset).astype(ref_dtype)
+        return shifted_levels(mine, -offset, np.dtype(ref_dtype))
     return mine
 
 

@@ -38,6 +38,12 @@ def in_graph_order(array: np.ndarray, order: np.ndarray | None) -> np.ndarray:
     return np.take(array, order, axis=1)
 
 
+def shifted_levels(array: np.ndarray, offset: int, dtype: np.dtype) -> np.ndarray:
+    """Integers ``array + offset`` as ``dtype``: a value a graph re-encodes
+    (``Graph.level_offsets``) between the model's integers and its own, either way."""
+    return (array.astype(np.int16) + offset).astype(dtype)
+
+
 class GraphError(ValueError):
     """A broken invariant of the graph; the message names the node or value."""
 
