@@ -311,14 +311,14 @@ def einsum(ctx: Context, node: NodeView) -> None:
             ctx.emit(node, Op.RESHAPE, [value], ReshapeAttrs(seen), outputs=[merged])
             value = merged
         operands.append(value)
-    steps = [(Op.RESHAPE, ReshapeAttrs(plan.product)) if plan.product != plan.matmul else None,
-             (Op.TRANSPOSE, TransposeAttrs(plan.perm_out))
-             if plan.perm_out != tuple(range(len(plan.perm_out))) else None]
-    steps = [step for step in steps if step is not None]
+    after = []  # the MatMul's [B.., M, N] split into [B.., M.., N..], then in the output's order
+    if plan.product != plan.matmul:
+        after.append((Op.RESHAPE, ReshapeAttrs(plan.product)))
+    if plan.perm_out != tuple(range(len(plan.perm_out))):
+        after.append((Op.TRANSPOSE, TransposeAttrs(plan.perm_out)))
     value = operands
-    for index, (op, attrs) in enumerate([(Op.MATMUL, None), *steps]):
-        last = index == len(steps)
-        out = name if last else ctx.graph.unique_name(f"{name}@{op.value.lower()}")
+    for index, (op, attrs) in enumerate([(Op.MATMUL, None), *after]):
+        out = name if index == len(after) else ctx.graph.unique_name(f"{name}@{op.value.lower()}")
         ctx.emit(node, op, value, attrs, outputs=[out])
         value = [out]
 
