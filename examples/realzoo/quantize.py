@@ -33,6 +33,11 @@ benchmarks/arch_sweep.py ``--quantizers``):
 - ``qdq-a16``: 16-bit activations (``activation_type=QInt16``; A16W8, for accuracy);
 - ``qdq-w4``: 4-bit weights (``weight_type=QInt4``; com.microsoft Q/DQ below opset 21);
 - ``qdq-contrib``: ``extra_options={"UseQDQContribOps": True}`` (com.microsoft Q/DQ);
+- ``qdq-raw``: quantize_static straight on the exported model, without quant_pre_process
+  (what a user who skips the recommended pre-processing step gets: no shape inference, none
+  of onnxruntime's graph fusions before quantization);
+- ``qdq-keepact``: ``extra_options={"QDQKeepRemovableActivations": True}`` (Q/DQ kept around
+  Relu and Clip instead of folding them into the producer's output range);
 - ``qoperator-s8``: QOperator with s8 activations;
 - ``qdq-compute``: ``op_types_to_quantize=["Conv", "MatMul", "Gemm"]`` (only the compute ops
   and their outputs are quantized; pooling, Add, Concat and the rest stay float);
@@ -76,6 +81,8 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "qdq-a16": ("qdq", {"activation_type": "QInt16"}),
     "qdq-w4": ("qdq", {"weight_type": "QInt4"}),
     "qdq-contrib": ("qdq", {"extra_options": {"UseQDQContribOps": True}}),
+    "qdq-raw": ("qdq", {"pre_process": False}),
+    "qdq-keepact": ("qdq", {"extra_options": {"QDQKeepRemovableActivations": True}}),
     "qoperator-s8": ("qoperator", {"activation_type": "QInt8"}),
     "nncf-mixed": ("nncf", {"preset": "MIXED"}),
     "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),
@@ -116,7 +123,8 @@ def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, n
                  fmt: str, options: dict[str, object] | None = None
                  ) -> tuple[onnx.ModelProto, list[str]]:
     """quant_pre_process + quantize_static in ``fmt`` ('qdq' or 'qoperator'); ``options``
-    change quantize_static's keyword arguments (QuantType members by name)."""
+    change quantize_static's keyword arguments (QuantType members by name), but
+    ``pre_process=False`` skips quant_pre_process."""
     from onnxruntime.quantization import (
         CalibrationDataReader,
         CalibrationMethod,
@@ -132,7 +140,12 @@ def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, n
     with tempfile.TemporaryDirectory(prefix="qfuse-realzoo-") as tmp, contextlib.chdir(tmp):
         work = Path(tmp)
         onnx.save(float_model, work / "float.onnx")
-        notes = pre_process(work / "float.onnx", work / "pre.onnx")
+        options = dict(options or {})
+        if options.pop("pre_process", True):
+            notes = pre_process(work / "float.onnx", work / "pre.onnx")
+        else:
+            notes = ["quant_pre_process skipped"]
+            onnx.save(float_model, work / "pre.onnx")
         reader = type("Reader", (_Reader, CalibrationDataReader), {})(calibration)
         kwargs = {
             "quant_format": QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
@@ -142,7 +155,7 @@ def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, n
             "weight_type": QuantType.QInt8,
             "calibrate_method": CalibrationMethod.MinMax,
         }
-        for key, value in (options or {}).items():
+        for key, value in options.items():
             kwargs[key] = (QuantType[value] if key.endswith("_type")
                            else dict(value) if isinstance(value, dict) else value)
         quantize_static(str(work / "pre.onnx"), str(work / "q.onnx"), reader, **kwargs)
