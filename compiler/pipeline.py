@@ -54,6 +54,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # 1. import cleanup
     ("drop_identity", drop_identity.run),
     ("constant_fold", constant_fold.run),
+    # values computed from constants through quantization and compute ops (quantized constant
+    # tables and their products, where quant_pre_process did not fold them first)
+    ("fold_constant_cones", constant_fold.run_constant_cones),
     ("merge_duplicates", merge_duplicates.run),
     # elementwise ops after a Concat, up to a quantize, run on each input (MixNet's batch
     # norm and activation after its mixed convolutions): each joins its producer's chain

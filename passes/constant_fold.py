@@ -22,6 +22,7 @@ constants that nobody reads any more are then dropped (``graph.remove_unused``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
@@ -79,10 +80,115 @@ def _feeds_quantization(graph: Graph, node: Node) -> bool:
                for out in node.outputs for reader, _ in graph.consumers(out))
 
 
-def evaluate(graph: Graph, node: Node) -> list[np.ndarray] | None:
-    """The node's outputs conformed to their infos, or None when they do not fit."""
-    args: list[np.ndarray | None] = [graph.constant(name) if name else None
-                                     for name in node.inputs]
+def run_constant_cones(graph: Graph, ctx: PassContext) -> int:
+    """Every value computed from constants alone, through quantization ops and compute ops
+    too, becomes a constant, except where a run-time node reads its integers.
+
+    ``run`` folds nothing past a quantization op, so a subgraph of quantized constants ran
+    on every call: quantize_static without quant_pre_process (whose optimizer folds such
+    subgraphs before quantizing) quantizes ConViT's positional projection of a constant index
+    table, ``MatMul(DQ(Q(Expand(c))), DQ(w))``, its bias Add and its gating ``sigmoid(p)``:
+    ten MatMuls with their Adds, quantizes, dequantizes and Transposes per call. Here each
+    such value is evaluated through its producers by the reference interpreter's own op table,
+    as ``run`` evaluates, so the folded graph computes exactly what the reference computes on
+    the unfolded one (bit-exact).
+
+    Kept as they are: every node a run-time Conv, ConvTranspose, MatMul, Gemm or quantization
+    op reads through constant nodes (a weight's quantizer and views: the passes need its
+    integers), and a quantization op only run-time nodes read (``DQ(c)`` an Add reads is
+    already a constant operand to the fusion passes)."""
+    derived = _constant_derived(graph)
+    kept = _read_as_integers(graph, derived)
+    cone = _Cone(graph)
+    folds: list[tuple[Node, list[np.ndarray]]] = []
+    for node in graph.topo_order():
+        if (node.name in kept or not node.outputs or node.outputs[0] not in derived
+                or (node.op in QUANTIZATION_OPS and not any(
+                    reader.outputs and reader.outputs[0] in derived
+                    for out in node.outputs for reader, _ in graph.consumers(out)))):
+            continue
+        ctx.visit(node)
+        values = [cone(out) for out in node.outputs]
+        if all(value is not None for value in values):
+            folds.append((node, values))  # type: ignore[arg-type]  (checked just above)
+    for node, values in folds:
+        outputs = list(node.outputs)
+        infos = [graph.info(out) for out in outputs]
+
+        def build(outputs: list[str] = outputs, values: list[np.ndarray] = values,
+                  infos: list[TensorInfo] = infos) -> None:
+            for out, value, info in zip(outputs, values, infos, strict=True):
+                graph.add_constant(out, value, info)
+
+        replace_nodes(graph, [node], build)
+        log.debug("folded %s, computed from constants", node)
+    if folds:
+        graph.remove_unused()
+    return len(folds)
+
+
+# Run-time readers of a constant's integers: a weight's, or a requantize's.
+_INTEGER_READERS = frozenset({Op.CONV, Op.CONV_TRANSPOSE, Op.MATMUL, Op.GEMM,
+                              *QUANTIZATION_OPS, Op.DYNAMIC_QUANTIZE_LINEAR})
+
+
+def _constant_derived(graph: Graph) -> set[str]:
+    """The values computed from constants alone (constants included), by nodes the reference
+    interpreter implements and no pass has fused."""
+    derived = {name for name in graph.values if graph.constant(name) is not None}
+    for node in graph.topo_order():
+        inputs = [v for v in node.inputs if v]
+        if (inputs and node.fused is None and node.op in IMPLS
+                and all(v in derived for v in inputs)):
+            derived.update(node.outputs)
+    return derived
+
+
+def _read_as_integers(graph: Graph, derived: set[str]) -> set[str]:
+    """The names of the nodes computing, from constants, a value a run-time
+    ``_INTEGER_READERS`` node reads, with every node they read from."""
+    kept: set[str] = set()
+    waiting = [v for node in graph if node.op in _INTEGER_READERS
+               and not (node.outputs and node.outputs[0] in derived)
+               for v in node.inputs if v in derived]
+    while waiting:
+        producer = graph.producer(waiting.pop())
+        if producer is not None and producer.name not in kept:
+            kept.add(producer.name)
+            waiting.extend(v for v in producer.inputs if v)
+    return kept
+
+
+class _Cone:
+    """A value's array: a constant, or its producer evaluated from its own inputs' arrays
+    (each value once)."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.arrays: dict[str, np.ndarray | None] = {}
+
+    def __call__(self, name: str) -> np.ndarray | None:
+        constant = self.graph.constant(name)
+        if constant is not None:
+            return constant
+        if name not in self.arrays:
+            producer = self.graph.producer(name)
+            assert producer is not None, name  # a derived value: a constant or produced
+            values = evaluate(self.graph, producer, self)
+            for out, value in zip(producer.outputs, values or [None] * len(producer.outputs),
+                                  strict=True):
+                self.arrays[out] = value
+        return self.arrays[name]
+
+
+def evaluate(graph: Graph, node: Node, source: Callable[[str], np.ndarray | None] | None = None
+             ) -> list[np.ndarray] | None:
+    """The node's outputs conformed to their infos, or None when they do not fit (or an
+    input, read by ``source`` instead of as a constant, has no array)."""
+    source = source or graph.constant
+    args: list[np.ndarray | None] = [source(name) if name else None for name in node.inputs]
+    if any(arg is None for name, arg in zip(node.inputs, args, strict=True) if name):
+        return None
     results = IMPLS[node.op](node, args)
     conformed = []
     for out, array in zip(node.outputs, results, strict=True):

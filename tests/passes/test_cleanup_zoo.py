@@ -1,4 +1,4 @@
-"""The eight import-cleanup passes on every small zoo model, float and quantized (QDQ).
+"""The nine import-cleanup passes on every small zoo model, float and quantized (QDQ).
 
 Each model is imported, the cleanup passes run through run_pass in pipeline order (the graph
 verified after each), and the reference interpreter's outputs before and after are compared:
@@ -25,8 +25,9 @@ from qfuse.ir import Graph, Op
 from qfuse.passes.base import PassContext, run_pass
 from qfuse.runtime.reference import evaluate
 
-CLEANUP = ["drop_identity", "constant_fold", "merge_duplicates", "distribute_concat",
-           "fold_batchnorm", "decompose_batchnorm", "gemm_to_matmul", "canonicalize_arith"]
+CLEANUP = ["drop_identity", "constant_fold", "fold_constant_cones", "merge_duplicates",
+           "distribute_concat", "fold_batchnorm", "decompose_batchnorm", "gemm_to_matmul",
+           "canonicalize_arith"]
 GONE = {Op.BATCH_NORM, Op.GEMM, Op.IDENTITY, Op.DROPOUT, Op.SUM}
 TOLERANCE = 1e-5
 
