@@ -93,6 +93,40 @@ def _rewrite(graph: Graph, q: Node, params: DqParams) -> None:
     rebuild(graph, dqs + [q], build)
 
 
+def _read_by_tables(graph: Graph, q: Node) -> bool:
+    """Only tables (passes/table_lookup.py) read ``q``'s integers."""
+    readers = graph.consumers(q.outputs[0])
+    return (bool(readers) and q.outputs[0] not in graph.outputs
+            and all(reader.op is Op.TABLE for reader, _ in readers))
+
+
+def _quantize_only(graph: Graph, q: Node, params: DqParams) -> None:
+    """``q`` as the quantize-only FakeQuantize decompose_fake_quantize writes for a pair: its
+    integers, ONNX's ``saturate(rint(x/s) + zp)`` (``attrs.onnx``), under the same name.
+
+    table_lookup took the pair's DequantizeLinear into a table of the integers, so the
+    QuantizeLinear stood alone, and a chain reaching it (quantize_static without
+    quant_pre_process: MatMul → Q → DQ → Add bias → Q → GELU's table) stopped before it —
+    QuantizeLinear has no post-op: the Add, a dequantize and this quantize ran as kernels of
+    their own. A quantize-only FakeQuantize is the output quantize fuse_post_ops takes."""
+    x, out = q.inputs[0], q.outputs[0]
+    rank = graph.info(x).rank
+    low, high = qdq_ranges(params, rank)
+    qmin, qmax = params.dtype.range
+    levels = (along(np.full_like(params.scale, qmin, dtype=F32), rank, params.axis),
+              along(np.full_like(params.scale, qmax, dtype=F32), rank, params.axis))
+    info, origin = graph.info(out), list(q.origin)
+
+    def build() -> None:
+        fq = add_fake_quantize(graph, x, (low, high, *levels), 256, info, out, origin=origin,
+                               name=f"{q.name}/quantize",
+                               onnx=OnnxQuantize(params.dtype, params.quant(), dequantize=False))
+        fq.meta.update({"qdq": (params.dtype, params.quant()), "q_origin": origin,
+                        "q_output": out})
+
+    rebuild(graph, [q], build)
+
+
 def run(graph: Graph, ctx: PassContext) -> int:
     changed = 0
     for q in graph.topo_order():
@@ -109,6 +143,10 @@ def run(graph: Graph, ctx: PassContext) -> int:
             ctx.decline(q, f"QuantizeLinear to {params.dtype.name} (only u8/s8)")
             continue
         reason = _mismatch(graph, q, params)
+        if reason is not None and _read_by_tables(graph, q):
+            _quantize_only(graph, q, params)
+            changed += 1
+            continue
         if reason is not None:
             ctx.decline(q, reason)
             continue

@@ -10,7 +10,11 @@ and near ties where float32 lands on the other side: that is why the pair is car
 from __future__ import annotations
 
 import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import TensorProto, helper
+from onnx import numpy_helper as nh
 from quant_helpers import (
     F32,
     add,
@@ -26,9 +30,14 @@ from quant_helpers import (
     weights,
 )
 
+import qfuse
 import qfuse.passes.qdq_to_fake_quantize as P
+from qfuse.compiler.api import import_graph
+from qfuse.compiler.pipeline import run_pipeline
+from qfuse.examples.realzoo.quantize import quantize as quantize_static
 from qfuse.ir import DType, Op
 from qfuse.ir.ops import ConvAttrs
+from qfuse.runtime.reference import evaluate
 
 
 def _fq_ranges(graph, node):
@@ -157,3 +166,77 @@ def test_unused_quantize_is_ignored():
     g.verify()
     result = apply(P, g)
     assert result.changed == 0 and not result.declined
+
+
+def _linear_gelu() -> onnx.ModelProto:
+    """x @ W1 + b1 → GELU (erf form) → @ W2: a transformer's MLP as torch.onnx writes it
+    (MatMul and Add apart; quant_pre_process would merge them)."""
+    rng = np.random.default_rng(5)
+    inits = [nh.from_array(rng.standard_normal(s).astype(np.float32) * k, n)
+             for n, s, k in (("w1", (16, 32), 0.3), ("b1", (32,), 0.5), ("w2", (32, 8), 0.2))]
+    inits += [nh.from_array(np.array(v, np.float32), n)
+              for n, v in (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Div", ["hb", "sqrt2"], ["t"]),
+             helper.make_node("Erf", ["t"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["e1"]),
+             helper.make_node("Mul", ["hb", "e1"], ["g"]),
+             helper.make_node("Mul", ["g", "half"], ["gh"]),
+             helper.make_node("MatMul", ["gh", "w2"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 10, 16))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 10, 8))], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _raw_quantized(tmp_path):
+    rng = np.random.default_rng(6)
+    calibration = [{"x": rng.standard_normal((1, 10, 16)).astype(np.float32)}
+                   for _ in range(4)]
+    model, _ = quantize_static(_linear_gelu(), calibration, "qdq-raw")
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    return path
+
+
+def test_a_quantize_only_tables_read_becomes_a_quantize_only_fake_quantize(tmp_path):
+    """MatMul → Q → DQ → Add b → Q → GELU: table_lookup takes the last DQ into the GELU's
+    table, and the Q before it, read by the table alone, is the quantize-only FakeQuantize
+    (its integers, ONNX's rounding): bit-exact."""
+    graph = import_graph(onnx.load(_raw_quantized(tmp_path)))
+    run_pipeline(graph, until="table_lookup")
+    [table] = [n for n in graph.topo_order() if n.op is Op.TABLE]
+    q = graph.producer(table.inputs[0])
+    assert q.op is Op.QUANTIZE_LINEAR
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 10, 16)).astype(F32)}
+             for s in range(3)]
+    before = [evaluate(graph, f) for f in feeds]
+    result = apply(P, graph)
+    assert result.changed >= 1
+    q = graph.producer(table.inputs[0])
+    assert q.op is Op.FAKE_QUANTIZE and graph.info(q.outputs[0]).dtype is DType.U8
+    for f, b in zip(feeds, before, strict=True):
+        after = evaluate(graph, f)
+        for name in b:
+            np.testing.assert_array_equal(after[name], b[name])
+
+
+def test_the_bias_add_joins_the_matmul_before_the_table(tmp_path):
+    """End to end: the first MatMul writes the quantized sum with its bias (no dequantize,
+    Add and quantize kernels after it), within one step of onnxruntime."""
+    path = _raw_quantized(tmp_path)
+    compiled = qfuse.compile_model(str(path))
+    kernels = compiled.inspect()["kernels"]
+    assert [k["primitive"] for k in kernels] == [
+        "binary", "matmul", "numpy", "matmul"], [(k["name"], k["primitive"]) for k in kernels]
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    model = onnx.load(path)
+    [step] = [float(nh.to_array(i)) for i in model.graph.initializer
+              if i.name == "y_scale"]
+    for seed in range(3):
+        x = {"x": np.random.default_rng(seed).standard_normal((1, 10, 16)).astype(F32)}
+        lsb = np.abs(compiled.run(x)["y"] - session.run(None, x)[0]) / step
+        assert lsb.max() <= 1 + 1e-3
