@@ -44,8 +44,9 @@ compiles it with qfuse fused and prints one row per model and quantizer:
 
 ``--quantizers`` also takes the variants of examples/realzoo/quantize.py ``VARIANTS`` (other
 options users set: quantize_static's own defaults (s8 asymmetric activations, per-tensor
-weights), dedicated Q/DQ pairs, s8 symmetric activations, per-tensor reduce-range,
-u8 weights, QOperator s8, NNCF MIXED and TRANSFORMER, quantize_dynamic), and ``torchfx``:
+weights), dedicated Q/DQ pairs, no quant_pre_process, Q/DQ kept around Relu and Clip, s8
+symmetric activations, per-tensor reduce-range, u8 weights, QOperator s8, NNCF MIXED and
+TRANSFORMER, quantize_dynamic), and ``torchfx``:
 PyTorch's own post-training quantization, FX graph mode (``prepare_fx`` with the ``x86``
 backend's default qconfig mapping — per-channel s8 weights, u8 activations of 7 bits —,
 the same 8 calibration inputs, ``convert_fx``), exported by torch.onnx's TorchScript exporter
