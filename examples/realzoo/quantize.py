@@ -38,6 +38,8 @@ benchmarks/arch_sweep.py ``--quantizers``):
   of onnxruntime's graph fusions before quantization);
 - ``qdq-keepact``: ``extra_options={"QDQKeepRemovableActivations": True}`` (Q/DQ kept around
   Relu and Clip instead of folding them into the producer's output range);
+- ``qdq-wpair``: ``extra_options={"AddQDQPairToWeight": True}`` (float weights behind a
+  QuantizeLinear / DequantizeLinear pair instead of integer initializers);
 - ``qoperator-s8``: QOperator with s8 activations;
 - ``qdq-compute``: ``op_types_to_quantize=["Conv", "MatMul", "Gemm"]`` (only the compute ops
   and their outputs are quantized; pooling, Add, Concat and the rest stay float);
@@ -83,6 +85,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "qdq-contrib": ("qdq", {"extra_options": {"UseQDQContribOps": True}}),
     "qdq-raw": ("qdq", {"pre_process": False}),
     "qdq-keepact": ("qdq", {"extra_options": {"QDQKeepRemovableActivations": True}}),
+    "qdq-wpair": ("qdq", {"extra_options": {"AddQDQPairToWeight": True}}),
     "qoperator-s8": ("qoperator", {"activation_type": "QInt8"}),
     "nncf-mixed": ("nncf", {"preset": "MIXED"}),
     "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),
