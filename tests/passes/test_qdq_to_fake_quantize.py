@@ -228,8 +228,11 @@ def test_the_bias_add_joins_the_matmul_before_the_table(tmp_path):
     path = _raw_quantized(tmp_path)
     compiled = qfuse.compile_model(str(path))
     kernels = compiled.inspect()["kernels"]
-    assert [k["primitive"] for k in kernels] == [
-        "binary", "matmul", "numpy", "matmul"], [(k["name"], k["primitive"]) for k in kernels]
+    # the input's quantize, the MatMuls (without VNNI: as convolutions, split exactly), the
+    # GELU's table: no dequantize, Add or quantize kernel of their own
+    standalone = [k["name"] for k in kernels if k["primitive"] in ("binary", "reorder")]
+    assert standalone == ["x_QuantizeLinear"], standalone
+    assert [k["primitive"] for k in kernels].count("numpy") == 1
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
