@@ -61,20 +61,29 @@ MOVES = (*RESHAPES, Op.TRANSPOSE)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
+    """Each quantize moves before every such op in a row above it (a window partition's
+    Reshape → Transpose → Reshape between a LayerNorm and the quantize: Swin in onnxruntime's
+    QOperator form, which quantizes after the float data movement)."""
     changed = 0
     for fq in [n for n in graph.topo_order() if n.op is Op.FAKE_QUANTIZE]:
-        reshape = graph.producer(fq.inputs[0])
-        if reshape is None or fq.fused is not None or not (
-                reshape.op in MOVES or _enlarging_nearest(graph, reshape)):
-            continue
-        ctx.visit(fq)
-        reason = _why_not(graph, reshape, fq)
-        if reason:
-            ctx.decline(fq, reason)
-            continue
-        move_before(graph, reshape, [fq])
-        log.debug("%s moved before %s", fq, reshape)
-        changed += 1
+        moved = False
+        while True:
+            reshape = graph.producer(fq.inputs[0])
+            if reshape is None or fq.fused is not None or not (
+                    reshape.op in MOVES or _enlarging_nearest(graph, reshape)):
+                break
+            ctx.visit(fq)
+            reason = _why_not(graph, reshape, fq)
+            if reason:
+                if not moved:
+                    ctx.decline(fq, reason)
+                break
+            out = fq.outputs[0]  # the op writes it now, after the moved quantize
+            move_before(graph, reshape, [fq])
+            log.debug("%s moved before %s", fq, reshape)
+            fq = graph.producer(graph.producer(out).inputs[0])
+            moved = True
+            changed += 1
     return changed
 
 

@@ -307,3 +307,50 @@ def test_quantize_moves_before_a_transpose_exactly() -> None:
     kernels = compile_model(_normalized_keys()).inspect()["kernels"]
     [div] = [k for k in kernels if "Div_4" in k["absorbed"]]
     assert "QuantizeLinear_6" in div["absorbed"], div["absorbed"]
+
+
+def _window_partition() -> onnx.ModelProto:
+    """Swin's window partition in onnxruntime's QOperator form: a float LayerNorm, then
+    Reshape → Transpose → Reshape in float32, and only then the quantize before the int8
+    MatMul."""
+    rng = np.random.default_rng(7)
+    inits = [nh.from_array(rng.standard_normal(C).astype(np.float32), "g"),
+             nh.from_array(rng.standard_normal(C).astype(np.float32), "b"),
+             nh.from_array(np.array([1, 2, 2, 2, 2, C], np.int64), "split"),
+             nh.from_array(np.array([4, 4, C], np.int64), "windows"),
+             nh.from_array(np.float32(0.03), "s"), nh.from_array(np.uint8(128), "z"),
+             nh.from_array(rng.integers(-90, 90, (C, C)).astype(np.int8), "w"),
+             nh.from_array(np.float32(0.01), "ws"), nh.from_array(np.int8(0), "wz")]
+    nodes = [h.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1),
+             h.make_node("Reshape", ["n", "split"], ["p"]),
+             h.make_node("Transpose", ["p"], ["t"], perm=[0, 1, 3, 2, 4, 5]),
+             h.make_node("Reshape", ["t", "windows"], ["win"]),
+             h.make_node("QuantizeLinear", ["win", "s", "z"], ["wq"]),
+             h.make_node("DequantizeLinear", ["wq", "s", "z"], ["wd"]),
+             h.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wf"]),
+             h.make_node("MatMul", ["wd", "wf"], ["y"])]
+    graph = h.make_graph(nodes, "windows",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, C])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4, C])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+
+
+def test_quantize_moves_before_every_data_movement_in_a_row() -> None:
+    """The quantize moves before the three ops (one at a time it moved one), so the LayerNorm
+    writes it and the window partition moves 8-bit values: exact."""
+    model = _window_partition()
+    graph = import_graph(model)
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 16, C)).astype(np.float32)}
+             for s in range(3)]
+    before = [evaluate(graph, f)["y"] for f in feeds]
+    results = {r.name: r for r in run_pipeline(graph, PassContext(),
+                                                until="quantize_before_reshape")}
+    assert results["quantize_before_reshape"].changed == 3
+    [fq] = [n for n in graph.topo_order() if n.op is Op.FAKE_QUANTIZE]
+    assert graph.producer(fq.inputs[0]).op is Op.LAYER_NORM
+    for f, want in zip(feeds, before, strict=True):
+        np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
+    kernels = compile_model(model).inspect()["kernels"]
+    [norm] = [k for k in kernels if k["primitive"] == "layer_normalization"]
+    assert norm["dst_dtype"] == "u8"
+    assert not [k["name"] for k in kernels if k["src_dtype"] == "f32" and k["name"] != norm["name"]]
