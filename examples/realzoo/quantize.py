@@ -41,6 +41,7 @@ benchmarks/arch_sweep.py ``--quantizers``):
 - ``qdq-wpair``: ``extra_options={"AddQDQPairToWeight": True}`` (float weights behind a
   QuantizeLinear / DequantizeLinear pair instead of integer initializers);
 - ``qoperator-s8``: QOperator with s8 activations;
+- ``qoperator-raw``: QOperator without quant_pre_process;
 - ``qdq-compute``: ``op_types_to_quantize=["Conv", "MatMul", "Gemm"]`` (only the compute ops
   and their outputs are quantized; pooling, Add, Concat and the rest stay float);
 - ``qdq-trt``: the placement TensorRT's explicit quantization expects: Q/DQ only on the
@@ -87,6 +88,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "qdq-keepact": ("qdq", {"extra_options": {"QDQKeepRemovableActivations": True}}),
     "qdq-wpair": ("qdq", {"extra_options": {"AddQDQPairToWeight": True}}),
     "qoperator-s8": ("qoperator", {"activation_type": "QInt8"}),
+    "qoperator-raw": ("qoperator", {"pre_process": False}),
     "nncf-mixed": ("nncf", {"preset": "MIXED"}),
     "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),
     "dynamic": ("dynamic", {}),
