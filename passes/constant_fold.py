@@ -99,7 +99,7 @@ def run_constant_cones(graph: Graph, ctx: PassContext) -> int:
     already a constant operand to the fusion passes)."""
     derived = _constant_derived(graph)
     kept = _read_as_integers(graph, derived)
-    cone = _Cone(graph)
+    cone = Cone(graph)
     folds: list[tuple[Node, list[np.ndarray]]] = []
     for node in graph.topo_order():
         if (node.name in kept or not node.outputs or node.outputs[0] not in derived
@@ -159,9 +159,12 @@ def _read_as_integers(graph: Graph, derived: set[str]) -> set[str]:
     return kept
 
 
-class _Cone:
-    """A value's array: a constant, or its producer evaluated from its own inputs' arrays
-    (each value once)."""
+class Cone:
+    """Values computed from constants alone, each evaluated once through its producers by the
+    reference interpreter's op table (as ``run`` evaluates): ``cone(name)`` is the array, or
+    None when some producer on the way reads a run-time value, is fused, has no reference
+    implementation or does not evaluate to its TensorInfo. Iterative (post-order), so a long
+    chain needs no deep recursion."""
 
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
@@ -169,15 +172,24 @@ class _Cone:
 
     def __call__(self, name: str) -> np.ndarray | None:
         constant = self.graph.constant(name)
-        if constant is not None:
-            return constant
-        if name not in self.arrays:
-            producer = self.graph.producer(name)
-            assert producer is not None, name  # a derived value: a constant or produced
-            values = evaluate(self.graph, producer, self)
-            for out, value in zip(producer.outputs, values or [None] * len(producer.outputs),
-                                  strict=True):
-                self.arrays[out] = value
+        if constant is not None or name in self.arrays:
+            return constant if constant is not None else self.arrays[name]
+        pending: list[tuple[str, bool]] = [(name, False)]
+        while pending:
+            value, ready = pending.pop()
+            if self.graph.constant(value) is not None or value in self.arrays:
+                continue
+            producer = self.graph.producer(value)
+            if producer is None or producer.fused is not None or producer.op not in IMPLS:
+                self.arrays[value] = None
+                continue
+            if ready:  # its inputs are done: evaluate (None when one of them is None)
+                values = evaluate(self.graph, producer, self) or [None] * len(producer.outputs)
+                self.arrays.update(zip(producer.outputs, values, strict=True))
+                continue
+            pending.append((value, True))
+            pending.extend((v, False) for v in producer.inputs
+                           if v and self.graph.constant(v) is None and v not in self.arrays)
         return self.arrays[name]
 
 

@@ -22,6 +22,7 @@ from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.shapes import infer_node
 from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.passes.constant_fold import Cone
 from qfuse.passes.post_op_match import constant_operand
 
 logger = logging.getLogger(__name__)
@@ -176,10 +177,25 @@ class Context:
         name = node.input(port)
         if not name:
             raise self.malformed(node, f"{what} (input {port}) is missing")
-        if name not in self.consts:
+        if name in self.consts:
+            return self.consts[name]
+        data = self.computed_from_constants(name)
+        if data is None:
             raise self.unsupported(node, f"{what} '{name}' must be a constant (it is computed "
                                          f"at run time)")
-        return self.consts[name]
+        return data
+
+    def computed_from_constants(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` when the nodes already imported compute it from constants
+        alone, quantization ops included (folding stops at those: a weight's dequantize must
+        reach the passes): evaluated by the reference interpreter's own ops, as
+        passes/constant_fold.py evaluates. Where it matters: quantize_static without
+        quant_pre_process quantizes the float arithmetic of TF-style "same" padding (timm's
+        ``tf_`` models: the pads from the input's shape, Q/DQ pairs on the way), so a Pad's
+        pads were a run-time value and the model from there on an onnxruntime island."""
+        if name not in self.graph.values or name in self.dynamic:
+            return None
+        return Cone(self.graph)(name)
 
     def parameter(self, node: NodeView, port: int, what: str) -> np.ndarray:
         """Like ``const``, also through a DequantizeLinear of constants, dequantized as ONNX

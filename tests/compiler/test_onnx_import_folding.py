@@ -8,6 +8,7 @@ from island_helpers import assert_island, islands
 from onnx import TensorProto, helper
 from onnx_builders import init, model, run_ort
 
+from qfuse.compiler.api import compile_model
 from qfuse.compiler.errors import UnsupportedModelError
 from qfuse.compiler.onnx_import import import_model
 from qfuse.ir import Op
@@ -284,3 +285,46 @@ def test_an_integer_times_zero_folds(factor: int) -> None:
     feeds = {"x": np.random.default_rng(0).normal(0, 1, (2, 3)).astype(F),
              "sr": np.array(16000, I64)}
     np.testing.assert_array_equal(qfuse.compile_model(m).run(feeds)["y"], run_ort(m, feeds)[0])
+
+
+def _quantized_same_padding() -> object:
+    """TF-style "same" padding as quantize_static writes it without quant_pre_process: the
+    pad amounts are float arithmetic on the input's shape, and each float result gets a
+    Q/DQ pair before the Cast to int64 that Pad reads (timm's ``tf_`` models)."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        const("hw", [2, 3], I64),
+        helper.make_node("Gather", ["shape", "hw"], ["size"], name="gather", axis=0),
+        helper.make_node("Cast", ["size"], ["sizef"], name="tofloat", to=FLOAT),
+        const("half", 0.5),
+        helper.make_node("Mul", ["sizef", "half"], ["amount"], name="amount"),
+        helper.make_node("Floor", ["amount"], ["low"], name="floor"),
+        helper.make_node("Ceil", ["amount"], ["high"], name="ceil"),
+        helper.make_node("QuantizeLinear", ["low", "s", "z"], ["low_q"], name="q_low"),
+        helper.make_node("DequantizeLinear", ["low_q", "s", "z"], ["low_d"], name="dq_low"),
+        helper.make_node("QuantizeLinear", ["high", "s", "z"], ["high_q"], name="q_high"),
+        helper.make_node("DequantizeLinear", ["high_q", "s", "z"], ["high_d"], name="dq_high"),
+        helper.make_node("Concat", ["zeros", "low_d", "zeros", "high_d"], ["padsf"],
+                         name="concat", axis=0),
+        helper.make_node("QuantizeLinear", ["padsf", "s", "z"], ["pads_q"], name="q_pads"),
+        helper.make_node("DequantizeLinear", ["pads_q", "s", "z"], ["pads_d"], name="dq_pads"),
+        helper.make_node("Cast", ["pads_d"], ["pads"], name="toint", to=TensorProto.INT64),
+        helper.make_node("Pad", ["x", "pads"], ["y"], name="pad"),
+    ]
+    inits = [init("s", np.float32(1 / 64)), init("z", np.uint8(0)),
+             init("zeros", np.zeros(2, np.float32))]
+    return model(nodes, {"x": ([1, 2, 5, 6], FLOAT)}, ["y"], inits, opset=17)
+
+
+def test_pads_computed_through_quantization_ops_are_evaluated() -> None:
+    """The pads are computed from constants alone, through Q/DQ pairs the import's folding
+    does not cross (a weight's dequantize must reach the passes): evaluated as ONNX computes
+    them, so the Pad is a static op and nothing runs as an island."""
+    m = _quantized_same_padding()
+    g = import_model(m)
+    assert not islands(g)
+    [pad] = [n for n in g if n.op is Op.PAD]
+    x = np.random.default_rng(0).standard_normal((1, 2, 5, 6)).astype(F)
+    [want] = run_ort(m, {"x": x}, optimized=False)
+    assert g.info(pad.outputs[0]).shape == want.shape == (1, 2, 10, 12)
+    np.testing.assert_array_equal(compile_model(m).run({"x": x})["y"], want)
