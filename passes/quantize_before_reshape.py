@@ -61,30 +61,58 @@ MOVES = (*RESHAPES, Op.TRANSPOSE)
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
-    """Each quantize moves before every such op in a row above it (a window partition's
-    Reshape → Transpose → Reshape between a LayerNorm and the quantize: Swin in onnxruntime's
-    QOperator form, which quantizes after the float data movement)."""
+    """Each quantize moves before such an op, and before every such op in a row above it
+    when the node those ops read can write the quantize itself (a window partition's Reshape
+    → Transpose → Reshape between a LayerNorm and the quantize: Swin in onnxruntime's
+    QOperator form, which quantizes after the float data movement). Under a dequantize or
+    another data movement (a Slice of a QOperator attention's packed q, k, v) it moves one
+    op only: further up it would stand between a Slice and the Transpose that reads the
+    Slice's source in place (PP-OCRv4 rec QOperator: a copy more)."""
     changed = 0
     for fq in [n for n in graph.topo_order() if n.op is Op.FAKE_QUANTIZE]:
-        moved = False
-        while True:
-            reshape = graph.producer(fq.inputs[0])
-            if reshape is None or fq.fused is not None or not (
-                    reshape.op in MOVES or _enlarging_nearest(graph, reshape)):
-                break
-            ctx.visit(fq)
-            reason = _why_not(graph, reshape, fq)
-            if reason:
-                if not moved:
-                    ctx.decline(fq, reason)
-                break
+        ops = _movable_run(graph, fq)
+        if isinstance(ops, str):
+            if ops:
+                ctx.visit(fq)
+                ctx.decline(fq, ops)
+            continue
+        ctx.visit(fq)
+        top = graph.producer(ops[-1].inputs[0])
+        if top is None or top.op in _NOT_WRITERS:
+            ops = ops[:1]
+        for op in ops:
             out = fq.outputs[0]  # the op writes it now, after the moved quantize
-            move_before(graph, reshape, [fq])
-            log.debug("%s moved before %s", fq, reshape)
+            move_before(graph, op, [fq])
+            log.debug("%s moved before %s", fq, op)
             fq = graph.producer(graph.producer(out).inputs[0])
-            moved = True
             changed += 1
     return changed
+
+
+# Producers that would not write a quantize moved onto their output themselves: a dequantize
+# (the quantize then requantizes its integers), data movement.
+_NOT_WRITERS = frozenset({Op.DEQUANTIZE_LINEAR, Op.SLICE, Op.SPLIT, Op.CONCAT, Op.GATHER,
+                          Op.PAD, Op.EXPAND, *MOVES})
+
+
+def _movable_run(graph: Graph, fq: Node) -> list[Node] | str:
+    """The ops, nearest first, ``fq`` can move before one after another; or why it cannot
+    move before the first ("" where its producer is no such op)."""
+    ops: list[Node] = []
+    value = fq.inputs[0]
+    while True:
+        op = graph.producer(value)
+        if op is None or fq.fused is not None or not (
+                op.op in MOVES or _enlarging_nearest(graph, op)):
+            break
+        reason = _why_not(graph, op, fq, ops[-1] if ops else fq)
+        if reason:
+            if not ops:
+                return reason
+            break
+        ops.append(op)
+        value = op.inputs[0]
+    return ops or ""
 
 
 def run_requantize(graph: Graph, ctx: PassContext) -> int:
@@ -112,7 +140,9 @@ def _enlarging_nearest(graph: Graph, node: Node) -> bool:
     return graph.info(node.outputs[0]).size >= graph.info(node.inputs[0]).size
 
 
-def _why_not(graph: Graph, reshape: Node, fq: Node) -> str:
+def _why_not(graph: Graph, reshape: Node, fq: Node, reader: Node) -> str:
+    """Why ``fq`` cannot move before ``reshape``, whose output ``reader`` reads ("" if it
+    can)."""
     if quantize_only(graph, fq) is None:
         return "not a quantize-only FakeQuantize"
     ranges = fq_ranges(graph, fq)
@@ -120,7 +150,8 @@ def _why_not(graph: Graph, reshape: Node, fq: Node) -> str:
         return f"quantizes per channel after a {reshape.op.value} (its axis would move)"
     if graph.info(reshape.inputs[0]).dtype is not DType.F32:
         return f"the {reshape.op.value} reads {graph.info(reshape.inputs[0]).dtype.name}"
-    if len(graph.consumers(reshape.outputs[0])) != 1 or reshape.outputs[0] in graph.outputs:
+    if ([r for r, _ in graph.consumers(reshape.outputs[0])] != [reader]
+            or reshape.outputs[0] in graph.outputs):
         return f"the {reshape.op.value}'s output has other readers"
     return ""
 

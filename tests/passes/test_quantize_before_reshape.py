@@ -354,3 +354,28 @@ def test_quantize_moves_before_every_data_movement_in_a_row() -> None:
     [norm] = [k for k in kernels if k["primitive"] == "layer_normalization"]
     assert norm["dst_dtype"] == "u8"
     assert not [k["name"] for k in kernels if k["src_dtype"] == "f32" and k["name"] != norm["name"]]
+
+
+def test_under_a_dequantize_the_quantize_moves_one_op_only() -> None:
+    """``DQ → Reshape → Transpose → Q``: nothing above could write the quantize (a requantize
+    of the integers), so it moves before the Transpose only, as one op at a time did — further
+    up it would stand between a Slice and the Transpose reading the Slice's source in place
+    (PP-OCRv4 rec QOperator: one copy more)."""
+    nodes = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             h.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             h.make_node("Reshape", ["xd", "split"], ["p"]),
+             h.make_node("Transpose", ["p"], ["t"], perm=[0, 2, 1, 3]),
+             h.make_node("QuantizeLinear", ["t", "s2", "z"], ["tq"]),
+             h.make_node("DequantizeLinear", ["tq", "s2", "z"], ["y"])]
+    inits = [nh.from_array(np.float32(0.03), "s"), nh.from_array(np.float32(0.05), "s2"),
+             nh.from_array(np.uint8(128), "z"),
+             nh.from_array(np.array([1, 4, 2, C], np.int64), "split")]
+    graph = h.make_graph(nodes, "requantize",
+                         [h.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, C])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, C])],
+                         inits)
+    g = import_graph(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
+    results = {r.name: r for r in run_pipeline(g, PassContext(), until="quantize_before_reshape")}
+    assert results["quantize_before_reshape"].changed == 1
+    producers = [g.producer(n.inputs[0]) for n in g.topo_order() if n.op is Op.FAKE_QUANTIZE]
+    assert [p.op for p in producers if p is not None] == [Op.RESHAPE]
