@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qfuse.ir import Graph, Node, Op, TensorInfo
+from qfuse.ir import Graph, Node, Op
 from qfuse.passes.base import PassContext
 from qfuse.passes.replace import replace_nodes
 from qfuse.runtime.reference import IMPLS
@@ -45,20 +45,24 @@ def run(graph: Graph, ctx: PassContext) -> int:
         values = evaluate(graph, node)
         if values is None:
             continue
-        outputs = list(node.outputs)
-        infos = [graph.info(out) for out in outputs]
-
-        def build(outputs: list[str] = outputs, values: list[np.ndarray] = values,
-                  infos: list[TensorInfo] = infos) -> None:
-            for out, value, info in zip(outputs, values, infos, strict=True):
-                graph.add_constant(out, value, info)
-
-        replace_nodes(graph, [node], build)
+        replace_by_constants(graph, node, values)
         log.debug("folded %s", node)
         count += 1
     if count:
         graph.remove_unused()
     return count
+
+
+def replace_by_constants(graph: Graph, node: Node, values: list[np.ndarray]) -> None:
+    """``node`` replaced by constants of its outputs, each keeping its name and TensorInfo."""
+    outputs = list(node.outputs)
+    infos = [graph.info(out) for out in outputs]
+
+    def build() -> None:
+        for out, value, info in zip(outputs, values, infos, strict=True):
+            graph.add_constant(out, value, info)
+
+    replace_nodes(graph, [node], build)
 
 
 def _foldable(graph: Graph, node: Node) -> bool:
@@ -112,15 +116,7 @@ def run_constant_cones(graph: Graph, ctx: PassContext) -> int:
         if all(value is not None for value in values):
             folds.append((node, values))  # type: ignore[arg-type]  (checked just above)
     for node, values in folds:
-        outputs = list(node.outputs)
-        infos = [graph.info(out) for out in outputs]
-
-        def build(outputs: list[str] = outputs, values: list[np.ndarray] = values,
-                  infos: list[TensorInfo] = infos) -> None:
-            for out, value, info in zip(outputs, values, infos, strict=True):
-                graph.add_constant(out, value, info)
-
-        replace_nodes(graph, [node], build)
+        replace_by_constants(graph, node, values)
         log.debug("folded %s, computed from constants", node)
     if folds:
         graph.remove_unused()

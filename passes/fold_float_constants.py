@@ -27,9 +27,8 @@ import logging
 
 from qfuse.ir import Graph, Node, Op
 from qfuse.passes.base import PassContext
-from qfuse.passes.constant_fold import QUANTIZATION_OPS, evaluate
+from qfuse.passes.constant_fold import QUANTIZATION_OPS, evaluate, replace_by_constants
 from qfuse.passes.post_op_match import COMPUTE_OPS
-from qfuse.passes.replace import replace_nodes
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +84,5 @@ def _fold(graph: Graph, node: Node) -> bool:
     values = evaluate(graph, node)
     if values is None:
         return False
-    outputs = list(node.outputs)
-    infos = [graph.info(out) for out in outputs]
-
-    def build() -> None:
-        for out, value, info in zip(outputs, values, infos, strict=True):
-            graph.add_constant(out, value, info)
-
-    replace_nodes(graph, [node], build)
+    replace_by_constants(graph, node, values)
     return True
