@@ -20,6 +20,10 @@ FakeQuantize carries the pair itself (``FakeQuantizeAttrs.onnx``: type, scale, z
 means exactly ``DequantizeLinear(QuantizeLinear(x))``; the ranges stay for the passes that
 read them.
 
+A QuantizeLinear only tables read (table_lookup took its DequantizeLinear into a table of the
+integers) becomes the quantize-only FakeQuantize decompose_fake_quantize writes for a pair
+(``_quantize_only``): the chains of fuse_post_ops end in it.
+
 The FakeQuantize records the pair it came from in ``meta["qdq"]`` (dtype and QuantParams) and
 the ONNX node names in ``meta["q_origin"]`` / ``meta["dq_origin"]`` and the Q's output name in
 ``meta["q_output"]``, so that the decomposition recovers exactly the original u8/s8 type, scale
