@@ -17,7 +17,6 @@ from qfuse.passes import (
     drop_identity,
     eliminate_requantize,
     fold_batchnorm,
-    fold_float_constants,
     fold_weight_quantize,
     fold_weight_views,
     fuse_bias,
@@ -54,8 +53,9 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # 1. import cleanup
     ("drop_identity", drop_identity.run),
     ("constant_fold", constant_fold.run),
-    # values computed from constants through quantization and compute ops (quantized constant
-    # tables and their products, where quant_pre_process did not fold them first)
+    # values computed from constants through quantization and compute ops: NNCF's quantized
+    # attention-bias tables and their Gathers, quantized constant tables and their products
+    # where quant_pre_process did not fold them first
     ("fold_constant_cones", constant_fold.run_constant_cones),
     ("merge_duplicates", merge_duplicates.run),
     # elementwise ops after a Concat, up to a quantize, run on each input (MixNet's batch
@@ -77,9 +77,6 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # a Transpose / Reshape of a dequantized weight (torch.onnx's quantized Linear) as the
     # dequantize of the viewed integers, which the MatMul then reads as int8 weights
     ("fold_weight_views", fold_weight_views.run),
-    # a quantized constant no kernel reads in integers (NNCF's attention-bias tables, then a
-    # Gather and Slices of them) as float32 constants: the fusion passes see constant operands
-    ("fold_float_constants", fold_float_constants.run),
     ("quantize_before_reshape", quantize_before_reshape.run),
     # x·sigmoid(x), x·hardsigmoid(x), x·relu6(x + 3)/6 as one activation the producer absorbs
     ("fuse_gated_activation", fuse_gated_activation.run),

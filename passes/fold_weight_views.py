@@ -10,7 +10,7 @@ Reshape keeping the channel dim moves it). Exact: no arithmetic.
 torch.onnx exports a Linear of a PyTorch-quantized model (FX graph mode, ``convert_fx``)
 as ``MatMul(x, Transpose(DQ(w_q)))``, w_q the ``[out, in]`` s8 weight per channel along axis
 0. The MatMul's lowering takes integer weights only as ``DQ(constant)``: without this pass
-the transposed weights fold into float32 constants (passes/fold_float_constants.py) and every
+the transposed weights are a float32 constant the lowering evaluates once, and every
 Linear runs as a float32 matmul between a dequantize and a quantize (Swin-T FX-quantized:
 76 float32 matmuls).
 
