@@ -58,14 +58,13 @@ import numpy as np
 from qfuse.ir.chain import Fused, Quantize, Scale
 from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op, PadAttrs, PadMode, PoolAttrs, ResizeMode
-from qfuse.ir.types import DType, OnnxQuantize, QuantParams, TensorInfo
+from qfuse.ir.types import DType, QuantParams, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.decompose_fake_quantize import channel_vector
-from qfuse.passes.qdq_to_fake_quantize import qdq_ranges
+from qfuse.passes.qdq_to_fake_quantize import add_onnx_quantize
 from qfuse.passes.quant_utils import (
     DqParams,
     add_dequantize,
-    along,
     add_fake_quantize,
     dq_params,
     fq_ranges,
@@ -238,7 +237,7 @@ def _concat_per_channel(graph: Graph, op: Node, pairs: list[tuple[Node, DqParams
         for i, ((dq, p), e) in enumerate(zip(pairs, encoded, strict=True)):
             if e is not p:
                 assert e is not None
-                ints[i] = _reencoded(graph, dq, e, rank)
+                ints[i] = _reencoded(graph, dq, e)
         new = graph.add_node(Op.CONCAT, ints, [graph.unique_name(f"{out}_q")], attrs,
                              name=name, infos=[int_info], origin=origin)
         add_dequantize(graph, new.outputs[0], quant, out,
@@ -261,7 +260,7 @@ def _shifted(p: DqParams, dtype: DType) -> DqParams | None:
     return DqParams(p.scale, zp, p.axis, dtype)
 
 
-def _reencoded(graph: Graph, dq: Node, e: DqParams, rank: int) -> str:
+def _reencoded(graph: Graph, dq: Node, e: DqParams) -> str:
     """The integers of ``dq``'s input in ``e``'s type: a quantize-only FakeQuantize of dq's
     output with the same scale and the shifted zero point — exact, round((q - zp)·s / s) is
     q - zp — shared by every Concat that reads dq."""
@@ -269,14 +268,8 @@ def _reencoded(graph: Graph, dq: Node, e: DqParams, rank: int) -> str:
     for reader in readers(graph, x):
         if reader.meta.get("reencodes") == (x, e.dtype.name):
             return reader.outputs[0]
-    low, high = qdq_ranges(e, rank)
-    lo, hi = (along(np.full(e.scale.shape, b, F32), rank, e.axis) for b in e.dtype.range)
-    info = graph.info(x)
-    fq = add_fake_quantize(graph, x, (low, high, lo, hi), 256,
-                           TensorInfo(info.shape, e.dtype, e.quant()),
-                           graph.unique_name(f"{dq.inputs[0]}_{e.dtype.name.lower()}"),
-                           origin=dq.origin, name=f"{dq.name}/as_{e.dtype.name}",
-                           onnx=OnnxQuantize(e.dtype, e.quant(), dequantize=False))
+    out = graph.unique_name(f"{dq.inputs[0]}_{e.dtype.name.lower()}")
+    fq = add_onnx_quantize(graph, x, e, out, origin=dq.origin, name=f"{dq.name}/as_{e.dtype.name}")
     fq.meta["reencodes"] = (x, e.dtype.name)
     return fq.outputs[0]
 

@@ -106,29 +106,36 @@ def _read_by_tables(graph: Graph, q: Node) -> bool:
 
 def _quantize_only(graph: Graph, q: Node, params: DqParams) -> None:
     """``q`` as the quantize-only FakeQuantize decompose_fake_quantize writes for a pair: its
-    integers, ONNX's ``saturate(rint(x/s) + zp)`` (``attrs.onnx``), under the same name.
+    integers, ONNX's ``saturate(rint(x/s) + zp)``, under the same name.
 
     table_lookup took the pair's DequantizeLinear into a table of the integers, so the
     QuantizeLinear stood alone, and a chain reaching it (quantize_static without
     quant_pre_process: MatMul → Q → DQ → Add bias → Q → GELU's table) stopped before it —
     QuantizeLinear has no post-op: the Add, a dequantize and this quantize ran as kernels of
     their own. A quantize-only FakeQuantize is the output quantize fuse_post_ops takes."""
-    x, out = q.inputs[0], q.outputs[0]
-    rank = graph.info(x).rank
-    low, high = qdq_ranges(params, rank)
-    qmin, qmax = params.dtype.range
-    levels = (along(np.full_like(params.scale, qmin, dtype=F32), rank, params.axis),
-              along(np.full_like(params.scale, qmax, dtype=F32), rank, params.axis))
-    info, origin = graph.info(out), list(q.origin)
+    x, out, origin = q.inputs[0], q.outputs[0], list(q.origin)
 
     def build() -> None:
-        fq = add_fake_quantize(graph, x, (low, high, *levels), 256, info, out, origin=origin,
-                               name=f"{q.name}/quantize",
-                               onnx=OnnxQuantize(params.dtype, params.quant(), dequantize=False))
+        fq = add_onnx_quantize(graph, x, params, out, origin=origin, name=f"{q.name}/quantize")
         fq.meta.update({"qdq": (params.dtype, params.quant()), "q_origin": origin,
                         "q_output": out})
 
     rebuild(graph, [q], build)
+
+
+def add_onnx_quantize(graph: Graph, x: str, params: DqParams, out: str, *,
+                      origin: list[str], name: str) -> Node:
+    """A quantize-only FakeQuantize of ``x`` that is ONNX's QuantizeLinear with ``params``
+    (``saturate(rint(x/s) + zp)``, ``attrs.onnx``): the pair's ranges in, the type's levels
+    out, writing ``out``."""
+    rank = graph.info(x).rank
+    low, high = qdq_ranges(params, rank)
+    levels = (along(np.full(params.scale.shape, bound, F32), rank, params.axis)
+              for bound in params.dtype.range)
+    info = TensorInfo(graph.info(x).shape, params.dtype, params.quant())
+    return add_fake_quantize(graph, x, (low, high, *levels), 256, info, out, origin=origin,
+                             name=name, onnx=OnnxQuantize(params.dtype, params.quant(),
+                                                          dequantize=False))
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
