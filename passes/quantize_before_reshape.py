@@ -70,13 +70,14 @@ def run(graph: Graph, ctx: PassContext) -> int:
     Slice's source in place (PP-OCRv4 rec QOperator: a copy more)."""
     changed = 0
     for fq in [n for n in graph.topo_order() if n.op is Op.FAKE_QUANTIZE]:
-        ops = _movable_run(graph, fq)
-        if isinstance(ops, str):
-            if ops:
-                ctx.visit(fq)
-                ctx.decline(fq, ops)
+        first = graph.producer(fq.inputs[0])
+        if first is None or fq.fused is not None or not _moves(graph, first):
             continue
         ctx.visit(fq)
+        ops = _movable_run(graph, fq, first)
+        if isinstance(ops, str):
+            ctx.decline(fq, ops)
+            continue
         top = graph.producer(ops[-1].inputs[0])
         if top is None or top.op in _NOT_WRITERS:
             ops = ops[:1]
@@ -95,24 +96,28 @@ _NOT_WRITERS = frozenset({Op.DEQUANTIZE_LINEAR, Op.SLICE, Op.SPLIT, Op.CONCAT, O
                           Op.PAD, Op.EXPAND, *MOVES})
 
 
-def _movable_run(graph: Graph, fq: Node) -> list[Node] | str:
-    """The ops, nearest first, ``fq`` can move before one after another; or why it cannot
-    move before the first ("" where its producer is no such op)."""
+def _moves(graph: Graph, node: Node) -> bool:
+    """``node`` moves elements without changing any (a quantize commutes with it)."""
+    return node.op in MOVES or _enlarging_nearest(graph, node)
+
+
+def _movable_run(graph: Graph, fq: Node, first: Node) -> list[Node] | str:
+    """The ops, nearest first (``first``: ``fq``'s producer), ``fq`` can move before one
+    after another; or why it cannot move before ``first``."""
+    if quantize_only(graph, fq) is None:
+        return "not a quantize-only FakeQuantize"
+    ranges = fq_ranges(graph, fq)
+    if ranges is None or any(r.size != 1 for r in ranges):
+        return f"quantizes per channel after a {first.op.value} (its axis would move)"
     ops: list[Node] = []
-    value = fq.inputs[0]
-    while True:
-        op = graph.producer(value)
-        if op is None or fq.fused is not None or not (
-                op.op in MOVES or _enlarging_nearest(graph, op)):
-            break
-        reason = _why_not(graph, op, fq, ops[-1] if ops else fq)
+    op: Node | None = first
+    while op is not None and _moves(graph, op):
+        reason = _why_not(graph, op, ops[-1] if ops else fq)
         if reason:
-            if not ops:
-                return reason
-            break
+            return ops or reason
         ops.append(op)
-        value = op.inputs[0]
-    return ops or ""
+        op = graph.producer(op.inputs[0])
+    return ops
 
 
 def run_requantize(graph: Graph, ctx: PassContext) -> int:
@@ -140,19 +145,13 @@ def _enlarging_nearest(graph: Graph, node: Node) -> bool:
     return graph.info(node.outputs[0]).size >= graph.info(node.inputs[0]).size
 
 
-def _why_not(graph: Graph, reshape: Node, fq: Node, reader: Node) -> str:
-    """Why ``fq`` cannot move before ``reshape``, whose output ``reader`` reads ("" if it
+def _why_not(graph: Graph, op: Node, reader: Node) -> str:
+    """Why a quantize cannot move before ``op``, whose output ``reader`` reads ("" if it
     can)."""
-    if quantize_only(graph, fq) is None:
-        return "not a quantize-only FakeQuantize"
-    ranges = fq_ranges(graph, fq)
-    if ranges is None or any(r.size != 1 for r in ranges):
-        return f"quantizes per channel after a {reshape.op.value} (its axis would move)"
-    if graph.info(reshape.inputs[0]).dtype is not DType.F32:
-        return f"the {reshape.op.value} reads {graph.info(reshape.inputs[0]).dtype.name}"
-    if ([r for r, _ in graph.consumers(reshape.outputs[0])] != [reader]
-            or reshape.outputs[0] in graph.outputs):
-        return f"the {reshape.op.value}'s output has other readers"
+    if graph.info(op.inputs[0]).dtype is not DType.F32:
+        return f"the {op.op.value} reads {graph.info(op.inputs[0]).dtype.name}"
+    if [r for r, _ in graph.consumers(op.outputs[0])] != [reader] or op.outputs[0] in graph.outputs:
+        return f"the {op.op.value}'s output has other readers"
     return ""
 
 
