@@ -66,6 +66,17 @@ def _feeds(seed: int) -> dict[str, np.ndarray]:
     return {"x": np.random.default_rng(seed).standard_normal((1, 3, 6, 6)).astype(np.float32)}
 
 
+def _moved_exactly(graph: Graph, feeds: list[dict[str, np.ndarray]]) -> int:
+    """Runs the pipeline through quantize_before_reshape on ``graph``, checks the reference's
+    outputs bit-identical before and after, and returns how many moves the pass made."""
+    before = [evaluate(graph, f)["y"] for f in feeds]
+    results = {r.name: r for r in run_pipeline(graph, PassContext(),
+                                                until="quantize_before_reshape")}
+    for f, want in zip(feeds, before, strict=True):
+        np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
+    return results["quantize_before_reshape"].changed
+
+
 @pytest.mark.parametrize("reshape_name", ["", "y"])
 def test_quantize_moves_before_the_reshape_exactly(reshape_name: str) -> None:
     """Also with the Reshape named as a value written after it ("y"): onnxruntime's QOperator
@@ -74,12 +85,7 @@ def test_quantize_moves_before_the_reshape_exactly(reshape_name: str) -> None:
     takes another name, and the pass carried its meta over by the old one (a KeyError that
     rejected the model)."""
     graph = import_graph(_pool_head(reshape_name=reshape_name))
-    before = [evaluate(graph, _feeds(s))["y"] for s in range(3)]
-    results = {r.name: r for r in run_pipeline(graph, PassContext(),
-                                                until="quantize_before_reshape")}
-    assert results["quantize_before_reshape"].changed == 1
-    for seed, want in enumerate(before):
-        np.testing.assert_array_equal(evaluate(graph, _feeds(seed))["y"], want)
+    assert _moved_exactly(graph, [_feeds(s) for s in range(3)]) == 1
     compile_model(_pool_head(reshape_name=reshape_name))
 
 
@@ -121,14 +127,9 @@ def test_quantize_moves_before_an_enlarging_nearest_resize_exactly() -> None:
     graph = import_graph(fpn_concat(requantize=True))
     feeds = [{"x": np.random.default_rng(s).standard_normal((1, 8, 48, 40))
               .astype(np.float32) * 10} for s in range(3)]
-    before = [evaluate(graph, f)["y"] for f in feeds]
-    results = {r.name: r for r in run_pipeline(graph, PassContext(),
-                                                until="quantize_before_reshape")}
-    assert results["quantize_before_reshape"].changed == 1
+    assert _moved_exactly(graph, feeds) == 1
     [resize] = [n for n in graph.topo_order() if n.op is Op.RESIZE]
     assert graph.producer(resize.inputs[0]).op is Op.FAKE_QUANTIZE
-    for f, want in zip(feeds, before, strict=True):
-        np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
 
 
 def _fpn_shared_source(per_channel: bool = False) -> onnx.ModelProto:
@@ -298,12 +299,7 @@ def test_quantize_moves_before_a_transpose_exactly() -> None:
     graph = import_graph(_normalized_keys())
     feeds = [{"k": np.random.default_rng(s).normal(0, 2, (1, 4, 8, 20)).astype(np.float32)}
              for s in range(3)]
-    before = [evaluate(graph, f)["y"] for f in feeds]
-    results = {r.name: r for r in run_pipeline(graph, PassContext(),
-                                                until="quantize_before_reshape")}
-    assert results["quantize_before_reshape"].changed == 1
-    for f, want in zip(feeds, before, strict=True):
-        np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
+    assert _moved_exactly(graph, feeds) == 1
     kernels = compile_model(_normalized_keys()).inspect()["kernels"]
     [div] = [k for k in kernels if "Div_4" in k["absorbed"]]
     assert "QuantizeLinear_6" in div["absorbed"], div["absorbed"]
@@ -342,14 +338,9 @@ def test_quantize_moves_before_every_data_movement_in_a_row() -> None:
     graph = import_graph(model)
     feeds = [{"x": np.random.default_rng(s).standard_normal((1, 16, C)).astype(np.float32)}
              for s in range(3)]
-    before = [evaluate(graph, f)["y"] for f in feeds]
-    results = {r.name: r for r in run_pipeline(graph, PassContext(),
-                                                until="quantize_before_reshape")}
-    assert results["quantize_before_reshape"].changed == 3
+    assert _moved_exactly(graph, feeds) == 3
     [fq] = [n for n in graph.topo_order() if n.op is Op.FAKE_QUANTIZE]
     assert graph.producer(fq.inputs[0]).op is Op.LAYER_NORM
-    for f, want in zip(feeds, before, strict=True):
-        np.testing.assert_array_equal(evaluate(graph, f)["y"], want)
     kernels = compile_model(model).inspect()["kernels"]
     [norm] = [k for k in kernels if k["primitive"] == "layer_normalization"]
     assert norm["dst_dtype"] == "u8"
@@ -375,7 +366,8 @@ def test_under_a_dequantize_the_quantize_moves_one_op_only() -> None:
                          [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 4, C])],
                          inits)
     g = import_graph(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)]))
-    results = {r.name: r for r in run_pipeline(g, PassContext(), until="quantize_before_reshape")}
-    assert results["quantize_before_reshape"].changed == 1
+    feeds = [{"x": np.random.default_rng(s).standard_normal((1, 8, C)).astype(np.float32)}
+             for s in range(3)]
+    assert _moved_exactly(g, feeds) == 1
     producers = [g.producer(n.inputs[0]) for n in g.topo_order() if n.op is Op.FAKE_QUANTIZE]
     assert [p.op for p in producers if p is not None] == [Op.RESHAPE]
