@@ -107,9 +107,7 @@ def run_constant_cones(graph: Graph, ctx: PassContext) -> int:
     folds: list[tuple[Node, list[np.ndarray]]] = []
     for node in graph.topo_order():
         if (node.name in kept or not node.outputs or node.outputs[0] not in derived
-                or (node.op in QUANTIZATION_OPS and not any(
-                    reader.outputs and reader.outputs[0] in derived
-                    for out in node.outputs for reader, _ in graph.consumers(out)))):
+                or _read_at_run_time_only(graph, node, derived)):
             continue
         ctx.visit(node)
         values = [cone(out) for out in node.outputs]
@@ -140,6 +138,13 @@ def _constant_derived(graph: Graph) -> set[str]:
     return derived
 
 
+def _read_at_run_time_only(graph: Graph, node: Node, derived: set[str]) -> bool:
+    """``node`` is a quantization op only run-time nodes read (``DQ(c)`` an Add reads)."""
+    return node.op in QUANTIZATION_OPS and not any(
+        reader.outputs and reader.outputs[0] in derived
+        for out in node.outputs for reader, _ in graph.consumers(out))
+
+
 def _read_as_integers(graph: Graph, derived: set[str]) -> set[str]:
     """The names of the nodes computing, from constants, a value a run-time
     ``_INTEGER_READERS`` node reads, with every node they read from."""
@@ -168,8 +173,8 @@ class Cone:
 
     def __call__(self, name: str) -> np.ndarray | None:
         constant = self.graph.constant(name)
-        if constant is not None or name in self.arrays:
-            return constant if constant is not None else self.arrays[name]
+        if constant is not None:
+            return constant
         pending: list[tuple[str, bool]] = [(name, False)]
         while pending:
             value, ready = pending.pop()
