@@ -41,6 +41,7 @@ from qfuse.passes import (
     table_lookup,
     vector_matmul_as_conv,
     whole_sample_norm,
+    weight_zero_point,
     wide_conv,
     widen_gate,
 )
@@ -83,6 +84,7 @@ PIPELINE: list[tuple[str, PassFn]] = [
     # 4. dequantize moved through precision-preserving ops and after compute ops
     ("propagate_dequantize", propagate_dequantize.run),
     ("fold_pad", fold_pad.run),
+    ("weight_zero_point", weight_zero_point.run),
     ("move_dequantize", move_dequantize.run),
     ("eliminate_requantize", eliminate_requantize.run),
     # a requantize after an enlarging nearest Resize (into a Concat's scale) runs before it,

@@ -19,9 +19,11 @@ the scales and the bias into that node (fuse_post_ops).
 
 Weights: ``w_q - z_w`` stored as s8 with zero point 0 when it fits (always with the
 quantizer's symmetric s8 weights), else — a MatMul with one weight zero point — the weights
-and their zero point as they are. Refused, so the node runs as a float island with the
-reason: run-time weights, a per-row src zero point, a per-channel weight zero point whose
-centred weights leave int8.
+and their zero point as they are; a ConvInteger's (``weight_type=QUInt8``: asymmetric u8
+weights) split into a main and a box-sum convolution as passes/weight_zero_point.py splits a
+QDQ one, each writing its exact accumulator in float32, and their sum. Refused, so the node
+runs as a float island with the reason: run-time weights, a per-row src zero point, a MatMul's
+per-column weight zero points whose centred weights leave int8.
 """
 
 from __future__ import annotations
@@ -31,9 +33,10 @@ import numpy as np
 from qfuse.compiler.onnx_import import convert_math, convert_spatial
 from qfuse.compiler.onnx_import.context import Context, NodeView
 from qfuse.compiler.onnx_import.convert_quant import as_int8, centered_weights
-from qfuse.ir.chain import Fused
-from qfuse.ir.ops import Op, arity
+from qfuse.ir.chain import ChainOp, Fused, Scale
+from qfuse.ir.ops import NoAttrs, Op, arity
 from qfuse.ir.types import DType, TensorInfo
+from qfuse.passes.weight_zero_point import Split, split
 
 def dynamic_quantize_linear(ctx: Context, node: NodeView) -> None:
     """DynamicQuantizeLinear(x) → (y u8, scale, zero point): a native op
@@ -64,28 +67,61 @@ def integer_op(ctx: Context, node: NodeView) -> None:
     if z_info.dtype != x_info.dtype:
         raise ctx.malformed(node, f"src zero point '{zx}' is {z_info.dtype.name}, the src "
                                   f"{x_info.dtype.name}")
-    weights, wei_zp = _weights(ctx, node, conv)
-    view = NodeView(node.name, node.op_type.removesuffix("Integer"), node.domain,
-                    [node.inputs[0], weights], list(node.outputs[:1]), dict(node.attrs),
+    weights = _weights(ctx, node, conv)
+    if isinstance(weights, Split):
+        _split_conv(ctx, node, weights)
+        return
+    _integer_node(ctx, node, weights[0], weights[1], node.outputs[0], DType.S32)
+
+
+def _integer_node(ctx: Context, node: NodeView, weights: str, wei_zp: int, output: str,
+                  dtype: DType, chain: list[ChainOp] | None = None, name: str = "") -> None:
+    """The int8 compute node of ``node`` (named ``name`` if given) reading ``weights``, its
+    src zero point at run time, writing ``output`` (``acc`` as s32, or the chain's f32)."""
+    conv = node.op_type == "ConvInteger"
+    zx = node.input(2)
+    view = NodeView(name or node.name, node.op_type.removesuffix("Integer"), node.domain,
+                    [node.inputs[0], weights], [output], dict(node.attrs),
                     list(node.origin), node.proto)
     (convert_spatial.conv if conv else convert_math.matmul)(ctx, view)
-    ir_node = ctx.graph.producer(node.outputs[0])
+    ir_node = ctx.graph.producer(output)
     assert ir_node is not None
     own = arity(ir_node.op)[1]
     assert own is not None
     while len(ir_node.inputs) < own:
         ir_node.inputs.append("")  # an absent optional input (Conv's bias): nothing to link
     port = ctx.graph.append_input(ir_node, ctx.materialize(node, zx))
-    ir_node.fused = Fused(src_zero_point_port=port, wei_zero_point=wei_zp,
-                          absorbed=[node.name],
+    ir_node.fused = Fused(chain=list(chain or []), src_zero_point_port=port,
+                          wei_zero_point=wei_zp, absorbed=[node.name],
                           notes=[f"src zero point '{zx}' read at run time (dynamic "
                                  "quantization)"])
-    shape = ctx.graph.info(node.outputs[0]).shape
-    ctx.graph.set_info(node.outputs[0], TensorInfo(shape, DType.S32))
+    shape = ctx.graph.info(output).shape
+    ctx.graph.set_info(output, TensorInfo(shape, dtype))
 
 
-def _weights(ctx: Context, node: NodeView, conv: bool) -> tuple[str, int]:
-    """The weights value the node reads and its (per-tensor) zero point."""
+def _split_conv(ctx: Context, node: NodeView, parts: Split) -> None:
+    """A ConvInteger whose weights leave s8: the main and box-sum convolutions of
+    passes/weight_zero_point.py, each writing its accumulator in float32 (exact while below
+    2^24), and their sum, which the Cast to float32 then reads as it is."""
+    accs = []
+    for weights, scales, what in ((parts.main, None, "main"),
+                                  (parts.box, parts.box_scales, "box_sum")):
+        name = ctx.graph.unique_name(f"{node.input(1)}_{what}")
+        while name in ctx.consts:
+            name = ctx.graph.unique_name(f"{name}_")
+        ctx.set_const(name, weights)
+        acc = ctx.graph.unique_name(f"{node.outputs[0]}/{what}")
+        chain = [] if scales is None or np.all(scales == 1) else [Scale.of(scales)]
+        _integer_node(ctx, node, name, 0, acc, DType.F32, chain, f"{node.name}/{what}")
+        accs.append(acc)
+    ctx.emit(node, Op.ADD, accs, NoAttrs())
+    out = node.outputs[0]
+    ctx.graph.set_info(out, TensorInfo(ctx.graph.info(out).shape, DType.F32))
+
+
+def _weights(ctx: Context, node: NodeView, conv: bool) -> tuple[str, int] | Split:
+    """The weights value the node reads and its (per-tensor) zero point, or a convolution's
+    weights split in two (passes/weight_zero_point.py) when they leave s8."""
     w_name, zw_name = node.input(1), node.input(3)
     if not ctx.is_const(w_name) or (zw_name and not ctx.is_const(zw_name)):
         raise ctx.unsupported(node, "run-time weights or weight zero point with a run-time src "
@@ -107,7 +143,10 @@ def _weights(ctx: Context, node: NodeView, conv: bool) -> tuple[str, int]:
             name = ctx.graph.unique_name(f"{name}_")
         ctx.set_const(name, s8)
         return name, 0
-    if conv or zw.size != 1:
-        raise ctx.unsupported(node, "weights minus their zero point leave int8, and oneDNN "
-                                    "takes a weight zero point only on a matmul, per tensor")
+    if conv:
+        dtype = DType.U8 if w.dtype == np.uint8 else DType.S8
+        return split(w, zw, dtype, int(node.attr("group", 1)))
+    if zw.size != 1:
+        raise ctx.unsupported(node, "weights minus their zero points leave int8, and oneDNN "
+                                    "takes a matmul's weight zero point per tensor only")
     return w_name, int(zw.reshape(-1)[0])

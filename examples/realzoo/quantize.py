@@ -75,6 +75,8 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
                        "extra_options": {"ActivationSymmetric": True}}),
     "qdq-tensor": ("qdq", {"per_channel": False, "reduce_range": True}),
     "qdq-u8w": ("qdq", {"weight_type": "QUInt8"}),
+    "qdq-u8w-tensor": ("qdq", {"weight_type": "QUInt8", "per_channel": False}),
+    "qoperator-u8w-tensor": ("qoperator", {"weight_type": "QUInt8", "per_channel": False}),
     "qdq-compute": ("qdq", {"op_types_to_quantize": ["Conv", "MatMul", "Gemm"]}),
     "qdq-trt": ("qdq", {"op_types_to_quantize": ["Conv", "MatMul", "Gemm"],
                         "activation_type": "QInt8",
@@ -92,6 +94,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "nncf-mixed": ("nncf", {"preset": "MIXED"}),
     "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),
     "dynamic": ("dynamic", {}),
+    "dynamic-u8w": ("dynamic", {"weight_type": "QUInt8"}),
 }
 # DequantizeLinear has an `axis` (per-channel scales) from this opset on.
 PER_CHANNEL_QDQ_OPSET = 13
@@ -216,8 +219,10 @@ def quantize_nncf(float_model: onnx.ModelProto, calibration: Sequence[dict[str, 
     return quantized, []
 
 
-def quantize_dynamic(float_model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """quant_pre_process + onnxruntime's quantize_dynamic (s8 weights, its defaults)."""
+def quantize_dynamic(float_model: onnx.ModelProto, options: dict[str, object] | None = None
+                     ) -> tuple[onnx.ModelProto, list[str]]:
+    """quant_pre_process + onnxruntime's quantize_dynamic (s8 weights, its defaults;
+    ``options`` change its keyword arguments, QuantType members by name)."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
 
@@ -225,8 +230,10 @@ def quantize_dynamic(float_model: onnx.ModelProto) -> tuple[onnx.ModelProto, lis
         work = Path(tmp)
         onnx.save(float_model, work / "float.onnx")
         notes = pre_process(work / "float.onnx", work / "pre.onnx")
-        ort_quantize_dynamic(str(work / "pre.onnx"), str(work / "q.onnx"),
-                             weight_type=QuantType.QInt8)
+        kwargs: dict[str, object] = {"weight_type": QuantType.QInt8}
+        for key, value in (options or {}).items():
+            kwargs[key] = QuantType[str(value)] if key.endswith("_type") else value
+        ort_quantize_dynamic(str(work / "pre.onnx"), str(work / "q.onnx"), **kwargs)
         return onnx.load(work / "q.onnx"), notes
 
 
@@ -239,6 +246,6 @@ def quantize(float_model: onnx.ModelProto, calibration: Sequence[dict[str, np.nd
     if base == "nncf":
         return quantize_nncf(float_model, calibration, options)
     if base == "dynamic":
-        return quantize_dynamic(float_model)
+        return quantize_dynamic(float_model, options)
     raise ValueError(f"unknown quantizer {quantizer!r}; choose one of "
                      f"{', '.join((*QUANTIZERS, *VARIANTS))}")

@@ -28,8 +28,9 @@ from qfuse.runtime.reference.ops_quant import dynamic_params
 RNG = np.random.default_rng(7)
 
 
-def _const(name: str, shape: tuple[int, ...], std: float) -> onnx.TensorProto:
-    return nh.from_array(RNG.normal(0, std, shape).astype(np.float32), name)
+def _const(name: str, shape: tuple[int, ...], std: float,
+           rng: np.random.Generator = RNG) -> onnx.TensorProto:
+    return nh.from_array(rng.normal(0, std, shape).astype(np.float32), name)
 
 
 def _mlp() -> onnx.ModelProto:
@@ -45,7 +46,7 @@ def _mlp() -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
-def _convnet() -> onnx.ModelProto:
+def _convnet(rng: np.random.Generator = RNG) -> onnx.ModelProto:
     """Padded and strided convolutions with a bias and a ReLU (padding taps are the zero
     point, as onnxruntime's ConvInteger pads)."""
     nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
@@ -54,8 +55,9 @@ def _convnet() -> onnx.ModelProto:
     graph = h.make_graph(nodes, "convnet", [h.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                      [1, 8, 13, 11])],
                          [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 7, 6])],
-                         [_const("w1", (16, 8, 3, 3), 0.3), _const("b1", (16,), 0.1),
-                          _const("w2", (16, 16, 3, 3), 0.3), _const("b2", (16,), 0.1)])
+                         [_const("w1", (16, 8, 3, 3), 0.3, rng), _const("b1", (16,), 0.1, rng),
+                          _const("w2", (16, 16, 3, 3), 0.3, rng),
+                          _const("b2", (16,), 0.1, rng)])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
@@ -172,6 +174,34 @@ def test_integer_op_is_one_int8_kernel_with_its_float_tail(tmp_path: Path, build
     assert not [k["name"] for k in kernels if k["op"] == "Cast"]
     assert not [k["name"] for k in kernels if "ref" in k["impl"]]
     assert {k["op"] for k in kernels if k["impl"] == "numpy"} == {"DynamicQuantizeLinear"}
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused", "fp32"])
+def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: str) -> None:
+    """``weight_type=QUInt8`` (quantize_dynamic's default until onnxruntime 1.11, and what
+    many scripts pass): per-tensor u8 weights with zero points other than 127 / 128, so
+    ``w − zw`` leaves s8. Each ConvInteger is a main and a box-sum int8 convolution and their sum
+    (passes/weight_zero_point.py; before: an onnxruntime island each), bit-exact against the
+    exact form (fp32: within weight-quantization noise of the float model, as above)."""
+    model = _convnet(np.random.default_rng(7))
+    path = _quantized(tmp_path, model, False, QuantType.QUInt8)
+    zero_points = [int(nh.to_array(i)) for i in onnx.load(path).graph.initializer
+                   if i.name.startswith("w") and i.name.endswith("zero_point")]
+    assert len(zero_points) == 2 and all(z not in (127, 128) for z in zero_points), zero_points
+    compiled = compile_model(path, mode=mode)
+    inspected = compiled.inspect()
+    assert not inspected["islands"]
+    x = np.random.default_rng(0).normal(0, 1, compiled.input_specs()["x"][0]).astype(np.float32)
+    if mode == "fp32":
+        want = _session(model.SerializeToString()).run(None, {"x": x})[0]
+        assert np.abs(compiled.run({"x": x})["y"] - want).max() < 0.05 * np.abs(want).max()
+        return
+    convs = [k for k in inspected["kernels"] if k["primitive"] == "convolution"]
+    # two nodes per ConvInteger (without VNNI each may run as two halves: no_vnni.py)
+    nodes = sorted(node.rsplit("/", 1)[-1] for node in {k["node"] for k in convs})
+    assert nodes == ["box_sum", "box_sum", "main", "main"], nodes
+    assert {k["src_dtype"] for k in convs} == {"u8"}
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
 
 
 def _dynamic_quantize_model() -> onnx.ModelProto:

@@ -1,8 +1,8 @@
 """examples/realzoo/quantize.py ``VARIANTS``: the other options users set each give a model
-onnxruntime loads, and qfuse compiles every one: int8 kernels (16-bit activations: float32
-ones) without numpy or ``ref:`` kernels (quantize_dynamic's: only its scales and zero points,
-computed at run time), outputs within quantization noise of the model run by onnxruntime
-without graph optimizations.
+onnxruntime loads, and qfuse compiles every one: int8 convolutions (16-bit activations:
+float32 ones) without numpy or ``ref:`` kernels (quantize_dynamic's: only its scales and zero
+points, computed at run time), outputs within quantization noise of the model run by
+onnxruntime without graph optimizations.
 """
 
 from __future__ import annotations
@@ -62,11 +62,13 @@ def test_variant_quantizes_and_compiles(variant: str, tmp_path) -> None:
     assert not [k["name"] for k in kernels if "ref" in k["impl"]]
     numpy_ops = {k["op"] for k in kernels if k["impl"] == "numpy"}
     # quantize_dynamic: each DynamicQuantizeLinear's scale and zero point (two floats in)
-    assert numpy_ops <= ({"DynamicQuantizeLinear"} if variant == "dynamic" else set()), variant
-    # 16-bit activations: float32 convolutions with the fake quantization as post-ops
-    src_types = ("f32",) if variant == "qdq-a16" else ("u8", "s8")
-    assert any(k["src_dtype"] in src_types and k["primitive"] == "convolution"
-               for k in kernels)
+    dynamic = variant.startswith("dynamic")
+    assert numpy_ops <= ({"DynamicQuantizeLinear"} if dynamic else set()), variant
+    # 16-bit activations: float32 convolutions with the fake quantization as post-ops; every
+    # other variant's convolutions int8 (u8 weights with a zero point beyond s8 too:
+    # passes/weight_zero_point.py)
+    src_types = {"f32"} if variant == "qdq-a16" else {"u8", "s8"}
+    assert {k["src_dtype"] for k in kernels if k["primitive"] == "convolution"} <= src_types
     ours = compiled.run(x)["y"]
     cosine = float(np.sum(ours * reference) / np.linalg.norm(ours) / np.linalg.norm(reference))
     assert cosine > 0.999, (variant, cosine)
