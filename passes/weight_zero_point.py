@@ -42,8 +42,13 @@ products per output value (``_full_box_sum``, measured: a 1x1 conv of 8 input ch
 3-channel stem). On the four models measured the split convolutions run 1.5–2.5x faster than
 the float32 ones they replace (ResNetV2-50d 67.6 → 27 ms, YOLOv8n 15.6 → 11 ms).
 
-Declined (float32 as before, the reason in ``inspect``): ConvTranspose; a source quantized per
-channel; weights quantized along an axis other than the output channels.
+ConvTranspose alike: the box sum is a second ConvTranspose of the same x whose weights are
+all ``o`` (``[Cin, 1, k...]``, one output channel, or the weights' shape): each output value
+sums the inputs that reach it, and a cropped border is cropped from both.
+
+Declined (float32 as before, the reason in ``inspect``): a source quantized per channel;
+weights quantized along an axis other than the output channels; a ConvTranspose's weights
+with zero points per channel.
 """
 
 from __future__ import annotations
@@ -76,7 +81,8 @@ NARROW_CHANNELS = 16
 
 def run(graph: Graph, ctx: PassContext) -> int:
     changed = 0
-    for conv in [n for n in graph.topo_order() if n.op is Op.CONV and n.fused is None]:
+    for conv in [n for n in graph.topo_order()
+                 if n.op in (Op.CONV, Op.CONV_TRANSPOSE) and n.fused is None]:
         weights = _weights_beyond_s8(graph, conv)
         if weights is None:
             continue
@@ -123,13 +129,19 @@ def _plan(graph: Graph, conv: Node, weights: tuple[Node, DqParams, np.ndarray]
     if px is None or not px.dtype.is_quantized or not px.per_tensor:
         return ("weights with a zero point beyond s8, and the source is not dequantized "
                 "per tensor (its box sum needs one zero point)")
+    deconv = conv.op is Op.CONV_TRANSPOSE
+    if deconv and not pw.per_tensor:
+        return "a ConvTranspose's weights with zero points per channel"
     if not pw.per_tensor and pw.axis != 0:
         return f"weights are per channel along axis {pw.axis}, not the output channels"
     bias = _bias(graph, conv)
     if isinstance(bias, str):
         return bias
-    parts = split(w, pw.zero_point, pw.dtype, conv.attrs.group)
-    scale = px.scale.astype(F32) * np.broadcast_to(pw.scale.astype(F32), (w.shape[0],))
+    attrs = conv.attrs
+    parts = split(w, pw.zero_point, pw.dtype, attrs.group,
+                  attrs.strides if deconv else None)
+    out_channels = graph.info(conv.outputs[0]).shape[1]
+    scale = px.scale.astype(F32) * np.broadcast_to(pw.scale.astype(F32), (out_channels,))
     return x_dq, px, parts, scale, bias
 
 
@@ -144,30 +156,39 @@ class Split:
     box_scales: np.ndarray
 
 
-def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int) -> Split:
+def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
+          deconv_strides: tuple[int, ...] | None = None) -> Split:
     """Conv weights ``w`` (u8 or s8, ``[OC, Cin/g, k...]``) with zero points ``zero_point``
-    (one, or one per output channel) split as the module docstring says."""
-    out_channels = w.shape[0]
+    (one, or one per output channel) split as the module docstring says. ConvTranspose
+    weights (``deconv_strides`` given: ``[Cin, OC/g, k...]``) take one zero point; their box
+    sum reads the same inputs into ``[Cin, 1, k...]`` (one output channel) or ``w``'s shape."""
+    deconv = deconv_strides is not None
+    out_channels = w.shape[1] * group if deconv else w.shape[0]
     base = 128 if dtype is DType.U8 else 0
     main = (w.astype(np.int64) - base).astype(np.int8)
     offsets = np.broadcast_to(base - np.asarray(zero_point, np.int64).ravel(), (out_channels,))
     halved = offsets > 127  # 128: 64 with scale 2
     values = np.where(halved, offsets // 2, offsets).astype(np.int8)
     scales = np.where(halved, 2.0, 1.0).astype(F32)
-    if group == 1 and np.all(offsets == offsets[0]) and not _full_box_sum(w.shape):
-        return Split(main, np.full((1, *w.shape[1:]), values[0], np.int8), scales[:1])
+    taps = int(np.prod(w.shape[2:])) * (w.shape[0] // group if deconv else w.shape[1])
+    if deconv:  # each output value sums about taps / Π strides products
+        taps //= int(np.prod(deconv_strides))
+    if group == 1 and np.all(offsets == offsets[0]) and not _full_box_sum(out_channels, taps):
+        narrow = (w.shape[0], 1, *w.shape[2:]) if deconv else (1, *w.shape[1:])
+        return Split(main, np.full(narrow, values[0], np.int8), scales[:1])
+    if deconv:
+        return Split(main, np.full(w.shape, values[0], np.int8), scales[:1])
     box = np.broadcast_to(values.reshape((-1,) + (1,) * (w.ndim - 1)), w.shape).copy()
     return Split(main, box, scales)
 
 
-def _full_box_sum(shape: tuple[int, ...]) -> bool:
+def _full_box_sum(out_channels: int, taps: int) -> bool:
     """Whether a box sum per output channel (a second convolution as large as the main one,
     added by its post-op) beats one box sum broadcast by a binary primitive: measured per
     convolution of four models (YOLOv8n, PP-LCNet, RepGhostNet, ResNetV2-50d; AVX-512 VNNI,
     2 threads), the full box sum is faster below about 128 products per output value, and
     below more when there are few output channels (the binary's broadcast over a short
     channel row is slow; a narrow box sum costs as much as one of 16 channels)."""
-    out_channels, taps = shape[0], int(np.prod(shape[1:]))
     return taps * (out_channels - NARROW_CHANNELS) <= FULL_BOX_TAPS * out_channels
 
 
@@ -200,7 +221,7 @@ def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
         return graph.add_constant(graph.unique_name(f"{conv.name}/{what}"), data).name
 
     def node(op: Op, inputs: list[str], what: str, output: str | None = None) -> str:
-        new = graph.add_node(op, inputs, [output] if output else 1, attrs if op is Op.CONV
+        new = graph.add_node(op, inputs, [output] if output else 1, attrs if op is conv.op
                              else None, name=f"{conv.name}/{what}", origin=origin)
         infer_into(graph, new)
         return new.outputs[0]
@@ -215,7 +236,7 @@ def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
             w_dq = add_dequantize(graph, const(weights, f"{what}_weights"),
                                   QuantParams.make(scales, 0, None if scales.size == 1 else 0),
                                   name=f"{conv.name}/{what}_dequantize", origin=origin)
-            convs.append(node(Op.CONV, [x_int, w_dq.outputs[0]], what))
+            convs.append(node(conv.op, [x_int, w_dq.outputs[0]], what))
         acc = node(Op.ADD, convs, "accumulator")
         y = const(scale.reshape(shape), "scale")
         if bias is None:

@@ -25,8 +25,8 @@ from quant_helpers import reference
 import qfuse
 import qfuse.passes.weight_zero_point as W
 from qfuse.compiler import pipeline
-from qfuse.ir import DType, Op
-from qfuse.ir.ops import ConvAttrs
+from qfuse.ir import DType, Node, Op
+from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
 from qfuse.runtime.reference import IMPLS
 
 SX, ZX, SW = 0.05, 117, 0.01
@@ -68,14 +68,13 @@ def _graph(case: str, stride: int = 2, pad: int = 1):
 
 
 def _exact(x: np.ndarray, w: np.ndarray, zw: np.ndarray, bias: np.ndarray,
-           attrs: ConvAttrs) -> np.ndarray:
+           attrs: ConvAttrs | ConvTransposeAttrs) -> np.ndarray:
     """``f32(acc)·(sx·sw) + b``, acc in int64."""
-    from qfuse.ir import Node
-
+    op = Op.CONV if isinstance(attrs, ConvAttrs) else Op.CONV_TRANSPOSE
     centred = w.astype(np.int64) - zw.astype(np.int64).reshape((-1, 1, 1, 1) if zw.size > 1
                                                                else ())
-    probe = Node("probe", Op.CONV, attrs, ["x", "w"], ["y"])
-    acc = IMPLS[Op.CONV](probe, [x.astype(np.int64) - ZX, centred])[0].astype(np.int64)
+    probe = Node("probe", op, attrs, ["x", "w"], ["y"])
+    acc = IMPLS[op](probe, [x.astype(np.int64) - ZX, centred])[0].astype(np.int64)
     assert np.abs(acc).max() < 2**24
     return acc.astype(F32) * (F32(SX) * F32(SW)) + bias.reshape(1, -1, 1, 1)
 
@@ -94,7 +93,7 @@ def test_two_int8_convolutions_compute_the_exact_accumulator(case: str) -> None:
     base = 128 if w.dtype == np.uint8 else 0
     np.testing.assert_array_equal(main_w, w.astype(np.int64) - base)
     cout, group = w.shape[0], attrs.group
-    narrow = group == 1 and zw.size == 1 and not W._full_box_sum(w.shape)
+    narrow = group == 1 and zw.size == 1 and not W._full_box_sum(cout, w[0].size)
     assert box_w.shape == ((1,) if narrow else (cout,)) + w.shape[1:]
     # both read the integers: x − zx (scale 1), one source for the two
     assert convs["main"].inputs[0] == convs["box_sum"].inputs[0]
@@ -102,6 +101,33 @@ def test_two_int8_convolutions_compute_the_exact_accumulator(case: str) -> None:
         x = feeds(g, seed)
         got = reference(g, x)["conv"]
         np.testing.assert_array_equal(got, _exact(x["x"], w, zw, bias, attrs))
+        want = reference(before, x)["conv"]
+        assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("cin,cout,group,zw", [(64, 32, 1, 37), (8, 16, 1, 0), (16, 16, 4, 200)],
+                         ids=["one_box_sum", "box_sum_per_channel", "grouped"])
+def test_conv_transpose_splits_alike(cin: int, cout: int, group: int, zw: int) -> None:
+    """ConvTranspose (stride 2, cropped border, output padding): the box sum is a second
+    ConvTranspose with weights ``o``; exact against the int64 accumulator."""
+    g, xd = int_input((1, cin, 5, 6), SX, ZX)
+    w = _weights(cout // group, cin, 3, 1, np.uint8)  # [Cin, OC/g, k, k]
+    g.add_constant("wq", w)
+    wd = dequantize(g, "wq", "wd", F32(SW), np.uint8(zw)).outputs[0]
+    bias = RNG.normal(0, 1, cout).astype(F32)
+    attrs = ConvTransposeAttrs((3, 3), (2, 2), (1, 1, 0, 0), (1, 1), (1, 0), group)
+    add(g, Op.CONV_TRANSPOSE, [xd, wd, const(g, "b", bias)], "conv", attrs)
+    finish(g, "conv")
+    before = g.copy()
+    assert apply(W, g).changed == 1
+    convs = {n.name.rsplit("/", 1)[-1]: n for n in g.topo_order() if n.op is Op.CONV_TRANSPOSE}
+    box = g.constant(g.producer(convs["box_sum"].inputs[1]).inputs[0])
+    narrow = group == 1 and not W._full_box_sum(cout, cin * 9 // 4)
+    assert box.shape == ((cin, 1, 3, 3) if narrow else w.shape), box.shape
+    for seed in range(3):
+        x = feeds(g, seed)
+        got = reference(g, x)["conv"]
+        np.testing.assert_array_equal(got, _exact(x["x"], w, np.asarray(zw), bias, attrs))
         want = reference(before, x)["conv"]
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
@@ -130,9 +156,11 @@ def test_a_source_quantized_per_channel_is_declined_with_the_reason() -> None:
 
 def _onnx_model(case: str) -> onnx.ModelProto:
     """x → Q → DQ → Conv(DQ(u8 weights, zw), bias) → Relu → Q → DQ, as quantize_static
-    writes it with ``weight_type=QUInt8, per_channel=False``."""
-    cin, cout, k, group, zw, dtype = CASES[case]
-    w = _weights(cin, cout, k, group, dtype)
+    writes it with ``weight_type=QUInt8, per_channel=False`` (``deconv``: a ConvTranspose of
+    stride 1, its weights ``[Cin, OC, k, k]``)."""
+    deconv = case == "deconv"
+    cin, cout, k, group, zw, dtype = CASES["one_box_sum" if deconv else case]
+    w = _weights(cout, cin, k, 1, dtype) if deconv else _weights(cin, cout, k, group, dtype)
     p = k // 2
     inits = [nh.from_array(w, "w"), nh.from_array(np.array(SW, F32), "ws"),
              nh.from_array(np.array(zw, dtype), "wz"),
@@ -142,7 +170,8 @@ def _onnx_model(case: str) -> onnx.ModelProto:
     nodes = [oh.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
              oh.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
              oh.make_node("DequantizeLinear", ["w", "ws", "wz"], ["wd"]),
-             oh.make_node("Conv", ["xd", "wd", "b"], ["c"], pads=[p] * 4, group=group),
+             oh.make_node("ConvTranspose" if deconv else "Conv", ["xd", "wd", "b"], ["c"],
+                          pads=[p] * 4, group=group),
              oh.make_node("Relu", ["c"], ["r"]),
              oh.make_node("QuantizeLinear", ["r", "ys", "yz"], ["yq"]),
              oh.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])]
@@ -153,14 +182,15 @@ def _onnx_model(case: str) -> onnx.ModelProto:
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("case", ["one_box_sum", "box_sum_per_channel", "depthwise"])
+@pytest.mark.parametrize("case", ["one_box_sum", "box_sum_per_channel", "depthwise", "deconv"])
 def test_compiled_convolutions_are_int8_and_agree_with_onnxruntime(case: str) -> None:
     """End to end: every convolution an int8 kernel (u8 source; without the pass the conv
     runs in float32), none on ``ref:``, the output within 1 LSB of onnxruntime's dequantized
     float convolution (its float products round near .5 ties either way)."""
     model = _onnx_model(case)
     kernels = qfuse.compile_model(model).inspect()["kernels"]
-    convs = [k for k in kernels if k["primitive"] == "convolution"]  # without VNNI: halves too
+    kinds = ("convolution", "deconvolution")
+    convs = [k for k in kernels if k["primitive"] in kinds]  # without VNNI: halves too
     assert {k["node"].rsplit("/", 1)[-1] for k in convs} == {"main", "box_sum"}, convs
     assert all(k["src_dtype"] == "u8" for k in convs), convs
     assert not [k["name"] for k in kernels if "ref" in k["impl"]]
@@ -170,14 +200,14 @@ def test_compiled_convolutions_are_int8_and_agree_with_onnxruntime(case: str) ->
         without = qfuse.compile_model(model).inspect()["kernels"]
     finally:
         pipeline.PIPELINE[:] = saved
-    assert [k["src_dtype"] for k in without if k["primitive"] == "convolution"] == ["f32"]
+    assert [k["src_dtype"] for k in without if k["primitive"] in kinds] == ["f32"]
     compiled = qfuse.compile_model(model)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     session = ort.InferenceSession(model.SerializeToString(), so,
                                    providers=["CPUExecutionProvider"])
     for seed in range(3):
-        x = {"x": np.random.default_rng(seed).normal(0, 1, (1, CASES[case][0], 12, 12))
+        x = {"x": np.random.default_rng(seed).normal(0, 1, compiled.input_specs()["x"][0])
              .astype(F32)}
         steps = np.abs(compiled.run(x)["y"] - session.run(None, x)[0]) / F32(0.05)
         assert steps.max() <= 1.0 + 1e-3
