@@ -16,35 +16,36 @@ no s8 tensor holds it, and move_dequantize declines the convolution (float32). S
                                  the main conv           the box sum: the same window summed
 
 over the taps and input channels inside the image (a padding tap is the real 0 in both). The
-box sum is a second int8 convolution of the same x with constant weights ``o`` (one output
-channel when the conv has one group and one offset: ``[1, Cin, k...]``, every output channel
-of the main conv reads that same value; else ``[OC, Cin/g, k...]``, each channel's ``o``). The
-graph becomes
+box sum is a second int8 convolution of the same x with constant weights ``o``
+(``[OC, Cin/g, k...]``, each output channel's ``o``), or — when the conv has one group and one
+offset, so that one box sum serves every output channel — ``o`` times the channel sums
+``T = Σ_c (x − zx)`` (a 1x1 int8 convolution with one output channel, ``[1, Cin, 1...]``)
+summed over the conv's window by a float32 convolution of ones on that one channel (oneDNN's
+int8 convolutions vectorize over output channels: one output channel of a 3x3 window cost
+0.2–0.5 of the main conv in a microbenchmark, the two steps 0.04–0.35). The graph becomes
 
-    y = (Conv(DQ(x, 1, zx), w − b) + Conv(DQ(x, 1, zx), o)) · (sx·sw) [+ bias]
+    y = (Conv(DQ(x, 1, zx), w − b) + box) · (sx·sw) [+ bias]
 
-both convolutions with scale 1, so each writes its integer accumulator in float32 and the Add
-is their exact integer sum while the sums stay below 2^24 (beyond, float32 rounds them as
-oneDNN's own conversion of a large s32 accumulator does); then one multiply by ``sx·sw`` (the
-float32 product move_dequantize would give the kernel) and the bias: the same arithmetic as
-an int8 convolution with s8 weights, so the result is within float32 rounding of the
-dequantized reference, like any other int8 convolution. An offset of 128 (``zw = 0``: all
-weights non-negative) is not s8: its channels' box weights are 64 with scale 2 (exact).
+every convolution with scale 1, so each writes its integer sums in float32 and the Add is their
+exact integer sum while the sums stay below 2^24 (beyond, float32 rounds them as oneDNN's own
+conversion of a large s32 accumulator does); then one multiply by ``sx·sw`` (the float32
+product move_dequantize would give the kernel) and the bias: the same arithmetic as an int8
+convolution with s8 weights, so the result is within float32 rounding of the dequantized
+reference, like any other int8 convolution. An offset of 128 (``zw = 0``: all weights
+non-negative) is not s8: its channels' box weights are 64 with scale 2 (exact).
 
-move_dequantize then takes both convolutions as int8 kernels. With one box sum the Add reads
-the main conv's output and the box sum broadcast over channels: a binary primitive with the
-Mul, the bias, the activation and the quantize as its post-ops (oneDNN runs a convolution's
-binary post-op broadcast over channels only on ``ref:any``); the cost is that binary kernel
-and the main conv's float32 output. With a box sum per output channel the main conv adds it
-as a post-op (no binary kernel) but the box sum costs as much as the main conv: chosen for
-depthwise and grouped convolutions, per-channel offsets, and where a convolution computes few
-products per output value (``_full_box_sum``, measured: a 1x1 conv of 8 input channels, the
-3-channel stem). On the four models measured the split convolutions run 1.5–2.5x faster than
-the float32 ones they replace (ResNetV2-50d 67.6 → 27 ms, YOLOv8n 15.6 → 11 ms).
+move_dequantize then takes the int8 convolutions. With one box sum the Add reads the main
+conv's output and the box sum broadcast over channels: a binary primitive with the Mul, the
+bias, the activation and the quantize as its post-ops (oneDNN runs a convolution's binary
+post-op broadcast over channels only on ``ref:any``); the cost is that binary kernel and the
+main conv's float32 output. With a box sum per output channel the main conv adds it as a
+post-op (no binary kernel) but the box sum costs as much as the main conv: chosen for
+depthwise and grouped convolutions, per-channel offsets, and where the box sum's products per
+output pixel are few (``_full_box_sum``, fitted to measurements).
 
-ConvTranspose alike: the box sum is a second ConvTranspose of the same x whose weights are
-all ``o`` (``[Cin, 1, k...]``, one output channel, or the weights' shape): each output value
-sums the inputs that reach it, and a cropped border is cropped from both.
+ConvTranspose alike: the box sum is a second ConvTranspose of the same x whose weights are all
+``o`` (the weights' shape), or the channel sums' ConvTranspose by ones on one channel: each
+output value sums the inputs that reach it, and a cropped border is cropped from both.
 
 Declined (float32 as before, the reason in ``inspect``): a source quantized per channel;
 weights quantized along an axis other than the output channels; a ConvTranspose's weights
@@ -59,6 +60,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qfuse.ir import Graph, Node, Op
+from qfuse.ir.ops import ConvAttrs
 from qfuse.ir.types import DType, QuantParams
 from qfuse.passes.base import PassContext
 from qfuse.passes.quant_utils import (
@@ -73,10 +75,8 @@ from qfuse.passes.quant_utils import (
 log = logging.getLogger(__name__)
 
 F32 = np.float32
-# _full_box_sum's break-even: products per output value, and the channels oneDNN's int8
-# convolution computes for one (its output block)
-FULL_BOX_TAPS = 128
-NARROW_CHANNELS = 16
+# _full_box_sum's break-even: the full box sum's products per output pixel
+FULL_BOX_LIMIT = 12288
 
 
 def run(graph: Graph, ctx: PassContext) -> int:
@@ -148,12 +148,15 @@ def _plan(graph: Graph, conv: Node, weights: tuple[Node, DqParams, np.ndarray]
 @dataclass(frozen=True)
 class Split:
     """``w − zw`` as ``main`` (s8 ``w − b``) plus the box sum's weights ``box`` (s8, all ``o``
-    or ``o/2`` per output channel: ``[1, Cin/g, k...]`` when one box sum serves every output
-    channel, else ``[OC, Cin/g, k...]``) and their scales (1, or 2 for ``o = 128``)."""
+    or ``o/2`` per output channel: ``[OC, Cin/g, k...]``, or ``[1, Cin, 1...]`` when one box
+    sum serves every output channel) and their scales (1, or 2 for ``o = 128``). ``spread``:
+    the kernel of the one box sum, summed in float32 over the channel sums ``box`` gives
+    (module docstring); None when ``box`` is the box sum's own kernel."""
 
     main: np.ndarray
     box: np.ndarray
     box_scales: np.ndarray
+    spread: tuple[int, ...] | None = None
 
 
 def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
@@ -174,22 +177,32 @@ def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
     if deconv:  # each output value sums about taps / Π strides products
         taps //= int(np.prod(deconv_strides))
     if group == 1 and np.all(offsets == offsets[0]) and not _full_box_sum(out_channels, taps):
-        narrow = (w.shape[0], 1, *w.shape[2:]) if deconv else (1, *w.shape[1:])
-        return Split(main, np.full(narrow, values[0], np.int8), scales[:1])
+        kernel = tuple(int(k) for k in w.shape[2:])
+        sums = np.full((1, w.shape[0] if deconv else w.shape[1]) + (1,) * len(kernel),
+                       values[0], np.int8)
+        return Split(main, sums, scales[:1], kernel)
     if deconv:
         return Split(main, np.full(w.shape, values[0], np.int8), scales[:1])
     box = np.broadcast_to(values.reshape((-1,) + (1,) * (w.ndim - 1)), w.shape).copy()
     return Split(main, box, scales)
 
 
+def pointwise(rank: int) -> ConvAttrs:
+    """A 1x1 convolution's attributes (``rank`` spatial dims, stride 1, no padding)."""
+    return ConvAttrs((1,) * rank, (1,) * rank, (0,) * (2 * rank), (1,) * rank, 1)
+
+
 def _full_box_sum(out_channels: int, taps: int) -> bool:
     """Whether a box sum per output channel (a second convolution as large as the main one,
-    added by its post-op) beats one box sum broadcast by a binary primitive: measured per
-    convolution of four models (YOLOv8n, PP-LCNet, RepGhostNet, ResNetV2-50d; AVX-512 VNNI,
-    2 threads), the full box sum is faster below about 128 products per output value, and
-    below more when there are few output channels (the binary's broadcast over a short
-    channel row is slow; a narrow box sum costs as much as one of 16 channels)."""
-    return taps * (out_channels - NARROW_CHANNELS) <= FULL_BOX_TAPS * out_channels
+    added by its post-op) beats one box sum broadcast by a binary primitive: the full box sum
+    costs its products per output pixel, ``taps · out_channels``; the narrow one about the same
+    per pixel whatever the conv (its channel sums, the binary, the main conv's float32
+    output). FULL_BOX_LIMIT is fitted to 485 convolutions of nine models (YOLOv8n, PP-LCNet,
+    PP-OCRv4 det, RepGhostNet-0.5, GhostNetV2, ResNetV2-50d, GoogLeNet, HGNet-Tiny,
+    EfficientNetV2-RW-T; AVX-512 VNNI, 2 threads, each conv's kernels timed both ways): this
+    choice sums to 62.0 ms over them, the better of the two for each conv to 61.2, always
+    narrow to 73.9, always full to 87.2."""
+    return taps * out_channels <= FULL_BOX_LIMIT
 
 
 def _bias(graph: Graph, conv: Node) -> np.ndarray | None | str:
@@ -213,16 +226,18 @@ def _bias(graph: Graph, conv: Node) -> np.ndarray | None | str:
 
 def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
              scale: np.ndarray, bias: np.ndarray | None) -> None:
-    origin, attrs, out = list(conv.origin), conv.attrs, conv.outputs[0]
+    origin, out = list(conv.origin), conv.outputs[0]
     info = graph.info(out)
     shape = (1, -1) + (1,) * (info.rank - 2)
 
     def const(data: np.ndarray, what: str) -> str:
         return graph.add_constant(graph.unique_name(f"{conv.name}/{what}"), data).name
 
-    def node(op: Op, inputs: list[str], what: str, output: str | None = None) -> str:
-        new = graph.add_node(op, inputs, [output] if output else 1, attrs if op is conv.op
-                             else None, name=f"{conv.name}/{what}", origin=origin)
+    def node(op: Op, inputs: list[str], what: str, output: str | None = None,
+             attrs: object = None) -> str:
+        attrs = attrs or (conv.attrs if op is conv.op else None)
+        new = graph.add_node(op, inputs, [output] if output else 1, attrs,
+                             name=f"{conv.name}/{what}", origin=origin)
         infer_into(graph, new)
         return new.outputs[0]
 
@@ -236,6 +251,12 @@ def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
             w_dq = add_dequantize(graph, const(weights, f"{what}_weights"),
                                   QuantParams.make(scales, 0, None if scales.size == 1 else 0),
                                   name=f"{conv.name}/{what}_dequantize", origin=origin)
+            if parts.spread is not None and what == "box_sum":
+                sums = node(Op.CONV, [x_int, w_dq.outputs[0]], "channel_sum",
+                            attrs=pointwise(len(parts.spread)))
+                ones = const(np.ones((1, 1, *parts.spread), F32), "box_kernel")
+                convs.append(node(conv.op, [sums, ones], what))
+                continue
             convs.append(node(conv.op, [x_int, w_dq.outputs[0]], what))
         acc = node(Op.ADD, convs, "accumulator")
         y = const(scale.reshape(shape), "scale")

@@ -28,6 +28,8 @@ per-column weight zero points whose centred weights leave int8.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from qfuse.compiler.onnx_import import convert_math, convert_spatial
@@ -75,13 +77,15 @@ def integer_op(ctx: Context, node: NodeView) -> None:
 
 
 def _integer_node(ctx: Context, node: NodeView, weights: str, wei_zp: int, output: str,
-                  dtype: DType, chain: list[ChainOp] | None = None, name: str = "") -> None:
+                  dtype: DType, chain: list[ChainOp] | None = None, name: str = "",
+                  pointwise: bool = False) -> None:
     """The int8 compute node of ``node`` (named ``name`` if given) reading ``weights``, its
-    src zero point at run time, writing ``output`` (``acc`` as s32, or the chain's f32)."""
+    src zero point at run time, writing ``output`` (``acc`` as s32, or the chain's f32);
+    ``pointwise``: a 1x1 convolution (stride 1, no padding) instead of ``node``'s window."""
     conv = node.op_type == "ConvInteger"
     zx = node.input(2)
     view = NodeView(name or node.name, node.op_type.removesuffix("Integer"), node.domain,
-                    [node.inputs[0], weights], [output], dict(node.attrs),
+                    [node.inputs[0], weights], [output], {} if pointwise else dict(node.attrs),
                     list(node.origin), node.proto)
     (convert_spatial.conv if conv else convert_math.matmul)(ctx, view)
     ir_node = ctx.graph.producer(output)
@@ -112,7 +116,20 @@ def _split_conv(ctx: Context, node: NodeView, parts: Split) -> None:
         ctx.set_const(name, weights)
         acc = ctx.graph.unique_name(f"{node.outputs[0]}/{what}")
         chain = [] if scales is None or np.all(scales == 1) else [Scale.of(scales)]
-        _integer_node(ctx, node, name, 0, acc, DType.F32, chain, f"{node.name}/{what}")
+        if what == "box_sum" and parts.spread is not None:  # channel sums, then their box
+            sums = ctx.graph.unique_name(f"{node.outputs[0]}/channel_sum")
+            _integer_node(ctx, node, name, 0, sums, DType.F32, chain,
+                          f"{node.name}/channel_sum", pointwise=True)
+            window = ctx.graph.producer(accs[0])
+            assert window is not None
+            ones = ctx.graph.unique_name(f"{node.name}/box_kernel")
+            ctx.set_const(ones, np.ones((1, 1, *parts.spread), np.float32))
+            box = NodeView(f"{node.name}/{what}", "Conv", node.domain, [sums, ones], [acc],
+                           {}, list(node.origin), node.proto)
+            ctx.emit(box, Op.CONV, [sums, ones], dataclasses.replace(window.attrs, group=1),
+                     outputs=[acc])
+        else:
+            _integer_node(ctx, node, name, 0, acc, DType.F32, chain, f"{node.name}/{what}")
         accs.append(acc)
     ctx.emit(node, Op.ADD, accs, NoAttrs())
     out = node.outputs[0]

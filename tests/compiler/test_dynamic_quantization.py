@@ -176,18 +176,31 @@ def test_integer_op_is_one_int8_kernel_with_its_float_tail(tmp_path: Path, build
     assert {k["op"] for k in kernels if k["impl"] == "numpy"} == {"DynamicQuantizeLinear"}
 
 
+def _wide_conv(rng: np.random.Generator) -> onnx.ModelProto:
+    """A strided, padded 3x3 convolution of 64 channels: 576 products per output, so one box
+    sum serves every output channel, summed over the channels first (weight_zero_point.py)."""
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])]
+    graph = h.make_graph(nodes, "wide", [h.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                  [1, 64, 11, 12])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 6, 6])],
+                         [_const("w", (64, 64, 3, 3), 0.1, rng), _const("b", (64,), 0.1, rng)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("build", [_convnet, _wide_conv], ids=["convnet", "wide"])
 @pytest.mark.parametrize("mode", ["fused", "unfused", "fp32"])
-def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: str) -> None:
+def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: str,
+                                                        build: object) -> None:
     """``weight_type=QUInt8`` (quantize_dynamic's default until onnxruntime 1.11, and what
     many scripts pass): per-tensor u8 weights with zero points other than 127 / 128, so
     ``w − zw`` leaves s8. Each ConvInteger is a main and a box-sum int8 convolution and their sum
     (passes/weight_zero_point.py; before: an onnxruntime island each), bit-exact against the
     exact form (fp32: within weight-quantization noise of the float model, as above)."""
-    model = _convnet(np.random.default_rng(7))
+    model = build(np.random.default_rng(7))  # type: ignore[operator]
     path = _quantized(tmp_path, model, False, QuantType.QUInt8)
     zero_points = [int(nh.to_array(i)) for i in onnx.load(path).graph.initializer
                    if i.name.startswith("w") and i.name.endswith("zero_point")]
-    assert len(zero_points) == 2 and all(z not in (127, 128) for z in zero_points), zero_points
+    assert zero_points and all(z not in (127, 128) for z in zero_points), zero_points
     compiled = compile_model(path, mode=mode)
     inspected = compiled.inspect()
     assert not inspected["islands"]
@@ -197,10 +210,13 @@ def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: st
         assert np.abs(compiled.run({"x": x})["y"] - want).max() < 0.05 * np.abs(want).max()
         return
     convs = [k for k in inspected["kernels"] if k["primitive"] == "convolution"]
-    # two nodes per ConvInteger (without VNNI each may run as two halves: no_vnni.py)
+    # two nodes per ConvInteger (without VNNI each may run as two halves: no_vnni.py); the
+    # wide one's box sum a float32 box over its channel sums
     nodes = sorted(node.rsplit("/", 1)[-1] for node in {k["node"] for k in convs})
-    assert nodes == ["box_sum", "box_sum", "main", "main"], nodes
-    assert {k["src_dtype"] for k in convs} == {"u8"}
+    want = (["box_sum", "channel_sum", "main"] if build is _wide_conv
+            else ["box_sum", "box_sum", "main", "main"])
+    assert nodes == want, nodes
+    assert {k["src_dtype"] for k in convs if not k["node"].endswith("box_sum")} == {"u8"}
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
 
 

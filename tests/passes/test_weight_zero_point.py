@@ -34,7 +34,7 @@ RNG = np.random.default_rng(11)
 
 # name: (in channels, out channels, kernel, group, weight zero point(s), weight type)
 CASES = {
-    "one_box_sum": (48, 32, 3, 1, 37, np.uint8),  # 432 products per output: a broadcast box sum
+    "one_box_sum": (64, 96, 3, 1, 37, np.uint8),  # 576 products per output: one box sum
     "box_sum_per_channel": (8, 16, 1, 1, 200, np.uint8),  # 8 products: one per channel
     "depthwise": (16, 16, 3, 16, 90, np.uint8),
     "grouped": (16, 32, 3, 4, 10, np.uint8),
@@ -86,17 +86,26 @@ def test_two_int8_convolutions_compute_the_exact_accumulator(case: str) -> None:
     result = apply(W, g)
     assert result.changed == 1, reasons(result)
     convs = {n.name.rsplit("/", 1)[-1]: n for n in g.topo_order() if n.op is Op.CONV}
-    assert set(convs) == {"main", "box_sum"}
+    cout, group = w.shape[0], attrs.group
+    narrow = group == 1 and zw.size == 1 and not W._full_box_sum(cout, w[0].size)
+    assert narrow == (case == "one_box_sum")  # each case takes the path it is named for
+    spread = narrow and w.shape[2:] != (1, 1)
+    assert set(convs) == {"main", "box_sum"} | ({"channel_sum"} if spread else set())
     main_w = g.constant(g.producer(convs["main"].inputs[1]).inputs[0])
-    box_w = g.constant(g.producer(convs["box_sum"].inputs[1]).inputs[0])
+    box = convs["channel_sum" if spread else "box_sum"]
+    box_w = g.constant(g.producer(box.inputs[1]).inputs[0])
     assert main_w.dtype == box_w.dtype == np.int8
     base = 128 if w.dtype == np.uint8 else 0
     np.testing.assert_array_equal(main_w, w.astype(np.int64) - base)
-    cout, group = w.shape[0], attrs.group
-    narrow = group == 1 and zw.size == 1 and not W._full_box_sum(cout, w[0].size)
-    assert box_w.shape == ((1,) if narrow else (cout,)) + w.shape[1:]
+    if spread:  # the channel sums (1x1), then a float32 box of the conv's window over them
+        assert box_w.shape == (1, w.shape[1], 1, 1)
+        ones = g.constant(convs["box_sum"].inputs[1])
+        assert ones.dtype == F32 and ones.shape == (1, 1, *w.shape[2:]) and np.all(ones == 1)
+        assert convs["box_sum"].attrs == attrs
+    else:
+        assert box_w.shape == ((1,) if narrow else (cout,)) + w.shape[1:]
     # both read the integers: x − zx (scale 1), one source for the two
-    assert convs["main"].inputs[0] == convs["box_sum"].inputs[0]
+    assert convs["main"].inputs[0] == box.inputs[0]
     for seed in range(3):
         x = feeds(g, seed)
         got = reference(g, x)["conv"]
@@ -105,7 +114,7 @@ def test_two_int8_convolutions_compute_the_exact_accumulator(case: str) -> None:
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
 
 
-@pytest.mark.parametrize("cin,cout,group,zw", [(64, 32, 1, 37), (8, 16, 1, 0), (16, 16, 4, 200)],
+@pytest.mark.parametrize("cin,cout,group,zw", [(128, 128, 1, 37), (8, 16, 1, 0), (16, 16, 4, 200)],
                          ids=["one_box_sum", "box_sum_per_channel", "grouped"])
 def test_conv_transpose_splits_alike(cin: int, cout: int, group: int, zw: int) -> None:
     """ConvTranspose (stride 2, cropped border, output padding): the box sum is a second
@@ -120,10 +129,16 @@ def test_conv_transpose_splits_alike(cin: int, cout: int, group: int, zw: int) -
     finish(g, "conv")
     before = g.copy()
     assert apply(W, g).changed == 1
-    convs = {n.name.rsplit("/", 1)[-1]: n for n in g.topo_order() if n.op is Op.CONV_TRANSPOSE}
-    box = g.constant(g.producer(convs["box_sum"].inputs[1]).inputs[0])
+    convs = {n.name.rsplit("/", 1)[-1]: n for n in g.topo_order()
+             if n.op in (Op.CONV, Op.CONV_TRANSPOSE)}
     narrow = group == 1 and not W._full_box_sum(cout, cin * 9 // 4)
-    assert box.shape == ((cin, 1, 3, 3) if narrow else w.shape), box.shape
+    assert narrow == (cout == 128)
+    if narrow:  # channel sums, then a float32 ConvTranspose of ones over them
+        assert convs["channel_sum"].op is Op.CONV and convs["box_sum"].attrs == attrs
+        assert g.constant(convs["box_sum"].inputs[1]).shape == (1, 1, 3, 3)
+    else:
+        box = g.constant(g.producer(convs["box_sum"].inputs[1]).inputs[0])
+        assert box.shape == w.shape, box.shape
     for seed in range(3):
         x = feeds(g, seed)
         got = reference(g, x)["conv"]
@@ -191,8 +206,12 @@ def test_compiled_convolutions_are_int8_and_agree_with_onnxruntime(case: str) ->
     kernels = qfuse.compile_model(model).inspect()["kernels"]
     kinds = ("convolution", "deconvolution")
     convs = [k for k in kernels if k["primitive"] in kinds]  # without VNNI: halves too
-    assert {k["node"].rsplit("/", 1)[-1] for k in convs} == {"main", "box_sum"}, convs
-    assert all(k["src_dtype"] == "u8" for k in convs), convs
+    parts = {k["node"].rsplit("/", 1)[-1] for k in convs}
+    spread = {"channel_sum"} if case in ("one_box_sum", "deconv") else set()
+    assert parts == {"main", "box_sum"} | spread, convs
+    for kernel in convs:  # int8, but for the float32 box over the channel sums
+        spread = kernel["node"].endswith("box_sum") and "channel_sum" in parts
+        assert kernel["src_dtype"] == ("f32" if spread else "u8"), kernel
     assert not [k["name"] for k in kernels if "ref" in k["impl"]]
     saved = list(pipeline.PIPELINE)
     try:
