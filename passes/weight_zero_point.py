@@ -163,8 +163,8 @@ def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
           deconv_strides: tuple[int, ...] | None = None) -> Split:
     """Conv weights ``w`` (u8 or s8, ``[OC, Cin/g, k...]``) with zero points ``zero_point``
     (one, or one per output channel) split as the module docstring says. ConvTranspose
-    weights (``deconv_strides`` given: ``[Cin, OC/g, k...]``) take one zero point; their box
-    sum reads the same inputs into ``[Cin, 1, k...]`` (one output channel) or ``w``'s shape."""
+    weights (``deconv_strides`` given: ``[Cin, OC/g, k...]``) take one zero point; their full
+    box sum has ``w``'s shape, their one box sum the same channel sums as a Conv's."""
     deconv = deconv_strides is not None
     out_channels = w.shape[1] * group if deconv else w.shape[0]
     base = 128 if dtype is DType.U8 else 0
@@ -178,9 +178,13 @@ def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
         taps //= int(np.prod(deconv_strides))
     if group == 1 and np.all(offsets == offsets[0]) and not _full_box_sum(out_channels, taps):
         kernel = tuple(int(k) for k in w.shape[2:])
-        sums = np.full((1, w.shape[0] if deconv else w.shape[1]) + (1,) * len(kernel),
-                       values[0], np.int8)
-        return Split(main, sums, scales[:1], kernel)
+        channels = w.shape[0] if deconv else w.shape[1]
+        if np.prod(kernel) > 1:  # channel sums, then their box in float32
+            sums = np.full((1, channels) + (1,) * len(kernel), values[0], np.int8)
+            return Split(main, sums, scales[:1], kernel)
+        # a 1x1 window: the channel sums are the box sums, read with the conv's own window
+        shape = (channels, 1, *kernel) if deconv else (1, channels, *kernel)
+        return Split(main, np.full(shape, values[0], np.int8), scales[:1])
     if deconv:
         return Split(main, np.full(w.shape, values[0], np.int8), scales[:1])
     box = np.broadcast_to(values.reshape((-1,) + (1,) * (w.ndim - 1)), w.shape).copy()

@@ -35,6 +35,7 @@ RNG = np.random.default_rng(11)
 # name: (in channels, out channels, kernel, group, weight zero point(s), weight type)
 CASES = {
     "one_box_sum": (64, 96, 3, 1, 37, np.uint8),  # 576 products per output: one box sum
+    "one_box_sum_1x1": (256, 64, 1, 1, 90, np.uint8),  # strided: the channel sums' own window
     "box_sum_per_channel": (8, 16, 1, 1, 200, np.uint8),  # 8 products: one per channel
     "depthwise": (16, 16, 3, 16, 90, np.uint8),
     "grouped": (16, 32, 3, 4, 10, np.uint8),
@@ -88,7 +89,7 @@ def test_two_int8_convolutions_compute_the_exact_accumulator(case: str) -> None:
     convs = {n.name.rsplit("/", 1)[-1]: n for n in g.topo_order() if n.op is Op.CONV}
     cout, group = w.shape[0], attrs.group
     narrow = group == 1 and zw.size == 1 and not W._full_box_sum(cout, w[0].size)
-    assert narrow == (case == "one_box_sum")  # each case takes the path it is named for
+    assert narrow == case.startswith("one_box_sum")  # each case takes the path it is named for
     spread = narrow and w.shape[2:] != (1, 1)
     assert set(convs) == {"main", "box_sum"} | ({"channel_sum"} if spread else set())
     main_w = g.constant(g.producer(convs["main"].inputs[1]).inputs[0])
