@@ -167,12 +167,7 @@ def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
     box sum has ``w``'s shape, their one box sum the same channel sums as a Conv's."""
     deconv = deconv_strides is not None
     out_channels = w.shape[1] * group if deconv else w.shape[0]
-    base = 128 if dtype is DType.U8 else 0
-    main = (w.astype(np.int64) - base).astype(np.int8)
-    offsets = np.broadcast_to(base - np.asarray(zero_point, np.int64).ravel(), (out_channels,))
-    halved = offsets > 127  # 128: 64 with scale 2
-    values = np.where(halved, offsets // 2, offsets).astype(np.int8)
-    scales = np.where(halved, 2.0, 1.0).astype(F32)
+    main, offsets, values, scales = _offsets(w, zero_point, dtype, out_channels)
     taps = int(np.prod(w.shape[2:])) * (w.shape[0] // group if deconv else w.shape[1])
     if deconv:  # each output value sums about taps / Π strides products
         taps //= int(np.prod(deconv_strides))
@@ -189,6 +184,26 @@ def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
         return Split(main, np.full(w.shape, values[0], np.int8), scales[:1])
     box = np.broadcast_to(values.reshape((-1,) + (1,) * (w.ndim - 1)), w.shape).copy()
     return Split(main, box, scales)
+
+
+def split_matmul(w: np.ndarray, zero_point: np.ndarray, dtype: DType) -> Split:
+    """MatMul weights ``[..., K, N]`` with zero points per column: the main weights and a
+    second matmul's ``o`` per column (``w``'s shape), its scales per column; the product
+    ``Σ_k (a − za)·o[n]`` is the box sum of a MatMul."""
+    main, _, values, scales = _offsets(w, zero_point, dtype, w.shape[-1])
+    return Split(main, np.broadcast_to(values, w.shape).copy(), scales)
+
+
+def _offsets(w: np.ndarray, zero_point: np.ndarray, dtype: DType, channels: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(s8 ``w − b``, the offsets ``o = b − zw`` per output channel, their s8 values and
+    scales: ``o`` with scale 1, or 64 with scale 2 for ``o = 128``)."""
+    base = 128 if dtype is DType.U8 else 0
+    main = (w.astype(np.int64) - base).astype(np.int8)
+    offsets = np.broadcast_to(base - np.asarray(zero_point, np.int64).ravel(), (channels,))
+    halved = offsets > 127
+    values = np.where(halved, offsets // 2, offsets).astype(np.int8)
+    return main, offsets, values, np.where(halved, 2.0, 1.0).astype(F32)
 
 
 def pointwise(rank: int) -> ConvAttrs:

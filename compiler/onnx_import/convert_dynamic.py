@@ -21,9 +21,10 @@ Weights: ``w_q - z_w`` stored as s8 with zero point 0 when it fits (always with 
 quantizer's symmetric s8 weights), else — a MatMul with one weight zero point — the weights
 and their zero point as they are; a ConvInteger's (``weight_type=QUInt8``: asymmetric u8
 weights) split into a main and a box-sum convolution as passes/weight_zero_point.py splits a
-QDQ one, each writing its exact accumulator in float32, and their sum. Refused, so the node
-runs as a float island with the reason: run-time weights, a per-row src zero point, a MatMul's
-per-column weight zero points whose centred weights leave int8.
+QDQ one, each writing its exact accumulator in float32, and their sum; a MatMulInteger's with
+zero points per column (``per_channel=True``) likewise into two matmuls, the second's weights
+the offsets ``o`` per column. Refused, so the node runs as a float island with the reason:
+run-time weights, a per-row src zero point.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from qfuse.compiler.onnx_import.convert_quant import as_int8, centered_weights
 from qfuse.ir.chain import ChainOp, Fused, Scale
 from qfuse.ir.ops import NoAttrs, Op, arity
 from qfuse.ir.types import DType, TensorInfo
-from qfuse.passes.weight_zero_point import Split, split
+from qfuse.passes.weight_zero_point import Split, split, split_matmul
 
 def dynamic_quantize_linear(ctx: Context, node: NodeView) -> None:
     """DynamicQuantizeLinear(x) → (y u8, scale, zero point): a native op
@@ -71,7 +72,7 @@ def integer_op(ctx: Context, node: NodeView) -> None:
                                   f"{x_info.dtype.name}")
     weights = _weights(ctx, node, conv)
     if isinstance(weights, Split):
-        _split_conv(ctx, node, weights)
+        _split(ctx, node, weights)
         return
     _integer_node(ctx, node, weights[0], weights[1], node.outputs[0], DType.S32)
 
@@ -103,10 +104,11 @@ def _integer_node(ctx: Context, node: NodeView, weights: str, wei_zp: int, outpu
     ctx.graph.set_info(output, TensorInfo(shape, dtype))
 
 
-def _split_conv(ctx: Context, node: NodeView, parts: Split) -> None:
-    """A ConvInteger whose weights leave s8: the main and box-sum convolutions of
-    passes/weight_zero_point.py, each writing its accumulator in float32 (exact while below
-    2^24), and their sum, which the Cast to float32 then reads as it is."""
+def _split(ctx: Context, node: NodeView, parts: Split) -> None:
+    """A ConvInteger whose weights leave s8 (or a MatMulInteger's with zero points per
+    column): the main and box-sum convolutions (matmuls) of passes/weight_zero_point.py, each
+    writing its accumulator in float32 (exact while below 2^24), and their sum, which the
+    Cast to float32 then reads as it is."""
     accs = []
     for weights, scales, what in ((parts.main, None, "main"),
                                   (parts.box, parts.box_scales, "box_sum")):
@@ -160,10 +162,9 @@ def _weights(ctx: Context, node: NodeView, conv: bool) -> tuple[str, int] | Spli
             name = ctx.graph.unique_name(f"{name}_")
         ctx.set_const(name, s8)
         return name, 0
+    dtype = DType.U8 if w.dtype == np.uint8 else DType.S8
     if conv:
-        dtype = DType.U8 if w.dtype == np.uint8 else DType.S8
         return split(w, zw, dtype, int(node.attr("group", 1)))
-    if zw.size != 1:
-        raise ctx.unsupported(node, "weights minus their zero points leave int8, and oneDNN "
-                                    "takes a matmul's weight zero point per tensor only")
+    if zw.size != 1:  # oneDNN's matmul takes one weight zero point: a second matmul
+        return split_matmul(w, zw, dtype)
     return w_name, int(zw.reshape(-1)[0])

@@ -29,7 +29,11 @@ benchmarks/arch_sweep.py ``--quantizers``):
 - ``qdq-dedicated``: ``extra_options={"DedicatedQDQPair": True}`` (a Q/DQ pair per reader);
 - ``qdq-s8``: s8 activations, ``ActivationSymmetric`` (zero point 0);
 - ``qdq-tensor``: per-tensor weights with ``reduce_range=True`` (7-bit weights);
-- ``qdq-u8w``: u8 weights (``weight_type=QUInt8``: weight zero points);
+- ``qdq-u8w``: u8 weights (``weight_type=QUInt8``: weight zero points; per channel they are
+  symmetric, zero point 128);
+- ``qdq-u8w-tensor``, ``qoperator-u8w-tensor``: u8 weights per tensor (``weight_type=QUInt8``,
+  ``per_channel=False``; onnxruntime's defaults until 1.11): an asymmetric zero point, so
+  ``w − zw`` leaves s8;
 - ``qdq-a16``: 16-bit activations (``activation_type=QInt16``; A16W8, for accuracy);
 - ``qdq-w4``: 4-bit weights (``weight_type=QInt4``; com.microsoft Q/DQ below opset 21);
 - ``qdq-contrib``: ``extra_options={"UseQDQContribOps": True}`` (com.microsoft Q/DQ);
@@ -53,7 +57,10 @@ benchmarks/arch_sweep.py ``--quantizers``):
 - ``dynamic``: ``quantize_dynamic`` (DynamicQuantizeLinear, MatMulInteger / ConvInteger; no
   calibration). Onnxruntime runs it on its own integer kernels, which sum u8·s8 pairs in
   int16 on CPUs without VNNI (not exact there): the sweep's reference is its exact form
-  (exact.py).
+  (exact.py);
+- ``dynamic-u8w``: quantize_dynamic with ``weight_type=QUInt8`` (its default until
+  onnxruntime 1.11, in many scripts still): per-tensor asymmetric u8 weights;
+  ``dynamic-u8w-channel`` with ``per_channel=True`` too (zero points per column).
 """
 
 from __future__ import annotations
@@ -95,6 +102,7 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "nncf-transformer": ("nncf", {"model_type": "TRANSFORMER"}),
     "dynamic": ("dynamic", {}),
     "dynamic-u8w": ("dynamic", {"weight_type": "QUInt8"}),
+    "dynamic-u8w-channel": ("dynamic", {"weight_type": "QUInt8", "per_channel": True}),
 }
 # DequantizeLinear has an `axis` (per-channel scales) from this opset on.
 PER_CHANNEL_QDQ_OPSET = 13

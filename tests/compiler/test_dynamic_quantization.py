@@ -33,7 +33,7 @@ def _const(name: str, shape: tuple[int, ...], std: float,
     return nh.from_array(rng.normal(0, std, shape).astype(np.float32), name)
 
 
-def _mlp() -> onnx.ModelProto:
+def _mlp(rng: np.random.Generator = RNG) -> onnx.ModelProto:
     """A transformer's feed-forward block: MatMul + bias, ReLU, MatMul + bias, residual."""
     nodes = [h.make_node("MatMul", ["x", "w1"], ["h"]), h.make_node("Add", ["h", "b1"], ["hb"]),
              h.make_node("Relu", ["hb"], ["r"]), h.make_node("MatMul", ["r", "w2"], ["o"]),
@@ -41,8 +41,8 @@ def _mlp() -> onnx.ModelProto:
     graph = h.make_graph(nodes, "mlp", [h.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                  [2, 12, 48])],
                          [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12, 48])],
-                         [_const("w1", (48, 96), 0.2), _const("b1", (96,), 0.1),
-                          _const("w2", (96, 48), 0.2), _const("b2", (48,), 0.1)])
+                         [_const("w1", (48, 96), 0.2, rng), _const("b1", (96,), 0.1, rng),
+                          _const("w2", (96, 48), 0.2, rng), _const("b2", (48,), 0.1, rng)])
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
@@ -217,6 +217,25 @@ def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: st
             else ["box_sum", "box_sum", "main", "main"])
     assert nodes == want, nodes
     assert {k["src_dtype"] for k in convs if not k["node"].endswith("box_sum")} == {"u8"}
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
+
+
+@pytest.mark.parametrize("mode", ["fused", "unfused"])
+def test_matmul_u8_weights_per_column_are_two_int8_matmuls(tmp_path: Path, mode: str) -> None:
+    """``per_channel=True`` with u8 weights: each MatMulInteger's zero points differ per column
+    and leave s8 (oneDNN's matmul takes one weight zero point): a main matmul on ``w − 128`` and
+    one with weights ``o`` per column, their sum (before: an onnxruntime island each),
+    bit-exact against the exact form."""
+    path = _quantized(tmp_path, _mlp(np.random.default_rng(7)), True, QuantType.QUInt8)
+    compiled = compile_model(path, mode=mode)
+    inspected = compiled.inspect()
+    assert not inspected["islands"]
+    # (without VNNI oneDNN runs an s8 matmul as a 1x1 convolution: any int8 primitive)
+    parts = {k["node"] for k in inspected["kernels"]
+             if (k["node"] or "").endswith(("/main", "/box_sum"))}
+    assert sorted(n.rsplit("/", 1)[-1] for n in parts) == ["box_sum", "box_sum", "main",
+                                                           "main"], parts
+    x = np.random.default_rng(0).normal(0, 1, compiled.input_specs()["x"][0]).astype(np.float32)
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
 
 
