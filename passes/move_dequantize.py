@@ -70,7 +70,7 @@ from qfuse.ir.graph import Graph, Node
 from qfuse.ir.ops import Op
 from qfuse.ir.types import DType, TensorInfo
 from qfuse.passes.base import PassContext
-from qfuse.passes.quant_utils import DqParams, dq_params, is_op, remove_if_unused
+from qfuse.passes.quant_utils import DqParams, centered, dq_params, is_op, remove_if_unused
 from qfuse.runtime.numerics.rounding import F32_EXACT
 from qfuse.runtime.reference import IMPLS
 from qfuse.runtime.reference.ops_quant import dequantize_linear
@@ -173,11 +173,7 @@ def _weights(graph: Graph, node: Node, *, u8: bool = False) -> Weights | str:
 def _zero_point_free(graph: Graph, dq: Node, p: DqParams) -> Weights | str:
     """The weights as s8 with zero point 0, exactly: ``w_q − zw`` when all of it fits in s8
     (the same real weights ``(w_q − zw)·sw``); ``rewrite`` stores it as a new constant."""
-    w = graph.constant(dq.inputs[0]).astype(np.int64)
-    zp = p.zero_point
-    if p.axis is not None:
-        zp = zp.reshape([-1 if i == p.axis % w.ndim else 1 for i in range(w.ndim)])
-    shifted = w - zp
+    shifted = centered(graph.constant(dq.inputs[0]), p)
     if shifted.min() < -128 or shifted.max() > 127:
         return (f"weights are {p.dtype.name.lower()} with zero point(s) "
                 f"{sorted(set(p.zero_point.tolist()))[:4]}: w − zw spans "
@@ -187,7 +183,9 @@ def _zero_point_free(graph: Graph, dq: Node, p: DqParams) -> Weights | str:
         shifted.astype(np.int8)
 
 
-def _bias(graph: Graph, node: Node) -> tuple[np.ndarray | None, Node | None] | str:
+def bias_of(graph: Graph, node: Node) -> tuple[np.ndarray | None, Node | None] | str:
+    """A Conv's / ConvTranspose's bias as float32 and the dequantize it came from (None, None
+    without one), or why it is neither a float constant nor a dequantized one."""
     name = node.inputs[2] if len(node.inputs) > 2 else ""
     if not name:
         return None, None
@@ -230,7 +228,7 @@ def plan_conv(graph: Graph, node: Node) -> Plan | str:
     src_scales = _source_scales(graph, node, px, graph.info(node.outputs[0]).shape[1])
     if isinstance(src_scales, str):
         return src_scales
-    bias = _bias(graph, node)
+    bias = bias_of(graph, node)
     if isinstance(bias, str):
         return bias
     plan = Plan()

@@ -115,6 +115,15 @@ def dq_params(graph: Graph, node: Node) -> DqParams | None:
     return DqParams(scale.astype(F32).ravel(), zp.astype(np.int64).ravel(), axis, dtype)
 
 
+def centered(q: np.ndarray, p: DqParams) -> np.ndarray:
+    """``q − zp`` in int64, the zero points of ``p`` per tensor or along its axis: the
+    integers a dequantize scales."""
+    zp = p.zero_point
+    if p.axis is not None:
+        zp = zp.reshape([-1 if i == p.axis % q.ndim else 1 for i in range(q.ndim)])
+    return q.astype(np.int64) - zp
+
+
 def fq_ranges(graph: Graph, node: Node) -> tuple[np.ndarray, ...] | None:
     """(il, ih, ol, oh) of a FAKE_QUANTIZE as float32 arrays; None if one is not constant."""
     found = [graph.constant(name) for name in node.inputs[1:5]]

@@ -63,9 +63,11 @@ from qfuse.ir import Graph, Node, Op
 from qfuse.ir.ops import ConvAttrs
 from qfuse.ir.types import DType, QuantParams
 from qfuse.passes.base import PassContext
+from qfuse.passes.move_dequantize import bias_of
 from qfuse.passes.quant_utils import (
     DqParams,
     add_dequantize,
+    centered,
     dq_params,
     infer_into,
     is_op,
@@ -108,10 +110,7 @@ def _weights_beyond_s8(graph: Graph, conv: Node) -> tuple[Node, DqParams, np.nda
     p = dq_params(graph, dq)
     if w is None or p is None or not p.dtype.is_quantized:
         return None
-    zp = p.zero_point
-    if p.axis is not None:
-        zp = zp.reshape([-1 if i == p.axis % w.ndim else 1 for i in range(w.ndim)])
-    shifted = w.astype(np.int64) - zp
+    shifted = centered(w, p)
     if shifted.min() >= -128 and shifted.max() <= 127:
         return None  # s8 as it is (move_dequantize)
     return dq, p, w
@@ -134,15 +133,15 @@ def _plan(graph: Graph, conv: Node, weights: tuple[Node, DqParams, np.ndarray]
         return "a ConvTranspose's weights with zero points per channel"
     if not pw.per_tensor and pw.axis != 0:
         return f"weights are per channel along axis {pw.axis}, not the output channels"
-    bias = _bias(graph, conv)
+    bias = bias_of(graph, conv)
     if isinstance(bias, str):
-        return bias
+        return f"weights with a zero point beyond s8, and {bias}"
     attrs = conv.attrs
     parts = split(w, pw.zero_point, pw.dtype, attrs.group,
                   attrs.strides if deconv else None)
     out_channels = graph.info(conv.outputs[0]).shape[1]
     scale = px.scale.astype(F32) * np.broadcast_to(pw.scale.astype(F32), (out_channels,))
-    return x_dq, px, parts, scale, bias
+    return x_dq, px, parts, scale, bias[0]
 
 
 @dataclass(frozen=True)
@@ -222,25 +221,6 @@ def _full_box_sum(out_channels: int, taps: int) -> bool:
     choice sums to 62.0 ms over them, the better of the two for each conv to 61.2, always
     narrow to 73.9, always full to 87.2."""
     return taps * out_channels <= FULL_BOX_LIMIT
-
-
-def _bias(graph: Graph, conv: Node) -> np.ndarray | None | str:
-    """The bias as float32 (a constant or a dequantized constant), None without one."""
-    name = conv.inputs[2] if len(conv.inputs) > 2 else ""
-    if not name:
-        return None
-    data = graph.constant(name)
-    if data is not None:
-        return data.astype(F32).ravel()
-    dq = graph.producer(name)
-    if is_op(dq, Op.DEQUANTIZE_LINEAR):
-        assert dq is not None
-        p = dq_params(graph, dq)
-        q = graph.constant(dq.inputs[0])
-        if p is not None and q is not None:
-            zp = p.zero_point if p.axis is None else p.zero_point.reshape(-1)
-            return ((q.astype(np.int64).ravel() - zp).astype(F32) * p.scale).astype(F32)
-    return "weights with a zero point beyond s8, and the bias is not a constant"
 
 
 def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
