@@ -244,7 +244,14 @@ class Context:
     def constant(self, node: NodeView, tag: str, values: np.ndarray) -> str:
         """A new constant, named after ``node``'s output and ``tag``, for the ops ``node``
         becomes."""
-        name = self.graph.unique_name(f"{node.outputs[0]}@{tag}")
+        return self.new_const(f"{node.outputs[0]}@{tag}", values)
+
+    def new_const(self, base: str, values: np.ndarray) -> str:
+        """A new constant named ``base`` or, when that is taken (by a graph value or a
+        constant not materialized yet), ``base`` with a suffix."""
+        name = self.graph.unique_name(base)
+        while name in self.consts:
+            name = self.graph.unique_name(f"{name}_")
         self.set_const(name, values)
         return name
 

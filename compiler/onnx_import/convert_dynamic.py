@@ -112,10 +112,7 @@ def _split(ctx: Context, node: NodeView, parts: Split) -> None:
     accs = []
     for weights, scales, what in ((parts.main, None, "main"),
                                   (parts.box, parts.box_scales, "box_sum")):
-        name = ctx.graph.unique_name(f"{node.input(1)}_{what}")
-        while name in ctx.consts:
-            name = ctx.graph.unique_name(f"{name}_")
-        ctx.set_const(name, weights)
+        name = ctx.new_const(f"{node.input(1)}_{what}", weights)
         acc = ctx.graph.unique_name(f"{node.outputs[0]}/{what}")
         chain = [] if scales is None or np.all(scales == 1) else [Scale.of(scales)]
         if what == "box_sum" and parts.spread is not None:  # channel sums, then their box
@@ -124,8 +121,8 @@ def _split(ctx: Context, node: NodeView, parts: Split) -> None:
                           f"{node.name}/channel_sum", pointwise=True)
             window = ctx.graph.producer(accs[0])
             assert window is not None
-            ones = ctx.graph.unique_name(f"{node.name}/box_kernel")
-            ctx.set_const(ones, np.ones((1, 1, *parts.spread), np.float32))
+            ones = ctx.new_const(f"{node.name}/box_kernel",
+                                 np.ones((1, 1, *parts.spread), np.float32))
             box = NodeView(f"{node.name}/{what}", "Conv", node.domain, [sums, ones], [acc],
                            {}, list(node.origin), node.proto)
             ctx.emit(box, Op.CONV, [sums, ones], dataclasses.replace(window.attrs, group=1),
@@ -157,11 +154,7 @@ def _weights(ctx: Context, node: NodeView, conv: bool) -> tuple[str, int] | Spli
     if s8 is not None:
         if w.dtype == np.int8 and not np.any(zw):
             return w_name, 0
-        name = ctx.graph.unique_name(f"{w_name}_s8")
-        while name in ctx.consts:
-            name = ctx.graph.unique_name(f"{name}_")
-        ctx.set_const(name, s8)
-        return name, 0
+        return ctx.new_const(f"{w_name}_s8", s8), 0
     dtype = DType.U8 if w.dtype == np.uint8 else DType.S8
     if conv:
         return split(w, zw, dtype, int(node.attr("group", 1)))
