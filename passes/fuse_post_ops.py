@@ -75,7 +75,14 @@ its source reshaped alike (passes/matmul_reshape.py: ONNX Runtime's MatMulAddFus
 3-D MatMuls in Reshapes that would otherwise cut every transformer chain).
 
 Every extension is judged by the composer first: ``compose()`` on the candidate chain (the
-node's channels and the candidate's dst type); a ComposeError stops the walk there. Each node
+node's channels and the candidate's dst type); a ComposeError stops the walk there, and so does
+a compute (or pooling, resize, norm) node's chain that would compose to more than
+``CHAIN_POST_OPS`` post-ops: one oneDNN primitive holds at most MAX_POST_OPS (32), and
+lowering may add up to ``LOWERING_POST_OPS`` of its own. What follows the cut is fused on its
+own (a gate chain from the next node), the tensor between the two kernels the one the model
+quantized there: six activations each with a Q / DQ pair after a MatMul compose to 36, three
+kernels instead of a LoweringError. A gate chain has no limit here: its binary primitive's
+chain runs in parts, each writing the float32 value where it stops (lower_gate.py). Each node
 that stops a chain and is not absorbed gets its reason recorded (``ctx.decline``); compute
 nodes reading a chain's value are kernels of their own and get none.
 
@@ -132,9 +139,17 @@ from qfuse.passes.post_op_match import (
 )
 from qfuse.passes.quant_utils import dq_params
 from qfuse.passes.signed_matmul_weights import MOVES
+from qfuse.runtime.onednn.attr import MAX_POST_OPS
 
 log = logging.getLogger(__name__)
 
+# What lowering may add to a composed chain: as_float_post_ops on a float32 or binary
+# primitive (weight scale and bias, the int8 store's scale and zero point, the s8 NaN clip)
+# and the int8 store's rint after a float32 matmul (compiler/lower/lower_matmul.py), a padded
+# depthwise source's compensation and the low half of split weights without VNNI
+# (compiler/lower/padded_depthwise.py, no_vnni.py), a chain's dequantize of its 8-bit source
+LOWERING_POST_OPS = 8
+CHAIN_POST_OPS = MAX_POST_OPS - LOWERING_POST_OPS
 _MOVE_OPS = frozenset({Op.TRANSPOSE, Op.CONCAT, Op.SPLIT, Op.SLICE, Op.PAD, Op.RESIZE})
 _FLOAT_ONLY = frozenset({Op.SOFTMAX, Op.LOG_SOFTMAX})  # readers with no integer source in oneDNN
 
@@ -464,7 +479,8 @@ def _fuse_gate(graph: Graph, ctx: PassContext, node: Node) -> bool:
     info = graph.info(out)
     node.fused = Fused()
     start = _State(items, inputs, out, info)
-    best, _, _ = _walk(graph, ctx, node, start, info.shape[1])
+    # no limit: lower_gate.py runs a binary primitive's chain past 32 post-ops in parts
+    best, _, _ = _walk(graph, ctx, node, start, info.shape[1], limit=None)
     source = _integer_source(graph, best)
     # worth a kernel when the chain ends in a quantize (or its dequantize: read by a Softmax
     # — attention's score + position bias → Q → DQ → Softmax —, by float ops only, or a
@@ -541,11 +557,11 @@ def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:
     out = node.outputs[0]
     start = _State(list(node.fused.chain), list(node.inputs), out, graph.info(out))
     channels = out_channels(graph, node)
-    best, state, stop = _walk(graph, ctx, node, start, channels)
+    best, state, stop = _walk(graph, ctx, node, start, channels, limit=CHAIN_POST_OPS)
     if _lost_int_residual(state, best):
         # The dst stayed f32: sum the dequantized residual (f32) instead of its 8-bit source.
         retry = _walk(graph, ctx, node, dataclasses.replace(start, int_residual=False),
-                      channels)
+                      channels, limit=CHAIN_POST_OPS)
         if len(retry[0].absorbed) > len(best.absorbed):
             best, state, stop = retry
     note = f"chain ends: {stop.reason}"
@@ -564,9 +580,11 @@ def _fuse(graph: Graph, ctx: PassContext, node: Node) -> bool:
 
 
 def _walk(
-    graph: Graph, ctx: PassContext, node: Node, start: _State, channels: int
+    graph: Graph, ctx: PassContext, node: Node, start: _State, channels: int, *,
+    limit: int | None
 ) -> tuple[_State, _State, _Stop]:
-    """(the longest valid state, the last state reached, why the walk stopped)."""
+    """(the longest valid state, the last state reached, why the walk stopped); ``limit``:
+    the most post-ops the chain may compose to (module docstring)."""
     best = state = start
     while True:
         try:
@@ -594,10 +612,16 @@ def _walk(
             return best, state, stop.with_traceback(None)
         reader = new.absorbed[-1]
         try:
-            compose(new.chain, channels=channels, dst_dtype=new.info.dtype, options=ctx.composer)
+            composed = compose(new.chain, channels=channels, dst_dtype=new.info.dtype,
+                               options=ctx.composer)
         except ComposeError as exc:
             return best, state, _Stop(reader, f"post-op: the composer cannot take {reader}: "
                                               f"{exc}")
+        if limit is not None and len(composed.post_ops) > limit:
+            return best, state, _Stop(reader, f"post-op: with {reader} the chain of {node} "
+                                      f"composes to {len(composed.post_ops)} post-ops, more "
+                                      f"than {limit} (oneDNN's {MAX_POST_OPS} a primitive, "
+                                      "less what lowering adds): a kernel of its own")
         state = new
         if _valid(state):
             best = state

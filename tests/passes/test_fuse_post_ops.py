@@ -53,6 +53,7 @@ from qfuse.ir.ops import (
     ReshapeAttrs,
 )
 from qfuse.passes import fuse_bias, fuse_post_ops
+from qfuse.passes.composer import compose
 from qfuse.passes.post_op_match import depends_on
 from qfuse.runtime.numerics import step_diff
 
@@ -302,6 +303,31 @@ def test_the_composer_judges() -> None:
     assert result.changed == 0
     assert "the composer cannot take" in result.declined[0].reason
     assert "input_low == input_high" in result.declined[0].reason
+
+
+def test_a_chain_stops_where_it_would_not_fit_a_primitive() -> None:
+    """Eight Sigmoids, each requantized, after an int8 conv compose to far more than a oneDNN
+    primitive's 32 post-ops: the walk stops at the last quantize that keeps the composed
+    chain within CHAIN_POST_OPS (lowering's own post-ops fit beside it) and says why; what
+    follows is left to other kernels, the int8 tensor between them the model's."""
+    graph = new_graph()
+    int8_conv(graph)
+    value = fq(graph, "conv", "q0", 0.04, 100).outputs[0]
+    for i in range(8):
+        dq(graph, value, f"d{i}")
+        add(graph, Op.SIGMOID, [f"d{i}"], f"s{i}")
+        value = fq(graph, f"s{i}", f"q{i + 1}", 1 / 255, 0).outputs[0]
+    graph.outputs.append(value)
+    feeds = feeds_for(graph)
+    before = reference(graph, feeds)
+    result = run(fuse_post_ops, graph)
+    np.testing.assert_array_equal(reference(graph, feeds)[value], before[value])
+    node = graph.node("conv")
+    composed = compose(node.fused.chain, channels=C, dst_dtype=graph.info(node.outputs[0]).dtype)
+    assert 0 < len(composed.post_ops) <= fuse_post_ops.CHAIN_POST_OPS
+    assert kinds(graph)[-1] is Quantize and graph.info(node.outputs[0]).dtype is DType.U8
+    assert graph.has_node(f"d{kinds(graph).count(Activation)}")  # the rest stays for later
+    assert any("post-ops, more than 24" in d.reason for d in result.declined)
 
 
 def matmul_block(last: int = C) -> Graph:
