@@ -9,11 +9,12 @@ asymmetric zero point (their range [min, max] mapped onto [0, 255]); so does qua
 on weights it takes for activations (a model without pre-processing whose weights are
 Constant nodes, paddle2onnx's). ``w − zw`` then spans up to [−255, 255]:
 no s8 tensor holds it, and move_dequantize declines the convolution (float32). Split
-``w − zw = (w − b) + o`` with ``b = 128`` for u8 weights (0 for s8), so ``w − b`` is s8, and
-``o = b − zw`` (per tensor, or per output channel):
+``w − zw = m + o`` with ``m`` s8 and ``o`` an offset per tensor (or per output channel): the
+one nearest 0 in ``[max − 127, min + 128]`` of the weights ``w − zw`` (of the channel), so that
+``m = w − zw − o`` is s8 — for u8 weights spanning [0, 255] ``o = 128 − zw`` and ``m = w − 128``:
 
-    acc = Σ (x − zx)·(w − zw) = Σ (x − zx)·(w − b)  +  o·Σ (x − zx)
-                                 the main conv           the box sum: the same window summed
+    acc = Σ (x − zx)·(w − zw) = Σ (x − zx)·m  +  o·Σ (x − zx)
+                                 the main conv     the box sum: the same window summed
 
 over the taps and input channels inside the image (a padding tap is the real 0 in both). The
 box sum is a second int8 convolution of the same x with constant weights ``o``
@@ -24,7 +25,7 @@ summed over the conv's window by a float32 convolution of ones on that one chann
 int8 convolutions vectorize over output channels: one output channel of a 3x3 window cost
 0.2–0.5 of the main conv in a microbenchmark, the two steps 0.04–0.35). The graph becomes
 
-    y = (Conv(DQ(x, 1, zx), w − b) + box) · (sx·sw) [+ bias]
+    y = (Conv(DQ(x, 1, zx), m) + box) · (sx·sw) [+ bias]
 
 every convolution with scale 1, so each writes its integer sums in float32 and the Add is their
 exact integer sum while the sums stay below 2^24 (beyond, float32 rounds them as oneDNN's own
@@ -47,6 +48,13 @@ ConvTranspose alike: the box sum is a second ConvTranspose of the same x whose w
 ``o`` (the weights' shape), or the channel sums' ConvTranspose by ones on one channel: each
 output value sums the inputs that reach it, and a cropped border is cropped from both.
 
+quantize_dynamic's ConvInteger, and its MatMulInteger with zero points per column, come from
+the importer as one int8 node on ``w − zw`` in int16 (compiler/onnx_import/convert_dynamic.py;
+the fp32 mode reads that node as the float op): split alike into the main and box-sum nodes,
+each reading the run-time src zero point and writing its exact sums in float32, and their Add
+before the accumulator's Cast to float32 (``_rewrite_dynamic``); a MatMul's box sum is a second
+matmul whose weights are ``o`` per column.
+
 Declined (float32 as before, the reason in ``inspect``): a source quantized per channel;
 weights quantized along an axis other than the output channels; a ConvTranspose's weights
 with zero points per channel.
@@ -54,16 +62,20 @@ with zero points per channel.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
 import numpy as np
 
 from qfuse.ir import Graph, Node, Op
+from qfuse.ir.chain import Fused, Scale
 from qfuse.ir.ops import ConvAttrs
-from qfuse.ir.types import DType, QuantParams
+from qfuse.ir.types import DType, QuantParams, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.move_dequantize import bias_of
+from qfuse.passes.post_op_match import sole_reader
+from qfuse.passes.replace import bypass_keeping_name
 from qfuse.passes.quant_utils import (
     DqParams,
     add_dequantize,
@@ -95,6 +107,15 @@ def run(graph: Graph, ctx: PassContext) -> int:
             continue
         _rewrite(graph, conv, *plan)
         changed += 1
+    for node in [n for n in graph.topo_order() if _wide_dynamic_weights(graph, n)]:
+        ctx.visit(node)
+        cast, _ = sole_reader(graph, node.outputs[0])
+        if cast is None or cast.op is not Op.CAST or graph.info(
+                cast.outputs[0]).dtype is not DType.F32:
+            ctx.decline(node, "weights beyond s8, and the accumulator is not cast to float32")
+            continue
+        _rewrite_dynamic(graph, node, cast)
+        changed += 1
     if changed:
         graph.remove_unused()
     return changed
@@ -114,6 +135,14 @@ def _weights_beyond_s8(graph: Graph, conv: Node) -> tuple[Node, DqParams, np.nda
     if shifted.min() >= -128 and shifted.max() <= 127:
         return None  # s8 as it is (move_dequantize)
     return dq, p, w
+
+
+def _wide_dynamic_weights(graph: Graph, node: Node) -> bool:
+    """A dynamically quantized Conv / MatMul whose weights the importer wrote as ``w − zw`` in
+    int16 (compiler/onnx_import/convert_dynamic.py: they leave s8)."""
+    w = graph.constant(node.inputs[1]) if node.op in (Op.CONV, Op.MATMUL) else None
+    return (w is not None and node.fused is not None
+            and node.fused.src_zero_point_port is not None and w.dtype == np.int16)
 
 
 def _plan(graph: Graph, conv: Node, weights: tuple[Node, DqParams, np.ndarray]
@@ -137,8 +166,7 @@ def _plan(graph: Graph, conv: Node, weights: tuple[Node, DqParams, np.ndarray]
     if isinstance(bias, str):
         return f"weights with a zero point beyond s8, and {bias}"
     attrs = conv.attrs
-    parts = split(w, pw.zero_point, pw.dtype, attrs.group,
-                  attrs.strides if deconv else None)
+    parts = split(centered(w, pw), attrs.group, attrs.strides if deconv else None)
     out_channels = graph.info(conv.outputs[0]).shape[1]
     scale = px.scale.astype(F32) * np.broadcast_to(pw.scale.astype(F32), (out_channels,))
     return x_dq, px, parts, scale, bias[0]
@@ -146,11 +174,11 @@ def _plan(graph: Graph, conv: Node, weights: tuple[Node, DqParams, np.ndarray]
 
 @dataclass(frozen=True)
 class Split:
-    """``w − zw`` as ``main`` (s8 ``w − b``) plus the box sum's weights ``box`` (s8, all ``o``
-    or ``o/2`` per output channel: ``[OC, Cin/g, k...]``, or ``[1, Cin, 1...]`` when one box
-    sum serves every output channel) and their scales (1, or 2 for ``o = 128``). ``spread``:
-    the kernel of the one box sum, summed in float32 over the channel sums ``box`` gives
-    (module docstring); None when ``box`` is the box sum's own kernel."""
+    """``w − zw`` as ``main`` (s8 ``w − zw − o``) plus the box sum's weights ``box`` (s8, all
+    ``o`` or ``o/2`` per output channel: ``[OC, Cin/g, k...]``, or ``[1, Cin, 1...]`` when one
+    box sum serves every output channel) and their scales (1, or 2 for ``o = 128``).
+    ``spread``: the kernel of the one box sum, summed in float32 over the channel sums ``box``
+    gives (module docstring); None when ``box`` is the box sum's own kernel."""
 
     main: np.ndarray
     box: np.ndarray
@@ -158,15 +186,16 @@ class Split:
     spread: tuple[int, ...] | None = None
 
 
-def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
+def split(centered_w: np.ndarray, group: int,
           deconv_strides: tuple[int, ...] | None = None) -> Split:
-    """Conv weights ``w`` (u8 or s8, ``[OC, Cin/g, k...]``) with zero points ``zero_point``
-    (one, or one per output channel) split as the module docstring says. ConvTranspose
-    weights (``deconv_strides`` given: ``[Cin, OC/g, k...]``) take one zero point; their full
-    box sum has ``w``'s shape, their one box sum the same channel sums as a Conv's."""
+    """Conv weights ``w − zw`` (integers, ``[OC, Cin/g, k...]``) split as the module
+    docstring says. ConvTranspose weights (``deconv_strides`` given: ``[Cin, OC/g, k...]``)
+    take one offset for the whole tensor; their full box sum has the weights' shape, their
+    one box sum the same channel sums as a Conv's."""
     deconv = deconv_strides is not None
+    w = centered_w
     out_channels = w.shape[1] * group if deconv else w.shape[0]
-    main, offsets, values, scales = _offsets(w, zero_point, dtype, out_channels)
+    main, offsets, values, scales = _offsets(w, 1 if deconv else 0, out_channels)
     taps = int(np.prod(w.shape[2:])) * (w.shape[0] // group if deconv else w.shape[1])
     if deconv:  # each output value sums about taps / Π strides products
         taps //= int(np.prod(deconv_strides))
@@ -185,24 +214,44 @@ def split(w: np.ndarray, zero_point: np.ndarray, dtype: DType, group: int,
     return Split(main, box, scales)
 
 
-def split_matmul(w: np.ndarray, zero_point: np.ndarray, dtype: DType) -> Split:
-    """MatMul weights ``[..., K, N]`` with zero points per column: the main weights and a
-    second matmul's ``o`` per column (``w``'s shape), its scales per column; the product
+def split_matmul(centered_w: np.ndarray) -> Split:
+    """MatMul weights ``w − zw`` (``[..., K, N]``): the main weights and a second matmul's
+    ``o`` per column (the weights' shape), its scales per column; the product
     ``Σ_k (a − za)·o[n]`` is the box sum of a MatMul."""
-    main, _, values, scales = _offsets(w, zero_point, dtype, w.shape[-1])
-    return Split(main, np.broadcast_to(values, w.shape).copy(), scales)
+    main, _, values, scales = _offsets(centered_w, centered_w.ndim - 1, centered_w.shape[-1])
+    return Split(main, np.broadcast_to(values, centered_w.shape).copy(), scales)
 
 
-def _offsets(w: np.ndarray, zero_point: np.ndarray, dtype: DType, channels: int
+def _offsets(w: np.ndarray, axis: int, channels: int
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(s8 ``w − b``, the offsets ``o = b − zw`` per output channel, their s8 values and
-    scales: ``o`` with scale 1, or 64 with scale 2 for ``o = 128``)."""
-    base = 128 if dtype is DType.U8 else 0
-    main = (w.astype(np.int64) - base).astype(np.int8)
-    offsets = np.broadcast_to(base - np.asarray(zero_point, np.int64).ravel(), (channels,))
+    """(s8 ``w − o``, the offsets ``o`` per output channel (along ``axis``), their s8 values
+    and scales: ``o`` with scale 1, or 64 with scale 2 for ``o = 128``). One offset for the
+    whole tensor when one takes every weight into s8 (always for a zero point per tensor: u8
+    weights less it span at most 255), else one per channel; each the one nearest 0 of those
+    that do, ``[max − 127, min + 128]`` (``128 − zw`` for u8 weights spanning [0, 255])."""
+    w = np.asarray(w, np.int64)
+    lo, hi = int(w.min()), int(w.max())
+    if hi - lo <= 255:
+        offsets = np.full(channels, _nearest_zero(lo, hi), np.int64)
+        main = (w - offsets[0]).astype(np.int8)
+    else:
+        rest = tuple(i for i in range(w.ndim) if i != axis)
+        lows, highs = w.min(axis=rest).ravel(), w.max(axis=rest).ravel()
+        if np.any(highs - lows > 255):
+            raise ValueError("weights of one output channel span more than 255 integers")
+        offsets = np.array([_nearest_zero(int(a), int(b)) for a, b in zip(lows, highs)],
+                           np.int64)
+        main = (w - offsets.reshape([-1 if i == axis else 1 for i in range(w.ndim)])
+                ).astype(np.int8)
     halved = offsets > 127
     values = np.where(halved, offsets // 2, offsets).astype(np.int8)
     return main, offsets, values, np.where(halved, 2.0, 1.0).astype(F32)
+
+
+def _nearest_zero(lo: int, hi: int) -> int:
+    """The integer nearest 0 in ``[hi − 127, lo + 128]``: the offset ``o`` that takes weights
+    in ``[lo, hi]`` into s8 (``w − o``)."""
+    return min(max(0, hi - 127), lo + 128)
 
 
 def pointwise(rank: int) -> ConvAttrs:
@@ -267,3 +316,54 @@ def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
 
     rebuild(graph, [conv], build)
     log.debug("%s: weights beyond s8 → main + box-sum convolutions", conv)
+
+
+def _rewrite_dynamic(graph: Graph, node: Node, cast: Node) -> None:
+    """A dynamically quantized Conv / MatMul (``acc`` in int32, then ``cast`` to float32) as
+    its main and box-sum nodes, each reading the run-time src zero point and writing its exact
+    sums in float32, and their Add, which the readers of the cast then read."""
+    assert node.fused is not None
+    fused, acc, origin = node.fused, node.outputs[0], list(node.origin)
+    info = graph.info(acc)
+    w = graph.constant(node.inputs[1])
+    assert w is not None
+    real = w.astype(np.int64) - fused.wei_zero_point
+    parts = split(real, node.attrs.group) if node.op is Op.CONV else split_matmul(real)
+
+    def integer(weights: np.ndarray, scales: np.ndarray, what: str, attrs: object,
+                shape: tuple[int, ...]) -> str:
+        inputs = list(node.inputs)
+        inputs[1] = graph.add_constant(graph.unique_name(f"{node.name}/{what}_weights"),
+                                       weights).name
+        new = graph.add_node(node.op, inputs, [graph.unique_name(f"{acc}/{what}")], attrs,
+                             name=f"{node.name}/{what}", origin=origin,
+                             infos=[TensorInfo(shape, DType.F32)])
+        chain = [] if np.all(scales == 1) else [Scale.of(scales)]
+        new.fused = Fused(chain=chain, src_zero_point_port=fused.src_zero_point_port,
+                          absorbed=list(fused.absorbed), notes=list(fused.notes))
+        return new.outputs[0]
+
+    def build() -> None:
+        main = integer(parts.main, np.ones(1, F32), "main", node.attrs, info.shape)
+        if parts.spread is None:  # a conv's box sum: one output channel, or one per channel
+            shape = info.shape if node.op is Op.MATMUL else (
+                info.shape[0], parts.box.shape[0], *info.shape[2:])
+            box = integer(parts.box, parts.box_scales, "box_sum", node.attrs, shape)
+        else:  # the channel sums, then their box in float32
+            x_shape = graph.info(node.inputs[0]).shape
+            sums = integer(parts.box, parts.box_scales, "channel_sum",
+                           pointwise(len(parts.spread)), (x_shape[0], 1, *x_shape[2:]))
+            ones = graph.add_constant(graph.unique_name(f"{node.name}/box_kernel"),
+                                      np.ones((1, 1, *parts.spread), F32)).name
+            window = graph.add_node(Op.CONV, [sums, ones], [graph.unique_name(f"{acc}/box_sum")],
+                                    dataclasses.replace(node.attrs, group=1),
+                                    name=f"{node.name}/box_sum", origin=origin)
+            infer_into(graph, window)
+            box = window.outputs[0]
+        graph.add_node(Op.ADD, [main, box], [acc], name=f"{node.name}/accumulator",
+                       origin=origin, infos=[TensorInfo(info.shape, DType.F32)])
+
+    rebuild(graph, [node], build)
+    why = bypass_keeping_name(graph, cast)  # float32 to float32 now
+    assert why is None, why
+    log.debug("%s: weights beyond s8 → main + box-sum nodes (dynamic)", node)

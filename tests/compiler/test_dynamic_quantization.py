@@ -187,7 +187,19 @@ def _wide_conv(rng: np.random.Generator) -> onnx.ModelProto:
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("build", [_convnet, _wide_conv], ids=["convnet", "wide"])
+def _pointwise_conv(rng: np.random.Generator) -> onnx.ModelProto:
+    """A 1x1 convolution of 256 to 64 channels: one box sum, the channel sums read with the
+    convolution's own window (one output channel)."""
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["y"])]
+    graph = h.make_graph(nodes, "pointwise", [h.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                       [1, 256, 5, 5])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 5, 5])],
+                         [_const("w", (64, 256, 1, 1), 0.1, rng), _const("b", (64,), 0.1, rng)])
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("build", [_convnet, _wide_conv, _pointwise_conv],
+                         ids=["convnet", "wide", "pointwise"])
 @pytest.mark.parametrize("mode", ["fused", "unfused", "fp32"])
 def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: str,
                                                         build: object) -> None:
@@ -205,7 +217,8 @@ def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: st
     inspected = compiled.inspect()
     assert not inspected["islands"]
     x = np.random.default_rng(0).normal(0, 1, compiled.input_specs()["x"][0]).astype(np.float32)
-    if mode == "fp32":
+    if mode == "fp32":  # the float model: float32 kernels only (test_fp32_mode_is_the_float_model)
+        assert {k["src_dtype"] for k in inspected["kernels"]} == {"f32"}
         want = _session(model.SerializeToString()).run(None, {"x": x})[0]
         assert np.abs(compiled.run({"x": x})["y"] - want).max() < 0.05 * np.abs(want).max()
         return
@@ -213,8 +226,8 @@ def test_u8_weights_beyond_s8_are_two_int8_convolutions(tmp_path: Path, mode: st
     # two nodes per ConvInteger (without VNNI each may run as two halves: no_vnni.py); the
     # wide one's box sum a float32 box over its channel sums
     nodes = sorted(node.rsplit("/", 1)[-1] for node in {k["node"] for k in convs})
-    want = (["box_sum", "channel_sum", "main"] if build is _wide_conv
-            else ["box_sum", "box_sum", "main", "main"])
+    want = {_wide_conv: ["box_sum", "channel_sum", "main"], _pointwise_conv: ["box_sum", "main"],
+            _convnet: ["box_sum", "box_sum", "main", "main"]}[build]
     assert nodes == want, nodes
     assert {k["src_dtype"] for k in convs if not k["node"].endswith("box_sum")} == {"u8"}
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
@@ -307,15 +320,18 @@ def test_dynamic_params_are_float32_arithmetic() -> None:
             (x_min, x_max)
 
 
+@pytest.mark.parametrize("weights", [QuantType.QInt8, QuantType.QUInt8], ids=["s8", "u8"])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["tensor", "channel"])
 @pytest.mark.parametrize("build", [_mlp, _convnet, _squeeze_excitation],
                          ids=["mlp", "convnet", "squeeze_excitation"])
-def test_fp32_mode_is_the_float_model(tmp_path: Path, build: object, per_channel: bool) -> None:
+def test_fp32_mode_is_the_float_model(tmp_path: Path, build: object, per_channel: bool,
+                                      weights: QuantType) -> None:
     """The fp32 mode strips dynamic quantization (passes/strip_quantization.py): float32
     kernels only, on the float model with the quantized weights ``(w − zw)·s_w``, so within
-    weight-quantization noise of the model quantize_dynamic read."""
+    weight-quantization noise of the model quantize_dynamic read; u8 weights too, whose
+    ``w − zw`` leaves s8 (the int8 modes split those nodes in two, weight_zero_point.py)."""
     model = build()  # type: ignore[operator]
-    path = _quantized(tmp_path, model, per_channel, QuantType.QInt8)
+    path = _quantized(tmp_path, model, per_channel, weights)
     compiled = compile_model(path, mode="fp32")
     kernels = compiled.inspect()["kernels"]
     assert {k["src_dtype"] for k in kernels} == {"f32"}, [(k["name"], k["src_dtype"])

@@ -25,7 +25,7 @@ from quant_helpers import reference
 import qfuse
 import qfuse.passes.weight_zero_point as W
 from qfuse.compiler import pipeline
-from qfuse.ir import DType, Node, Op
+from qfuse.ir import Node, Op
 from qfuse.ir.ops import ConvAttrs, ConvTransposeAttrs
 from qfuse.runtime.reference import IMPLS
 
@@ -117,8 +117,14 @@ def test_two_int8_convolutions_compute_the_exact_accumulator(case: str) -> None:
     box = convs["channel_sum" if spread else "box_sum"]
     box_w = g.constant(g.producer(box.inputs[1]).inputs[0])
     assert main_w.dtype == box_w.dtype == np.int8
-    base = 128 if w.dtype == np.uint8 else 0
-    np.testing.assert_array_equal(main_w, w.astype(np.int64) - base)
+    real = w.astype(np.int64) - zw.astype(np.int64).reshape((-1, 1, 1, 1) if zw.size > 1
+                                                            else ())
+    if zw.size == 1:  # u8 weights over [0, 255] less zw: offset 128 − zw, main w − 128
+        base = 128 if w.dtype == np.uint8 else 0
+        np.testing.assert_array_equal(main_w, w.astype(np.int64) - base)
+    else:  # per channel: each channel's offset the one nearest 0 that takes it into s8
+        offsets = [W._nearest_zero(int(c.min()), int(c.max())) for c in real]
+        np.testing.assert_array_equal(main_w, real - np.reshape(offsets, (-1, 1, 1, 1)))
     if spread:  # the channel sums (1x1), then a float32 box of the conv's window over them
         assert box_w.shape == (1, w.shape[1], 1, 1)
         ones = g.constant(convs["box_sum"].inputs[1])
@@ -246,6 +252,6 @@ def test_compiled_convolutions_are_int8_and_agree_with_onnxruntime(case: str) ->
 
 
 def test_an_offset_of_128_is_64_with_scale_2() -> None:
-    parts = W.split(np.array([[[[0, 255]]]], np.uint8), np.array([0]), DType.U8, 1)
+    parts = W.split(np.array([[[[0, 255]]]]), 1)  # u8 weights 0 and 255, zero point 0
     assert parts.main.tolist() == [[[[-128, 127]]]]
     assert parts.box.tolist() == [[[[64, 64]]]] and parts.box_scales.tolist() == [2.0]
