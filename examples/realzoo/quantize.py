@@ -54,6 +54,10 @@ benchmarks/arch_sweep.py ``--quantizers``):
 - ``nncf-mixed``: NNCF ``preset=MIXED`` (asymmetric activations: per-channel zero points on
   depthwise inputs);
 - ``nncf-transformer``: NNCF ``model_type=TRANSFORMER`` (MIXED plus SmoothQuant's scales);
+- ``qdq-all``: every op type of the model quantized, as onnxruntime's ``get_qdq_config``
+  ("a configuration suitable that quantizes the entire model to integer precision") asks
+  ``quantize_static`` for: ``op_types_to_quantize`` = all op types of the model and
+  ``ForceQuantizeNoInputCheck`` (Q/DQ around Softmax, LayerNormalization, Reshape, Sigmoid, …);
 - ``dynamic``: ``quantize_dynamic`` (DynamicQuantizeLinear, MatMulInteger / ConvInteger; no
   calibration). Onnxruntime runs it on its own integer kernels, which sum u8·s8 pairs in
   int16 on CPUs without VNNI (not exact there): the sweep's reference is its exact form
@@ -96,6 +100,8 @@ VARIANTS: dict[str, tuple[str, dict[str, object]]] = {
     "qdq-raw": ("qdq", {"pre_process": False}),
     "qdq-keepact": ("qdq", {"extra_options": {"QDQKeepRemovableActivations": True}}),
     "qdq-wpair": ("qdq", {"extra_options": {"AddQDQPairToWeight": True}}),
+    "qdq-all": ("qdq", {"op_types_to_quantize": "all",
+                        "extra_options": {"ForceQuantizeNoInputCheck": True}}),
     "qoperator-s8": ("qoperator", {"activation_type": "QInt8"}),
     "qoperator-raw": ("qoperator", {"pre_process": False}),
     "nncf-mixed": ("nncf", {"preset": "MIXED"}),
@@ -174,6 +180,9 @@ def quantize_ort(float_model: onnx.ModelProto, calibration: Sequence[dict[str, n
         for key, value in options.items():
             kwargs[key] = (QuantType[value] if key.endswith("_type")
                            else dict(value) if isinstance(value, dict) else value)
+        if kwargs.get("op_types_to_quantize") == "all":  # get_qdq_config's every op type
+            kwargs["op_types_to_quantize"] = sorted(
+                {n.op_type for n in onnx.load(work / "pre.onnx").graph.node})
         quantize_static(str(work / "pre.onnx"), str(work / "q.onnx"), reader, **kwargs)
         problem = _invalid(work / "q.onnx")
         opset = _opset(float_model)
