@@ -286,3 +286,16 @@ def zoo_values() -> dict[str, np.ndarray]:
             for value, array in compiled.run_all(feeds).items():
                 values[f"{name}|{mode}|{value}"] = array
     return values
+
+
+def onnx_qdq(nodes: list[Any], inits: list[Any], src: str, dst: str, scale: float,
+             zp: int) -> None:
+    """Append an ONNX QuantizeLinear / DequantizeLinear pair ``src`` → ``dst`` (u8, per tensor)
+    and its scale and zero point initializers to ``nodes`` and ``inits``."""
+    from onnx import helper, numpy_helper
+
+    nodes.extend([
+        helper.make_node("QuantizeLinear", [src, f"s_{dst}", f"z_{dst}"], [f"{dst}_q"]),
+        helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{dst}", f"z_{dst}"], [dst])])
+    inits.extend([numpy_helper.from_array(np.asarray(scale, np.float32), f"s_{dst}"),
+                  numpy_helper.from_array(np.asarray(zp, np.uint8), f"z_{dst}")])

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qfuse
 from qfuse.runtime.onednn.attr import MAX_POST_OPS
+from tests.compiler.lower_helpers import onnx_qdq
 
 
 def _init(name: str, value: object, dtype: type) -> onnx.TensorProto:
@@ -27,10 +28,7 @@ def _conv_then_activations(ops: list[str]) -> onnx.ModelProto:
                         _init("w_z", np.zeros(8), np.int8)]
 
     def qdq(src: str, dst: str, scale: float, zp: int) -> None:
-        nodes.extend([
-            helper.make_node("QuantizeLinear", [src, f"s_{dst}", f"z_{dst}"], [f"{dst}_q"]),
-            helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{dst}", f"z_{dst}"], [dst])])
-        inits.extend([_init(f"s_{dst}", scale, np.float32), _init(f"z_{dst}", zp, np.uint8)])
+        onnx_qdq(nodes, inits, src, dst, scale, zp)
 
     qdq("x", "xd", 0.04, 128)
     nodes.append(helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], axis=0))

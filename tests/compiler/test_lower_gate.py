@@ -12,6 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import qfuse
+from tests.compiler.lower_helpers import onnx_qdq
 
 
 def _init(name: str, value: object, dtype: type) -> onnx.TensorProto:
@@ -37,10 +38,7 @@ def _long_chain(steps: list[tuple[str, str]], two_inputs: bool,
              _init("c0.044715", 0.044715, np.float32), _init("c0.79788", 0.7978846, np.float32)]
 
     def qdq(src: str, dst: str, scale: float, zp: int) -> None:
-        nodes.extend([
-            helper.make_node("QuantizeLinear", [src, f"s_{dst}", f"z_{dst}"], [f"{dst}_q"]),
-            helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{dst}", f"z_{dst}"], [dst])])
-        inits.extend([_init(f"s_{dst}", scale, np.float32), _init(f"z_{dst}", zp, np.uint8)])
+        onnx_qdq(nodes, inits, src, dst, scale, zp)
 
     qdq("x", "xd", 0.04, 128)
     if two_inputs:
