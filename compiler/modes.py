@@ -4,10 +4,11 @@
 - ``unfused``: the same pipeline but table_lookup (a chain of ops as one table is fusion);
   the lowering runs every post-op of a fused node as its own oneDNN primitive
   (compiler/lower/unfused.py).
-- ``fp32``: quantization stripped (passes/strip_quantization.py), the import cleanup, every
-  float Conv / ConvTranspose / MatMul marked as a fused node with an empty chain, then
-  fuse_bias, fuse_post_ops and compose_post_ops on the float graph: f32 primitives with fused
-  eltwise / sum post-ops.
+- ``fp32``: quantization stripped (passes/strip_quantization.py; what it leaves int8, a
+  dynamically quantized node's weights beyond s8 split by weight_zero_point), the import
+  cleanup, every float Conv / ConvTranspose / MatMul marked as a fused node with an empty
+  chain, then fuse_bias, fuse_post_ops and compose_post_ops on the float graph: f32
+  primitives with fused eltwise / sum post-ops.
 
 The graph is verified after every pass; the pass results (with their decline reasons) are
 returned for `inspect`'s not_fused list.
@@ -43,6 +44,9 @@ def run_passes(graph: Graph, mode: Mode | str, ctx: PassContext | None = None) -
         raise ValueError(f"mode {mode!r} runs no passes")
     passes_by_name = dict(PIPELINE)
     results = [_run(graph, ctx, "strip_quantization", strip_quantization.run)]
+    # a dynamically quantized node strip_quantization leaves int8 (its int32 accumulator read
+    # as it is) with weights beyond s8: split as in the int8 modes
+    results.append(_run(graph, ctx, "weight_zero_point", passes_by_name["weight_zero_point"]))
     for name in FP32_CLEANUP:
         if name not in ctx.disabled_passes:
             results.append(_run(graph, ctx, name, passes_by_name[name]))

@@ -70,7 +70,7 @@ import numpy as np
 
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.chain import Fused, Scale
-from qfuse.ir.ops import ConvAttrs
+from qfuse.ir.ops import CastAttrs, ConvAttrs
 from qfuse.ir.types import DType, QuantParams, TensorInfo
 from qfuse.passes.base import PassContext
 from qfuse.passes.move_dequantize import bias_of
@@ -108,13 +108,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
         _rewrite(graph, conv, *plan)
         changed += 1
     for node in [n for n in graph.topo_order() if _wide_dynamic_weights(graph, n)]:
-        ctx.visit(node)
-        cast, _ = sole_reader(graph, node.outputs[0])
-        if cast is None or cast.op is not Op.CAST or graph.info(
-                cast.outputs[0]).dtype is not DType.F32:
-            ctx.decline(node, "weights beyond s8, and the accumulator is not cast to float32")
-            continue
-        _rewrite_dynamic(graph, node, cast)
+        _rewrite_dynamic(graph, ctx.visit(node))
         changed += 1
     if changed:
         graph.remove_unused()
@@ -318,12 +312,18 @@ def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
     log.debug("%s: weights beyond s8 → main + box-sum convolutions", conv)
 
 
-def _rewrite_dynamic(graph: Graph, node: Node, cast: Node) -> None:
-    """A dynamically quantized Conv / MatMul (``acc`` in int32, then ``cast`` to float32) as
-    its main and box-sum nodes, each reading the run-time src zero point and writing its exact
-    sums in float32, and their Add, which the readers of the cast then read."""
+def _rewrite_dynamic(graph: Graph, node: Node) -> None:
+    """A dynamically quantized Conv / MatMul (``acc`` in int32) as its main and box-sum nodes,
+    each reading the run-time src zero point and writing its exact sums in float32, and their
+    Add: what a Cast of ``acc`` to float32 (quantize_dynamic's) gave its readers, who then read
+    the Add (the Cast goes); any other reader reads ``acc`` from a Cast of the sum back to
+    int32 (exact: integers below 2^24)."""
     assert node.fused is not None
     fused, acc, origin = node.fused, node.outputs[0], list(node.origin)
+    cast, _ = sole_reader(graph, acc)
+    to_f32 = (cast is not None and cast.op is Op.CAST
+              and graph.info(cast.outputs[0]).dtype is DType.F32)
+    total = graph.unique_name(f"{acc}/sum")
     info = graph.info(acc)
     w = graph.constant(node.inputs[1])
     assert w is not None
@@ -360,10 +360,16 @@ def _rewrite_dynamic(graph: Graph, node: Node, cast: Node) -> None:
                                     name=f"{node.name}/box_sum", origin=origin)
             infer_into(graph, window)
             box = window.outputs[0]
-        graph.add_node(Op.ADD, [main, box], [acc], name=f"{node.name}/accumulator",
+        graph.add_node(Op.ADD, [main, box], [total], name=f"{node.name}/accumulator",
                        origin=origin, infos=[TensorInfo(info.shape, DType.F32)])
+        graph.add_node(Op.CAST, [total], [acc], CastAttrs(DType.S32),
+                       name=f"{node.name}/as_int32", origin=origin, infos=[info])
 
     rebuild(graph, [node], build)
-    why = bypass_keeping_name(graph, cast)  # float32 to float32 now
-    assert why is None, why
+    if to_f32:  # float32 → int32 → float32 of integers below 2^24: the sum itself
+        back = graph.producer(acc)
+        assert back is not None and cast is not None
+        for gone in (back, cast):  # acc is read by the cast only (sole_reader), not an output
+            why = bypass_keeping_name(graph, gone)
+            assert why is None, why
     log.debug("%s: weights beyond s8 → main + box-sum nodes (dynamic)", node)

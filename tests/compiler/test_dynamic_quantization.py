@@ -252,6 +252,32 @@ def test_matmul_u8_weights_per_column_are_two_int8_matmuls(tmp_path: Path, mode:
     np.testing.assert_array_equal(compiled.run({"x": x})["y"], _onnxruntime(path, {"x": x}))
 
 
+@pytest.mark.parametrize("mode", ["fused", "unfused", "fp32"])
+def test_integer_accumulator_read_as_it_is(mode: str) -> None:
+    """A MatMulInteger whose per-column u8 weights leave s8 and whose int32 accumulator is the
+    graph output (no Cast to float32 after it: strip_quantization keeps it int8 in fp32 mode
+    too): the two int8 matmuls' float32 sum cast back to int32, exact (lowering rejected the
+    int16 weights, `numpy dtype int16 has no oneDNN data type`)."""
+    rng = np.random.default_rng(5)
+    w = rng.integers(0, 256, (16, 8)).astype(np.uint8)
+    w[0], w[1] = 0, 255
+    nodes = [h.make_node("DynamicQuantizeLinear", ["x"], ["xq", "sx", "zx"]),
+             h.make_node("MatMulInteger", ["xq", "w", "zx", "zw"], ["y"])]
+    graph = h.make_graph(nodes, "acc", [h.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+                         [h.make_tensor_value_info("y", TensorProto.INT32, [4, 8])],
+                         [nh.from_array(w, "w"),
+                          nh.from_array(rng.integers(20, 230, 8).astype(np.uint8), "zw")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    x = rng.standard_normal((4, 16)).astype(np.float32)
+    compiled = compile_model(model, mode=mode)
+    assert not compiled.inspect()["islands"]
+    scale, zx = dynamic_params(float(x.min()), float(x.max()))
+    xq = np.clip(np.rint(x / np.float32(scale)) + zx, 0, 255).astype(np.int64)
+    zw = nh.to_array(graph.initializer[1]).astype(np.int64)
+    np.testing.assert_array_equal(compiled.run({"x": x})["y"],
+                                  (xq - zx) @ (w.astype(np.int64) - zw))  # the exact form
+
+
 def _dynamic_quantize_model() -> onnx.ModelProto:
     outputs = [h.make_tensor_value_info("y", TensorProto.UINT8, [3, 50]),
                h.make_tensor_value_info("s", TensorProto.FLOAT, []),
