@@ -8,7 +8,7 @@ from fusion_helpers import S_X, ZP_X, add, feeds_for, int8_matmul, new_graph, re
 
 from qfuse.ir import DType, Graph, Op, QuantParams, TensorInfo
 from qfuse.ir.chain import Fused, Quantize, Scale
-from qfuse.ir.ops import TransposeAttrs
+from qfuse.ir.ops import SplitAttrs, TransposeAttrs
 from qfuse.passes import signed_matmul_weights
 from qfuse.passes.base import PassResult
 
@@ -84,6 +84,49 @@ def _values(graph: Graph, feeds: dict[str, np.ndarray], name: str) -> np.ndarray
         return reference(graph, feeds)[name]
     finally:
         graph.outputs.remove(name)
+
+
+def split_attention(a_reader: bool = True) -> Graph:
+    """x (u8) → MatMul P (fused, quantize onto u8) → Split into q and k: q the source of MatMul
+    M, k transposed its weights (EfficientViT-M0's cascaded attention); ``a_reader=False``:
+    q is a graph output instead (a reader that cannot take s8)."""
+    graph = new_graph(shape=(2, 8, 8))
+    p = int8_matmul(graph, "x", "qk", n=16)
+    assert p.fused is not None
+    p.fused.chain.append(_quantize(S_K, ZP_K))
+    quant = QuantParams.make(S_K, ZP_K)
+    graph.set_info("qk", TensorInfo((2, 8, 16), DType.U8, quant))
+    graph.add_node(Op.SPLIT, ["qk"], ["q", "k"], SplitAttrs(-1, (8, 8)), name="split",
+                   infos=[TensorInfo((2, 8, 8), DType.U8, quant)] * 2)
+    add(graph, Op.TRANSPOSE, ["k"], "kt", TransposeAttrs((0, 2, 1)))
+    m = add(graph, Op.MATMUL, ["q", "kt"], "y", info=TensorInfo((2, 8, 8), DType.F32))
+    m.fused = Fused(chain=[Scale.of(np.float32(S_K) * np.float32(S_K))], src_zero_point=ZP_K,
+                    wei_zero_point=ZP_K, absorbed=["y"])
+    graph.outputs.append("y")
+    if not a_reader:
+        graph.outputs.append("q")
+    return graph
+
+
+def test_through_a_split_every_part_shifts() -> None:
+    """The projection P writes s8; both parts of the Split become s8 (zero point − 128), the
+    matmul takes the 128 lower zero point on its source and its weights: no shift kernel for
+    the weights, the same accumulator (bit-exact)."""
+    graph = split_attention()
+    _run_exact(graph, changed=1)
+    m = graph.producer("y")
+    assert m is not None and m.fused is not None
+    assert m.inputs == ["q_s8", "kt_s8"]
+    assert (m.fused.src_zero_point, m.fused.wei_zero_point) == (ZP_K - 128, ZP_K - 128)
+    for value in ("qk_s8", "q_s8", "k_s8", "kt_s8"):
+        assert graph.info(value).dtype is DType.S8
+        assert graph.info(value).quant == QuantParams.make(S_K, ZP_K - 128)
+
+
+def test_a_split_part_read_otherwise_declines() -> None:
+    graph = split_attention(a_reader=False)
+    result = _run_exact(graph, changed=0)
+    assert "other readers" in result.declined[0].reason and graph.info("q").dtype is DType.U8
 
 
 def test_other_reader_declines() -> None:
