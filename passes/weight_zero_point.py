@@ -62,8 +62,8 @@ with zero points per channel.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,11 +71,10 @@ import numpy as np
 from qfuse.ir import Graph, Node, Op
 from qfuse.ir.chain import Fused, Scale
 from qfuse.ir.ops import CastAttrs, ConvAttrs
-from qfuse.ir.types import DType, QuantParams, TensorInfo
+from qfuse.ir.types import DType, QuantParams
 from qfuse.passes.base import PassContext
 from qfuse.passes.move_dequantize import bias_of
 from qfuse.passes.post_op_match import sole_reader
-from qfuse.passes.replace import bypass_keeping_name
 from qfuse.passes.quant_utils import (
     DqParams,
     add_dequantize,
@@ -180,14 +179,12 @@ class Split:
     spread: tuple[int, ...] | None = None
 
 
-def split(centered_w: np.ndarray, group: int,
-          deconv_strides: tuple[int, ...] | None = None) -> Split:
-    """Conv weights ``w − zw`` (integers, ``[OC, Cin/g, k...]``) split as the module
-    docstring says. ConvTranspose weights (``deconv_strides`` given: ``[Cin, OC/g, k...]``)
+def split(w: np.ndarray, group: int, deconv_strides: tuple[int, ...] | None = None) -> Split:
+    """Conv weights less their zero points (``w − zw``: integers, ``[OC, Cin/g, k...]``) split
+    as the module docstring says. ConvTranspose weights (``deconv_strides`` given: ``[Cin, OC/g, k...]``)
     take one offset for the whole tensor; their full box sum has the weights' shape, their
     one box sum the same channel sums as a Conv's."""
     deconv = deconv_strides is not None
-    w = centered_w
     out_channels = w.shape[1] * group if deconv else w.shape[0]
     main, offsets, values, scales = _offsets(w, 1 if deconv else 0, out_channels)
     taps = int(np.prod(w.shape[2:])) * (w.shape[0] // group if deconv else w.shape[1])
@@ -208,12 +205,12 @@ def split(centered_w: np.ndarray, group: int,
     return Split(main, box, scales)
 
 
-def split_matmul(centered_w: np.ndarray) -> Split:
-    """MatMul weights ``w − zw`` (``[..., K, N]``): the main weights and a second matmul's
-    ``o`` per column (the weights' shape), its scales per column; the product
-    ``Σ_k (a − za)·o[n]`` is the box sum of a MatMul."""
-    main, _, values, scales = _offsets(centered_w, centered_w.ndim - 1, centered_w.shape[-1])
-    return Split(main, np.broadcast_to(values, centered_w.shape).copy(), scales)
+def split_matmul(w: np.ndarray) -> Split:
+    """MatMul weights less their zero points (``w − zw``, ``[..., K, N]``): the main weights
+    and a second matmul's ``o`` per column (the weights' shape), its scales per column; the
+    product ``Σ_k (a − za)·o[n]`` is the box sum of a MatMul."""
+    main, _, values, scales = _offsets(w, w.ndim - 1, w.shape[-1])
+    return Split(main, np.broadcast_to(values, w.shape).copy(), scales)
 
 
 def _offsets(w: np.ndarray, axis: int, channels: int
@@ -246,6 +243,19 @@ def _nearest_zero(lo: int, hi: int) -> int:
     """The integer nearest 0 in ``[hi − 127, lo + 128]``: the offset ``o`` that takes weights
     in ``[lo, hi]`` into s8 (``w − o``)."""
     return min(max(0, hi - 127), lo + 128)
+
+
+def _accumulators(parts: Split, int8: Callable[[np.ndarray, np.ndarray, str, object], str],
+                  window: Callable[[str, tuple[int, ...]], str]) -> list[str]:
+    """The main and box-sum values whose sum is the accumulator: ``int8(weights, scales,
+    what, attrs)`` adds an int8 node over the source writing its exact sums in float32 (attrs
+    None: the node's own window), ``window(sums, kernel)`` the float32 box of ones over the
+    channel sums (``parts.spread``)."""
+    main = int8(parts.main, np.ones(1, F32), "main", None)
+    if parts.spread is None:
+        return [main, int8(parts.box, parts.box_scales, "box_sum", None)]
+    sums = int8(parts.box, parts.box_scales, "channel_sum", pointwise(len(parts.spread)))
+    return [main, window(sums, parts.spread)]
 
 
 def pointwise(rank: int) -> ConvAttrs:
@@ -287,19 +297,19 @@ def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
         x_int = add_dequantize(graph, x_dq.inputs[0],
                                QuantParams.make(1.0, int(px.zero_point[0])),
                                name=f"{conv.name}/integers", origin=origin).outputs[0]
-        convs = []
-        for weights, scales, what in ((parts.main, np.ones(1, F32), "main"),
-                                      (parts.box, parts.box_scales, "box_sum")):
+
+        def int8(weights: np.ndarray, scales: np.ndarray, what: str, attrs: object) -> str:
             w_dq = add_dequantize(graph, const(weights, f"{what}_weights"),
                                   QuantParams.make(scales, 0, None if scales.size == 1 else 0),
                                   name=f"{conv.name}/{what}_dequantize", origin=origin)
-            if parts.spread is not None and what == "box_sum":
-                sums = node(Op.CONV, [x_int, w_dq.outputs[0]], "channel_sum",
-                            attrs=pointwise(len(parts.spread)))
-                ones = const(np.ones((1, 1, *parts.spread), F32), "box_kernel")
-                convs.append(node(conv.op, [sums, ones], what))
-                continue
-            convs.append(node(conv.op, [x_int, w_dq.outputs[0]], what))
+            return node(Op.CONV if attrs else conv.op, [x_int, w_dq.outputs[0]], what,
+                        attrs=attrs)
+
+        def window(sums: str, kernel: tuple[int, ...]) -> str:
+            return node(conv.op, [sums, const(np.ones((1, 1, *kernel), F32), "box_kernel")],
+                        "box_sum")
+
+        convs = _accumulators(parts, int8, window)
         acc = node(Op.ADD, convs, "accumulator")
         y = const(scale.reshape(shape), "scale")
         if bias is None:
@@ -315,61 +325,50 @@ def _rewrite(graph: Graph, conv: Node, x_dq: Node, px: DqParams, parts: Split,
 def _rewrite_dynamic(graph: Graph, node: Node) -> None:
     """A dynamically quantized Conv / MatMul (``acc`` in int32) as its main and box-sum nodes,
     each reading the run-time src zero point and writing its exact sums in float32, and their
-    Add: what a Cast of ``acc`` to float32 (quantize_dynamic's) gave its readers, who then read
-    the Add (the Cast goes); any other reader reads ``acc`` from a Cast of the sum back to
-    int32 (exact: integers below 2^24)."""
+    Add: quantize_dynamic's Cast of ``acc`` to float32 goes with the node, its readers reading
+    the Add; any other reader reads ``acc`` from a Cast of the sum back to int32 (exact:
+    integers below 2^24)."""
     assert node.fused is not None
     fused, acc, origin = node.fused, node.outputs[0], list(node.origin)
     cast, _ = sole_reader(graph, acc)
-    to_f32 = (cast is not None and cast.op is Op.CAST
-              and graph.info(cast.outputs[0]).dtype is DType.F32)
-    total = graph.unique_name(f"{acc}/sum")
+    if cast is not None and not (cast.op is Op.CAST
+                                 and graph.info(cast.outputs[0]).dtype is DType.F32):
+        cast = None
     info = graph.info(acc)
     w = graph.constant(node.inputs[1])
     assert w is not None
     real = w.astype(np.int64) - fused.wei_zero_point
     parts = split(real, node.attrs.group) if node.op is Op.CONV else split_matmul(real)
 
-    def integer(weights: np.ndarray, scales: np.ndarray, what: str, attrs: object,
-                shape: tuple[int, ...]) -> str:
-        inputs = list(node.inputs)
-        inputs[1] = graph.add_constant(graph.unique_name(f"{node.name}/{what}_weights"),
-                                       weights).name
-        new = graph.add_node(node.op, inputs, [graph.unique_name(f"{acc}/{what}")], attrs,
-                             name=f"{node.name}/{what}", origin=origin,
-                             infos=[TensorInfo(shape, DType.F32)])
+    def const(data: np.ndarray, what: str) -> str:
+        return graph.add_constant(graph.unique_name(f"{node.name}/{what}"), data).name
+
+    def int8(weights: np.ndarray, scales: np.ndarray, what: str, attrs: object) -> str:
+        inputs = [node.inputs[0], const(weights, f"{what}_weights"), *node.inputs[2:]]
+        new = graph.add_node(Op.CONV if attrs else node.op, inputs,
+                             [graph.unique_name(f"{acc}/{what}")], attrs or node.attrs,
+                             name=f"{node.name}/{what}", origin=origin)
+        graph.set_info(new.outputs[0], infer_into(graph, new)[0].with_dtype(DType.F32))
         chain = [] if np.all(scales == 1) else [Scale.of(scales)]
         new.fused = Fused(chain=chain, src_zero_point_port=fused.src_zero_point_port,
                           absorbed=list(fused.absorbed), notes=list(fused.notes))
         return new.outputs[0]
 
-    def build() -> None:
-        main = integer(parts.main, np.ones(1, F32), "main", node.attrs, info.shape)
-        if parts.spread is None:  # a conv's box sum: one output channel, or one per channel
-            shape = info.shape if node.op is Op.MATMUL else (
-                info.shape[0], parts.box.shape[0], *info.shape[2:])
-            box = integer(parts.box, parts.box_scales, "box_sum", node.attrs, shape)
-        else:  # the channel sums, then their box in float32
-            x_shape = graph.info(node.inputs[0]).shape
-            sums = integer(parts.box, parts.box_scales, "channel_sum",
-                           pointwise(len(parts.spread)), (x_shape[0], 1, *x_shape[2:]))
-            ones = graph.add_constant(graph.unique_name(f"{node.name}/box_kernel"),
-                                      np.ones((1, 1, *parts.spread), F32)).name
-            window = graph.add_node(Op.CONV, [sums, ones], [graph.unique_name(f"{acc}/box_sum")],
-                                    dataclasses.replace(node.attrs, group=1),
-                                    name=f"{node.name}/box_sum", origin=origin)
-            infer_into(graph, window)
-            box = window.outputs[0]
-        graph.add_node(Op.ADD, [main, box], [total], name=f"{node.name}/accumulator",
-                       origin=origin, infos=[TensorInfo(info.shape, DType.F32)])
-        graph.add_node(Op.CAST, [total], [acc], CastAttrs(DType.S32),
-                       name=f"{node.name}/as_int32", origin=origin, infos=[info])
+    def window(sums: str, kernel: tuple[int, ...]) -> str:  # one group: the narrow box sum's
+        ones = const(np.ones((1, 1, *kernel), F32), "box_kernel")
+        new = graph.add_node(Op.CONV, [sums, ones], [graph.unique_name(f"{acc}/box_sum")],
+                             node.attrs, name=f"{node.name}/box_sum", origin=origin)
+        infer_into(graph, new)
+        return new.outputs[0]
 
-    rebuild(graph, [node], build)
-    if to_f32:  # float32 → int32 → float32 of integers below 2^24: the sum itself
-        back = graph.producer(acc)
-        assert back is not None and cast is not None
-        for gone in (back, cast):  # acc is read by the cast only (sole_reader), not an output
-            why = bypass_keeping_name(graph, gone)
-            assert why is None, why
+    def build() -> None:
+        total = cast.outputs[0] if cast is not None else graph.unique_name(f"{acc}/sum")
+        graph.add_node(Op.ADD, _accumulators(parts, int8, window), [total],
+                       name=f"{node.name}/accumulator", origin=origin,
+                       infos=[info.with_dtype(DType.F32)])
+        if cast is None:
+            graph.add_node(Op.CAST, [total], [acc], CastAttrs(DType.S32),
+                           name=f"{node.name}/as_int32", origin=origin, infos=[info])
+
+    rebuild(graph, [node] if cast is None else [node, cast], build)
     log.debug("%s: weights beyond s8 → main + box-sum nodes (dynamic)", node)
