@@ -58,7 +58,7 @@ def run(graph: Graph, ctx: PassContext) -> int:
         if node.op is not Op.MATMUL or node.fused is None or len(node.inputs) < 2:
             continue
         ctx.visit(node)
-        found = _path(graph, node.inputs[1])
+        found = _region(graph, node.inputs[1])
         if isinstance(found, str):
             ctx.decline(node, f"u8 weights stay u8 (shifted by a reorder): {found}")
         elif found is not None:
@@ -67,9 +67,10 @@ def run(graph: Graph, ctx: PassContext) -> int:
     return changed
 
 
-def _path(graph: Graph, w: str) -> tuple[Node, list[Node], list[tuple[Node, int]]] | str | None:
-    """(P, the value-moving nodes reading P's output (in topological order), the other readers
-    of their values as (node, port)) or why not; None when w is no u8 activation."""
+def _region(graph: Graph, w: str
+            ) -> tuple[Node, list[Node], list[tuple[Node, int]]] | str | None:
+    """(P, the value-moving nodes its output reaches, the other readers of their values as
+    (node, port)) or why not; None when w is no u8 activation."""
     info = graph.values[w].info
     if graph.constant(w) is not None or info is None or info.dtype is not DType.U8:
         return None
@@ -78,6 +79,10 @@ def _path(graph: Graph, w: str) -> tuple[Node, list[Node], list[tuple[Node, int]
         producer = graph.producer(producer.inputs[0])
     if producer is None or producer.op not in PRODUCERS or producer.fused is None:
         return "not produced by a fused compute node or Add / Mul (through value-moving ops)"
+    last = producer.fused.chain[-1] if producer.fused.chain else None
+    if not (isinstance(last, Quantize) and last.levels == 256 and last.dtype is DType.U8
+            and last.output_low == (0.0,) and last.output_high == (255.0,)):
+        return f"{producer}'s chain does not end with a quantize onto [0, 255]"
     moving: list[Node] = []
     readers: list[tuple[Node, int]] = []
     pending = [producer.outputs[0]]
@@ -96,13 +101,7 @@ def _path(graph: Graph, w: str) -> tuple[Node, list[Node], list[tuple[Node, int]
                 readers.append((reader, port))
             else:
                 return f"'{value}' has other readers ({reader})"
-    chain = producer.fused.chain
-    last = chain[-1] if chain else None
-    if not (isinstance(last, Quantize) and last.levels == 256 and last.dtype is DType.U8
-            and last.output_low == (0.0,) and last.output_high == (255.0,)):
-        return f"{producer}'s chain does not end with a quantize onto [0, 255]"
-    order = {n.name: i for i, n in enumerate(graph.topo_order())}
-    return producer, sorted(moving, key=lambda n: order[n.name]), readers
+    return producer, moving, readers
 
 
 def _takes_s8(reader: Node, port: int) -> bool:
@@ -129,7 +128,10 @@ def _rewrite(graph: Graph, matmul: Node, producer: Node, moving: list[Node],
                             dequantize=onnx.dequantize)
     producer.fused.chain[-1] = dataclasses.replace(
         last, output_low=(-128.0,), output_high=(127.0,), dtype=DType.S8, onnx=onnx)
-    for node in [producer, *moving]:
+    order = {n.name: i for i, n in enumerate(graph.topo_order())}
+    # rebuilt in graph order: each rebuilt node goes to the end of it, and so keeps its place
+    # among the others
+    for node in [producer, *sorted(moving, key=lambda n: order[n.name])]:
         infos = []
         for value in node.outputs:
             info = graph.info(value)
