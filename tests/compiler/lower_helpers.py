@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
+from onnx import helper, numpy_helper
 
 from qfuse.compiler.api import CompiledModel, compile_model
 from qfuse.compiler.lower import Options, Plan, lower
@@ -292,8 +293,6 @@ def onnx_qdq(nodes: list[Any], inits: list[Any], src: str, dst: str, scale: floa
              zp: int) -> None:
     """Append an ONNX QuantizeLinear / DequantizeLinear pair ``src`` → ``dst`` (u8, per tensor)
     and its scale and zero point initializers to ``nodes`` and ``inits``."""
-    from onnx import helper, numpy_helper
-
     nodes.extend([
         helper.make_node("QuantizeLinear", [src, f"s_{dst}", f"z_{dst}"], [f"{dst}_q"]),
         helper.make_node("DequantizeLinear", [f"{dst}_q", f"s_{dst}", f"z_{dst}"], [dst])])

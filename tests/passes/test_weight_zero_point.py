@@ -122,9 +122,14 @@ def test_two_int8_convolutions_compute_the_exact_accumulator(case: str) -> None:
     if zw.size == 1:  # u8 weights over [0, 255] less zw: offset 128 − zw, main w − 128
         base = 128 if w.dtype == np.uint8 else 0
         np.testing.assert_array_equal(main_w, w.astype(np.int64) - base)
-    else:  # per channel: each channel's offset the one nearest 0 that takes it into s8
-        offsets = [W._nearest_zero(int(c.min()), int(c.max())) for c in real]
-        np.testing.assert_array_equal(main_w, real - np.reshape(offsets, (-1, 1, 1, 1)))
+    else:  # per channel: main = w − zw − o_c, o_c the offset nearest 0 that gives s8
+        offsets = (real - main_w).reshape(len(real), -1)
+        assert np.all(offsets == offsets[:, :1])  # one offset a channel
+        for o, m in zip(offsets[:, 0], main_w):  # nearer 0 would leave s8: m at its bound
+            if o > 0:
+                assert m.max() == 127
+            elif o < 0:
+                assert m.min() == -128
     if spread:  # the channel sums (1x1), then a float32 box of the conv's window over them
         assert box_w.shape == (1, w.shape[1], 1, 1)
         ones = g.constant(convs["box_sum"].inputs[1])
